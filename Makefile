@@ -1,0 +1,60 @@
+# grpo-lab: `make course` runs the whole course, `make test` runs every test and notebook.
+# Both create .venv and install the stack for this machine's hardware first (skipped when nothing
+# changed). Override the detected hardware with STACK=cpu|cuda|npu.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STACK ?= $(shell \
+  if command -v npu-smi >/dev/null 2>&1 || ls /dev/davinci[0-9]* >/dev/null 2>&1; then echo npu; \
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo cuda; \
+  else echo cpu; fi)
+STACK_FILE := grpo_lab/stacks/$(STACK).txt
+STAMP := $(VENV)/.grpo-lab-installed-$(STACK)
+RUN_DIR ?= runs/course
+LAB_PORT ?= 8888
+LAB_ARGS ?=
+
+# Caches live in folders this checkout owns; nothing is fetched from a model hub for the tiny profile.
+export HF_HOME ?= $(CURDIR)/.cache/huggingface
+export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
+export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
+export TOKENIZERS_PARALLELISM ?= false
+# vllm-ascend: vLLM itself is installed without CUDA kernels (its documented install).
+ifeq ($(STACK),npu)
+export VLLM_TARGET_DEVICE ?= empty
+endif
+
+.PHONY: install course test lab env clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml $(STACK_FILE)
+	@test -f $(STACK_FILE) || { echo "Unknown STACK=$(STACK): use cpu, cuda or npu."; exit 2; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "Installing the '$(STACK)' stack into $(VENV) (constraints: $(STACK_FILE))"
+	@start=$$(date +%s); \
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(STACK),notebooks,dev]" -c $(STACK_FILE) && \
+	if [ "$(STACK)" = cpu ]; then \
+	  $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null; true; \
+	fi && \
+	echo "Install took $$(( $$(date +%s) - start )) s"
+	@rm -f $(VENV)/.grpo-lab-installed-*
+	@touch $@
+
+course: install
+	$(PY) -m grpo_lab.course --out $(RUN_DIR)
+
+test: install
+	$(PY) -m pytest -q --nbmake --nbmake-timeout=1500 tests notebooks
+
+lab: install
+	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+	  --ServerApp.root_dir=$(CURDIR) --ServerApp.default_url=/lab/tree/notebooks \
+	  $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+env: install
+	$(VENV)/bin/grpo-lab env --smoke
+
+clean-venv:
+	rm -rf $(VENV)

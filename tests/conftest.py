@@ -1,0 +1,20 @@
+"""Shared test setup: offline, caches in owned folders, accelerator-only tests skipped on CPU."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(config, items):
+    from grpo_lab import device
+
+    if device.detect() != "cpu":
+        return
+    skip = pytest.mark.skip(reason="needs a GPU or NPU (run through the device tool)")
+    for item in items:
+        if "accelerator" in item.keywords:
+            item.add_marker(skip)

