@@ -1,0 +1,229 @@
+"""Group-relative advantages, computed the way TRL 1.16's ``GRPOTrainer`` computes them.
+
+GRPO samples ``num_generations`` completions per prompt (a *group*), scores each, and turns scores into
+advantages by comparing each completion with its own group: ``advantage = (reward - group mean) / (std + 1e-4)``.
+Completions better than their siblings get pushed up, worse ones down; a group where every completion scores
+the same (zero variance) teaches nothing.
+
+TRL (``GRPOTrainer._generate_and_score_completions``) works in float32 and:
+
+* combines reward functions per completion as ``nansum(reward_i * weight_i)`` (None counts as NaN); a completion
+  where *every* function returned None is unscorable: it is left out of the group statistics and gets advantage 0;
+* subtracts the **group** mean (always per group, also with ``scale_rewards="batch"``);
+* divides by ``std + 1e-4`` where std is the **sample** standard deviation (Bessel's correction, ``n - 1``)
+  of the group (``scale_rewards="group"``, the default, or ``True``) or of the whole batch (``"batch"``), or
+  does not divide at all (``"none"`` or ``False``, as Dr. GRPO recommends);
+* with ``multi_objective_aggregation="normalize_then_sum"`` (GDPO) normalizes each reward function within its
+  group first, sums with the weights, then normalizes the sum over the batch.
+
+>>> result = group_advantages([0.6, 0.5, 0.5, 0.2], num_generations=4)
+>>> round(result.group_mean[0], 4), [round(a, 4) for a in result.advantages]
+(0.45, [0.8655, 0.2885, 0.2885, -1.4425])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+ScaleRewards = Literal["group", "batch", "none"]
+Aggregation = Literal["sum_then_normalize", "normalize_then_sum"]
+
+EPSILON = 1e-4
+"""Added to the std before dividing, as in TRL (a constant there, not a config field)."""
+
+SEED_EXAMPLE_REWARDS = (0.6, 0.5, 0.5, 0.2)
+"""The seed write-up's worked example: one prompt, four completions with these rewards."""
+
+
+def normalize_scale_rewards(scale_rewards: str | bool) -> ScaleRewards:
+    """Map TRL's legacy booleans (``True`` → "group", ``False`` → "none") and check the value."""
+    value = ("group" if scale_rewards else "none") if isinstance(scale_rewards, bool) else scale_rewards
+    if value not in ("group", "batch", "none"):
+        raise ValueError(f"scale_rewards must be 'group', 'batch', 'none', True or False (as in GRPOConfig), got {scale_rewards!r}.")
+    return value
+
+
+def nanstd(tensor: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """Sample standard deviation (Bessel's ``n - 1``) ignoring NaNs; NaN where fewer than two values remain."""
+    mean = torch.nanmean(tensor, dim=dim, keepdim=True)
+    variance = torch.nanmean((tensor - mean) ** 2, dim=dim, keepdim=True)
+    count = torch.sum(~torch.isnan(tensor), dim=dim, keepdim=True)
+    correction = torch.where(count > 1, count / (count - 1), torch.full_like(variance, float("nan")))
+    std = torch.sqrt(variance * correction)
+    return std if keepdim else std.squeeze(dim) if dim is not None else std.reshape(())
+
+
+@dataclass(frozen=True)
+class Advantages:
+    """Per-completion numbers behind GRPO's advantages (lists in completion order, groups contiguous)."""
+
+    rewards: list[float]
+    """The combined reward per completion (NaN for an unscorable completion)."""
+    group_mean: list[float]
+    """The mean reward of the completion's group (the baseline that is subtracted)."""
+    std: list[float]
+    """The std the advantage was divided by (group or batch std; still reported for ``scale_rewards="none"``)."""
+    advantages: list[float]
+    is_std_zero: list[bool]
+    """True where the std is zero: the group carries no learning signal (TRL logs the fraction)."""
+    num_generations: int
+    scale_rewards: ScaleRewards
+    epsilon: float = EPSILON
+
+    @property
+    def frac_reward_zero_std(self) -> float:
+        """TRL's ``frac_reward_zero_std`` metric for this batch."""
+        return sum(self.is_std_zero) / len(self.is_std_zero)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per completion: group, index in group, reward, mean, std, advantage."""
+        return [
+            {"group": i // self.num_generations, "completion": i % self.num_generations, "reward": r, "group_mean": m,
+             "std": s, "advantage": a}
+            for i, (r, m, s, a) in enumerate(zip(self.rewards, self.group_mean, self.std, self.advantages))
+        ]
+
+    def to_frame(self):
+        """The rows as a pandas DataFrame (pandas ships with ``datasets``)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
+
+
+def _as_tensor(values: Sequence[Any]) -> torch.Tensor:
+    """Rewards (None allowed) as a float32 tensor with None → NaN, as TRL converts them."""
+    if isinstance(values, torch.Tensor):
+        return values.to(torch.float32)
+    return torch.tensor(_none_to_nan(values), dtype=torch.float32)
+
+
+def _none_to_nan(values: Any) -> Any:
+    if isinstance(values, (list, tuple)):
+        return [_none_to_nan(v) for v in values]
+    return math.nan if values is None else float(values)
+
+
+def compute_advantages(
+    rewards_per_func: Sequence[Sequence[float | None]] | torch.Tensor,
+    num_generations: int,
+    *,
+    reward_weights: Sequence[float] | None = None,
+    scale_rewards: ScaleRewards | bool = "group",
+    multi_objective_aggregation: Aggregation = "sum_then_normalize",
+    epsilon: float = EPSILON,
+) -> Advantages:
+    """Advantages from several reward functions, as ``GRPOTrainer`` computes them.
+
+    ``rewards_per_func[i][j]`` is reward function ``j`` on completion ``i`` (None allowed); completions of one
+    prompt are contiguous (``num_generations`` of them), which is how TRL orders a batch.
+    """
+    table = _as_tensor(rewards_per_func)
+    if table.dim() != 2:
+        raise ValueError(f"rewards_per_func must be 2-D (completions × reward functions), got shape {tuple(table.shape)}.")
+    n, k = table.shape
+    if num_generations < 1 or n % num_generations:
+        raise ValueError(
+            f"{n} completions do not split into groups of num_generations={num_generations}; a batch must hold whole "
+            "groups (completions of one prompt next to each other)."
+        )
+    weights = torch.ones(k) if reward_weights is None else torch.tensor([float(w) for w in reward_weights])
+    if len(weights) != k:
+        raise ValueError(f"Number of reward weights ({len(weights)}) must match number of reward functions ({k}).")
+    scale = normalize_scale_rewards(scale_rewards)
+    unscorable = torch.isnan(table).all(dim=1)
+    G = num_generations
+
+    if multi_objective_aggregation == "sum_then_normalize":
+        rewards = (table * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        group_mean = torch.nanmean(rewards.view(-1, G), dim=1).repeat_interleave(G)
+        if scale == "batch":
+            std = nanstd(rewards).expand_as(rewards) if n > 1 else torch.zeros_like(rewards)
+        else:
+            std = nanstd(rewards.view(-1, G), dim=1).repeat_interleave(G) if G > 1 else torch.zeros_like(rewards)
+        advantages = rewards - group_mean
+        if scale != "none":
+            advantages = advantages / (std + epsilon)
+    elif multi_objective_aggregation == "normalize_then_sum":
+        grouped = table.view(-1, G, k)
+        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+        std_k = nanstd(grouped, dim=1, keepdim=True) if G > 1 else torch.zeros_like(mean_k)
+        normalized = ((grouped - mean_k) / (std_k + epsilon)).view(-1, k)
+        rewards = (normalized * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        group_mean = torch.nanmean(rewards).expand_as(rewards)  # GDPO's final baseline is the batch mean
+        std = nanstd(rewards).expand_as(rewards) if n > 1 else torch.zeros_like(rewards)
+        advantages = (rewards - group_mean) / (std + epsilon)
+    else:
+        raise ValueError(
+            f"multi_objective_aggregation must be 'sum_then_normalize' or 'normalize_then_sum', got {multi_objective_aggregation!r}."
+        )
+
+    is_std_zero = torch.isclose(std, torch.zeros_like(std))
+    advantages = torch.nan_to_num(advantages, nan=0.0)
+    return Advantages(
+        rewards=rewards.tolist(),
+        group_mean=group_mean.tolist(),
+        std=std.tolist(),
+        advantages=advantages.tolist(),
+        is_std_zero=is_std_zero.tolist(),
+        num_generations=G,
+        scale_rewards=scale,
+        epsilon=epsilon,
+    )
+
+
+def group_advantages(
+    rewards: Sequence[float | None],
+    num_generations: int | None = None,
+    *,
+    scale_rewards: ScaleRewards | bool = "group",
+    epsilon: float = EPSILON,
+) -> Advantages:
+    """Advantages from one combined reward per completion; ``num_generations`` defaults to one group.
+
+    >>> [round(a, 3) for a in group_advantages([1.0, 1.0, 1.0, 1.0]).advantages]  # zero variance: no signal
+    [0.0, 0.0, 0.0, 0.0]
+    """
+    G = len(rewards) if num_generations is None else num_generations
+    return compute_advantages([[r] for r in rewards], G, scale_rewards=scale_rewards, epsilon=epsilon)
+
+
+def explain_group(rewards: Sequence[float] = SEED_EXAMPLE_REWARDS, epsilon: float = EPSILON) -> str:
+    """The arithmetic of one group's advantages, step by step, in plain numbers (float64).
+
+    >>> print(explain_group())  # doctest: +NORMALIZE_WHITESPACE
+    rewards      : 0.6, 0.5, 0.5, 0.2
+    group mean   : (0.6 + 0.5 + 0.5 + 0.2) / 4 = 0.45
+    deviations   : +0.15, +0.05, +0.05, -0.25
+    sample std   : sqrt((0.0225 + 0.0025 + 0.0025 + 0.0625) / (4 - 1)) = 0.1732
+    advantages   : deviation / (0.1732 + 0.0001) = +0.8655, +0.2885, +0.2885, -1.4425
+    (dividing by the population std 0.15 instead would give +1, +0.3333, +0.3333, -1.667)
+    """
+    n = len(rewards)
+    if n < 2:
+        raise ValueError("A group needs at least two completions for a standard deviation.")
+    mean = sum(rewards) / n
+    deviations = [r - mean for r in rewards]
+    squares = [d * d for d in deviations]
+    std = math.sqrt(sum(squares) / (n - 1))
+    population_std = math.sqrt(sum(squares) / n)
+    fmt = lambda values, spec: ", ".join(format(v, spec) for v in values)  # noqa: E731
+    lines = [
+        f"rewards      : {fmt(rewards, 'g')}",
+        f"group mean   : ({' + '.join(format(r, 'g') for r in rewards)}) / {n} = {mean:.4g}",
+        f"deviations   : {fmt(deviations, '+.4g')}",
+        f"sample std   : sqrt(({' + '.join(format(s, '.4g') for s in squares)}) / ({n} - 1)) = {std:.4f}",
+        f"advantages   : deviation / ({std:.4f} + {epsilon:g}) = {fmt([d / (std + epsilon) for d in deviations], '+.4f')}",
+    ]
+    if population_std > 0:
+        lines.append(
+            f"(dividing by the population std {population_std:.4g} instead would give "
+            f"{fmt([d / population_std for d in deviations], '+.4g')})"
+        )
+    return "\n".join(lines)

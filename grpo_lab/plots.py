@@ -1,0 +1,76 @@
+"""Plot helpers for the course; each returns a matplotlib Figure."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from matplotlib.figure import Figure
+
+
+# --------------------------------------------------------------------------------------------------
+# Rewards and advantages (notebook 02)
+# --------------------------------------------------------------------------------------------------
+
+_POSITIVE, _NEGATIVE, _NEUTRAL = "#2a9d4b", "#d1495b", "#9aa0a6"
+
+
+def _sign_colors(values: Sequence[float]) -> list[str]:
+    return [_POSITIVE if v > 1e-9 else _NEGATIVE if v < -1e-9 else _NEUTRAL for v in values]
+
+
+def plot_group_advantages(result, labels: Sequence[str] | None = None, title: str | None = None) -> Figure:
+    """Rewards of each completion with its group mean (left) and the advantages, colored by sign (right).
+
+    ``result`` is a ``grpo_lab.advantages.Advantages``. Groups are separated by dotted lines.
+    """
+    n = len(result.rewards)
+    labels = list(labels) if labels is not None else [f"g{i // result.num_generations}·c{i % result.num_generations}" for i in range(n)]
+    fig = Figure(figsize=(max(6.0, 1.1 * n + 3), 3.4), layout="constrained")
+    ax_r, ax_a = fig.subplots(1, 2)
+    x = range(n)
+    ax_r.bar(x, [0.0 if math.isnan(r) else r for r in result.rewards], color="#4c78a8")  # NaN: unscorable
+    for g in range(0, n, result.num_generations):
+        span = (g - 0.4, g + result.num_generations - 0.6)
+        ax_r.hlines(result.group_mean[g], *span, colors="black", linestyles="--", label="group mean" if g == 0 else None)
+        if g:
+            for ax in (ax_r, ax_a):
+                ax.axvline(g - 0.5, color="#cccccc", linestyle=":")
+    finite = [r for r in result.rewards if not math.isnan(r)] or [0.0]
+    low, high = min(0.0, *finite), max(0.0, *finite)
+    ax_r.set_ylim(low - 0.05 * (high - low or 1), high + 0.3 * (high - low or 1))  # room for the legend
+    ax_r.set_title("reward per completion")
+    ax_r.legend(loc="upper left", fontsize=8)
+    ax_a.bar(x, result.advantages, color=_sign_colors(result.advantages))
+    ax_a.axhline(0.0, color="black", linewidth=0.8)
+    for i, a in enumerate(result.advantages):
+        ax_a.annotate(f"{a:+.2f}", (i, a), ha="center", va="bottom" if a >= 0 else "top", fontsize=8)
+    ax_a.margins(y=0.15)
+    ax_a.set_title(f"advantage (scale_rewards={result.scale_rewards!r})")
+    for ax in (ax_r, ax_a):
+        ax.set_xticks(list(x), labels, rotation=30 if n > 6 else 0, fontsize=8)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_reward_components(table, labels: Sequence[str] | None = None, title: str | None = None) -> Figure:
+    """Each reward function's weighted contribution per completion (grouped bars) and the total (black dot).
+
+    ``table`` is a ``grpo_lab.rewards.RewardTable``; None values (reward not applicable) are drawn as 0.
+    """
+    n, k = len(table.values), len(table.names)
+    labels = list(labels) if labels is not None else [f"#{i}" for i in range(n)]
+    fig = Figure(figsize=(max(6.0, 0.9 * n * max(k, 2) / 2 + 3), 3.4), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / k
+    for j, (name, weight) in enumerate(zip(table.names, table.weights)):
+        heights = [0.0 if row[j] is None else row[j] * weight for row in table.values]
+        ax.bar([i - 0.4 + width * (j + 0.5) for i in range(n)], heights, width, label=f"{name} × {weight:g}")
+    ax.scatter(range(n), [0.0 if t is None else t for t in table.totals], color="black", zorder=3, label="total")
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(n), labels, fontsize=8)
+    ax.set_ylabel("weighted reward")
+    ax.legend(loc="best", fontsize=8)
+    ax.set_title(title or "reward components per completion")
+    return fig

@@ -1,0 +1,832 @@
+"""Rule rewards in TRL's signature, a registry, weighted combination, verl adapters and validation.
+
+Every reward here is a callable ``f(prompts, completions, **kwargs) -> list[float | None]``, the form
+``trl.GRPOTrainer(reward_funcs=[...])`` accepts. ``completions`` are plain strings or chat-message lists
+(``[{"role": "assistant", "content": "..."}]``, what TRL passes for conversational datasets), and the
+dataset columns (``answer``, ``unit``, ``type``, ``lang`` …) arrive as keyword lists, one value per
+completion. ``None`` means "this reward does not apply to this sample"; TRL turns it into NaN and leaves
+it out of the sum.
+
+>>> reward = get_reward("correctness")
+>>> reward(prompts=["q"], completions=["60 ÷ 2 = 30 km/h\\n#### 30"], answer=["30"])
+[1.0]
+>>> why("The answer is 25 km/h", "30")
+'wrong value: found 25 (last number in the text), expected 30'
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
+
+ANSWER_MARKER = "####"
+"""The course's final-answer marker: completions end with ``#### <number>``."""
+
+RewardFunc = Callable[..., list]
+"""A reward function in TRL's signature ``f(prompts, completions, **kwargs) -> list[float | None]``."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Completions as text
+# --------------------------------------------------------------------------------------------------
+
+
+def completion_text(completion: Any) -> str:
+    """Return the text of one completion, whether TRL passed a string or a list of chat messages.
+
+    >>> completion_text([{"role": "assistant", "content": "#### 4"}])
+    '#### 4'
+    """
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        return _content_text(completion.get("content", ""))
+    if isinstance(completion, Sequence):
+        return "\n".join(_content_text(m.get("content", "")) for m in completion if isinstance(m, Mapping))
+    raise TypeError(
+        f"A completion must be a string or a list of chat messages, got {type(completion).__name__}. "
+        "Pass the `completions` list that TRL hands to reward functions."
+    )
+
+
+def _content_text(content: Any) -> str:
+    """Message content is a string or a list of typed parts ({"type": "text", "text": ...})."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+    return ""
+
+
+# --------------------------------------------------------------------------------------------------
+# Number extraction
+# --------------------------------------------------------------------------------------------------
+
+_CHAR_MAP = str.maketrans(
+    {
+        **{chr(0xFF10 + d): str(d) for d in range(10)},  # full-width digits ０-９
+        "．": ".",  # full-width full stop used as a decimal point
+        "－": "-",  # full-width hyphen-minus
+        "−": "-",  # U+2212 minus sign
+        "／": "/",
+        "＃": "#",
+        "＋": "+",
+        "％": "%",
+        "\u3000": " ",  # ideographic space
+    }
+)
+# Note: the full-width comma "，" is Chinese punctuation ("100，200，300" lists numbers), never a thousands separator.
+
+_LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.]+)\s*\}\s*\{\s*(-?[\d.]+)\s*\}")
+
+_NUMBER = re.compile(
+    r"""
+    (?<![A-Za-z\d.])                        # not glued to a word (m2, Q3) or to another number
+    (?P<number>
+        [-+]?                               # a sign only when it touches the digits ("-5", not "10 - 5")
+        (?:
+            \d+\s?/\s?\d+(?![\d.,])         # a fraction 3/4
+          | (?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?   # 1,234.5 or 42 or 0.75
+          | \.\d+                           # .5
+        )
+    )
+    (?![\d])
+    """,
+    re.VERBOSE,
+)
+
+
+def normalize_text(text: str) -> str:
+    """Map full-width digits and signs to ASCII, and LaTeX fractions/thousands braces to plain numbers.
+
+    >>> normalize_text("３．５ 小时")
+    '3.5 小时'
+    """
+    text = text.translate(_CHAR_MAP)
+    text = text.replace("{,}", ",")
+    return _LATEX_FRAC.sub(r"\1/\2", text)
+
+
+def _to_fraction(number_text: str) -> Fraction | None:
+    cleaned = number_text.replace(",", "").replace(" ", "")
+    try:
+        return Fraction(cleaned)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def find_numbers(text: str) -> list[tuple[str, Fraction]]:
+    """All numbers in ``text`` in order, as (text as written, exact value).
+
+    >>> [str(v) for _, v in find_numbers("共 1,200 元，每人 -3/4 个")]
+    ['1200', '-3/4']
+    """
+    found = []
+    for match in _NUMBER.finditer(normalize_text(text)):
+        value = _to_fraction(match.group("number"))
+        if value is not None:
+            found.append((match.group("number"), value))
+    return found
+
+
+def parse_number(text: str) -> float | None:
+    """The value of the first number in ``text`` (``"1,200 元"`` → 1200.0), or None when there is none."""
+    numbers = find_numbers(str(text))
+    return float(numbers[0][1]) if numbers else None
+
+
+def _boxed_contents(text: str) -> list[str]:
+    r"""The contents of every ``\boxed{...}`` in order, with nested braces balanced."""
+    contents = []
+    for start in (m.end() for m in re.finditer(r"\\boxed\s*\{", text)):
+        depth = 1
+        for end in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            if depth == 0:
+                contents.append(text[start:end])
+                break
+    return contents
+
+
+FoundBy = Literal["marker", "boxed", "last number", "none"]
+
+
+@dataclass(frozen=True)
+class ExtractedAnswer:
+    """The final answer found in a completion, and where it came from."""
+
+    value: float | None
+    """The number, or None when nothing usable was found."""
+    text: str | None
+    """The number as written in the completion (after full-width normalization)."""
+    found_by: FoundBy
+    """``"marker"`` (``#### N``), ``"boxed"`` (``\\boxed{N}``), ``"last number"`` or ``"none"``."""
+    problem: str = ""
+    """Why no value was found (empty when a value was found)."""
+
+
+def extract_answer(completion: Any, marker: str = ANSWER_MARKER) -> ExtractedAnswer:
+    r"""Find the final numeric answer in a completion.
+
+    Preference order: the last ``#### N`` marker line, then the last ``\boxed{N}``, then the last number
+    anywhere in the text. Units are ignored (``30 km/h``, ``25平方米``, ``12 元``); full-width digits,
+    thousands separators, decimals, fractions and negative numbers are understood.
+
+    >>> extract_answer("速度是 ６０ ÷ ２ = ３０ 千米/小时\n#### ３０").value
+    30.0
+    >>> extract_answer(r"so \boxed{\frac{3}{4}}").value
+    0.75
+    """
+    text = normalize_text(completion_text(completion))
+    if marker and marker in text:
+        after = text.rsplit(marker, 1)[1].split("\n", 1)[0]
+        numbers = find_numbers(after)
+        if numbers:
+            return ExtractedAnswer(float(numbers[0][1]), numbers[0][0], "marker")
+        return ExtractedAnswer(None, None, "none", f"the marker '{marker}' is there but no number follows it")
+    boxed = _boxed_contents(text)
+    if boxed:
+        numbers = find_numbers(boxed[-1])
+        if numbers:
+            return ExtractedAnswer(float(numbers[0][1]), numbers[0][0], "boxed")
+        return ExtractedAnswer(None, None, "none", r"\boxed{} is there but holds no number")
+    numbers = find_numbers(text)
+    if numbers:
+        return ExtractedAnswer(float(numbers[-1][1]), numbers[-1][0], "last number")
+    if not text.strip():
+        return ExtractedAnswer(None, None, "none", "the completion is empty")
+    return ExtractedAnswer(None, None, "none", "no number found in the completion")
+
+
+# --------------------------------------------------------------------------------------------------
+# Answer correctness
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AnswerCheck:
+    """The verdict on one completion: its score and, in words, why."""
+
+    score: float
+    predicted: float | None
+    expected: float
+    found_by: FoundBy
+    reason: str
+
+
+def _format_number(value: float) -> str:
+    return f"{value:g}" if abs(value) < 1e15 else repr(value)
+
+
+def reference_value(answer: Any) -> float:
+    """The number in a dataset's ``answer`` cell; a cell without one is a dataset bug and raises."""
+    expected = parse_number(str(answer))
+    if expected is None:
+        raise ValueError(
+            f"The reference answer {answer!r} holds no number. Fix the dataset's `answer` column: it must "
+            "be the numeric final answer as a string, e.g. '60'."
+        )
+    return expected
+
+
+def check_answer(
+    completion: Any,
+    answer: Any,
+    *,
+    require_marker: bool = False,
+    marker: str = ANSWER_MARKER,
+    rel_tol: float = 1e-9,
+    abs_tol: float = 1e-6,
+) -> AnswerCheck:
+    """Score one completion against the reference ``answer`` (1.0 correct, 0.0 otherwise) and say why.
+
+    >>> check_answer("#### 1,200 元", "1200").reason
+    'correct: 1200 (after the marker)'
+    """
+    expected = reference_value(answer)
+    found = extract_answer(completion, marker=marker)
+    if require_marker and found.found_by != "marker":
+        seen = "no number at all" if found.value is None else f"{_format_number(found.value)} as the {found.found_by}"
+        return AnswerCheck(0.0, found.value, expected, found.found_by, f"marker '{marker}' missing (found {seen})")
+    if found.value is None:
+        return AnswerCheck(0.0, None, expected, found.found_by, found.problem)
+    where = {"marker": "after the marker", "boxed": "in \\boxed{}", "last number": "last number in the text"}
+    source = where[found.found_by]
+    if math.isclose(found.value, expected, rel_tol=rel_tol, abs_tol=abs_tol):
+        return AnswerCheck(1.0, found.value, expected, found.found_by, f"correct: {_format_number(found.value)} ({source})")
+    reason = f"wrong value: found {_format_number(found.value)} ({source}), expected {_format_number(expected)}"
+    return AnswerCheck(0.0, found.value, expected, found.found_by, reason)
+
+
+def why(completion: Any, answer: Any, **options: Any) -> str:
+    """One sentence saying why ``completion`` scores what it scores against ``answer``.
+
+    >>> why("I think it is about thirty", "30")
+    'no number found in the completion'
+    """
+    return check_answer(completion, answer, **options).reason
+
+
+def _column(kwargs: Mapping[str, Any], name: str, reward_name: str, n: int) -> list:
+    if name not in kwargs or kwargs[name] is None:
+        raise ValueError(
+            f"Reward '{reward_name}' needs the dataset column '{name}', which TRL passes as a keyword. "
+            f"Add a '{name}' column to the dataset (got columns: {sorted(k for k in kwargs if k != 'completion_ids')})."
+        )
+    values = list(kwargs[name])
+    if len(values) != n:
+        raise ValueError(f"Column '{name}' has {len(values)} values for {n} completions; give one per completion.")
+    return values
+
+
+@dataclass
+class CorrectnessReward:
+    """1.0 when the completion's final number equals the ``answer`` column (within tolerance), else 0.0.
+
+    ``explain`` gives the reason per sample, e.g. "wrong value: found 25 …, expected 30".
+    """
+
+    require_marker: bool = False
+    """Score 0 when the ``####`` marker is missing, even if the last number is right."""
+    marker: str = ANSWER_MARKER
+    rel_tol: float = 1e-9
+    abs_tol: float = 1e-6
+    answer_column: str = "answer"
+    name: str = "correctness"
+
+    def __post_init__(self) -> None:
+        self.__name__ = self.name
+
+    def explain(self, completions: Sequence[Any], **kwargs: Any) -> list[AnswerCheck]:
+        """The per-sample verdicts (score, predicted, expected, reason) behind ``__call__``."""
+        answers = _column(kwargs, self.answer_column, self.name, len(completions))
+        options = dict(require_marker=self.require_marker, marker=self.marker, rel_tol=self.rel_tol, abs_tol=self.abs_tol)
+        return [check_answer(c, a, **options) for c, a in zip(completions, answers)]
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+        return [check.score for check in self.explain(completions, **kwargs)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Format, length, keywords, repetition
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FormatReward:
+    """1.0 when the answer marker appears exactly once and a number follows it on its line, else 0.0."""
+
+    marker: str = ANSWER_MARKER
+    name: str = "format"
+
+    def __post_init__(self) -> None:
+        self.__name__ = self.name
+
+    def score(self, completion: Any) -> float:
+        text = normalize_text(completion_text(completion))
+        if text.count(self.marker) != 1:
+            return 0.0
+        after = text.split(self.marker, 1)[1].split("\n", 1)[0]
+        return 1.0 if find_numbers(after) else 0.0
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+        return [self.score(c) for c in completions]
+
+
+@dataclass
+class LengthWindowReward:
+    """The seed's length rule: 1.0 when the completion has between ``min_chars`` and ``max_chars``
+    characters, else 0.0. On its own it is easy to game (pad with anything): see notebook 02."""
+
+    min_chars: int = 10
+    max_chars: int = 200
+    name: str = "length_window"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_chars <= self.max_chars:
+            raise ValueError(f"Need 0 <= min_chars <= max_chars, got {self.min_chars} and {self.max_chars}.")
+        self.__name__ = self.name
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+        lengths = [len(completion_text(c).strip()) for c in completions]
+        return [1.0 if self.min_chars <= n <= self.max_chars else 0.0 for n in lengths]
+
+
+@dataclass
+class KeywordReward:
+    """The seed's keyword rule: the fraction of ``keywords`` present in the completion (0.0 … 1.0)."""
+
+    keywords: tuple[str, ...] = (ANSWER_MARKER,)
+    case_sensitive: bool = False
+    name: str = "keyword"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.keywords, str) or not self.keywords:
+            raise ValueError("`keywords` must be a non-empty tuple of strings, e.g. ('####', '=').")
+        self.keywords = tuple(self.keywords)
+        self.__name__ = self.name
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+        fold = (lambda s: s) if self.case_sensitive else str.casefold
+        keys = [fold(k) for k in self.keywords]
+        texts = [fold(completion_text(c)) for c in completions]
+        return [sum(k in t for k in keys) / len(keys) for t in texts]
+
+
+@dataclass
+class ContainsAnswerReward:
+    """The seed's naive rule: 1.0 when the reference answer appears anywhere in the text as a number.
+
+    Gameable by listing many numbers, which is why ``CorrectnessReward`` reads only the final answer."""
+
+    answer_column: str = "answer"
+    name: str = "contains_answer"
+
+    def __post_init__(self) -> None:
+        self.__name__ = self.name
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+        answers = _column(kwargs, self.answer_column, self.name, len(completions))
+        scores = []
+        for completion, answer in zip(completions, answers):
+            expected = reference_value(answer)
+            values = [float(v) for _, v in find_numbers(completion_text(completion))]
+            scores.append(1.0 if any(math.isclose(v, expected, abs_tol=1e-6) for v in values) else 0.0)
+        return scores
+
+
+_TOKEN = re.compile(r"[\u3400-\u9fff]|[^\W_]+|[^\w\s]+")
+
+
+def tokenize_for_repetition(text: str) -> list[str]:
+    """Words, numbers and punctuation runs; each CJK character is its own token.
+
+    >>> tokenize_for_repetition("速度 is 30 km/h")
+    ['速', '度', 'is', '30', 'km', '/', 'h']
+    """
+    return _TOKEN.findall(text)
+
+
+@dataclass
+class RepetitionPenalty:
+    """A penalty in [max_penalty, 0]: ``max_penalty * (1 - distinct n-grams / all n-grams)``.
+
+    Text with no repeated n-gram scores 0.0; text that repeats one phrase forever approaches ``max_penalty``.
+    Texts shorter than ``ngram_size`` tokens score 0.0.
+    """
+
+    ngram_size: int = 3
+    max_penalty: float = -1.0
+    name: str = "repetition_penalty"
+
+    def __post_init__(self) -> None:
+        if self.ngram_size < 1:
+            raise ValueError(f"ngram_size must be at least 1, got {self.ngram_size}.")
+        if self.max_penalty > 0:
+            raise ValueError(f"max_penalty must be <= 0 (it is a penalty), got {self.max_penalty}.")
+        self.__name__ = self.name
+
+    def score(self, completion: Any) -> float:
+        tokens = tokenize_for_repetition(completion_text(completion))
+        ngrams = [tuple(tokens[i : i + self.ngram_size]) for i in range(len(tokens) - self.ngram_size + 1)]
+        if not ngrams:
+            return 0.0
+        return self.max_penalty * (1 - len(set(ngrams)) / len(ngrams)) + 0.0  # + 0.0 turns -0.0 into 0.0
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+        return [self.score(c) for c in completions]
+
+
+# --------------------------------------------------------------------------------------------------
+# Weighted combination (TRL's reward_weights semantics)
+# --------------------------------------------------------------------------------------------------
+
+
+def reward_name(fn: Callable) -> str:
+    """The name TRL logs a reward under (``rewards/<name>/mean``): ``__name__``, else the class name."""
+    while isinstance(fn, functools.partial):  # as trl.trainer.utils.get_callable_name does
+        fn = fn.func
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def weighted_sum(values: Sequence[float | None], weights: Sequence[float]) -> float | None:
+    """TRL's per-completion combination: ``nansum(reward_i * weight_i)``, where None counts as NaN.
+
+    When every reward is None the completion is unscorable: TRL marks its reward NaN and gives it
+    advantage 0, so this returns None.
+
+    >>> weighted_sum([1.0, None, 0.5], [2.0, 1.0, 1.0])
+    2.5
+    """
+    if len(values) != len(weights):
+        raise ValueError(f"Got {len(values)} rewards but {len(weights)} weights; give one weight per reward function.")
+    present = [(v, w) for v, w in zip(values, weights) if v is not None and not math.isnan(v)]
+    if not present:
+        return None
+    return sum(v * w for v, w in present)
+
+
+@dataclass
+class RewardTable:
+    """Every reward function's values for a batch of completions, and their TRL-weighted total."""
+
+    names: list[str]
+    weights: list[float]
+    values: list[list[float | None]]
+    """``values[i][j]``: reward function ``j`` on completion ``i`` (the layout of TRL's ``rewards_per_func``)."""
+    totals: list[float | None]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per completion: each reward by name, then ``total``."""
+        return [dict(zip(self.names, row), total=total) for row, total in zip(self.values, self.totals)]
+
+    def to_frame(self):
+        """The table as a pandas DataFrame (pandas ships with ``datasets``)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
+
+
+def score_all(
+    reward_funcs: Sequence[Callable],
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    reward_weights: Sequence[float] | None = None,
+    **columns: Any,
+) -> RewardTable:
+    """Run each reward function once on the batch and combine them as ``GRPOTrainer`` does with
+    ``GRPOConfig(reward_weights=...)`` (default weight 1.0 each)."""
+    weights = [1.0] * len(reward_funcs) if reward_weights is None else [float(w) for w in reward_weights]
+    if len(weights) != len(reward_funcs):
+        raise ValueError(
+            f"Number of reward weights ({len(weights)}) must match number of reward functions ({len(reward_funcs)})."
+        )
+    per_func = [list(fn(prompts=prompts, completions=completions, **columns)) for fn in reward_funcs]
+    for fn, out in zip(reward_funcs, per_func):
+        if len(out) != len(completions):
+            raise ValueError(
+                f"Reward '{reward_name(fn)}' returned {len(out)} values for {len(completions)} completions. "
+                "Wrap it with validate_reward() to see which sample went wrong."
+            )
+    values = [[None if out[i] is None else float(out[i]) for out in per_func] for i in range(len(completions))]
+    return RewardTable([reward_name(f) for f in reward_funcs], weights, values, [weighted_sum(v, weights) for v in values])
+
+
+@dataclass
+class WeightedReward:
+    """Several rewards folded into one TRL reward function with TRL's ``reward_weights`` semantics.
+
+    ``GRPOTrainer(reward_funcs=[WeightedReward([a, b], [1.0, 0.5])])`` trains on the same total as
+    ``GRPOTrainer(reward_funcs=[a, b], args=GRPOConfig(reward_weights=[1.0, 0.5]))``; the second form
+    logs each component separately, so prefer it in training and use this one where a single callable
+    is needed (verl export, a quick look in a notebook).
+    """
+
+    reward_funcs: Sequence[Callable]
+    weights: Sequence[float] | None = None
+    name: str = "weighted"
+
+    def __post_init__(self) -> None:
+        if not self.reward_funcs:
+            raise ValueError("WeightedReward needs at least one reward function.")
+        self.weights = [1.0] * len(self.reward_funcs) if self.weights is None else [float(w) for w in self.weights]
+        if len(self.weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"Number of reward weights ({len(self.weights)}) must match number of reward functions "
+                f"({len(self.reward_funcs)})."
+            )
+        self.__name__ = self.name
+
+    def table(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> RewardTable:
+        return score_all(self.reward_funcs, prompts, completions, self.weights, **kwargs)
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
+        return self.table(prompts, completions, **kwargs).totals
+
+
+# --------------------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, Callable[..., RewardFunc]] = {
+    "correctness": CorrectnessReward,
+    "format": FormatReward,
+    "length_window": LengthWindowReward,
+    "keyword": KeywordReward,
+    "contains_answer": ContainsAnswerReward,
+    "repetition_penalty": RepetitionPenalty,
+}
+
+
+def register_reward(name: str, factory: Callable[..., RewardFunc], *, overwrite: bool = False) -> None:
+    """Make ``get_reward(name, **options)`` build rewards with ``factory(**options)``."""
+    if name in _REGISTRY and not overwrite:
+        raise ValueError(f"A reward named '{name}' is already registered; pass overwrite=True to replace it.")
+    _REGISTRY[name] = factory
+
+
+def list_rewards() -> list[str]:
+    """Names accepted by ``get_reward``."""
+    return sorted(_REGISTRY)
+
+
+def get_reward(name: str, /, **options: Any) -> RewardFunc:
+    """Build a registered reward by name, e.g. ``get_reward("length_window", min_chars=5, max_chars=80)``."""
+    if name not in _REGISTRY:
+        raise ValueError(f"Unknown reward '{name}'. Known rewards: {', '.join(list_rewards())}.")
+    return _REGISTRY[name](**options)
+
+
+# --------------------------------------------------------------------------------------------------
+# verl adapters
+# --------------------------------------------------------------------------------------------------
+
+_TRL_INTERNAL_KWARGS = frozenset({"completion_ids", "trainer_state", "log_extra", "log_metric", "environments"})
+
+
+def from_verl(
+    compute_score: Callable[..., Any],
+    *,
+    answer_column: str = "answer",
+    default_data_source: str = "grpo_lab",
+    name: str | None = None,
+) -> RewardFunc:
+    """Turn a verl ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` into a TRL reward.
+
+    ``ground_truth`` comes from the ``answer_column`` column, ``data_source`` from a ``data_source`` column
+    when the dataset has one; every other column of the sample (and its prompt) goes into ``extra_info``.
+    ``compute_score`` may return a number or a dict with a ``"score"`` key, as verl allows.
+    """
+
+    def reward(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
+        n = len(completions)
+        answers = _column(kwargs, answer_column, reward.__name__, n)
+        sources = kwargs.get("data_source") or [default_data_source] * n
+        columns = {
+            k: v for k, v in kwargs.items()
+            if k not in _TRL_INTERNAL_KWARGS and k not in (answer_column, "data_source")
+            and isinstance(v, Sequence) and not isinstance(v, str) and len(v) == n
+        }
+        scores = []
+        for i, completion in enumerate(completions):
+            extra_info = {"prompt": prompts[i], **{k: v[i] for k, v in columns.items()}}
+            out = compute_score(
+                data_source=sources[i], solution_str=completion_text(completion), ground_truth=answers[i], extra_info=extra_info
+            )
+            if isinstance(out, Mapping):
+                if "score" not in out:
+                    raise ValueError(
+                        f"verl compute_score '{reward.__name__}' returned a dict without a 'score' key "
+                        f"(keys: {sorted(out)}). verl expects a float or a dict with 'score'."
+                    )
+                out = out["score"]
+            scores.append(None if out is None else float(out))
+        return scores
+
+    reward.__name__ = name or reward_name(compute_score)
+    reward.__doc__ = f"TRL reward adapted from the verl compute_score {reward_name(compute_score)!r}."
+    return reward
+
+
+def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score: float = 0.0) -> Callable[..., float]:
+    """Turn a TRL reward into verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``.
+
+    ``ground_truth`` is passed as the ``answer_column`` column, ``data_source`` as a ``data_source`` column, and
+    every ``extra_info`` entry as a column of its own; ``extra_info["prompt"]`` (else ``["question"]``) is the
+    prompt. verl has no "not applicable", so a None reward becomes ``none_score``.
+    """
+
+    def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping | None = None, **_: Any) -> float:
+        extra = dict(extra_info or {})
+        prompt = extra.pop("prompt", extra.get("question", ""))
+        columns = {key: [value] for key, value in extra.items()}
+        columns.update({answer_column: [ground_truth], "data_source": [data_source]})
+        out = list(trl_reward(prompts=[prompt], completions=[solution_str], **columns))
+        if len(out) != 1:
+            raise ValueError(f"Reward '{reward_name(trl_reward)}' returned {len(out)} values for one completion.")
+        return none_score if out[0] is None else float(out[0])
+
+    compute_score.__name__ = reward_name(trl_reward)
+    compute_score.__doc__ = f"verl compute_score adapted from the TRL reward {reward_name(trl_reward)!r}."
+    return compute_score
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------------
+
+
+class RewardValidationError(ValueError):
+    """A reward function broke TRL's contract; the message names the function, the sample and the fix."""
+
+
+class RewardSignatureError(TypeError):
+    """A reward function cannot be called the way TRL calls it."""
+
+
+@dataclass(frozen=True)
+class RewardIssue:
+    """One problem found while validating a reward function's output."""
+
+    function: str
+    index: int | None
+    """The sample index, or None when the problem concerns the whole batch."""
+    problem: str
+    fix: str
+
+    @property
+    def message(self) -> str:
+        where = "the batch" if self.index is None else f"sample {self.index}"
+        return f"Reward function '{self.function}' failed on {where}: it {self.problem}. Fix: {self.fix}."
+
+
+def check_reward_signature(fn: Callable) -> None:
+    """Raise ``RewardSignatureError`` unless ``fn`` accepts TRL's keywords (prompts, completions, **kwargs)."""
+    name = reward_name(fn)
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins and some C callables have no signature to inspect
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    raise RewardSignatureError(
+        f"Reward function '{name}' does not accept **kwargs. TRL calls it as {name}(prompts=..., completions=..., "
+        "completion_ids=..., trainer_state=..., <every dataset column>=...). "
+        f"Fix: define it as `def {name}(prompts, completions, **kwargs)` and read columns from kwargs."
+    )
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_FIX_TYPE = "return a float per completion (e.g. 1.0 or 0.0), or None for samples the function cannot score"
+_FIX_FINITE = "guard divisions and logs (NaN/inf poison the group mean); return None for samples it cannot score"
+_FIX_RAISE = "handle this input inside the function, or return None for samples it cannot score (TRL ignores None)"
+
+
+class ValidatedReward:
+    """A reward function wrapped with checks; see ``validate_reward``."""
+
+    def __init__(self, fn: Callable, mode: Literal["raise", "skip"] = "raise") -> None:
+        if mode not in ("raise", "skip"):
+            raise ValueError(f"mode must be 'raise' (fail fast) or 'skip' (record None and go on), got {mode!r}.")
+        check_reward_signature(fn)
+        self.fn = fn
+        self.mode = mode
+        self.__name__ = reward_name(fn)
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.__wrapped__ = fn
+        self.issues: list[RewardIssue] = []
+        """Every problem seen so far (in "skip" mode the calls went on with None for those samples)."""
+
+    def __repr__(self) -> str:
+        return f"validate_reward({self.__name__}, mode={self.mode!r})"
+
+    def _report(self, issue: RewardIssue, cause: BaseException | None = None) -> None:
+        self.issues.append(issue)
+        if self.mode == "raise":
+            raise RewardValidationError(issue.message) from cause
+        logger.warning("%s Recorded None for it and went on.", issue.message)
+
+    def _check_value(self, index: int, value: Any) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+            problem = f"returned {_describe(value)} ({type(value).__name__}), not a number"
+            self._report(RewardIssue(self.__name__, index, problem, _FIX_TYPE))
+            return None
+        try:
+            number = float(value)
+        except (TypeError, ValueError) as error:
+            problem = f"returned {_describe(value)} ({type(value).__name__}), which float() rejects ({error})"
+            self._report(RewardIssue(self.__name__, index, problem, _FIX_TYPE))
+            return None
+        if not math.isfinite(number):
+            self._report(RewardIssue(self.__name__, index, f"returned {number}", _FIX_FINITE))
+            return None
+        return number
+
+    def _call_one(self, index: int, prompts: Sequence[Any], completions: Sequence[Any], kwargs: dict) -> float | None:
+        """Re-run the function on sample ``index`` alone, to find which sample makes it raise."""
+        n = len(completions)
+
+        def one(v: Any) -> Any:
+            return [v[index]] if isinstance(v, Sequence) and not isinstance(v, str) and len(v) == n else v
+
+        try:
+            out = self.fn(prompts=[prompts[index]], completions=[completions[index]], **{k: one(v) for k, v in kwargs.items()})
+        except Exception as error:  # noqa: BLE001 - a user function may raise anything; we report it
+            text = completion_text(completions[index])
+            problem = f"raised {type(error).__name__}: {error} (completion: {_describe(text)})"
+            self._report(RewardIssue(self.__name__, index, problem, _FIX_RAISE), error)
+            return None
+        out = list(out) if isinstance(out, Iterable) and not isinstance(out, (str, bytes, Mapping)) else [out]
+        if len(out) != 1:
+            problem = f"returned {len(out)} values for a single completion"
+            self._report(RewardIssue(self.__name__, index, problem, "return exactly one value per completion"))
+            return None
+        return self._check_value(index, out[0])
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
+        n = len(completions)
+        try:
+            out = self.fn(prompts=prompts, completions=completions, **kwargs)
+        except RewardValidationError:
+            raise
+        except Exception as error:  # noqa: BLE001
+            issues_before = len(self.issues)
+            results = [self._call_one(i, prompts, completions, kwargs) for i in range(n)]
+            if len(self.issues) == issues_before:  # each sample alone was fine: the batch as a whole fails
+                problem = f"raised {type(error).__name__}: {error}, although each sample alone works"
+                self._report(RewardIssue(self.__name__, None, problem, _FIX_RAISE), error)
+                return [None] * n
+            return results
+        if isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Iterable):
+            problem = f"returned {_describe(out)} ({type(out).__name__}) instead of a list with one value per completion"
+            self._report(RewardIssue(self.__name__, None, problem, "return a list of floats, one per completion, in order"))
+            return [None] * n
+        out = list(out)
+        if len(out) != n:
+            problem = f"returned {len(out)} values for {n} completions"
+            fix = "return exactly one float (or None) per completion, in the order of `completions`"
+            self._report(RewardIssue(self.__name__, None, problem, fix))
+            return [None] * n
+        return [self._check_value(i, value) for i, value in enumerate(out)]
+
+
+def validate_reward(fn: Callable, mode: Literal["raise", "skip"] = "raise") -> ValidatedReward:
+    """Wrap a reward function so that broken outputs are caught with a message a person can act on.
+
+    Checks the signature at once, then on every call: exceptions (re-run per sample to find the culprit),
+    a return that is not a list, the wrong number of values, non-numbers, NaN and ±inf. ``mode="raise"``
+    stops at the first problem with ``RewardValidationError``; ``mode="skip"`` logs a warning, records
+    None for the sample (TRL then ignores it) and carries on. Problems are kept in ``.issues``. The
+    wrapper keeps ``__name__`` so TRL's metric names stay the same.
+
+    >>> safe = validate_reward(lambda prompts, completions, **kw: [1 / len(c) for c in completions], mode="skip")
+    >>> safe(prompts=["a", "b"], completions=["ok", ""])
+    [0.5, None]
+    """
+    return ValidatedReward(fn, mode)
+
+
+DEFAULT_REWARD_WEIGHTS: dict[str, float] = {"correctness": 1.0, "format": 0.2, "repetition_penalty": 0.5}
+"""The course's default reward set and its ``reward_weights``: correctness dominates, format and
+repetition shape the text."""
+
+
+def default_rewards(mode: Literal["raise", "skip"] = "skip") -> tuple[list[ValidatedReward], list[float]]:
+    """``(reward_funcs, reward_weights)`` for ``GRPOTrainer`` / ``GRPOConfig``: the defaults, each validated."""
+    funcs = [validate_reward(get_reward(name), mode=mode) for name in DEFAULT_REWARD_WEIGHTS]
+    return funcs, list(DEFAULT_REWARD_WEIGHTS.values())
