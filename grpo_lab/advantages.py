@@ -44,7 +44,9 @@ def normalize_scale_rewards(scale_rewards: str | bool) -> ScaleRewards:
     """Map TRL's legacy booleans (``True`` → "group", ``False`` → "none") and check the value."""
     value = ("group" if scale_rewards else "none") if isinstance(scale_rewards, bool) else scale_rewards
     if value not in ("group", "batch", "none"):
-        raise ValueError(f"scale_rewards must be 'group', 'batch', 'none', True or False (as in GRPOConfig), got {scale_rewards!r}.")
+        raise ValueError(
+            f"scale_rewards must be 'group', 'batch', 'none', True or False (as in GRPOConfig), got {scale_rewards!r}."
+        )
     return value
 
 
@@ -124,7 +126,9 @@ def compute_advantages(
     """
     table = _as_tensor(rewards_per_func)
     if table.dim() != 2:
-        raise ValueError(f"rewards_per_func must be 2-D (completions × reward functions), got shape {tuple(table.shape)}.")
+        raise ValueError(
+            f"rewards_per_func must be 2-D (completions × reward functions), got shape {tuple(table.shape)}."
+        )
     n, k = table.shape
     if num_generations < 1 or n % num_generations:
         raise ValueError(
@@ -161,7 +165,8 @@ def compute_advantages(
         advantages = (rewards - group_mean) / (std + epsilon)
     else:
         raise ValueError(
-            f"multi_objective_aggregation must be 'sum_then_normalize' or 'normalize_then_sum', got {multi_objective_aggregation!r}."
+            "multi_objective_aggregation must be 'sum_then_normalize' or 'normalize_then_sum', "
+            f"got {multi_objective_aggregation!r}."
         )
 
     is_std_zero = torch.isclose(std, torch.zeros_like(std))
@@ -214,12 +219,13 @@ def explain_group(rewards: Sequence[float] = SEED_EXAMPLE_REWARDS, epsilon: floa
     std = math.sqrt(sum(squares) / (n - 1))
     population_std = math.sqrt(sum(squares) / n)
     fmt = lambda values, spec: ", ".join(format(v, spec) for v in values)  # noqa: E731
+    scaled = [d / (std + epsilon) for d in deviations]
     lines = [
         f"rewards      : {fmt(rewards, 'g')}",
         f"group mean   : ({' + '.join(format(r, 'g') for r in rewards)}) / {n} = {mean:.4g}",
         f"deviations   : {fmt(deviations, '+.4g')}",
         f"sample std   : sqrt(({' + '.join(format(s, '.4g') for s in squares)}) / ({n} - 1)) = {std:.4f}",
-        f"advantages   : deviation / ({std:.4f} + {epsilon:g}) = {fmt([d / (std + epsilon) for d in deviations], '+.4f')}",
+        f"advantages   : deviation / ({std:.4f} + {epsilon:g}) = {fmt(scaled, '+.4f')}",
     ]
     if population_std > 0:
         lines.append(

@@ -25,14 +25,16 @@ def plot_group_advantages(result, labels: Sequence[str] | None = None, title: st
     ``result`` is a ``grpo_lab.advantages.Advantages``. Groups are separated by dotted lines.
     """
     n = len(result.rewards)
-    labels = list(labels) if labels is not None else [f"g{i // result.num_generations}·c{i % result.num_generations}" for i in range(n)]
+    G = result.num_generations
+    labels = list(labels) if labels is not None else [f"g{i // G}·c{i % G}" for i in range(n)]
     fig = Figure(figsize=(max(6.0, 1.1 * n + 3), 3.4), layout="constrained")
     ax_r, ax_a = fig.subplots(1, 2)
     x = range(n)
     ax_r.bar(x, [0.0 if math.isnan(r) else r for r in result.rewards], color="#4c78a8")  # NaN: unscorable
-    for g in range(0, n, result.num_generations):
-        span = (g - 0.4, g + result.num_generations - 0.6)
-        ax_r.hlines(result.group_mean[g], *span, colors="black", linestyles="--", label="group mean" if g == 0 else None)
+    for g in range(0, n, G):
+        span = (g - 0.4, g + G - 0.6)
+        label = "group mean" if g == 0 else None
+        ax_r.hlines(result.group_mean[g], *span, colors="black", linestyles="--", label=label)
         if g:
             for ax in (ax_r, ax_a):
                 ax.axvline(g - 0.5, color="#cccccc", linestyle=":")

@@ -84,7 +84,7 @@ _CHAR_MAP = str.maketrans(
         "\u3000": " ",  # ideographic space
     }
 )
-# Note: the full-width comma "，" is Chinese punctuation ("100，200，300" lists numbers), never a thousands separator.
+# The full-width comma "，" is Chinese punctuation ("100，200，300" lists numbers), never a thousands separator.
 
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.]+)\s*\}\s*\{\s*(-?[\d.]+)\s*\}")
 
@@ -262,7 +262,8 @@ def check_answer(
     where = {"marker": "after the marker", "boxed": "in \\boxed{}", "last number": "last number in the text"}
     source = where[found.found_by]
     if math.isclose(found.value, expected, rel_tol=rel_tol, abs_tol=abs_tol):
-        return AnswerCheck(1.0, found.value, expected, found.found_by, f"correct: {_format_number(found.value)} ({source})")
+        reason = f"correct: {_format_number(found.value)} ({source})"
+        return AnswerCheck(1.0, found.value, expected, found.found_by, reason)
     reason = f"wrong value: found {_format_number(found.value)} ({source}), expected {_format_number(expected)}"
     return AnswerCheck(0.0, found.value, expected, found.found_by, reason)
 
@@ -309,7 +310,9 @@ class CorrectnessReward:
     def explain(self, completions: Sequence[Any], **kwargs: Any) -> list[AnswerCheck]:
         """The per-sample verdicts (score, predicted, expected, reason) behind ``__call__``."""
         answers = _column(kwargs, self.answer_column, self.name, len(completions))
-        options = dict(require_marker=self.require_marker, marker=self.marker, rel_tol=self.rel_tol, abs_tol=self.abs_tol)
+        options = dict(
+            require_marker=self.require_marker, marker=self.marker, rel_tol=self.rel_tol, abs_tol=self.abs_tol
+        )
         return [check_answer(c, a, **options) for c, a in zip(completions, answers)]
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
@@ -518,7 +521,8 @@ def score_all(
                 "Wrap it with validate_reward() to see which sample went wrong."
             )
     values = [[None if out[i] is None else float(out[i]) for out in per_func] for i in range(len(completions))]
-    return RewardTable([reward_name(f) for f in reward_funcs], weights, values, [weighted_sum(v, weights) for v in values])
+    totals = [weighted_sum(v, weights) for v in values]
+    return RewardTable([reward_name(f) for f in reward_funcs], weights, values, totals)
 
 
 @dataclass
@@ -526,7 +530,8 @@ class WeightedReward:
     """Several rewards folded into one TRL reward function with TRL's ``reward_weights`` semantics.
 
     ``GRPOTrainer(reward_funcs=[WeightedReward([a, b], [1.0, 0.5])])`` trains on the same total as
-    ``GRPOTrainer(reward_funcs=[a, b], args=GRPOConfig(reward_weights=[1.0, 0.5]))``; the second form
+    ``GRPOTrainer(reward_funcs=[a, b], args=GRPOConfig(reward_weights=[1.0, 0.5]))`` (with the default
+    ``multi_objective_aggregation="sum_then_normalize"``); the second form
     logs each component separately, so prefer it in training and use this one where a single callable
     is needed (verl export, a quick look in a notebook).
     """
@@ -620,7 +625,10 @@ def from_verl(
         for i, completion in enumerate(completions):
             extra_info = {"prompt": prompts[i], **{k: v[i] for k, v in columns.items()}}
             out = compute_score(
-                data_source=sources[i], solution_str=completion_text(completion), ground_truth=answers[i], extra_info=extra_info
+                data_source=sources[i],
+                solution_str=completion_text(completion),
+                ground_truth=answers[i],
+                extra_info=extra_info,
             )
             if isinstance(out, Mapping):
                 if "score" not in out:
@@ -645,7 +653,9 @@ def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score
     prompt. verl has no "not applicable", so a None reward becomes ``none_score``.
     """
 
-    def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping | None = None, **_: Any) -> float:
+    def compute_score(
+        data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping | None = None, **_: Any
+    ) -> float:
         extra = dict(extra_info or {})
         prompt = extra.pop("prompt", extra.get("question", ""))
         columns = {key: [value] for key, value in extra.items()}
@@ -765,7 +775,8 @@ class ValidatedReward:
             return [v[index]] if isinstance(v, Sequence) and not isinstance(v, str) and len(v) == n else v
 
         try:
-            out = self.fn(prompts=[prompts[index]], completions=[completions[index]], **{k: one(v) for k, v in kwargs.items()})
+            columns = {k: one(v) for k, v in kwargs.items()}
+            out = self.fn(prompts=[prompts[index]], completions=[completions[index]], **columns)
         except Exception as error:  # noqa: BLE001 - a user function may raise anything; we report it
             text = completion_text(completions[index])
             problem = f"raised {type(error).__name__}: {error} (completion: {_describe(text)})"
@@ -793,8 +804,9 @@ class ValidatedReward:
                 return [None] * n
             return results
         if isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Iterable):
-            problem = f"returned {_describe(out)} ({type(out).__name__}) instead of a list with one value per completion"
-            self._report(RewardIssue(self.__name__, None, problem, "return a list of floats, one per completion, in order"))
+            problem = f"returned {_describe(out)} ({type(out).__name__}) instead of a list"
+            fix = "return a list of floats, one per completion, in the order of `completions`"
+            self._report(RewardIssue(self.__name__, None, problem, fix))
             return [None] * n
         out = list(out)
         if len(out) != n:

@@ -88,7 +88,9 @@ def trl_trainer(tmp_path_factory):
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate("abcdefgh ")}}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
     torch.manual_seed(0)
     config = Qwen2Config(
         vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -159,3 +161,15 @@ def test_plots_return_figures():
     assert isinstance(plot_group_advantages(result, title="t"), Figure)
     table = score_all([get_reward("correctness"), get_reward("format")], [""] * 2, ["#### 1", "2"], answer=["1", "2"])
     assert isinstance(plot_reward_components(table), Figure)
+
+
+@pytest.mark.parametrize("table_name", list(reward_tables()))
+def test_rewards_weighted_sum_matches_trl_combination(trl_trainer, table_name):
+    """grpo_lab.rewards.weighted_sum (one combined reward per completion) feeds the same advantages as TRL's own
+    nansum over reward_weights=[1.0, 0.5] with separate reward functions."""
+    from grpo_lab.rewards import weighted_sum
+
+    table = reward_tables()[table_name]
+    theirs = trl_advantages(trl_trainer, table, "group", "sum_then_normalize")
+    ours = A.group_advantages([weighted_sum(row, [1.0, 0.5]) for row in table], num_generations=4).advantages
+    assert ours == pytest.approx(theirs, rel=1e-6, abs=1e-6)

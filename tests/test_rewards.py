@@ -281,7 +281,8 @@ def test_validate_rejects_a_signature_without_kwargs():
         return [0.0] * len(completions)
 
     for mode in ("raise", "skip"):
-        with pytest.raises(R.RewardSignatureError, match=r"'no_kwargs' does not accept \*\*kwargs.*def no_kwargs\(prompts, completions, \*\*kwargs\)"):
+        expected = r"'no_kwargs' does not accept \*\*kwargs.*def no_kwargs\(prompts, completions, \*\*kwargs\)"
+        with pytest.raises(R.RewardSignatureError, match=expected):
             R.validate_reward(no_kwargs, mode=mode)
     with pytest.raises(ValueError, match="mode must be 'raise'"):
         R.validate_reward(good, mode="ignore")
