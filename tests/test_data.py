@@ -1,0 +1,109 @@
+"""Offline data: determinism of the shipped splits, no train/eval overlap, loaders and their errors."""
+
+import json
+
+import pytest
+
+from grpo_lab import data
+
+
+def test_regeneration_equals_shipped_splits_byte_for_byte(tmp_path):
+    config = data.SplitConfig(data_dir=tmp_path)
+    written = data.regenerate_splits(config)
+    for split, path in written.items():
+        assert path.read_bytes() == data.SplitConfig().path(split).read_bytes(), (
+            f"data/{split}.jsonl differs from what grpo_lab.data generates; run python -m grpo_lab.data")
+
+
+def test_same_seed_same_rows_different_seed_different_rows():
+    assert data.generate_problems(40, seed=3) == data.generate_problems(40, seed=3)
+    assert data.generate_problems(40, seed=3) != data.generate_problems(40, seed=4)
+
+
+def test_shipped_splits_have_contract_columns_and_are_balanced():
+    train, evaluation = data.load_split("train"), data.load_split("eval")
+    assert len(train) == data.SplitConfig().train_size and len(evaluation) == data.SplitConfig().eval_size
+    for row in train[:50] + evaluation[:50]:
+        assert set(row) == {"id", "type", "lang", "prompt", "answer", "unit", "completion"}
+        assert row["prompt"][0]["role"] == "user" and row["lang"] in data.LANGS
+        assert row["completion"].endswith(f"#### {row['answer']}")
+        assert int(row["answer"]) >= 0
+    per_type = {t: sum(r["type"] == t for r in evaluation) for t in data.PROBLEM_TYPES}
+    assert len(set(per_type.values())) == 1, per_type
+
+
+def test_train_and_eval_share_no_problem():
+    problems = data.build_split_problems()
+    eval_keys = {p.key for p in problems["eval"]}
+    assert not eval_keys & {p.key for p in problems["train"]}
+    assert len(eval_keys) == len(problems["eval"])
+    train_prompts = {json.dumps(r["prompt"], ensure_ascii=False) for r in data.load_split("train")}
+    assert not train_prompts & {json.dumps(r["prompt"], ensure_ascii=False) for r in data.load_split("eval")}
+
+
+def test_slips_are_consistent_and_wrong():
+    for kind in data.SLIPS:
+        for problem in data.generate_problem_objects(20, seed=1, types=[kind]):
+            slipped = problem.completion(slip=True)
+            assert slipped != problem.completion()
+            assert data.parse_final_answer(slipped) != str(problem.answer) or problem.key[1:] == (2, 2)  # 2+2 = 2×2
+            assert problem.completion().endswith(f"#### {problem.answer}")
+    with pytest.raises(ValueError, match="no slip"):
+        data.generate_problem_objects(1, seed=0, types=["speed_distance"])[0].completion(slip=True)
+
+
+def test_unknown_type_or_language_is_rejected():
+    with pytest.raises(ValueError, match="unknown or empty problem types"):
+        data.generate_problems(2, seed=0, types=["calculus"])
+    with pytest.raises(ValueError, match="languages"):
+        data.generate_problems(2, seed=0, langs=["fr"])
+
+
+def test_parse_final_answer_and_match():
+    assert data.parse_final_answer("3 × 4 = 12\n#### 12") == "12"
+    assert data.parse_final_answer("#### 1,200 m") == "1200"
+    assert data.parse_final_answer("no marker 12") is None
+    assert data.answers_match("30.0", "30") and not data.answers_match("31", "30")
+    assert not data.answers_match(None, "30")
+
+
+def test_load_jsonl_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no data file"):
+        data.load_jsonl(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "answer": 1}\n{not json\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="line 2: not valid JSON"):
+        data.load_jsonl(bad)
+    no_answer = tmp_path / "no_answer.jsonl"
+    no_answer.write_text('{"prompt": "a", "answer": 1}\n{"prompt": "b"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"line 2: missing column\(s\) \['answer'\]"):
+        data.load_jsonl(no_answer)
+
+
+def test_load_jsonl_accepts_plain_prompts(tmp_path):
+    path = data.write_jsonl([{"prompt": "What is 2 + 3?", "answer": 5}], tmp_path / "plain.jsonl")
+    (row,) = data.load_jsonl(path)
+    assert row["prompt"] == [{"role": "user", "content": "What is 2 + 3?"}] and row["answer"] == "5"
+
+
+def test_load_gsm8k_jsonl(tmp_path):
+    path = data.write_jsonl([
+        {"question": "Tom has 3 apples and buys 4 more. How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
+        {"question": "Big numbers?", "answer": "1000 + 234 = 1234\n#### 1,234"},
+    ], tmp_path / "gsm8k.jsonl")
+    rows = data.load_gsm8k_jsonl(path)
+    assert [r["answer"] for r in rows] == ["7", "1234"]
+    assert rows[0]["completion"] == "3 + 4 = 7\n#### 7" and rows[0]["type"] == "gsm8k"
+    assert rows[0]["prompt"][0]["content"].startswith("Tom has 3 apples")
+    broken = data.write_jsonl([{"question": "q", "answer": "no final marker"}], tmp_path / "broken.jsonl")
+    with pytest.raises(ValueError, match="line 1: the 'answer' does not end with '#### <number>'"):
+        data.load_gsm8k_jsonl(broken)
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['question'\]"):
+        data.load_gsm8k_jsonl(data.write_jsonl([{"prompt": "q", "answer": "#### 1"}], tmp_path / "x.jsonl"))
+
+
+def test_to_dataset_keeps_columns():
+    dataset = data.to_dataset(data.generate_problems(4, seed=0))
+    assert len(dataset) == 4 and {"prompt", "answer", "type", "lang", "unit"} <= set(dataset.column_names)
+    with pytest.raises(ValueError, match="no rows"):
+        data.to_dataset([])
