@@ -2,6 +2,7 @@
 # Both create .venv and install the stack for this machine's hardware first (skipped when nothing
 # changed). Override the detected hardware with STACK=cpu|cuda|npu.
 SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,6 +12,9 @@ STACK ?= $(shell \
   else echo cpu; fi)
 STACK_FILE := grpo_lab/stacks/$(STACK).txt
 STAMP := $(VENV)/.grpo-lab-installed-$(STACK)
+ifeq ($(wildcard $(STACK_FILE)),)
+$(error Unknown STACK=$(STACK): use cpu, cuda or npu (stack files are in grpo_lab/stacks/))
+endif
 RUN_DIR ?= runs/course
 LAB_PORT ?= 8888
 LAB_ARGS ?=
@@ -30,11 +34,11 @@ endif
 install: $(STAMP)
 
 $(STAMP): pyproject.toml $(STACK_FILE)
-	@test -f $(STACK_FILE) || { echo "Unknown STACK=$(STACK): use cpu, cuda or npu."; exit 2; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the '$(STACK)' stack into $(VENV) (constraints: $(STACK_FILE))"
 	@start=$$(date +%s); \
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(STACK),notebooks,dev]" -c $(STACK_FILE) && \
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(STACK),notebooks,dev]" -c $(STACK_FILE) \
+	  2>&1 | { grep -v "^WARNING: Location" || true; } && \
 	if [ "$(STACK)" = cpu ]; then \
 	  $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null; true; \
 	fi && \

@@ -15,7 +15,18 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+RUN_DIR_VAR = "GRPO_LAB_RUN_DIR"
+
+
+def run_dir(name: str = "") -> Path:
+    """Where notebooks save what they produce: ``$GRPO_LAB_RUN_DIR/name`` (``make course`` sets it),
+    else ``runs/latest/name`` in the repository. Created on first use."""
+    base = Path(os.environ.get(RUN_DIR_VAR) or REPO_ROOT / "runs" / "latest")
+    path = base / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @dataclass
@@ -57,7 +68,7 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 1800) -> NotebookRe
 def run_course(out_dir: Path, notebooks: list[Path] | None = None) -> list[NotebookResult]:
     """Run the notebooks in order, stopping after the first failure; write ``summary.json``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    os.environ["GRPO_LAB_RUN_DIR"] = str(out_dir.resolve())
+    os.environ[RUN_DIR_VAR] = str(out_dir.resolve())
     results: list[NotebookResult] = []
     for path in notebooks or course_notebooks():
         if results and results[-1].status != "ok":

@@ -1,0 +1,459 @@
+"""From a trained policy to a running vLLM OpenAI-compatible server.
+
+The seed's deployment section, every step real: export a self-contained folder (safetensors, tokenizer,
+chat template, generation config, manifest of checksums), verify it, reload it with transformers and
+compare greedy output with vLLM, serve it with ``python -m vllm.entrypoints.openai.api_server`` (the
+module exists in the CPU, CUDA and Ascend builds alike) and query it with the ``openai`` client.
+
+>>> from grpo_lab import deploy                                    # doctest: +SKIP
+>>> folder = deploy.export_model("runs/grpo/final", "runs/export")   # doctest: +SKIP
+>>> with deploy.VLLMServer(folder) as server:                        # doctest: +SKIP
+...     print(deploy.complete(server, "1 + 1 =").text)
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from grpo_lab import __version__, device, models
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+REQUIRED_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)
+LOG_TAIL_LINES = 30
+
+
+class DeployError(RuntimeError):
+    """An export, a folder or a server that is not usable; the message says what to do."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Export and verify
+# --------------------------------------------------------------------------------------------------
+def export_model(source, out_dir: str | Path, tokenizer=None, overwrite: bool = False) -> Path:
+    """Write a self-contained serving folder from a model folder / checkpoint or an in-memory model.
+
+    ``source`` is a path (a checkpoint or a model folder; loaded from safetensors) or a transformers model
+    (then pass its ``tokenizer``). The folder gets safetensors weights, tokenizer files with the chat
+    template, ``generation_config.json`` and a ``manifest.json`` with every file's sha256.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise DeployError(f"{out_dir} is not empty; choose a new folder or pass overwrite=True.")
+        shutil.rmtree(out_dir)
+    if isinstance(source, (str, Path)):
+        source_name = str(source)
+        model, tokenizer = models.load_model_and_tokenizer(source, verify=True)
+    else:
+        if tokenizer is None:
+            raise DeployError("export_model(model, ...) needs the tokenizer too: export_model(model, out, tokenizer=tok).")
+        model, source_name = source, type(source).__name__
+    if not getattr(tokenizer, "chat_template", None):
+        raise DeployError("the tokenizer has no chat template; chat requests to the server would fail. "
+                          "Set tokenizer.chat_template before exporting.")
+    staging = out_dir.with_name(out_dir.name + ".partial")  # never leave a half-written export behind
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging, safe_serialization=True)
+    tokenizer.save_pretrained(staging)
+    if not (staging / "generation_config.json").is_file():
+        model.generation_config.save_pretrained(staging)
+    models.write_manifest(staging, {
+        "kind": "grpo-lab export", "source": source_name, "grpo_lab": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    })
+    staging.rename(out_dir)
+    return out_dir
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify_export` found; ``ok`` when ``problems`` is empty."""
+
+    folder: Path
+    problems: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        head = f"{self.folder}: {'OK' if self.ok else f'{len(self.problems)} problem(s)'}"
+        return "\n".join([head] + [f"  ✓ {c}" for c in self.checked] + [f"  ✗ {p}" for p in self.problems])
+
+    def raise_if_bad(self) -> None:
+        if not self.ok:
+            raise DeployError(str(self) + "\nFix: re-export the model with grpo_lab.deploy.export_model.")
+
+
+def verify_export(folder: str | Path, load_weights: bool = True) -> VerifyReport:
+    """Check a serving folder: required files, manifest checksums, weights load, tokenizer fits the model."""
+    folder = Path(folder)
+    report = VerifyReport(folder)
+    if not folder.is_dir():
+        report.problems.append("folder does not exist")
+        return report
+    for name in REQUIRED_FILES:
+        (report.checked if (folder / name).is_file() else report.problems).append(
+            f"{name} present" if (folder / name).is_file() else f"missing {name}")
+    weights = sorted(folder.glob("*.safetensors"))
+    if weights:
+        report.checked.append(f"{len(weights)} safetensors file(s)")
+    else:
+        report.problems.append("missing weights: no *.safetensors file")
+    pickles = [p.name for p in folder.glob("*") if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+    if pickles:
+        report.problems.append(f"pickle weights {pickles}: serve only safetensors (delete them or re-export)")
+    try:
+        models.verify_model_dir(folder)
+        report.checked.append("manifest checksums match")
+    except models.ModelIntegrityError as exc:
+        listed = [line[4:] for line in str(exc).splitlines() if line.startswith("  - ")]
+        report.problems.extend(listed or [str(exc).splitlines()[0]])
+    if report.problems or not load_weights:
+        return report
+    try:
+        model, tokenizer = models.load_model_and_tokenizer(folder, verify=False)
+    except Exception as exc:
+        report.problems.append(f"weights or tokenizer do not load: {type(exc).__name__}: {exc}")
+        return report
+    report.checked.append("weights load with transformers")
+    rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > rows:
+        report.problems.append(f"tokenizer has {len(tokenizer)} tokens but the model only {rows} embedding rows")
+    else:
+        report.checked.append(f"tokenizer ({len(tokenizer)} tokens) fits the embedding ({rows} rows)")
+    if not getattr(tokenizer, "chat_template", None):
+        report.problems.append("tokenizer has no chat template")
+    else:
+        report.checked.append("chat template present")
+    return report
+
+
+# --------------------------------------------------------------------------------------------------
+# Serve
+# --------------------------------------------------------------------------------------------------
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Server knobs; each is a ``vllm.entrypoints.openai.api_server`` flag."""
+
+    model: str
+    host: str = "127.0.0.1"  # loopback unless told otherwise
+    port: int | None = None  # None: a free port
+    api_key: str | None = None
+    served_model_name: str = "grpo-lab"
+    max_model_len: int = 512  # from the P99 of request lengths (prompt + completion), see notebook 05
+    max_num_seqs: int = 64
+    gpu_memory_utilization: float = 0.85  # higher than in training: nothing else shares the device
+    enable_prefix_caching: bool = True  # multi-turn chats re-send the history: cache its KV
+    dtype: str = "auto"
+    cpu_kvcache_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE on the CPU
+    startup_timeout_s: float = 300.0
+    extra_args: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise DeployError(f"gpu_memory_utilization={self.gpu_memory_utilization} is outside (0, 1]; "
+                              "use e.g. 0.85 for a server that has the device to itself.")
+        if self.max_model_len < 16:
+            raise DeployError(f"max_model_len={self.max_model_len} is too small to hold a prompt and an answer.")
+        if not Path(self.model).is_dir() and self.model.startswith((".", "/")):
+            raise DeployError(f"model folder {self.model} does not exist; export one with export_model first.")
+        if self.port is not None and not port_is_free(self.port, self.host):
+            raise DeployError(f"port {self.port} on {self.host} is already in use; pick another port "
+                              "or leave port=None to take a free one.")
+
+    def command(self, port: int) -> list[str]:
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+               "--served-model-name", self.served_model_name, "--host", self.host, "--port", str(port),
+               "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
+               "--gpu-memory-utilization", str(self.gpu_memory_utilization), "--dtype", self.dtype]
+        cmd.append("--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching")
+        if self.api_key:
+            cmd += ["--api-key", self.api_key]
+        return cmd + list(self.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        kind = device.detect()
+        env.update(device.allocator_env(kind))
+        if kind == "cpu":
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.cpu_kvcache_gib))
+        return env
+
+
+def suggest_max_model_len(tokenizer, prompts: list[list[dict[str, str]]], max_tokens: int,
+                          percentile: float = 99.0, multiple: int = 16) -> int:
+    """``max_model_len`` from the P99 of request lengths (chat prompt tokens + ``max_tokens``).
+
+    Sizing for the longest request ever seen wastes KV cache on every sequence; the P99, rounded up to a
+    multiple of the KV block size, serves 99 % of requests and rejects the rest with a clear error.
+    """
+    import numpy as np
+
+    if not prompts:
+        raise DeployError("suggest_max_model_len needs at least one example prompt.")
+    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]
+    lengths = [len(ids) + max_tokens for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    p99 = float(np.percentile(lengths, percentile))
+    return int(-(-p99 // multiple) * multiple)
+
+
+class VLLMServer:
+    """vLLM's OpenAI-compatible server as a child process; a context manager that always stops it.
+
+    The server runs in its own process group, so :meth:`stop` ends it and every worker it spawned, also
+    after an error or a notebook interrupt (``KeyboardInterrupt`` leaves the ``with`` block normally).
+    """
+
+    def __init__(self, model: str | Path | ServeConfig, log_path: str | Path | None = None, **knobs):
+        self.config = model if isinstance(model, ServeConfig) else ServeConfig(model=str(model), **knobs)
+        self.log_path = Path(log_path) if log_path else None
+        self.process: subprocess.Popen | None = None
+        self.port: int | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    def start(self) -> VLLMServer:
+        self.config.validate()
+        self.port = self.config.port or free_port(self.config.host)
+        if self.log_path is None:
+            import tempfile
+
+            self.log_path = Path(tempfile.mkdtemp(prefix="grpo-lab-serve-")) / "server.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("w")
+        self.process = subprocess.Popen(self.config.command(self.port), stdout=log, stderr=subprocess.STDOUT,
+                                        env=self.config.environment(), start_new_session=True)
+        log.close()
+        atexit.register(self.stop)  # a forgotten server dies with the Python process
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise DeployError(f"the vLLM server exited with code {self.process.returncode} during start.\n"
+                                  f"Last lines of {self.log_path}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1)
+        raise DeployError(f"the vLLM server did not become ready within {self.config.startup_timeout_s:.0f} s; "
+                          f"raise startup_timeout_s or check the log:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        if not self.log_path or not self.log_path.is_file():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL what is left after ``timeout_s``."""
+        if self.process is None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(timeout=wait)
+                if not _group_alive(self.process.pid):
+                    break
+            except subprocess.TimeoutExpired:
+                continue
+        self.process = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def client(self):
+        """An ``openai.OpenAI`` client for this server."""
+        from openai import OpenAI
+
+        return OpenAI(base_url=f"{self.base_url}/v1", api_key=self.config.api_key or "EMPTY")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# Query
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class Reply:
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+
+
+def _request_error(exc: Exception, server: VLLMServer) -> DeployError:
+    from openai import AuthenticationError, BadRequestError
+
+    too_long = any(word in str(exc).lower() for word in ("context length", "max_model_len", "maximum context"))
+    if isinstance(exc, BadRequestError) and too_long:
+        return DeployError(f"the request is longer than the server's max_model_len "
+                           f"({server.config.max_model_len}): shorten the prompt or max_tokens, or restart "
+                           f"the server with a larger max_model_len.\nServer said: {exc}")
+    if isinstance(exc, AuthenticationError):
+        return DeployError("the server rejected the API key; pass the same api_key to the server and client.")
+    return DeployError(f"request failed: {exc}")
+
+
+def complete(server: VLLMServer, prompt: str, max_tokens: int = 32, temperature: float = 0.0) -> Reply:
+    """``/v1/completions`` on a raw prompt."""
+    from openai import OpenAIError
+
+    start = time.perf_counter()
+    try:
+        out = server.client().completions.create(model=server.config.served_model_name, prompt=prompt,
+                                                 max_tokens=max_tokens, temperature=temperature)
+    except OpenAIError as exc:
+        raise _request_error(exc, server) from None
+    choice = out.choices[0]
+    return Reply(choice.text, choice.finish_reason, out.usage.prompt_tokens, out.usage.completion_tokens,
+                 time.perf_counter() - start)
+
+
+def chat(server: VLLMServer, messages: list[dict[str, str]], max_tokens: int = 32,
+         temperature: float = 0.0) -> Reply:
+    """``/v1/chat/completions``: the server applies the exported chat template."""
+    from openai import OpenAIError
+
+    start = time.perf_counter()
+    try:
+        out = server.client().chat.completions.create(model=server.config.served_model_name, messages=messages,
+                                                      max_tokens=max_tokens, temperature=temperature)
+    except OpenAIError as exc:
+        raise _request_error(exc, server) from None
+    choice = out.choices[0]
+    return Reply(choice.message.content or "", choice.finish_reason, out.usage.prompt_tokens,
+                 out.usage.completion_tokens, time.perf_counter() - start)
+
+
+@dataclass
+class GreedyCheck:
+    """transformers greedy vs vLLM greedy on the same chat prompts."""
+
+    total: int
+    matches: int
+    pairs: list[tuple[str, str]]
+
+    def __str__(self) -> str:
+        rows = [f"{self.matches}/{self.total} prompts: transformers and vLLM greedy outputs identical"]
+        rows += [f"  {'=' if a == b else '≠'} hf: {a!r}\n    vllm: {b!r}" for a, b in self.pairs]
+        return "\n".join(rows)
+
+
+def compare_greedy(folder: str | Path, server: VLLMServer, prompts: list[list[dict[str, str]]],
+                   max_tokens: int = 32) -> GreedyCheck:
+    """Reload the folder with transformers and compare its greedy output with the server's.
+
+    Identical text is what intact weights and a shared tokenizer/chat template give in fp32; a mismatch
+    on the first tokens means the export or the serving config differs from what was trained.
+    """
+    model, tokenizer = models.load_model_and_tokenizer(folder, dtype="float32")
+    hf = [c[0] for c in models.generate_completions(model, tokenizer, prompts, max_new_tokens=max_tokens)]
+    served = [chat(server, p, max_tokens=max_tokens).text for p in prompts]
+    pairs = list(zip(hf, served))
+    return GreedyCheck(len(pairs), sum(a.strip() == b.strip() for a, b in pairs), pairs)
+
+
+def curl_command(server: VLLMServer, messages: list[dict[str, str]], max_tokens: int = 32) -> str:
+    """The equivalent ``curl`` call for a chat request, to paste into a terminal."""
+    body = json.dumps({"model": server.config.served_model_name, "messages": messages,
+                       "max_tokens": max_tokens, "temperature": 0}, ensure_ascii=False)
+    auth = ' -H "Authorization: Bearer $GRPO_LAB_API_KEY"' if server.config.api_key else ""
+    return (f"curl -s {server.base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
+            f"-d {shlex.quote(body)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    """`grpo-lab serve`: verify a folder, serve it until Ctrl-C (or answer one prompt with --ask)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="grpo-lab serve", description="Serve a model folder with vLLM.")
+    parser.add_argument("model", nargs="?", default=str(models.TINY_MODEL_DIR), help="model folder")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    parser.add_argument("--port", type=int, default=None, help="port (default: a free one)")
+    parser.add_argument("--api-key", default=os.environ.get("GRPO_LAB_API_KEY"), help="require this key")
+    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--log", default=None, help="server log file")
+    parser.add_argument("--ask", default=None, help="send one chat message, print the reply, stop")
+    args = parser.parse_args(argv)
+    report = verify_export(args.model, load_weights=False)
+    print(report)
+    report.raise_if_bad()
+    server = VLLMServer(args.model, log_path=args.log, host=args.host, port=args.port, api_key=args.api_key,
+                        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                        gpu_memory_utilization=args.gpu_memory_utilization,
+                        enable_prefix_caching=not args.no_prefix_caching)
+    with server:
+        print(f"serving {args.model} at {server.base_url}/v1 (log: {server.log_path})")
+        messages = [{"role": "user", "content": args.ask or "Hello"}]
+        print("try:", curl_command(server, messages))
+        if args.ask:
+            print(chat(server, messages).text)
+            return 0
+        try:
+            while server.process.poll() is None:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            print("stopping")
+        return 0 if server.process is None or server.process.poll() in (None, 0) else 1

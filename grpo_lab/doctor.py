@@ -1,0 +1,234 @@
+"""`grpo-lab doctor`: one check per row of the seeds' troubleshooting tables, each with its fix.
+
+Rows covered: device mismatch, operator errors from unverified versions, OOM at step N (memory plan),
+garbled output from a tokenizer mismatch, NaN loss (fp16), slow vLLM without prefix caching,
+fragmentation (allocator setting), vLLM missing for this device, slow serving (concurrency).
+Each check returns pass / warn / fail and never raises: a doctor that crashes helps nobody.
+
+>>> from grpo_lab.doctor import run_checks
+>>> all(c.status in ("pass", "warn", "fail") for c in run_checks())   # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from grpo_lab import device, env
+
+SYMBOL = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One diagnosis: what was checked, the verdict, what was seen, and what to do."""
+
+    name: str
+    status: str  # "pass" | "warn" | "fail"
+    detail: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        line = f"[{SYMBOL[self.status]}] {self.name}: {self.detail}"
+        return line + (f"\n       fix: {self.fix}" if self.fix and self.status != "pass" else "")
+
+
+@dataclass(frozen=True)
+class DoctorConfig:
+    """What to diagnose against: a training config (profile + overrides) and the serving plan."""
+
+    profile: str | None = None
+    model: str | None = None
+    dtype: str | None = None  # None: the profile's
+    enable_prefix_caching: bool = True
+    vllm_gpu_memory_utilization: float | None = None
+    tokenizer: str | None = None  # the trainer's tokenizer, if it is not loaded from the model folder
+    serve_max_num_seqs: int = 64
+    expected_concurrent_requests: int = 16
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> DoctorConfig:
+        """Read a JSON config (any subset of the fields)."""
+        try:
+            values = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"doctor config {path} does not exist") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"doctor config {path} is not valid JSON: {exc}") from None
+        unknown = set(values) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"doctor config {path}: unknown field(s) {sorted(unknown)}; "
+                             f"known: {sorted(cls.__dataclass_fields__)}")
+        return cls(**values)
+
+
+def _guard(name: str, fn: Callable[[], Check]) -> Check:
+    try:
+        return fn()
+    except Exception as exc:
+        return Check(name, "fail", f"could not run: {type(exc).__name__}: {exc}",
+                     "fix what the message names, then run grpo-lab doctor again")
+
+
+def check_stack() -> Check:
+    result = env.best_stack()
+    if result.matches:
+        return Check("versions", "pass", f"installed versions match the verified '{result.stack.name}' stack "
+                                         f"({result.stack.status})")
+    missing_core = [d for d in result.differences if d.installed is None and d.package in ("torch", "trl",
+                                                                                            "transformers")]
+    diffs = "; ".join(str(d) for d in result.differences)
+    return Check("versions", "fail" if missing_core else "warn",
+                 f"closest stack '{result.stack.name}' differs: {diffs}. Unverified combinations cause "
+                 "operator errors and crashes inside vLLM.", result.advice())
+
+
+def check_device(config: DoctorConfig) -> Check:
+    from grpo_lab.profiles import DEFAULT_FOR_DEVICE, get_profile
+
+    kind = device.detect()
+    count = device.device_count(kind)
+    if count == 0:
+        return Check("device", "fail", f"no {kind} device visible",
+                     f"check the driver and {device.visible_devices_var(kind)}")
+    profile = get_profile(config.profile)
+    if profile.device != kind:
+        return Check("device", "fail" if profile.device != "cpu" else "warn",
+                     f"profile '{profile.name}' is for {profile.device}, but this machine runs on {kind}",
+                     f"set GRPO_LAB_PROFILE={DEFAULT_FOR_DEVICE[kind]} "
+                     "or run on the device the profile expects")
+    wrong_var = {"npu": "CUDA_VISIBLE_DEVICES", "cuda": "ASCEND_RT_VISIBLE_DEVICES"}.get(kind)
+    if wrong_var and os.environ.get(wrong_var) and not os.environ.get(device.visible_devices_var(kind)):
+        return Check("device", "warn", f"{wrong_var} is set but this is a {kind} machine; it selects nothing here",
+                     f"use {device.visible_devices_var(kind)} instead")
+    return Check("device", "pass", f"{count} x {device.device_name(kind=kind)} ({kind}); profile '{profile.name}'")
+
+
+def check_vllm() -> Check:
+    from grpo_lab.rollout.vllm_backend import vllm_usable
+
+    kind = device.detect()
+    usable, reason = vllm_usable(kind)
+    return Check("vllm", "pass" if usable else "warn", reason,
+                 "" if usable else "rollouts fall back to HF generate (several times slower); " + reason)
+
+
+def check_dtype(config: DoctorConfig) -> Check:
+    from grpo_lab.profiles import get_profile
+
+    kind = device.detect()
+    dtype = config.dtype or get_profile(config.profile).dtype
+    if dtype in ("float16", "fp16", "half"):
+        if kind != "cpu" and device.bf16_supported(kind):
+            return Check("dtype", "warn", "fp16 training overflows easily (NaN loss); this device supports bf16",
+                         "train in bf16 (bf16=True); if the loss is NaN, also check rewards for inf/NaN")
+        return Check("dtype", "warn", "fp16 without bf16 support: watch for NaN loss",
+                     "keep a loss scaler on and a lower learning rate; check rewards for inf/NaN")
+    return Check("dtype", "pass", f"{dtype} on {kind}")
+
+
+def check_allocator() -> Check:
+    kind = device.detect()
+    wanted = device.allocator_env(kind)
+    if not wanted:
+        return Check("allocator", "pass", "CPU: no device allocator to tune")
+    (var, value), = wanted.items()
+    current = os.environ.get(var)
+    if current and "expandable_segments:True" in current:
+        return Check("allocator", "pass", f"{var}={current}")
+    return Check("allocator", "warn", f"{var} is {current or 'unset'}: colocated vLLM and training fragment memory",
+                 f"export {var}={value} before starting Python (device.apply_allocator_env() does it)")
+
+
+def check_prefix_caching(config: DoctorConfig) -> Check:
+    if config.enable_prefix_caching:
+        return Check("prefix caching", "pass", "on: the n samples of a prompt share its KV cache")
+    return Check("prefix caching", "warn", "off: each of the n samples per prompt recomputes the prompt",
+                 "set enable_prefix_caching=True (TRL: vllm_enable_prefix_caching / vLLM --enable-prefix-caching)")
+
+
+def check_memory(config: DoctorConfig) -> Check:
+    from grpo_lab import memory, models
+    from grpo_lab.profiles import get_profile
+
+    profile = get_profile(config.profile, **({"model": config.model} if config.model else {}))
+    model_path = models.resolve_model(profile.model)
+    if not Path(model_path, "config.json").is_file():
+        return Check("memory plan", "warn", f"no local config.json for {model_path}; plan not computed",
+                     "download the model to a folder and pass its path")
+    precision = "fp32" if profile.dtype == "float32" else "bf16"
+    budget = memory.plan_memory(
+        model_path, precision=precision,
+        vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization or profile.vllm_gpu_memory_utilization,
+        per_device_train_batch_size=profile.per_device_train_batch_size,
+        num_generations=profile.num_generations, max_prompt_length=profile.max_prompt_length,
+        max_completion_length=profile.max_completion_length)
+    if budget.fits:
+        return Check("memory plan", "pass", budget.summary().splitlines()[0])
+    return Check("memory plan", "fail", "the plan does not fit: OOM at the first steps is likely",
+                 budget.advice or budget.summary())
+
+
+def check_tokenizer(config: DoctorConfig) -> Check:
+    from grpo_lab import models
+    from grpo_lab.profiles import get_profile
+    from grpo_lab.rollout.prompts import tokenizer_differences
+
+    profile = get_profile(config.profile, **({"model": config.model} if config.model else {}))
+    model_path = models.resolve_model(profile.model)
+    trainer = config.tokenizer or model_path
+    if trainer == model_path:
+        return Check("tokenizer", "pass", "vLLM and the trainer load the tokenizer from the same folder")
+    differences = tokenizer_differences(model_path, trainer)
+    if not differences:
+        return Check("tokenizer", "pass", f"{trainer} and {model_path} have identical vocab and chat template")
+    return Check("tokenizer", "fail", "vLLM and the trainer would use different tokenizers (garbled output): "
+                 + "; ".join(differences), "load both from the model folder (one tokenizer path for everything)")
+
+
+def check_serving(config: DoctorConfig) -> Check:
+    if config.serve_max_num_seqs < config.expected_concurrent_requests:
+        return Check("serving", "warn", f"max_num_seqs={config.serve_max_num_seqs} < "
+                     f"{config.expected_concurrent_requests} expected concurrent requests: requests queue",
+                     f"raise --max-num-seqs to at least {config.expected_concurrent_requests} and give the "
+                     "server a higher --gpu-memory-utilization (0.85–0.9) than in training")
+    return Check("serving", "pass", f"max_num_seqs={config.serve_max_num_seqs} covers "
+                 f"{config.expected_concurrent_requests} concurrent requests")
+
+
+def run_checks(config: DoctorConfig | None = None) -> list[Check]:
+    """Every check, in the order of the troubleshooting table."""
+    config = config or DoctorConfig()
+    checks = [
+        ("versions", check_stack), ("device", lambda: check_device(config)), ("vllm", check_vllm),
+        ("memory plan", lambda: check_memory(config)), ("tokenizer", lambda: check_tokenizer(config)),
+        ("dtype", lambda: check_dtype(config)), ("prefix caching", lambda: check_prefix_caching(config)),
+        ("allocator", check_allocator), ("serving", lambda: check_serving(config)),
+    ]
+    return [_guard(name, fn) for name, fn in checks]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`grpo-lab doctor [--config FILE] [--profile P] [--json]`; exit 1 when any check fails."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="grpo-lab doctor", description="Diagnose the environment and a config.")
+    parser.add_argument("--config", help="JSON file with DoctorConfig fields")
+    parser.add_argument("--profile", help="tiny | gpu | npu (default: GRPO_LAB_PROFILE or the device's)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    config = DoctorConfig.from_file(args.config) if args.config else DoctorConfig()
+    if args.profile:
+        config = DoctorConfig(**{**asdict(config), "profile": args.profile})
+    checks = run_checks(config)
+    if args.json:
+        print(json.dumps([asdict(c) for c in checks], indent=2))
+    else:
+        print("\n".join(str(c) for c in checks))
+        counts = {s: sum(c.status == s for c in checks) for s in SYMBOL}
+        print(f"\ndoctor: {counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail")
+    return 1 if any(c.status == "fail" for c in checks) else 0

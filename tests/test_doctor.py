@@ -1,0 +1,84 @@
+"""grpo-lab doctor: each troubleshooting row gives pass / warn / fail with a fix."""
+
+import json
+import shutil
+
+import pytest
+
+from grpo_lab import doctor, models
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_healthy_cpu_setup_passes(monkeypatch):
+    monkeypatch.delenv("GRPO_LAB_PROFILE", raising=False)
+    monkeypatch.delenv("GRPO_LAB_MODEL", raising=False)
+    checks = by_name(doctor.run_checks())
+    assert set(checks) == {"versions", "device", "vllm", "memory plan", "tokenizer", "dtype", "prefix caching",
+                           "allocator", "serving"}
+    for name in ("device", "memory plan", "tokenizer", "dtype", "prefix caching", "allocator", "serving"):
+        assert checks[name].status == "pass", checks[name]
+
+
+def test_device_mismatch_fails_with_fix():
+    check = doctor.check_device(doctor.DoctorConfig(profile="gpu"))
+    assert check.status == "fail" and "profile 'gpu' is for cuda" in check.detail
+    assert "GRPO_LAB_PROFILE=tiny" in check.fix
+
+
+def test_risky_settings_warn():
+    assert doctor.check_dtype(doctor.DoctorConfig(dtype="float16")).status == "warn"
+    off = doctor.check_prefix_caching(doctor.DoctorConfig(enable_prefix_caching=False))
+    assert off.status == "warn" and "enable_prefix_caching=True" in off.fix
+    serving = doctor.check_serving(doctor.DoctorConfig(serve_max_num_seqs=4, expected_concurrent_requests=32))
+    assert serving.status == "warn" and "--max-num-seqs" in serving.fix
+
+
+def test_tokenizer_mismatch_fails(tmp_path):
+    other = tmp_path / "tok"
+    shutil.copytree(models.TINY_MODEL_DIR, other)
+    config_path = other / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    config_path.write_text(json.dumps(config))
+    (other / "chat_template.jinja").unlink(missing_ok=True)
+    check = doctor.check_tokenizer(doctor.DoctorConfig(tokenizer=str(other)))
+    assert check.status == "fail" and "chat template" in check.detail.lower()
+
+
+def test_memory_plan_that_cannot_fit_fails(monkeypatch):
+    from grpo_lab import device
+
+    tiny_device = device.MemoryInfo(total_bytes=64 * 2**20, free_bytes=64 * 2**20)  # a 64 MiB "device"
+    monkeypatch.setattr(device, "memory_info", lambda *args, **kwargs: tiny_device)
+    check = doctor.check_memory(doctor.DoctorConfig())
+    assert check.status == "fail" and "OOM" in check.detail
+    assert check.fix
+
+
+def test_a_check_that_crashes_is_reported_not_raised():
+    def boom():
+        raise RuntimeError("driver exploded")
+
+    check = doctor._guard("x", boom)
+    assert check.status == "fail" and "driver exploded" in check.detail
+
+
+def test_config_file_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        doctor.DoctorConfig.from_file(bad)
+    bad.write_text('{"dtypes": "bf16"}')
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['dtypes'\]"):
+        doctor.DoctorConfig.from_file(bad)
+
+
+def test_cli_exit_code(tmp_path, capsys):
+    config = tmp_path / "c.json"
+    config.write_text('{"profile": "gpu"}')
+    assert doctor.main(["--config", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] device" in out and "doctor:" in out
