@@ -176,7 +176,7 @@ class ServeConfig:
     gpu_memory_utilization: float = 0.85  # higher than in training: nothing else shares the device
     enable_prefix_caching: bool = True  # multi-turn chats re-send the history: cache its KV
     dtype: str = "auto"
-    cpu_kvcache_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE on the CPU
+    cpu_kvcache_gib: float = 1.0  # KV cache in host RAM on the CPU (instead of gpu_memory_utilization)
     startup_timeout_s: float = 300.0
     extra_args: tuple[str, ...] = ()
 
@@ -196,18 +196,23 @@ class ServeConfig:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                "--served-model-name", self.served_model_name, "--host", self.host, "--port", str(port),
                "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
-               "--gpu-memory-utilization", str(self.gpu_memory_utilization), "--dtype", self.dtype]
+               "--dtype", self.dtype]
+        if device.detect() == "cpu":  # vLLM-CPU sizes its KV cache in bytes of host RAM
+            cmd += ["--kv-cache-memory-bytes", str(int(self.cpu_kvcache_gib * 2**30))]
+        else:
+            cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         cmd.append("--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching")
         if self.api_key:
             cmd += ["--api-key", self.api_key]
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        """The rollout engine's per-device variables, the allocator setting, and INFO logs for the log file."""
+        from grpo_lab.rollout.vllm_backend import engine_environment
+
         kind = device.detect()
-        env.update(device.allocator_env(kind))
-        if kind == "cpu":
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.cpu_kvcache_gib))
+        env = {**os.environ, **engine_environment(kind), **device.allocator_env(kind)}
+        env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "INFO")
         return env
 
 
