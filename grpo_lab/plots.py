@@ -76,3 +76,45 @@ def plot_reward_components(table, labels: Sequence[str] | None = None, title: st
     ax.legend(loc="best", fontsize=8)
     ax.set_title(title or "reward components per completion")
     return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# Rollout engines (notebook 01)
+# --------------------------------------------------------------------------------------------------
+
+
+def plot_rollout_throughput(results, title: str | None = None) -> Figure:
+    """Generated tokens per second for each backend (``{name: RolloutResult}``), with the ratio to the first."""
+    names = list(results)
+    speeds = [results[name].tokens_per_s for name in names]
+    fig = Figure(figsize=(max(4.0, 1.6 * len(names) + 1.5), 3.4), layout="constrained")
+    ax = fig.subplots()
+    palette = {"hf": "#9aa0a6", "vllm": "#2a6fdb"}
+    ax.bar(names, speeds, color=[palette.get(name, "#2a9d4b") for name in names], width=0.6)
+    for i, speed in enumerate(speeds):
+        ax.annotate(f"{speed:,.0f} tok/s\n{speed / speeds[0]:.2f}x", (i, speed), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, max(speeds) * 1.3)
+    ax.set_ylabel("new tokens / s")
+    first = results[names[0]]
+    ax.set_title(title or f"{len(first.outputs)} prompts x n={first.sampling.n}, up to {first.sampling.max_tokens} tokens")
+    return fig
+
+
+def plot_prefix_cache_effect(effects, title: str | None = None) -> Figure:
+    """Cold vs warm prefix cache, one pair of bars per workload (``{label: PrefixCacheEffect}``)."""
+    labels = list(effects)
+    fig = Figure(figsize=(max(4.2, 2.4 * len(labels) + 1), 3.4), layout="constrained")
+    ax = fig.subplots()
+    x = range(len(labels))
+    cold = [effects[k].cold_s for k in labels]
+    warm = [effects[k].warm_s for k in labels]
+    ax.bar([i - 0.2 for i in x], cold, 0.4, color="#9aa0a6", label="cold cache (reset)")
+    ax.bar([i + 0.2 for i in x], warm, 0.4, color="#2a6fdb", label="warm cache (same prompts again)")
+    for i, key in enumerate(labels):
+        ax.annotate(f"{effects[key].speedup:.2f}x", (i + 0.2, warm[i]), ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set_ylim(0, max(cold) * 1.3)
+    ax.set_ylabel("generate time (s)")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title(title or "prefix caching on repeated prompts")
+    return fig

@@ -1,0 +1,185 @@
+"""Side by side: the same prompts through HF ``generate`` and vLLM, and the effect of prefix caching.
+
+Run it from a shell (``python -m grpo_lab.rollout --help``)::
+
+    python -m grpo_lab.rollout                                  # tiny model, 32 eval prompts x n=4
+    python -m grpo_lab.rollout --shape qwen2.5-0.5b --num-prompts 128 --max-tokens 256   # GPU, random weights
+
+``--shape`` writes a folder with a real model's architecture (``config.json``) and the tiny model's tokenizer,
+and loads it with random weights (vLLM's ``load_format="dummy"``, HF's init from config): right for speed,
+meaningless text. Timings exclude engine start (reported separately) and follow one warm-up call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from grpo_lab.rollout.config import RolloutConfig, Sampling
+from grpo_lab.rollout.engine import RolloutResult, open_engine
+from grpo_lab.rollout.prompts import Prompt
+
+# Architectures of public models (their config.json values), for speed runs with random weights.
+SHAPES = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def eval_prompts(count: int = 32, seed: int = 0) -> list[Prompt]:
+    """The first ``count`` chat prompts of the course's eval split (cycled if more are asked for)."""
+    from grpo_lab.data import load_split
+
+    rows = load_split("eval")
+    return [rows[i % len(rows)]["prompt"] for i in range(seed, seed + count)]
+
+
+def few_shot_prompts(count: int = 16, shots: int = 3, lang: str = "en") -> list[Prompt]:
+    """Long prompts: eval questions, each after its own ``shots`` solved train examples (no two prompts share
+    a header). Sent twice, they show what prefix caching saves on repeated prompts."""
+    from grpo_lab.data import load_split
+
+    examples = [r for r in load_split("train") if r["lang"] == lang]
+    questions = [r for r in load_split("eval") if r["lang"] == lang][:count]
+    prompts = []
+    for i, question in enumerate(questions):
+        shown = examples[i * shots:(i + 1) * shots]
+        header = "\n\n".join(f"{r['prompt'][0]['content']}\n{r['completion']}" for r in shown)
+        prompts.append([{"role": "user", "content": f"{header}\n\n{question['prompt'][0]['content']}"}])
+    return prompts
+
+
+def shaped_model_dir(shape: str, out_dir: str | Path, tokenizer_from: str | Path | None = None) -> Path:
+    """Write ``config.json`` of a known architecture plus a tokenizer into ``out_dir`` (no weights).
+
+    Load it with ``load_format="dummy"``. The vocabulary keeps the real size, so the embedding and output
+    layer cost what they cost in the real model; sampled ids beyond the small tokenizer decode to nothing.
+    """
+    from transformers import Qwen2Config
+
+    from grpo_lab.models import resolve_model
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}: use one of {', '.join(SHAPES)}")
+    source = Path(resolve_model(tokenizer_from))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy(source / name, out / name)
+    tokenizer_config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, rope_theta=1_000_000.0,
+                         rms_norm_eps=1e-6, torch_dtype="bfloat16",
+                         bos_token_id=tokenizer_config.get("bos_token_id"),
+                         eos_token_id=tokenizer_config.get("eos_token_id"),
+                         pad_token_id=tokenizer_config.get("pad_token_id"))
+    config.save_pretrained(out)
+    return out
+
+
+def run_backend(backend: str, prompts: Sequence[Prompt], config: RolloutConfig, model: str | None = None,
+                warmup: bool = True) -> RolloutResult:
+    """Open one engine, warm it up on a few prompts, time one ``generate`` over all prompts, stop it."""
+    with open_engine(model, config, backend=backend, prompts=prompts) as engine:
+        print(f"[{engine.name}] {engine.choice.reason}; engine load {engine.load_s:.1f} s", flush=True)
+        if warmup:
+            engine.generate(list(prompts[:2]), replace(engine.config.sampling, n=1, max_tokens=4))
+        return engine.generate(prompts)
+
+
+def side_by_side(prompts: Sequence[Prompt], config: RolloutConfig, backends: Sequence[str] = ("hf", "vllm"),
+                 model: str | None = None) -> dict[str, RolloutResult]:
+    """Each backend in turn on the same prompts and settings (one engine at a time, stopped after use)."""
+    return {backend: run_backend(backend, prompts, config, model) for backend in backends}
+
+
+def comparison_table(results: dict[str, RolloutResult]) -> str:
+    """One line per backend: load, generate time, new tokens, tokens/s and speed relative to the first."""
+    first = next(iter(results.values()))
+    lines = [f"{'backend':<8}{'load s':>9}{'generate s':>12}{'new tokens':>12}{'tokens/s':>11}{'vs ' + first.backend:>9}"]
+    for name, r in results.items():
+        lines.append(f"{name:<8}{r.load_s:>9.1f}{r.generate_s:>12.2f}{r.new_tokens:>12,}{r.tokens_per_s:>11,.0f}"
+                     f"{r.tokens_per_s / first.tokens_per_s:>8.2f}x")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class PrefixCacheEffect:
+    """The same batch twice on one vLLM engine: with an empty prefix cache, then with the cache warm."""
+
+    cold_s: float
+    warm_s: float
+    prompt_tokens: int
+    new_tokens: int
+
+    @property
+    def speedup(self) -> float:
+        return self.cold_s / self.warm_s
+
+
+def prefix_cache_effect(engine, prompts: Sequence[Prompt], sampling: Sampling, repeats: int = 3) -> PrefixCacheEffect:
+    """Median time of ``generate`` after ``reset_prefix_cache()`` (cold) vs right after the same call (warm).
+
+    Pick prompts whose prefill dominates (long shared prompt, few new tokens) to see the cache at work.
+    """
+    cold, warm = [], []
+    result = None
+    for _ in range(repeats):
+        engine.reset_prefix_cache()
+        cold.append(engine.generate(prompts, sampling).generate_s)
+        result = engine.generate(prompts, sampling)
+        warm.append(result.generate_s)
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in result.outputs)
+    return PrefixCacheEffect(sorted(cold)[len(cold) // 2], sorted(warm)[len(warm) // 2], prompt_tokens,
+                             result.new_tokens)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m grpo_lab.rollout``: both backends on a batch of eval prompts; prints tokens/s for each."""
+    parser = argparse.ArgumentParser(prog="grpo-lab rollout", description=main.__doc__)
+    parser.add_argument("--model", help="model folder or hub id (default: GRPO_LAB_MODEL or the tiny model)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this architecture (speed only)")
+    parser.add_argument("--backends", default="hf,vllm", help="comma-separated, run in this order")
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--load-format", choices=("auto", "dummy"), default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float)
+    parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--hf-batch-size", type=int)
+    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+
+    config = RolloutConfig(n=args.n, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                           gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+                           hf_batch_size=args.hf_batch_size, enforce_eager=args.enforce_eager,
+                           load_format=args.load_format or ("dummy" if args.shape else "auto"))
+    prompts = eval_prompts(args.num_prompts)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    with tempfile.TemporaryDirectory(prefix="grpo-lab-shape-") as scratch:
+        model = str(shaped_model_dir(args.shape, scratch, args.model)) if args.shape else args.model
+        started = time.perf_counter()
+        results = side_by_side(prompts, config, backends, model)
+    print(f"\n{len(prompts)} prompts x n={args.n}, up to {args.max_tokens} new tokens, "
+          f"temperature {args.temperature}, weights: {config.load_format}"
+          f"{' (' + args.shape + ' shape)' if args.shape else ''}; total {time.perf_counter() - started:.0f} s\n")
+    print(comparison_table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "settings": {k: v for k, v in vars(args).items()},
+            "results": {name: {"load_s": r.load_s, "generate_s": r.generate_s, "new_tokens": r.new_tokens,
+                               "tokens_per_s": r.tokens_per_s, "sampling": asdict(r.sampling)}
+                        for name, r in results.items()}}, indent=2) + "\n", encoding="utf-8")
+    return 0

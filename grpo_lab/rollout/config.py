@@ -1,0 +1,268 @@
+"""Rollout settings: what to sample (n, lengths, temperature ...) and how the engine is sized.
+
+Every engine setting may be left as ``None``; :meth:`RolloutConfig.resolve` then picks a value for the device
+and the workload and records *why*, and :meth:`RolloutConfig.explain` shows the table to the learner.
+
+>>> from grpo_lab.rollout import RolloutConfig
+>>> config = RolloutConfig(n=4, max_tokens=32).resolve(device_kind="cpu", longest_prompt_tokens=60)
+>>> config.max_model_len          # 1.1 x (60 + 32) = 101.2, rounded up
+102
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from grpo_lab import device
+
+# The seed's rule for the context window: room for the longest prompt plus the completion, and 10 % spare.
+MAX_MODEL_LEN_MARGIN = 1.1
+# Course default for accelerators: the same fraction the profiles give colocated vLLM, so a trainer (or a
+# second engine in the side-by-side) still fits next to it.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.3
+DEFAULT_CPU_KVCACHE_GIB = 1.0
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_HF_BATCH_SIZE = 256
+LOAD_FORMATS = ("auto", "dummy")
+SAMPLING_REASONS = {
+    "n": "completions per prompt: GRPO's group size (TRL's num_generations)",
+    "max_tokens": "longest completion in tokens (TRL's max_completion_length)",
+    "temperature": "1.0 samples the model's own distribution; 0 is greedy",
+    "top_p": "1.0 keeps the whole distribution (nucleus sampling off)",
+    "seed": "repeatable sampling: every prompt and sample gets its own stream (HF: seeded before each call)",
+    "stop": "extra stop strings; the end-of-sequence token always stops",
+}
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What to sample for each prompt; the same fields as vLLM's ``SamplingParams`` (a subset).
+
+    ``temperature=0`` is greedy decoding (then every one of the ``n`` completions is the same).
+    ``seed`` makes a run repeatable; each prompt and each of its ``n`` samples gets its own stream.
+    """
+
+    n: int = 4
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = 0
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):  # a single stop string is a common slip; accept it
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n={self.n!r}: the number of completions per prompt must be an integer >= 1")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1 (new tokens per completion)")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 means greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p}: must be in (0, 1] (1 keeps the whole distribution)")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop={self.stop!r}: stop conditions must be non-empty strings")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Sampling settings plus engine settings. ``None`` means "choose for this device and say why".
+
+    Sampling: ``n``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop`` (see :class:`Sampling`).
+
+    Engine (vLLM; the HF backend uses ``dtype``, ``max_model_len`` and ``hf_batch_size``):
+
+    - ``max_prompt_tokens``: longest prompt you plan to send; measured from the prompts when given.
+    - ``max_model_len``: context window; default ``ceil(1.1 x (longest prompt + max_tokens))``.
+    - ``gpu_memory_utilization``: share of accelerator memory vLLM may take (weights + KV cache), in (0, 1].
+    - ``cpu_kvcache_gib``: KV-cache size on the CPU (vLLM-CPU's ``VLLM_CPU_KVCACHE_SPACE``).
+    - ``enable_prefix_caching``, ``max_num_seqs``, ``enforce_eager``, ``dtype``, ``enable_sleep_mode``.
+    - ``load_format``: ``"auto"`` loads the weights, ``"dummy"`` random weights of the same shape (speed tests).
+    - ``hf_batch_size``: sequences per ``model.generate`` call in the HF backend.
+    """
+
+    n: int = 4
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = 0
+    stop: tuple[str, ...] = ()
+    max_prompt_tokens: int | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    cpu_kvcache_gib: float | None = None
+    enable_prefix_caching: bool = True
+    max_num_seqs: int | None = None
+    enforce_eager: bool | None = None
+    dtype: str | None = None
+    enable_sleep_mode: bool = False
+    load_format: str = "auto"
+    hf_batch_size: int | None = None
+    device_kind: str | None = None
+    reasons: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.sampling  # validates the sampling fields
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1], the share of the "
+                "device's memory vLLM may use (e.g. 0.3 next to a trainer, 0.9 for a rollout-only engine)")
+        for name in ("max_prompt_tokens", "max_model_len", "max_num_seqs", "hf_batch_size"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}={value!r}: must be a positive integer (or None to choose automatically)")
+        if self.cpu_kvcache_gib is not None and self.cpu_kvcache_gib <= 0:
+            raise ValueError(f"cpu_kvcache_gib={self.cpu_kvcache_gib}: must be > 0 GiB (1 is plenty for the tiny model)")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format={self.load_format!r}: use one of {', '.join(LOAD_FORMATS)}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}: use one of {', '.join(DTYPES)} (or None for the device's choice)")
+        if self.device_kind is not None:
+            device.check_kind(self.device_kind)
+
+    @property
+    def sampling(self) -> Sampling:
+        """The sampling part, validated."""
+        return Sampling(n=self.n, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+                        seed=self.seed, stop=tuple(self.stop))
+
+    @property
+    def resolved(self) -> bool:
+        return self.device_kind is not None and self.max_model_len is not None and self.dtype is not None
+
+    def resolve(self, device_kind: str | None = None, longest_prompt_tokens: int | None = None,
+                model_path: str | None = None) -> RolloutConfig:
+        """A copy with every ``None`` filled in for ``device_kind`` and the workload, each with its reason.
+
+        ``longest_prompt_tokens`` (measured from the prompts) wins over ``max_prompt_tokens``; ``model_path``
+        lets the reasons quote the model's own limits (context length, KV bytes per token).
+        """
+        kind = device.check_kind(device_kind or self.device_kind or device.detect())
+        model = _model_facts(model_path)
+        reasons = dict(self.reasons)
+        chosen: dict[str, Any] = {"device_kind": kind}
+        reasons["device_kind"] = "given" if self.device_kind else "detected (grpo_lab.device.detect)"
+
+        prompt_tokens = longest_prompt_tokens or self.max_prompt_tokens
+        if prompt_tokens is not None:
+            chosen["max_prompt_tokens"] = prompt_tokens
+            reasons["max_prompt_tokens"] = ("measured: the longest prompt after the chat template"
+                                            if longest_prompt_tokens else "given: the longest prompt planned")
+        if self.max_model_len is None:
+            if prompt_tokens is not None:
+                value = math.ceil(round(MAX_MODEL_LEN_MARGIN * (prompt_tokens + self.max_tokens), 6))
+                reasons["max_model_len"] = (f"seed rule: ceil(1.1 x (longest prompt {prompt_tokens} + max_tokens "
+                                            f"{self.max_tokens})); a smaller window leaves more KV cache for sequences")
+            elif model.get("max_position_embeddings"):
+                value = int(model["max_position_embeddings"])
+                reasons["max_model_len"] = ("the model's own context length (no prompt length known; pass "
+                                            "prompts or max_prompt_tokens to size it to the workload)")
+            else:
+                raise ValueError("max_model_len cannot be chosen: pass prompts, max_prompt_tokens or max_model_len")
+            chosen["max_model_len"] = value
+        else:
+            reasons.setdefault("max_model_len", "given")
+        max_model_len = chosen.get("max_model_len", self.max_model_len)
+        if model.get("max_position_embeddings") and max_model_len > model["max_position_embeddings"]:
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's context length "
+                             f"{model['max_position_embeddings']}: shorten the prompts or max_tokens")
+
+        if self.dtype is None:
+            chosen["dtype"] = str(device.preferred_dtype(kind)).removeprefix("torch.")
+            reasons["dtype"] = {"cpu": "fp32 on the CPU: fast and exact for small models, and vLLM-CPU runs it",
+                                }.get(kind, "bf16 where the device supports it, else fp16 (grpo_lab.device)")
+        else:
+            reasons.setdefault("dtype", "given")
+
+        if kind == "cpu":
+            reasons.setdefault("gpu_memory_utilization", "not used on the CPU: cpu_kvcache_gib sizes the KV cache")
+            if self.cpu_kvcache_gib is None:
+                chosen["cpu_kvcache_gib"] = DEFAULT_CPU_KVCACHE_GIB
+            gib = chosen.get("cpu_kvcache_gib", self.cpu_kvcache_gib)
+            capacity = _kv_capacity(model, gib, chosen.get("dtype", self.dtype))
+            reasons["cpu_kvcache_gib"] = (("given" if self.cpu_kvcache_gib is not None else "course default")
+                                          + f": host RAM reserved for the KV cache{capacity}")
+        else:
+            if self.gpu_memory_utilization is None:
+                chosen["gpu_memory_utilization"] = DEFAULT_GPU_MEMORY_UTILIZATION
+                reasons["gpu_memory_utilization"] = ("course default 0.3, as the profiles give colocated vLLM: "
+                                                     "the trainer needs the rest (notebook 04 computes it)")
+            else:
+                reasons.setdefault("gpu_memory_utilization", "given")
+            reasons.setdefault("cpu_kvcache_gib", "not used on accelerators")
+
+        reasons.setdefault("enable_prefix_caching",
+                           "GRPO sends every prompt n times: with the cache its KV is computed once and shared"
+                           if self.enable_prefix_caching else "given: off (every sample recomputes its prompt)")
+        if self.max_num_seqs is None:
+            chosen["max_num_seqs"] = DEFAULT_MAX_NUM_SEQS
+            reasons["max_num_seqs"] = ("vLLM's default: up to 256 sequences decode together (continuous "
+                                       "batching); prompts x n beyond that wait for a free slot")
+        if self.enforce_eager is None:
+            chosen["enforce_eager"] = kind == "cpu"
+            reasons["enforce_eager"] = {
+                "cpu": "eager on the CPU: torch.compile added ~100 s to the start here and no speed for small models",
+                "cuda": "CUDA graphs on: they remove per-step launch overhead, worth a few seconds of capture",
+                "npu": "ACL graphs on (vllm-ascend's default); set True to fall back to eager if capture fails",
+            }[kind]
+        reasons.setdefault("enable_sleep_mode", "on: sleep()/wake_up() free device memory between rollouts"
+                           if self.enable_sleep_mode else "off (turn on to use sleep()/wake_up() on CUDA or Ascend)")
+        reasons.setdefault("load_format", "random weights of the right shape: speed only, outputs are noise"
+                           if self.load_format == "dummy" else "the model's own weights")
+        if self.hf_batch_size is None:
+            chosen["hf_batch_size"] = DEFAULT_HF_BATCH_SIZE
+            reasons["hf_batch_size"] = ("HF backend: sequences per generate call; each call runs as long as "
+                                        "its longest member, padding the rest")
+        for name, why in SAMPLING_REASONS.items():
+            reasons.setdefault(name, why)
+        if kind == "cpu":
+            reasons["seed"] = ("repeatable sampling: the engine is seeded at start (vLLM-CPU cannot seed single "
+                               "requests), HF generate before each call")
+        return replace(self, **chosen, reasons=reasons)
+
+    def explain(self) -> str:
+        """A table: each setting, its value and why (resolving first for the detected device if needed)."""
+        config = self if self.resolved else self.resolve()
+        rows = [(f.name, _show(getattr(config, f.name)), config.reasons.get(f.name, ""))
+                for f in fields(config) if f.name != "reasons"]
+        width = max(len(r[0]) for r in rows)
+        value_width = max(len(r[1]) for r in rows)
+        lines = [f"{'setting':<{width}}  {'value':<{value_width}}  why", "-" * (width + value_width + 40)]
+        lines += [f"{name:<{width}}  {value:<{value_width}}  {why}" for name, value, why in rows]
+        return "\n".join(lines)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return repr(list(value)) if value else "[]"
+    return str(value)
+
+
+def _model_facts(model_path: str | None) -> dict[str, Any]:
+    """Context length and KV-cache bytes per token from a local ``config.json`` (empty if not local)."""
+    if not model_path or not (Path(model_path) / "config.json").is_file():
+        return {}
+    config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    facts: dict[str, Any] = {"max_position_embeddings": config.get("max_position_embeddings")}
+    heads = config.get("num_attention_heads")
+    if heads and config.get("hidden_size") and config.get("num_hidden_layers"):
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        kv_heads = config.get("num_key_value_heads") or heads
+        facts["kv_values_per_token"] = 2 * config["num_hidden_layers"] * kv_heads * head_dim  # K and V
+    return facts
+
+
+def _kv_capacity(model: dict[str, Any], gib: float, dtype: str | None) -> str:
+    values = model.get("kv_values_per_token")
+    if not values:
+        return ""
+    bytes_per_value = 4 if dtype in (None, "float32") else 2
+    tokens = int(gib * 2**30 // (values * bytes_per_value))
+    return f" ({tokens:,} tokens at {values * bytes_per_value:,} bytes per token for this model)"

@@ -1,0 +1,312 @@
+"""One rollout interface over two backends: :func:`open_engine` returns an engine with ``generate``.
+
+The engine owns the model, the shared tokenizer and the resolved :class:`RolloutConfig`. Prompts are
+encoded once here (chat template applied with the shared tokenizer) and checked against ``max_model_len``
+before any backend sees them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from grpo_lab import device
+from grpo_lab.rollout.config import RolloutConfig, Sampling
+from grpo_lab.rollout.prompts import EncodedPrompt, Prompt, encode_prompts
+
+BACKENDS = ("auto", "vllm", "hf")
+
+
+class RolloutError(RuntimeError):
+    """The engine cannot do what was asked (e.g. sleep on a platform without sleep mode, use after stop)."""
+
+
+class BackendUnavailableError(RolloutError):
+    """An explicitly requested backend cannot run here; the message says why and what to install."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion: its text, its token ids and why it ended (``"stop"`` or ``"length"``).
+
+    ``"stop"`` means the end-of-sequence token or a stop string; ``"length"`` means ``max_tokens`` ran out.
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class PromptRollout:
+    """The ``n`` completions of one prompt, with the prompt as the model saw it."""
+
+    prompt_text: str
+    prompt_token_ids: tuple[int, ...]
+    completions: tuple[Completion, ...]
+
+    @property
+    def texts(self) -> list[str]:
+        return [c.text for c in self.completions]
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """Everything one ``generate`` call produced, per prompt, plus its timings."""
+
+    backend: str
+    outputs: tuple[PromptRollout, ...]
+    sampling: Sampling
+    load_s: float
+    generate_s: float
+
+    @property
+    def new_tokens(self) -> int:
+        """Generated tokens, all prompts and samples together (prompt tokens not counted)."""
+        return sum(len(c.token_ids) for o in self.outputs for c in o.completions)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.generate_s if self.generate_s > 0 else float("nan")
+
+    @property
+    def texts(self) -> list[list[str]]:
+        """``texts[i][j]``: sample ``j`` of prompt ``i``."""
+        return [o.texts for o in self.outputs]
+
+    def summary(self) -> str:
+        sequences = sum(len(o.completions) for o in self.outputs)
+        return (f"{self.backend}: {len(self.outputs)} prompts x n={self.sampling.n} = {sequences} completions, "
+                f"{self.new_tokens} new tokens in {self.generate_s:.2f} s = {self.tokens_per_s:,.0f} tokens/s "
+                f"(engine load {self.load_s:.1f} s)")
+
+
+@dataclass
+class BackendChoice:
+    """Which backend was picked and why (shown to the user)."""
+
+    name: str
+    reason: str
+
+
+class RolloutEngine:
+    """Base class: prompt handling, checks, timing and lifecycle. Backends implement ``_start``, ``_generate``,
+    ``_stop`` and, where the platform allows, ``_sleep``/``_wake_up``.
+
+    Use it as a context manager so it stops even when the body raises::
+
+        with open_engine(backend="auto") as engine:
+            result = engine.generate([[{"role": "user", "content": "1 + 1 = ?"}]])
+    """
+
+    name = "base"
+
+    def __init__(self, model_path: str, tokenizer, config: RolloutConfig, choice: BackendChoice):
+        self.model_path = model_path
+        self.tokenizer = tokenizer
+        self.config = config
+        self.choice = choice
+        self.load_s = float("nan")
+        self.asleep = False
+        self.stopped = False
+
+    # ---- lifecycle ------------------------------------------------------------------------------------
+    def start(self) -> RolloutEngine:
+        started = time.perf_counter()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        self.load_s = time.perf_counter() - started
+        return self
+
+    def stop(self) -> None:
+        """Free the model and end every process the engine started. Safe to call twice."""
+        if not self.stopped:
+            self.stopped = True
+            self._stop()
+
+    def __enter__(self) -> RolloutEngine:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    @property
+    def supports_sleep(self) -> bool:
+        """Whether :meth:`sleep` can free device memory on this platform with these settings."""
+        return False
+
+    def sleep(self, level: int = 1) -> None:
+        """Free device memory between rollouts (level 1: weights offloaded, KV cache dropped)."""
+        self._check_usable()
+        if not self.supports_sleep:
+            raise RolloutError(self._no_sleep_reason())
+        self._sleep(level)
+        self.asleep = True
+
+    def wake_up(self) -> None:
+        self._check_usable(allow_asleep=True)
+        if self.asleep:
+            self._wake_up()
+            self.asleep = False
+
+    # ---- generation -----------------------------------------------------------------------------------
+    def encode(self, prompts: Sequence[Prompt], max_tokens: int | None = None) -> list[EncodedPrompt]:
+        """Prompts as token ids (chat template applied once), checked to fit in ``max_model_len``."""
+        encoded = encode_prompts(self.tokenizer, prompts)
+        check_prompt_lengths(encoded, self.config.max_model_len, max_tokens or self.config.max_tokens)
+        return encoded
+
+    def generate(self, prompts: Sequence[Prompt], sampling: Sampling | None = None,
+                 progress: bool = False) -> RolloutResult:
+        """Sample ``sampling.n`` completions for every prompt (text or chat messages).
+
+        ``sampling`` defaults to the config's sampling fields; pass ``Sampling(...)`` or
+        ``dataclasses.replace(engine.config.sampling, n=8)`` to change them for one call.
+        """
+        self._check_usable()
+        sampling = sampling or self.config.sampling
+        encoded = self.encode(prompts, sampling.max_tokens)
+        device.synchronize(self.config.device_kind)
+        started = time.perf_counter()
+        outputs = self._generate(encoded, sampling, progress)
+        device.synchronize(self.config.device_kind)
+        elapsed = time.perf_counter() - started
+        return RolloutResult(self.name, tuple(outputs), sampling, self.load_s, elapsed)
+
+    def _check_usable(self, allow_asleep: bool = False) -> None:
+        if self.stopped:
+            raise RolloutError(f"the {self.name} engine was stopped; open a new one with open_engine(...)")
+        if self.asleep and not allow_asleep:
+            raise RolloutError(f"the {self.name} engine is asleep; call wake_up() first")
+
+    def describe(self) -> str:
+        """Backend, why it was chosen, the model and the settings table."""
+        return (f"backend: {self.name} ({self.choice.reason})\nmodel:   {self.model_path}\n"
+                f"device:  {self.config.device_kind}\n\n{self.config.explain()}")
+
+    # ---- for backends ---------------------------------------------------------------------------------
+    def check_settings(self) -> None:
+        """Backend-specific checks of the resolved settings, run before the engine starts."""
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _generate(self, prompts: list[EncodedPrompt], sampling: Sampling, progress: bool) -> list[PromptRollout]:
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        raise NotImplementedError
+
+    def _sleep(self, level: int) -> None:
+        raise NotImplementedError
+
+    def _wake_up(self) -> None:
+        raise NotImplementedError
+
+    def _no_sleep_reason(self) -> str:
+        return f"the {self.name} backend has no sleep mode here; stop() the engine to free its memory"
+
+
+def decode_completion(tokenizer, token_ids: Sequence[int], stop: Sequence[str], finish_reason: str) -> Completion:
+    """Text from token ids, the same way for every backend: decoded in one piece with the shared tokenizer
+    (special tokens dropped), cut before the first stop string (which then is the finish reason)."""
+    text = tokenizer.decode(list(token_ids), skip_special_tokens=True)
+    cut = min((text.find(s) for s in stop if s in text), default=-1)
+    if cut >= 0:
+        return Completion(text[:cut], tuple(token_ids), "stop")
+    return Completion(text, tuple(token_ids), finish_reason)
+
+
+def check_prompt_lengths(prompts: Sequence[EncodedPrompt], max_model_len: int, max_tokens: int) -> None:
+    """Raise ValueError when a prompt plus ``max_tokens`` does not fit in ``max_model_len``."""
+    for index, prompt in enumerate(prompts):
+        length = len(prompt.token_ids)
+        if length + max_tokens > max_model_len:
+            what = ("is longer than" if length >= max_model_len
+                    else f"leaves no room for max_tokens={max_tokens} within")
+            raise ValueError(
+                f"prompt {index} has {length} tokens and {what} max_model_len={max_model_len}. "
+                f"Shorten the prompt, lower max_tokens, or open the engine with max_model_len >= "
+                f"{length + max_tokens} (or pass the prompts to open_engine so it sizes the window itself).")
+
+
+def choose_backend(backend: str = "auto", device_kind: str | None = None) -> BackendChoice:
+    """Pick the backend: ``"vllm"`` or ``"hf"`` as asked (error if impossible), or for ``"auto"`` vLLM when it
+    imports and runs on this device, else HF ``generate``. The reason says which and why."""
+    from grpo_lab.rollout import vllm_backend
+
+    wanted = str(backend).strip().lower()
+    if wanted not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    kind = device_kind or device.detect()
+    if wanted == "hf":
+        return BackendChoice("hf", "asked for: transformers' model.generate")
+    usable, why = vllm_backend.vllm_usable(kind)
+    if wanted == "vllm":
+        if not usable:
+            raise BackendUnavailableError(f"backend='vllm' was asked for but {why}")
+        return BackendChoice("vllm", f"asked for: {why}")
+    if usable:
+        return BackendChoice("vllm", f"auto: {why}")
+    return BackendChoice("hf", f"auto: HF generate, because {why}")
+
+
+def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConfig | None = None,
+                backend: str = "auto", prompts: Sequence[Prompt] | None = None, **overrides) -> RolloutEngine:
+    """Check everything, then start a rollout engine.
+
+    ``model``: a folder or hub id (default: ``GRPO_LAB_MODEL`` or the shipped tiny model). ``config`` plus
+    keyword ``overrides`` (any :class:`RolloutConfig` field) set sampling and engine sizes; ``prompts``, when
+    given, size ``max_model_len`` to the workload and are checked before the engine starts.
+
+    Bad input (unknown backend, a missing model folder, out-of-range settings, prompts that do not fit, vLLM
+    asked for but not importable) raises before any engine process starts.
+
+    >>> with open_engine(backend="hf", n=2, max_tokens=8) as engine:          # doctest: +SKIP
+    ...     result = engine.generate([[{"role": "user", "content": "2 + 3 = ?"}]])
+    >>> len(result.outputs[0].completions)                                      # doctest: +SKIP
+    2
+    """
+    from grpo_lab.models import MANIFEST_NAME, resolve_model, verify_model_dir
+
+    if str(backend).strip().lower() not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    config = replace(config or RolloutConfig(), **overrides)
+    model_path = resolve_model(model)
+    if Path(model_path).is_dir():
+        if not (Path(model_path) / "config.json").is_file():
+            raise FileNotFoundError(f"{model_path} has no config.json: pass the folder that holds the model")
+        if (Path(model_path) / MANIFEST_NAME).is_file():
+            verify_model_dir(model_path)
+    kind = device.check_kind(config.device_kind) if config.device_kind else device.detect()
+    choice = choose_backend(backend, kind)
+    tokenizer = load_tokenizer(model_path)
+    longest = None
+    if prompts is not None:
+        longest = max(len(p.token_ids) for p in encode_prompts(tokenizer, prompts))
+    config = config.resolve(kind, longest, model_path)
+    if prompts is not None:
+        check_prompt_lengths(encode_prompts(tokenizer, prompts), config.max_model_len, config.max_tokens)
+    if choice.name == "vllm":
+        from grpo_lab.rollout.vllm_backend import VLLMEngine
+
+        engine: RolloutEngine = VLLMEngine(model_path, tokenizer, config, choice)
+    else:
+        from grpo_lab.rollout.hf_backend import HFEngine
+
+        engine = HFEngine(model_path, tokenizer, config, choice)
+    engine.check_settings()
+    return engine.start()
+
+
+def load_tokenizer(model_path: str):
+    """The one tokenizer both backends and the trainer use, from the model's own folder."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)

