@@ -165,7 +165,7 @@ def check_memory(config: DoctorConfig) -> Check:
         model_path, precision=precision,
         vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization or profile.vllm_gpu_memory_utilization,
         per_device_train_batch_size=profile.per_device_train_batch_size,
-        num_generations=profile.num_generations, max_prompt_length=profile.max_prompt_length,
+        num_generations=profile.num_generations, prompt_length=profile.max_prompt_length,
         max_completion_length=profile.max_completion_length)
     if budget.fits:
         return Check("memory plan", "pass", budget.summary().splitlines()[0])
