@@ -79,6 +79,128 @@ def plot_reward_components(table, labels: Sequence[str] | None = None, title: st
 
 
 # --------------------------------------------------------------------------------------------------
+# GRPO training curves and before/after accuracy (notebook 03)
+# --------------------------------------------------------------------------------------------------
+
+
+def _series(records: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
+    points = [(r["step"], r[key]) for r in records if key in r and r[key] is not None and math.isfinite(r[key])]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _smooth(values: Sequence[float], window: int) -> list[float]:
+    """Trailing moving average (the raw per-step GRPO numbers are noisy)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_training_curves(records: Sequence[dict], title: str | None = None, smooth: int | None = None) -> Figure:
+    """Six panels from a GRPO run's per-step records (``grpo_lab.train.read_metrics``).
+
+    Reward (total, per function, ± within-batch std), KL to the reference and policy entropy, completion
+    length, clip ratios, and the time split of a step between generation and the update. Thin lines are
+    per step, thick lines a trailing mean over ``smooth`` steps (default: about a twentieth of the run).
+    """
+    fig = Figure(figsize=(13, 6.4), layout="constrained")
+    axes = fig.subplots(2, 3)
+    window = smooth or max(1, len(records) // 20)
+
+    def line(ax, key, label, color=None):
+        steps, values = _series(records, key)
+        if not steps:
+            return False
+        ax.plot(steps, values, color=color, alpha=0.3, linewidth=0.8)
+        ax.plot(steps, _smooth(values, window), color=color, linewidth=1.8, label=label)
+        return True
+
+    ax = axes[0, 0]
+    steps, reward = _series(records, "reward")
+    _, std = _series(records, "reward_std")
+    if steps:
+        mean = _smooth(reward, window)
+        ax.plot(steps, reward, color="#4c78a8", alpha=0.3, linewidth=0.8)
+        ax.plot(steps, mean, color="#4c78a8", linewidth=2.0, label="total reward")
+        if len(std) == len(steps):
+            spread = _smooth(std, window)
+            ax.fill_between(steps, [m - s for m, s in zip(mean, spread)], [m + s for m, s in zip(mean, spread)],
+                            color="#4c78a8", alpha=0.12, label="± std in batch")
+    names = sorted({k.split("/")[1] for r in records for k in r if k.startswith("rewards/") and k.endswith("/mean")})
+    if len(names) > 1:
+        for name in names:
+            line(ax, f"rewards/{name}/mean", name)
+    ax.set_title("reward")
+    ax.legend(loc="best", fontsize=8)
+
+    ax = axes[0, 1]
+    drawn = line(ax, "kl", "KL to reference", "#d1495b")
+    drawn = line(ax, "entropy", "entropy (nats/token)", "#2a9d4b") or drawn
+    ax.set_title("KL and entropy")
+    if drawn:
+        ax.legend(loc="best", fontsize=8)
+
+    ax = axes[0, 2]
+    line(ax, "completions/mean_length", "mean completion tokens", "#6f4e7c")
+    ax.set_title("completion length (tokens)")
+
+    ax = axes[1, 0]
+    drawn = line(ax, "clip_ratio/region_mean", "PPO clip ratio", "#e07a1f")
+    drawn = line(ax, "completions/clipped_ratio", "truncated completions", "#9aa0a6") or drawn
+    drawn = line(ax, "frac_reward_zero_std", "groups with zero reward std", "#2b2d42") or drawn
+    ax.set_title("fractions")
+    ax.set_ylim(-0.02, 1.02)
+    if drawn:
+        ax.legend(loc="best", fontsize=8)
+
+    ax = axes[1, 1]
+    drawn = line(ax, "timing/generation_s", "generation", "#4c78a8")
+    drawn = line(ax, "timing/update_s", "update (log-probs, backward, optimizer)", "#e07a1f") or drawn
+    drawn = line(ax, "timing/reward_s", "rewards", "#2a9d4b") or drawn
+    ax.set_title("seconds per step")
+    if drawn:
+        ax.legend(loc="best", fontsize=8)
+
+    ax = axes[1, 2]
+    line(ax, "loss", "loss", "#2b2d42")
+    ax.set_title("loss")
+
+    for ax in axes.flat:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.25)
+    fig.suptitle(title or f"GRPO training ({len(records)} logged steps)")
+    return fig
+
+
+def plot_accuracy_before_after(before, after, metric: str = "sampled_pass_at_1", trained_types: Sequence[str] = (),
+                               title: str | None = None) -> Figure:
+    """Per-type accuracy before and after training (``grpo_lab.models.AccuracyReport`` objects).
+
+    ``metric`` is ``greedy``, ``sampled_pass_at_1`` or ``pass_at_k``; types trained on are marked with ``*``.
+    """
+    kinds = sorted(set(before.per_type) | set(after.per_type))
+    labels = [f"{k}*" if k in trained_types else k for k in kinds]
+    fig = Figure(figsize=(max(6.0, 0.9 * len(kinds) + 2), 3.8), layout="constrained")
+    ax = fig.subplots()
+    x = range(len(kinds))
+    old = [before.per_type.get(k, {}).get(metric, 0.0) * 100 for k in kinds]
+    new = [after.per_type.get(k, {}).get(metric, 0.0) * 100 for k in kinds]
+    ax.bar([i - 0.2 for i in x], old, 0.4, color="#9aa0a6", label="before")
+    ax.bar([i + 0.2 for i in x], new, 0.4, color="#2a9d4b", label="after")
+    for i, (a, b) in enumerate(zip(old, new)):
+        ax.annotate(f"{b - a:+.0f}", (i + 0.2, b), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(f"{metric.replace('_', ' ')} (%)")
+    ax.set_ylim(0, 105)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(title or f"held-out {metric.replace('_', ' ')} per type (* = trained on)")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
 # Rollout engines (notebook 01)
 # --------------------------------------------------------------------------------------------------
 

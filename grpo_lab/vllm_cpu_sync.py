@@ -1,0 +1,146 @@
+"""Colocated vLLM on the CPU: keep vLLM's copy of the policy in step with the trainer.
+
+**The problem.** In ``vllm_mode="colocate"`` TRL copies the trainer's weights into the in-process vLLM engine
+before each rollout, one parameter at a time, through ``model.load_weights([(name, tensor)])``. vLLM-CPU
+*repacks* every Linear weight after loading (into a oneDNN / SGL-kernel layout held by the layer's
+``cpu_linear`` function) and leaves an empty ``Parameter`` behind, without the ``weight_loader`` that
+``load_weights`` needs. So the very first sync fails with::
+
+    AttributeError: 'Parameter' object has no attribute 'weight_loader'
+
+**The fix.** Push the weights through vLLM's own *reload* path instead: ``llm.collective_rpc("reload_weights",
+...)`` asks the worker's model runner to restore the checkpoint-format parameters, load the new tensors and
+run vLLM's post-processing (the repacking) again. One more detail: with tied embeddings (``lm_head`` shares
+``embed_tokens``), the CPU ``lm_head`` keeps its own packed copy of the embedding matrix. The reload updates
+``embed_tokens`` but never touches that copy, because no ``lm_head.weight`` is ever loaded, so the logits
+would stay stale. :func:`repack_tied_lm_head` packs it again from the fresh embedding.
+
+**Only where needed.** :func:`install` swaps the sync method of one TRL ``VLLMGeneration`` object, and only
+when vLLM runs on the CPU in colocate mode; on CUDA and Ascend TRL's own sync is left alone.
+
+**The proof.** :func:`logprob_gap` compares the log-probabilities that vLLM and the trainer assign to the
+same completion; after a training step with a large learning rate they agree with this fix, and disagree
+(stale weights) without it. ``tests/test_vllm_cpu_sync.py`` asserts both.
+
+    >>> from grpo_lab import vllm_cpu_sync
+    >>> trainer = GRPOTrainer(..., args=GRPOConfig(use_vllm=True, vllm_mode="colocate"))  # doctest: +SKIP
+    >>> vllm_cpu_sync.install(trainer.vllm_generation)                                   # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def vllm_runs_on_cpu() -> bool:
+    """True when vLLM is importable and its platform is the CPU (the ``vllm-cpu`` build)."""
+    try:
+        from vllm.platforms import current_platform
+    except Exception:  # no vLLM, or a vLLM that does not import here
+        return False
+    return bool(current_platform.is_cpu())
+
+
+def needs_cpu_sync(vllm_generation: Any) -> bool:
+    """Whether TRL's weight sync must be replaced: a colocated vLLM engine on the CPU."""
+    return getattr(vllm_generation, "mode", None) == "colocate" and vllm_runs_on_cpu()
+
+
+def repack_tied_lm_head(worker: Any) -> bool:
+    """Re-pack the CPU ``lm_head`` from the (already reloaded) tied embedding; runs inside the vLLM worker.
+
+    Returns True when a packed head was refreshed, False when there is nothing to do (untied head, or a
+    head without a CPU packed copy).
+    """
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    model = worker.model_runner.get_model()
+    lm_head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    tied = lm_head is not None and embed is not None and getattr(lm_head, "weight", None) is getattr(embed, "weight", 0)
+    if not tied or not hasattr(lm_head, "cpu_linear"):
+        return False
+    dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
+    return True
+
+
+def _named_weights(vllm_generation: Any) -> list[tuple[str, torch.Tensor]]:
+    """The trainer's weights under the names vLLM expects (TRL's own iterator: handles PEFT merging)."""
+    iterate = getattr(vllm_generation, "_iter_named_params", None)
+    if iterate is not None:
+        return [(name, tensor.detach()) for name, tensor in iterate()]
+    return [(name, p.detach()) for name, p in vllm_generation.model.named_parameters()]
+
+
+def sync_weights_via_reload(vllm_generation: Any, repack_lm_head: bool = True) -> None:
+    """Copy the trainer's current weights into the colocated vLLM-CPU engine (replacement for TRL's sync).
+
+    ``repack_lm_head=False`` exists only to show the stale-logits bug that the re-packing fixes.
+    """
+    llm = vllm_generation.llm
+    if getattr(vllm_generation, "enable_sleep_mode", False):
+        llm.wake_up(tags=["weights"])
+        vllm_generation._llm_weights_sleeping = False
+    weights = _named_weights(vllm_generation)
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+    if repack_lm_head:
+        llm.collective_rpc(repack_tied_lm_head)
+    llm.reset_prefix_cache()
+
+
+def install(vllm_generation: Any) -> bool:
+    """Make ``vllm_generation.sync_weights`` use :func:`sync_weights_via_reload` when vLLM runs on the CPU.
+
+    Returns True when the fix was installed, False when it is not needed (GPU/NPU, or server mode).
+    """
+    if not needs_cpu_sync(vllm_generation):
+        return False
+    vllm_generation.sync_weights = types.MethodType(sync_weights_via_reload, vllm_generation)
+    logger.info("vLLM runs on the CPU: weight sync goes through vLLM's reload_weights (grpo_lab.vllm_cpu_sync).")
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# The proof: vLLM and the trainer give the same log-probabilities to the same completion
+# --------------------------------------------------------------------------------------------------
+def trainer_logprobs(model: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+    """Log-probability of each completion token under a transformers model (what the trainer optimizes)."""
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=model.device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0].float()
+    finally:
+        model.train(was_training)
+    logprobs = torch.log_softmax(logits, dim=-1)
+    start = len(prompt_ids)
+    return [logprobs[i - 1, ids[0, i]].item() for i in range(start, ids.shape[1])]
+
+
+def vllm_logprobs(llm: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+    """Log-probability of each completion token under the vLLM engine (what the rollouts sample from)."""
+    from vllm import SamplingParams
+
+    ids = list(prompt_ids) + list(completion_ids)
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+    output = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+    return [output.prompt_logprobs[i][ids[i]].logprob for i in range(len(prompt_ids), len(ids))]
+
+
+def logprob_gap(model: Any, llm: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> float:
+    """Largest per-token |log p_trainer - log p_vLLM| on one completion; ~0.01–0.1 when in sync.
+
+    vLLM-CPU runs a float32 checkpoint in bfloat16, so a synced engine is close but not bit-equal.
+    """
+    ours = torch.tensor(trainer_logprobs(model, prompt_ids, completion_ids))
+    theirs = torch.tensor(vllm_logprobs(llm, prompt_ids, completion_ids))
+    return float((ours - theirs).abs().max())

@@ -1,0 +1,135 @@
+"""grpo_lab.train: configuration, input checks, checkpoints and resume, and that GRPO raises the reward.
+
+Training runs use the shipped tiny model with HF generate on the CPU (the vLLM colocate path is in
+tests/test_vllm_cpu_sync.py).
+"""
+
+import json
+import math
+
+import pytest
+
+from grpo_lab import train as T
+from grpo_lab.data import load_split, write_jsonl
+
+SMALL = dict(profile="tiny", per_device_train_batch_size=8, num_generations=4, live_plot=False, save_steps=100)
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration and CLI
+# --------------------------------------------------------------------------------------------------
+def test_resolved_config_takes_sizes_from_the_profile_and_keeps_overrides(tmp_path):
+    config = T.TrainConfig(profile="tiny", output_dir=str(tmp_path / "run"), learning_rate=1e-4).resolved()
+    assert config.num_generations == 8 and config.per_device_train_batch_size == 32
+    assert config.learning_rate == 1e-4
+    assert config.beta == 0.0 and config.use_vllm is False and config.bf16 is False
+    assert config.num_prompts_per_step == 4
+    args = T.grpo_args(config, use_vllm=False)
+    assert (args.num_generations, args.max_completion_length, args.loss_type) == (8, 32, config.loss_type)
+    assert args.output_dir.endswith("checkpoints")
+
+
+def test_gpu_profile_follows_the_seed_recipe():
+    config = T.TrainConfig(profile="gpu", output_dir="unused").resolved()
+    assert config.learning_rate == 5e-6 and config.beta > 0 and config.warmup_steps > 0 and config.use_vllm
+
+
+def test_cli_options_mirror_the_config_fields():
+    args = T.build_parser().parse_args(["--max-steps", "3", "--train-types", "average,work_rate",
+                                        "--use-vllm", "false", "--learning-rate", "1e-4",
+                                        "--resume-from-checkpoint", "true"])
+    assert args.max_steps == 3 and args.train_types == ("average", "work_rate")
+    assert args.use_vllm is False and args.learning_rate == 1e-4 and args.resume_from_checkpoint is True
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input: a clear message before anything runs
+# --------------------------------------------------------------------------------------------------
+def test_num_generations_must_divide_the_batch():
+    config = T.TrainConfig(**{**SMALL, "num_generations": 3}, output_dir="unused").resolved()
+    with pytest.raises(ValueError, match=r"num_generations=3 does not divide.*8"):
+        T.check_batch_shape(config)
+
+
+def test_completion_length_beyond_max_model_len():
+    config = T.TrainConfig(profile="tiny", output_dir="unused", max_completion_length=600).resolved()
+    with pytest.raises(ValueError, match="exceeds the model's max_model_len"):
+        T.check_lengths(config, max_model_len=512)
+
+
+def test_dataset_without_prompt_or_answer(tmp_path):
+    rows = load_split("eval")[:3]
+    no_answer = [{k: v for k, v in row.items() if k != "answer"} for row in rows]
+    rewards = T.build_reward_funcs(["correctness"])
+    with pytest.raises(ValueError, match="no 'answer' column"):
+        T.check_dataset(no_answer, rewards)
+    path = write_jsonl([{k: v for k, v in row.items() if k != "prompt"} for row in rows], tmp_path / "bad.jsonl")
+    config = T.TrainConfig(**SMALL, output_dir=str(tmp_path / "run"), dataset=str(path), max_steps=1)
+    with pytest.raises(ValueError, match="missing column"):
+        T.train(config)
+
+
+def test_resume_from_missing_or_partial_checkpoint(tmp_path):
+    with pytest.raises(T.CheckpointError, match="holds no checkpoint"):
+        T.resolve_resume(tmp_path, True)
+    with pytest.raises(T.CheckpointError, match="no checkpoint at"):
+        T.resolve_resume(tmp_path, str(tmp_path / "checkpoints" / "checkpoint-7"))
+    partial = tmp_path / "checkpoints" / "checkpoint-2"
+    partial.mkdir(parents=True)
+    (partial / "trainer_state.json").write_text("{}")
+    with pytest.raises(T.CheckpointError, match="incomplete.*optimizer.pt"):
+        T.resolve_resume(tmp_path, True)
+
+
+def test_nan_loss_stops_with_advice(tmp_path):
+    logger = T.MetricsLogger(tmp_path, live_plot=False)
+
+    class State:
+        global_step = 5
+
+    with pytest.raises(T.TrainingDivergedError, match="bf16.*inf"):
+        logger.on_log(None, State(), None, logs={"loss": math.nan, "reward": 0.5})
+    assert json.loads((tmp_path / T.METRICS_FILE).read_text().splitlines()[-1])["step"] == 5  # recorded, then stop
+
+
+def test_infinite_reward_stops_before_the_update(tmp_path):
+    def broken_reward(prompts, completions, **kwargs):
+        return [math.inf] * len(completions)
+
+    config = T.TrainConfig(**SMALL, output_dir=str(tmp_path / "run"), max_steps=2, train_size=8)
+    with pytest.raises(T.TrainingDivergedError, match="broken_reward.*inf"):
+        T.train(config, reward_funcs=[broken_reward])
+    assert not T.list_checkpoints(tmp_path / "run")
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints and resume
+# --------------------------------------------------------------------------------------------------
+def test_checkpoints_and_resume_reach_the_same_final_step(tmp_path):
+    run = tmp_path / "run"
+    config = T.TrainConfig(**{**SMALL, "save_steps": 2}, output_dir=str(run), max_steps=4, train_size=32)
+    first = T.train(config)
+    assert first.global_step == 4
+    assert [p.name for p in T.list_checkpoints(run)] == ["checkpoint-2", "checkpoint-4"]
+    assert (run / "checkpoints" / "checkpoint-2" / "model.safetensors").is_file()
+    assert (run / T.FINAL / "model.safetensors").is_file() and (run / T.CURVES_FILE).is_file()
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        T.train(config)
+
+    resumed = T.train(T.TrainConfig(**{**SMALL, "save_steps": 2}, output_dir=str(run), max_steps=4, train_size=32,
+                                    resume_from_checkpoint=str(run / "checkpoints" / "checkpoint-2")))
+    assert resumed.global_step == 4
+    assert [r["step"] for r in T.read_metrics(run)] == [1, 2, 3, 4]
+    assert json.loads((run / T.CONFIG_FILE).read_text())["resumed_from"].endswith("checkpoint-2")
+
+
+# --------------------------------------------------------------------------------------------------
+# GRPO learns: the training reward rises on the types with a deliberate slip
+# --------------------------------------------------------------------------------------------------
+def test_training_reward_rises(tmp_path):
+    config = T.TrainConfig(profile="tiny", output_dir=str(tmp_path / "run"), max_steps=60, live_plot=False,
+                           learning_rate=1e-4, save_steps=1000, seed=0)
+    result = T.train(config)
+    early, late = result.mean("reward", first=15), result.mean("reward", last=15)
+    print(f"reward: first 15 steps {early:.3f}, last 15 steps {late:.3f}; {result.seconds:.0f} s")
+    assert late > early + 0.1
