@@ -24,6 +24,9 @@ export HF_HOME ?= $(CURDIR)/.cache/huggingface
 export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
 export TOKENIZERS_PARALLELISM ?= false
+# One thread per process: on a 2-core machine vLLM's engine, the trainer and the kernel compete otherwise
+# (measured: tiny-model generation ran ~40x slower with 2 threads under load). Override if you have cores.
+export OMP_NUM_THREADS ?= 1
 # vllm-ascend: vLLM itself is installed without CUDA kernels (its documented install).
 ifeq ($(STACK),npu)
 export VLLM_TARGET_DEVICE ?= empty
