@@ -93,6 +93,8 @@ def test_unknown_backend_and_missing_model_fail_early(no_engine_start, tmp_path)
         open_engine(backend="tensorrt")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         open_engine(str(tmp_path / "no-such-model"), backend="hf")
+    with pytest.raises(ValueError, match="unknown setting"):
+        open_engine(backend="hf", num_generations=4)
 
 
 def test_prompt_longer_than_max_model_len_fails_before_start(no_engine_start):
@@ -213,7 +215,7 @@ def test_sleep_frees_device_memory_and_wake_up_restores_the_engine():
             engine.generate(PROMPTS[:1])
         engine.wake_up()
         assert all(len(o.completions) == 2 for o in engine.generate(PROMPTS).outputs)
-    assert child_processes() == []
+    assert set(child_processes()) <= set(engine.processes_before)
 
 
 # ---- processes -------------------------------------------------------------------------------------------
@@ -225,19 +227,20 @@ def test_proc_fallback_sees_the_same_children_as_psutil(vllm_engine):
 
 
 def test_stop_leaves_no_child_processes(vllm_engine):
-    assert child_processes()
+    before = set(vllm_engine.processes_before)  # children of this test process before the engine started
+    assert set(child_processes()) > before
     vllm_engine.stop()
-    assert child_processes() == []
+    assert set(child_processes()) <= before
     vllm_engine.stop()  # a second stop is harmless
     with pytest.raises(RolloutError, match="was stopped"):
         vllm_engine.generate(PROMPTS[:1])
 
 
 def test_an_exception_inside_the_with_block_stops_the_engine():
-    assert child_processes() == []
+    before = set(child_processes())
     with pytest.raises(KeyError, match="boom"):
         with open_engine(backend="vllm", n=1, max_tokens=4, max_prompt_tokens=32) as engine:
-            assert child_processes()
+            assert set(child_processes()) > before
             raise KeyError("boom")
     assert engine.stopped
-    assert child_processes() == []
+    assert set(child_processes()) <= before

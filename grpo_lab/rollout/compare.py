@@ -90,7 +90,10 @@ def run_backend(backend: str, prompts: Sequence[Prompt], config: RolloutConfig, 
                 warmup: bool = True) -> RolloutResult:
     """Open one engine, warm it up on a few prompts, time one ``generate`` over all prompts, stop it."""
     with open_engine(model, config, backend=backend, prompts=prompts) as engine:
-        print(f"[{engine.name}] {engine.choice.reason}; engine load {engine.load_s:.1f} s", flush=True)
+        c = engine.config
+        print(f"[{engine.name}] {engine.choice.reason}; engine load {engine.load_s:.1f} s; dtype {c.dtype}, "
+              f"max_model_len {c.max_model_len}, max_num_seqs {c.max_num_seqs}, enforce_eager {c.enforce_eager}, "
+              f"gpu_memory_utilization {c.gpu_memory_utilization}, hf_batch_size {c.hf_batch_size}", flush=True)
         if warmup:
             engine.generate(list(prompts[:2]), replace(engine.config.sampling, n=1, max_tokens=4))
         return engine.generate(prompts)
@@ -145,7 +148,9 @@ def prefix_cache_effect(engine, prompts: Sequence[Prompt], sampling: Sampling, r
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m grpo_lab.rollout``: both backends on a batch of eval prompts; prints tokens/s for each."""
-    parser = argparse.ArgumentParser(prog="grpo-lab rollout", description=main.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="grpo-lab rollout",
+        description="HF generate and vLLM side by side on the course's eval prompts; prints tokens/s for each.")
     parser.add_argument("--model", help="model folder or hub id (default: GRPO_LAB_MODEL or the tiny model)")
     parser.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this architecture (speed only)")
     parser.add_argument("--backends", default="hf,vllm", help="comma-separated, run in this order")

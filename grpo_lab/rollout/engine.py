@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from grpo_lab import device
@@ -277,6 +277,9 @@ def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConf
 
     if str(backend).strip().lower() not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    known = {f.name for f in fields(RolloutConfig)} - {"reasons"}
+    if set(overrides) - known:
+        raise ValueError(f"unknown setting(s) {sorted(set(overrides) - known)}; RolloutConfig has: {sorted(known)}")
     config = replace(config or RolloutConfig(), **overrides)
     model_path = resolve_model(model)
     if Path(model_path).is_dir():
@@ -287,12 +290,9 @@ def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConf
     kind = device.check_kind(config.device_kind) if config.device_kind else device.detect()
     choice = choose_backend(backend, kind)
     tokenizer = load_tokenizer(model_path)
-    longest = None
-    if prompts is not None:
-        longest = max(len(p.token_ids) for p in encode_prompts(tokenizer, prompts))
-    config = config.resolve(kind, longest, model_path)
-    if prompts is not None:
-        check_prompt_lengths(encode_prompts(tokenizer, prompts), config.max_model_len, config.max_tokens)
+    encoded = encode_prompts(tokenizer, prompts) if prompts is not None else []
+    config = config.resolve(kind, max((len(p.token_ids) for p in encoded), default=None), model_path)
+    check_prompt_lengths(encoded, config.max_model_len, config.max_tokens)
     if choice.name == "vllm":
         from grpo_lab.rollout.vllm_backend import VLLMEngine
 
