@@ -4,6 +4,7 @@
     grpo-lab build-tiny-model           rebuild the shipped tiny model (CPU, minutes)
     grpo-lab course [--out DIR]         run every notebook headless, in order
     grpo-lab doctor [--config FILE]     one check per troubleshooting-table row, with fixes
+    grpo-lab rollout [--shape S]        HF generate vs vLLM on eval prompts, tokens/s
     grpo-lab serve [FOLDER] [--ask MSG] serve a model folder with vLLM (127.0.0.1, optional API key)
 """
 
@@ -19,6 +20,7 @@ SUBCOMMANDS = {
     "build-tiny-model": ("grpo_lab.tiny_model", "rebuild the shipped tiny model and its manifest"),
     "course": ("grpo_lab.course", "run every course notebook headless, in order"),
     "doctor": ("grpo_lab.doctor", "diagnose the environment and a config: pass / warn / fail with the fix"),
+    "rollout": ("grpo_lab.rollout", "HF generate and vLLM side by side on eval prompts; tokens/s"),
     "serve": ("grpo_lab.deploy", "verify a model folder and serve it with vLLM's OpenAI-compatible server"),
 }
 
