@@ -5,6 +5,8 @@
     grpo-lab course [--out DIR]         run every notebook headless, in order
     grpo-lab doctor [--config FILE]     one check per troubleshooting-table row, with fixes
     grpo-lab rollout [--shape S]        HF generate vs vLLM on eval prompts, tokens/s
+    grpo-lab train [--profile P ...]    a GRPO run (TRL GRPOTrainer), run folder with metrics and checkpoints
+    grpo-lab bench --profile tiny       HF vs vLLM vs prefix caching, ratios and roofline
     grpo-lab serve [FOLDER] [--ask MSG] serve a model folder with vLLM (127.0.0.1, optional API key)
 """
 
@@ -21,6 +23,8 @@ SUBCOMMANDS = {
     "course": ("grpo_lab.course", "run every course notebook headless, in order"),
     "doctor": ("grpo_lab.doctor", "diagnose the environment and a config: pass / warn / fail with the fix"),
     "rollout": ("grpo_lab.rollout", "HF generate and vLLM side by side on eval prompts; tokens/s"),
+    "train": ("grpo_lab.train", "a GRPO run with TRL GRPOTrainer from a profile plus overrides"),
+    "bench": ("grpo_lab.bench", "rollout (and GRPO step) benchmark: HF vs vLLM vs prefix caching, roofline"),
     "serve": ("grpo_lab.deploy", "verify a model folder and serve it with vLLM's OpenAI-compatible server"),
 }
 
