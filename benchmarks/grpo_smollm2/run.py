@@ -8,9 +8,11 @@ Phases, each a separate call so that every device command stays under ten minute
     after       held-out accuracy of the trained model
     hf-steps    a few GRPO steps with HF generate instead of vLLM, same sizes: the step-time comparison
     report      results.json, curves.png, metrics.jsonl into $OUT (or --out)
+    plot        only curves.png from --out's metrics.jsonl (on the dev machine, if the GPU image lacks matplotlib)
 
-    python3 benchmarks/grpo_smollm2/run.py before train --max-minutes 7
-    python3 benchmarks/grpo_smollm2/run.py train --max-minutes 6 after hf-steps
+    python3 benchmarks/grpo_smollm2/run.py before train --max-minutes 5.5
+    python3 benchmarks/grpo_smollm2/run.py train --max-minutes 7
+    python3 benchmarks/grpo_smollm2/run.py after hf-steps --hf-steps 6
 
 The model folder comes from ``stage_model.sh`` (``/tmp/grpo-smollm2/model``); see README.md for the calls.
 """
@@ -33,7 +35,7 @@ os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # FlashInfer is not i
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 STATE = Path(os.environ.get("GRPO_SMOLLM2_STATE", "/tmp/grpo-smollm2"))
-PHASES = ("before", "train", "after", "hf-steps", "report")
+PHASES = ("before", "train", "after", "hf-steps", "report", "plot")
 
 # The recipe: the course's gpu profile (bf16 autocast, beta 0.04 with an independent reference model,
 # warmup, vLLM colocate at 0.3 of the GPU), sized for a 135M model on an H200.
@@ -110,8 +112,20 @@ def _timing(metrics: list[dict], skip: int = 2) -> dict:
             "completion_tokens": mean("completions/mean_length")}
 
 
+def plot(out: Path) -> None:
+    """curves.png from out/metrics.jsonl (skipped where matplotlib is missing: run `plot` on the dev machine)."""
+    from grpo_lab.train import read_metrics
+
+    try:
+        from grpo_lab.plots import plot_training_curves
+    except ImportError as error:
+        print(f"no curves.png ({error}); run `python benchmarks/grpo_smollm2/run.py plot` where matplotlib is")
+        return
+    plot_training_curves(read_metrics(out / "metrics.jsonl"),
+                         title="GRPO on SmolLM2-135M-Instruct, H200, vLLM colocate").savefig(out / "curves.png", dpi=100)
+
+
 def report(out: Path) -> None:
-    from grpo_lab.plots import plot_training_curves
     from grpo_lab.train import read_metrics
 
     out.mkdir(parents=True, exist_ok=True)
@@ -128,8 +142,7 @@ def report(out: Path) -> None:
         results["train_reward"] = {"first_20": sum(r["reward"] for r in first) / len(first),
                                    "last_20": sum(r["reward"] for r in last) / len(last)}
         shutil.copy(STATE / "run" / "metrics.jsonl", out / "metrics.jsonl")
-        plot_training_curves(metrics, title="GRPO on SmolLM2-135M-Instruct, H200, vLLM colocate").savefig(
-            out / "curves.png", dpi=100)
+        plot(out)
     config = STATE / "run" / "config.json"
     if config.is_file():
         results["train_config"] = json.loads(config.read_text())
@@ -175,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
             evaluate("after", STATE / "run" / "final")
         elif phase == "hf-steps":
             hf_steps(args.hf_steps)
+        elif phase == "plot":
+            plot(args.out)
+            return
         print(f"[{phase}] {time.perf_counter() - start:.0f} s", flush=True)
     report(args.out)
 
