@@ -58,11 +58,14 @@ def few_shot_prompts(count: int = 16, shots: int = 3, lang: str = "en") -> list[
     return prompts
 
 
-def shaped_model_dir(shape: str, out_dir: str | Path, tokenizer_from: str | Path | None = None) -> Path:
+def shaped_model_dir(shape: str, out_dir: str | Path, tokenizer_from: str | Path | None = None,
+                     random_weights: bool = False) -> Path:
     """Write ``config.json`` of a known architecture plus a tokenizer into ``out_dir`` (no weights).
 
     Load it with ``load_format="dummy"``. The vocabulary keeps the real size, so the embedding and output
     layer cost what they cost in the real model; sampled ids beyond the small tokenizer decode to nothing.
+    ``random_weights=True`` also saves randomly initialised bf16 weights (``model.safetensors``) for loaders
+    without a dummy mode, such as TRL's trainer (about 1 GB for 0.5B, 3 GB for 1.5B).
     """
     from transformers import Qwen2Config
 
@@ -83,6 +86,11 @@ def shaped_model_dir(shape: str, out_dir: str | Path, tokenizer_from: str | Path
                          eos_token_id=tokenizer_config.get("eos_token_id"),
                          pad_token_id=tokenizer_config.get("pad_token_id"))
     config.save_pretrained(out)
+    if random_weights:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(out)
     return out
 
 

@@ -35,7 +35,16 @@ SAMPLING_REASONS = {
     "top_p": "1.0 keeps the whole distribution (nucleus sampling off)",
     "seed": "repeatable sampling: every prompt and sample gets its own stream (HF: seeded before each call)",
     "stop": "extra stop strings; the end-of-sequence token always stops",
+    "min_tokens": "the end token is held back until this many new tokens (= max_tokens: fixed-length completions)",
 }
+# Arguments engine_arguments() sets from RolloutConfig fields: vllm_options may not override them.
+VLLM_MANAGED_ARGUMENTS = ("model", "tokenizer", "dtype", "max_model_len", "enable_prefix_caching", "max_num_seqs",
+                          "enforce_eager", "load_format", "trust_remote_code", "seed", "gpu_memory_utilization",
+                          "kv_cache_memory_bytes", "enable_sleep_mode")
+# Arguments HFEngine passes to model.generate itself: hf_generate_options may not override them.
+HF_MANAGED_ARGUMENTS = ("input_ids", "attention_mask", "max_new_tokens", "min_new_tokens", "eos_token_id",
+                        "pad_token_id", "do_sample", "temperature", "top_p", "top_k", "num_return_sequences",
+                        "logits_processor", "stop_strings", "tokenizer")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -45,6 +54,8 @@ class Sampling:
 
     ``temperature=0`` is greedy decoding (then every one of the ``n`` completions is the same).
     ``seed`` makes a run repeatable; each prompt and each of its ``n`` samples gets its own stream.
+    ``min_tokens`` holds the end token back until that many new tokens exist (vLLM's ``min_tokens``, HF's
+    ``min_new_tokens``); ``min_tokens=max_tokens`` makes every completion exactly ``max_tokens`` long (benchmarks).
     """
 
     n: int = 4
@@ -53,6 +64,7 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = 0
     stop: tuple[str, ...] = ()
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single stop string is a common slip; accept it
@@ -69,13 +81,17 @@ class Sampling:
             raise ValueError(f"top_p={self.top_p}: must be in (0, 1] (1 keeps the whole distribution)")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop={self.stop!r}: stop conditions must be non-empty strings")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens!r}: must be an integer from 0 to max_tokens={self.max_tokens} "
+                             "(max_tokens gives fixed-length completions)")
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
     """Sampling settings plus engine settings. ``None`` means "choose for this device and say why".
 
-    Sampling: ``n``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop`` (see :class:`Sampling`).
+    Sampling: ``n``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``min_tokens`` (see
+    :class:`Sampling`).
 
     Engine (vLLM; the HF backend uses ``dtype``, ``max_model_len`` and ``hf_batch_size``):
 
@@ -86,6 +102,9 @@ class RolloutConfig:
     - ``enable_prefix_caching``, ``max_num_seqs``, ``enforce_eager``, ``dtype``, ``enable_sleep_mode``.
     - ``load_format``: ``"auto"`` loads the weights, ``"dummy"`` random weights of the same shape (speed tests).
     - ``hf_batch_size``: sequences per ``model.generate`` call in the HF backend.
+    - ``vllm_options``: more keyword arguments for ``vllm.LLM`` (tuning, e.g. ``{"async_scheduling": True,
+      "max_num_batched_tokens": 16384}``); ``hf_generate_options``: more for ``model.generate`` (e.g.
+      ``{"cache_implementation": "static"}``). Neither may repeat a setting that has its own field.
     """
 
     n: int = 4
@@ -94,6 +113,7 @@ class RolloutConfig:
     top_p: float = 1.0
     seed: int | None = 0
     stop: tuple[str, ...] = ()
+    min_tokens: int = 0
     max_prompt_tokens: int | None = None
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
@@ -105,6 +125,8 @@ class RolloutConfig:
     enable_sleep_mode: bool = False
     load_format: str = "auto"
     hf_batch_size: int | None = None
+    vllm_options: dict[str, Any] = field(default_factory=dict, hash=False)
+    hf_generate_options: dict[str, Any] = field(default_factory=dict, hash=False)
     device_kind: str | None = None
     reasons: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -126,12 +148,17 @@ class RolloutConfig:
             raise ValueError(f"dtype={self.dtype!r}: use one of {', '.join(DTYPES)} (or None for the device's choice)")
         if self.device_kind is not None:
             device.check_kind(self.device_kind)
+        for name, managed in (("vllm_options", VLLM_MANAGED_ARGUMENTS), ("hf_generate_options", HF_MANAGED_ARGUMENTS)):
+            clash = sorted(set(getattr(self, name)) & set(managed))
+            if clash:
+                raise ValueError(f"{name} sets {clash}, which the engine sets itself: use the RolloutConfig field "
+                                 f"of that name (or, for generate's own arguments, Sampling) instead")
 
     @property
     def sampling(self) -> Sampling:
         """The sampling part, validated."""
         return Sampling(n=self.n, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                        seed=self.seed, stop=tuple(self.stop))
+                        seed=self.seed, stop=tuple(self.stop), min_tokens=self.min_tokens)
 
     @property
     def resolved(self) -> bool:
@@ -216,6 +243,10 @@ class RolloutConfig:
                            if self.enable_sleep_mode else "off (turn on to use sleep()/wake_up() on CUDA or Ascend)")
         reasons.setdefault("load_format", "random weights of the right shape: speed only, outputs are noise"
                            if self.load_format == "dummy" else "the model's own weights")
+        reasons.setdefault("vllm_options", "given: more vllm.LLM arguments" if self.vllm_options
+                           else "none: vLLM's defaults for everything without a field here")
+        reasons.setdefault("hf_generate_options", "given: more model.generate arguments" if self.hf_generate_options
+                           else "none: transformers' defaults (dynamic KV cache)")
         if self.hf_batch_size is None:
             chosen["hf_batch_size"] = DEFAULT_HF_BATCH_SIZE
             reasons["hf_batch_size"] = ("HF backend: sequences per generate call; each call runs as long as "
@@ -240,6 +271,8 @@ class RolloutConfig:
 
 
 def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return json.dumps(value) if value else "{}"
     if isinstance(value, tuple):
         return repr(list(value)) if value else "[]"
     return str(value)

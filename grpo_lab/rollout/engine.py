@@ -163,18 +163,21 @@ class RolloutEngine:
         return encoded
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling | None = None,
-                 progress: bool = False) -> RolloutResult:
+                 progress: bool = False, lengths: Sequence[Sequence[int]] | None = None) -> RolloutResult:
         """Sample ``sampling.n`` completions for every prompt (text or chat messages).
 
         ``sampling`` defaults to the config's sampling fields; pass ``Sampling(...)`` or
         ``dataclasses.replace(engine.config.sampling, n=8)`` to change them for one call.
+        ``lengths`` (benchmarks with random weights, which never sample the end token): ``lengths[i][j]`` is the
+        exact number of new tokens of sample ``j`` of prompt ``i``; see :func:`check_completion_lengths`.
         """
         self._check_usable()
         sampling = sampling or self.config.sampling
         encoded = self.encode(prompts, sampling.max_tokens)
+        lengths = check_completion_lengths(lengths, len(encoded), sampling)
         device.synchronize(self.config.device_kind)
         started = time.perf_counter()
-        outputs = self._generate(encoded, sampling, progress)
+        outputs = self._generate(encoded, sampling, progress, lengths)
         device.synchronize(self.config.device_kind)
         elapsed = time.perf_counter() - started
         return RolloutResult(self.name, tuple(outputs), sampling, self.load_s, elapsed)
@@ -197,7 +200,8 @@ class RolloutEngine:
     def _start(self) -> None:
         raise NotImplementedError
 
-    def _generate(self, prompts: list[EncodedPrompt], sampling: Sampling, progress: bool) -> list[PromptRollout]:
+    def _generate(self, prompts: list[EncodedPrompt], sampling: Sampling, progress: bool,
+                  lengths: tuple[tuple[int, ...], ...] | None = None) -> list[PromptRollout]:
         raise NotImplementedError
 
     def _stop(self) -> None:
@@ -221,6 +225,29 @@ def decode_completion(tokenizer, token_ids: Sequence[int], stop: Sequence[str], 
     if cut >= 0:
         return Completion(text[:cut], tuple(token_ids), "stop")
     return Completion(text, tuple(token_ids), finish_reason)
+
+
+def check_completion_lengths(lengths: Sequence[Sequence[int]] | None, num_prompts: int,
+                             sampling: Sampling) -> tuple[tuple[int, ...], ...] | None:
+    """Validate per-sample completion lengths: one row per prompt, ``n`` integers from 1 to ``max_tokens`` each.
+
+    Both backends then make completion ``j`` of prompt ``i`` exactly ``lengths[i][j]`` tokens long (the end token
+    is held back until then; HF ends the row with it, vLLM stops at the length), so HF's padded batches and
+    vLLM's continuous batching can be compared on GRPO-like ragged lengths with random weights.
+    """
+    if lengths is None:
+        return None
+    rows = tuple(tuple(row) for row in lengths)
+    if len(rows) != num_prompts:
+        raise ValueError(f"lengths has {len(rows)} rows for {num_prompts} prompts: give one row per prompt")
+    for index, row in enumerate(rows):
+        if len(row) != sampling.n or any(not isinstance(v, int) or not 1 <= v <= sampling.max_tokens for v in row):
+            raise ValueError(f"lengths[{index}]={list(row)}: need n={sampling.n} integers from 1 to "
+                             f"max_tokens={sampling.max_tokens}")
+    if sampling.temperature == 0 and any(len(set(row)) > 1 for row in rows):
+        raise ValueError("lengths that differ within a prompt need sampling (temperature > 0): greedy samples of "
+                         "a prompt are one and the same completion")
+    return rows
 
 
 def check_prompt_lengths(prompts: Sequence[EncodedPrompt], max_model_len: int, max_tokens: int) -> None:

@@ -39,7 +39,8 @@ class HFEngine(RolloutEngine):
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
 
-    def _generate(self, prompts: list[EncodedPrompt], sampling: Sampling, progress: bool) -> list[PromptRollout]:
+    def _generate(self, prompts: list[EncodedPrompt], sampling: Sampling, progress: bool,
+                  lengths: tuple[tuple[int, ...], ...] | None = None) -> list[PromptRollout]:
         per_call = max(1, self.config.hf_batch_size // sampling.n)  # prompts per generate call
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].token_ids))  # similar lengths together
         results: list[PromptRollout | None] = [None] * len(prompts)
@@ -47,11 +48,14 @@ class HFEngine(RolloutEngine):
             torch.manual_seed(sampling.seed)
         batches = [order[i:i + per_call] for i in range(0, len(order), per_call)]
         for batch in tqdm(batches, desc="hf generate", disable=not progress):
-            for index, rollout in zip(batch, self._generate_batch([prompts[i] for i in batch], sampling)):
+            batch_lengths = [lengths[i] for i in batch] if lengths is not None else None
+            for index, rollout in zip(batch, self._generate_batch([prompts[i] for i in batch], sampling,
+                                                                  batch_lengths)):
                 results[index] = rollout
         return results
 
-    def _generate_batch(self, prompts: list[EncodedPrompt], sampling: Sampling) -> list[PromptRollout]:
+    def _generate_batch(self, prompts: list[EncodedPrompt], sampling: Sampling,
+                        lengths: list[tuple[int, ...]] | None = None) -> list[PromptRollout]:
         torch_device = self.model.device
         width = max(len(p.token_ids) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -65,6 +69,14 @@ class HFEngine(RolloutEngine):
             "num_return_sequences": sampling.n}
         if sampling.stop:
             options.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
+        if sampling.min_tokens:
+            options["min_new_tokens"] = sampling.min_tokens
+        if lengths is not None:  # rows are prompt-major: the n samples of a prompt follow each other
+            from transformers import LogitsProcessorList
+
+            rows = [length for row in lengths for length in (row if not greedy else row[:1])]
+            options["logits_processor"] = LogitsProcessorList([ExactLengths(rows, width, self.eos_ids, torch_device)])
+        options.update(self.config.hf_generate_options)
         with torch.no_grad():
             output = self.model.generate(
                 input_ids=input_ids.to(torch_device), attention_mask=attention_mask.to(torch_device),
@@ -104,6 +116,24 @@ class HFEngine(RolloutEngine):
 
     def _wake_up(self) -> None:
         self.model.to(device.torch_device(kind=self.config.device_kind))
+
+
+class ExactLengths:
+    """A logits processor: row ``r`` gets the end token as its ``lengths[r]``-th new token, never earlier."""
+
+    def __init__(self, lengths: list[int], prompt_width: int, eos_ids: list[int], torch_device):
+        self.last = torch.tensor(lengths, device=torch_device) - 1  # index of each row's final new token
+        self.prompt_width = prompt_width
+        self.eos_ids = torch.tensor(eos_ids, device=torch_device)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        position = input_ids.shape[1] - self.prompt_width  # index of the token chosen now
+        scores[:, self.eos_ids] = float("-inf")
+        ending = self.last == position
+        if bool(ending.any()):
+            scores[ending] = float("-inf")
+            scores[ending, self.eos_ids[0]] = 0.0
+        return scores
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

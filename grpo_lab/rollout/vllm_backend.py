@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import logging
 import os
 import signal
@@ -70,6 +71,7 @@ def engine_arguments(config: RolloutConfig, model_path: str) -> dict:
         arguments["gpu_memory_utilization"] = config.gpu_memory_utilization
     if config.enable_sleep_mode:
         arguments["enable_sleep_mode"] = True
+    arguments.update(config.vllm_options)  # tuning knobs without a field (RolloutConfig rejects clashes)
     return arguments
 
 
@@ -109,6 +111,8 @@ class VLLMEngine(RolloutEngine):
     """Rollouts with ``vllm.LLM``; the engine core runs in child processes that :meth:`stop` ends."""
 
     name = "vllm"
+    _isolated = False
+    _salts = itertools.count()
 
     def check_settings(self) -> None:
         from vllm.platforms import current_platform
@@ -136,7 +140,8 @@ class VLLMEngine(RolloutEngine):
 
         check_tokenizers(self.llm.get_tokenizer(), self.tokenizer, names=("vLLM engine", "rollout"))
 
-    def _generate(self, prompts: list[EncodedPrompt], sampling: Sampling, progress: bool) -> list[PromptRollout]:
+    def _generate(self, prompts: list[EncodedPrompt], sampling: Sampling, progress: bool,
+                  lengths: tuple[tuple[int, ...], ...] | None = None) -> list[PromptRollout]:
         from vllm import SamplingParams
 
         # vLLM gives sample j of a request the seed seed + j: offset each prompt by n so no two samples share a
@@ -144,20 +149,33 @@ class VLLMEngine(RolloutEngine):
         # 0.31 crashes with per-request seeds once a prefill is split in chunks ("CPU Generator does not use
         # offset"), so there the engine seed, set at start, makes runs repeatable.
         per_request_seed = sampling.seed is not None and self.config.device_kind != "cpu"
-        params = []
-        for index in range(len(prompts)):
+        # One request per sample when samples differ in length or must not share their prompt's blocks; sample j
+        # then gets the seed vLLM would have given it inside one request (seed + j).
+        split = lengths is not None or self._isolated
+        requests, params = [], []
+        for index, prompt in enumerate(prompts):
             seed = sampling.seed + index * sampling.n if per_request_seed else None
-            params.append(SamplingParams(n=sampling.n, max_tokens=sampling.max_tokens,
-                                         temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
-                                         stop=list(sampling.stop) or None))
-        requests = [{"prompt_token_ids": list(p.token_ids)} for p in prompts]
+            for j in range(sampling.n) if split else [None]:
+                request = {"prompt_token_ids": list(prompt.token_ids)}
+                if self._isolated:
+                    request["cache_salt"] = f"isolated-{next(self._salts)}"
+                length = lengths[index][j] if lengths is not None else None
+                requests.append(request)
+                params.append(SamplingParams(
+                    n=1 if split else sampling.n, max_tokens=length or sampling.max_tokens,
+                    min_tokens=length or sampling.min_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                    seed=None if seed is None else seed + (j or 0), stop=list(sampling.stop) or None))
         outputs = self.llm.generate(requests, params, use_tqdm=progress)
+        if split:
+            per_prompt = [[outputs[i * sampling.n + j].outputs[0] for j in range(sampling.n)] for i in range(len(prompts))]
+        else:
+            per_prompt = [sorted(output.outputs, key=lambda o: o.index) for output in outputs]
         rollouts = []
-        for prompt, output in zip(prompts, outputs):
+        for prompt, samples in zip(prompts, per_prompt):
             # Text decoded by us, not vLLM's incremental detokenizer, so both backends turn ids into text alike.
             completions = tuple(decode_completion(self.tokenizer, o.token_ids, sampling.stop,
                                                   "length" if o.finish_reason == "length" else "stop")
-                                for o in sorted(output.outputs, key=lambda o: o.index))
+                                for o in samples)
             rollouts.append(PromptRollout(prompt.text, prompt.token_ids, completions))
         return rollouts
 
@@ -165,6 +183,20 @@ class VLLMEngine(RolloutEngine):
         """Forget cached prompt blocks (to measure a cold start)."""
         self._check_usable()
         self.llm.reset_prefix_cache()
+
+    @contextlib.contextmanager
+    def isolated_prefixes(self) -> Iterator[None]:
+        """Inside the block no prompt block is reused: the prefix cache is emptied and every sample goes out as
+        its own request with its own ``cache_salt``. This measures vLLM without prefix caching on an engine that
+        has it on (one engine start instead of two); block hashing still runs, so it is a little slower than an
+        engine started with ``enable_prefix_caching=False``.
+        """
+        self.reset_prefix_cache()
+        self._isolated = True
+        try:
+            yield
+        finally:
+            self._isolated = False
 
     @property
     def supports_sleep(self) -> bool:
