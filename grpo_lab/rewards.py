@@ -547,7 +547,7 @@ class WeightedReward:
         if len(self.weights) != len(self.reward_funcs):
             raise ValueError(
                 f"Number of reward weights ({len(self.weights)}) must match number of reward functions "
-                f"({len(self.reward_funcs)})."
+                f"({len(self.reward_funcs)}); give one weight per function, in the same order."
             )
         self.__name__ = self.name
 
@@ -587,7 +587,8 @@ def list_rewards() -> list[str]:
 def get_reward(name: str, /, **options: Any) -> RewardFunc:
     """Build a registered reward by name, e.g. ``get_reward("length_window", min_chars=5, max_chars=80)``."""
     if name not in _REGISTRY:
-        raise ValueError(f"Unknown reward '{name}'. Known rewards: {', '.join(list_rewards())}.")
+        raise ValueError(f"Unknown reward '{name}'. Known rewards: {', '.join(list_rewards())}. Use one of "
+                         f"these names, or add yours with register_reward('{name}', factory).")
     return _REGISTRY[name](**options)
 
 

@@ -100,7 +100,8 @@ class RolloutConfig:
     - ``gpu_memory_utilization``: share of accelerator memory vLLM may take (weights + KV cache), in (0, 1].
     - ``cpu_kvcache_gib``: KV-cache size on the CPU (vLLM-CPU's ``VLLM_CPU_KVCACHE_SPACE``).
     - ``enable_prefix_caching``, ``max_num_seqs``, ``enforce_eager``, ``dtype``, ``enable_sleep_mode``.
-    - ``load_format``: ``"auto"`` loads the weights, ``"dummy"`` random weights of the same shape (speed tests).
+    - ``load_format``: ``"auto"`` loads the weights (from safetensors only), ``"dummy"`` random weights of the
+      same shape (speed tests).
     - ``hf_batch_size``: sequences per ``model.generate`` call in the HF backend.
     - ``vllm_options``: more keyword arguments for ``vllm.LLM`` (tuning, e.g. ``{"async_scheduling": True,
       "max_num_batched_tokens": 16384}``); ``hf_generate_options``: more for ``model.generate`` (e.g.
@@ -242,7 +243,7 @@ class RolloutConfig:
         reasons.setdefault("enable_sleep_mode", "on: sleep()/wake_up() free device memory between rollouts"
                            if self.enable_sleep_mode else "off (turn on to use sleep()/wake_up() on CUDA or Ascend)")
         reasons.setdefault("load_format", "random weights of the right shape: speed only, outputs are noise"
-                           if self.load_format == "dummy" else "the model's own weights")
+                           if self.load_format == "dummy" else "the model's own weights, from safetensors only")
         reasons.setdefault("vllm_options", "given: more vllm.LLM arguments" if self.vllm_options
                            else "none: vLLM's defaults for everything without a field here")
         reasons.setdefault("hf_generate_options", "given: more model.generate arguments" if self.hf_generate_options

@@ -300,7 +300,7 @@ def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConf
     >>> len(result.outputs[0].completions)                                      # doctest: +SKIP
     2
     """
-    from grpo_lab.models import MANIFEST_NAME, resolve_model, verify_model_dir
+    from grpo_lab.models import MANIFEST_NAME, require_safetensors, resolve_model, verify_model_dir
 
     if str(backend).strip().lower() not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
@@ -314,6 +314,8 @@ def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConf
             raise FileNotFoundError(f"{model_path} has no config.json: pass the folder that holds the model")
         if (Path(model_path) / MANIFEST_NAME).is_file():
             verify_model_dir(model_path)
+        if config.load_format != "dummy":
+            require_safetensors(model_path)
     kind = device.check_kind(config.device_kind) if config.device_kind else device.detect()
     choice = choose_backend(backend, kind)
     tokenizer = load_tokenizer(model_path)
@@ -336,4 +338,4 @@ def load_tokenizer(model_path: str):
     """The one tokenizer both backends and the trainer use, from the model's own folder."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_path)
+    return AutoTokenizer.from_pretrained(model_path, trust_remote_code=False)

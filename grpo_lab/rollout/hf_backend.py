@@ -31,7 +31,8 @@ class HFEngine(RolloutEngine):
         kind = self.config.device_kind
         dtype = getattr(torch, self.config.dtype)
         if self.config.load_format == "dummy":  # random weights of the model's shape, like vLLM's "dummy"
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(self.model_path), dtype=dtype)
+            config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=False)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
             self.model = model.to(device.torch_device(kind=kind)).eval()
         else:  # the manifest was verified by open_engine; the tokenizer is the engine's shared one
             self.model, _ = load_model_and_tokenizer(self.model_path, device=device.torch_device(kind=kind),

@@ -77,7 +77,7 @@ def _load(tokenizer_or_path):
     if isinstance(tokenizer_or_path, (str, os.PathLike)):
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(tokenizer_or_path))
+        return AutoTokenizer.from_pretrained(str(tokenizer_or_path), trust_remote_code=False)
     return tokenizer_or_path
 
 

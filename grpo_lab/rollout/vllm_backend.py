@@ -51,7 +51,8 @@ def vllm_usable(kind: str) -> tuple[bool, str]:
 
 
 def engine_arguments(config: RolloutConfig, model_path: str) -> dict:
-    """Keyword arguments for ``vllm.LLM``: the tokenizer comes from the model's own folder."""
+    """Keyword arguments for ``vllm.LLM``: the tokenizer comes from the model's own folder, weights only from
+    safetensors (vLLM's ``"auto"`` would fall back to pickle ``*.bin`` files), no code from the model folder."""
     kind = config.device_kind
     arguments = {
         "model": model_path,
@@ -61,7 +62,8 @@ def engine_arguments(config: RolloutConfig, model_path: str) -> dict:
         "enable_prefix_caching": config.enable_prefix_caching,
         "max_num_seqs": config.max_num_seqs,
         "enforce_eager": config.enforce_eager,
-        "load_format": config.load_format,
+        "load_format": "safetensors" if config.load_format == "auto" else config.load_format,
+        "trust_remote_code": False,
         "seed": 0 if config.seed is None else config.seed,
         "disable_log_stats": True,
     }
