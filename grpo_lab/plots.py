@@ -240,3 +240,83 @@ def plot_prefix_cache_effect(effects, title: str | None = None) -> Figure:
     ax.legend(loc="upper right", fontsize=8)
     ax.set_title(title or "prefix caching on repeated prompts")
     return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory budget (notebook 04)
+# --------------------------------------------------------------------------------------------------
+
+_MEMORY_COLORS = {
+    "policy weights": "#1f4e79", "AdamW states": "#2e75b6", "reference model": "#5b9bd5", "gradients": "#9dc3e6",
+    "activations saved for backward": "#70ad47", "recomputed layer": "#a9d18e", "layer backward buffers": "#c5e0b4",
+    "LM-head backward buffers": "#548235", "tied-embedding gradient sum": "#bdd7ee",
+    "vLLM weights": "#c55a11", "vLLM activations": "#f4b183", "vLLM runtime (non-torch, CUDA graphs)": "#f8cbad",
+    "vLLM KV cache": "#ed7d31", "runtime margin": "#a6a6a6",
+}
+
+
+def _stack(ax, x: float, parts: Sequence[tuple[str, float]], seen: set, width: float = 0.6) -> float:
+    bottom = 0.0
+    for name, gib in parts:
+        if gib <= 0:
+            continue
+        ax.bar(x, gib, width, bottom=bottom, color=_MEMORY_COLORS.get(name, "#7f7f7f"),
+               label=None if name in seen else name, edgecolor="white", linewidth=0.5)
+        seen.add(name)
+        bottom += gib
+    return bottom
+
+
+def plot_memory_budgets(budgets: Sequence, labels: Sequence[str] | None = None, title: str | None = None) -> Figure:
+    """Stacked bars of several ``grpo_lab.memory.MemoryBudget`` (GiB), with each device's memory as a line.
+
+    Bars above their device line are plans that go out of memory.
+    """
+    labels = list(labels) if labels is not None else [f"{b.vllm_gpu_memory_utilization:.2f}" for b in budgets]
+    fig = Figure(figsize=(max(5.5, 1.6 * len(budgets) + 4.5), 4.2), layout="constrained")
+    ax = fig.subplots()
+    seen: set = set()
+    for i, budget in enumerate(budgets):
+        total = _stack(ax, i, [(r.component, r.gib) for r in budget.rows], seen)
+        device_gib = budget.device_bytes / 2**30
+        ax.hlines(device_gib, i - 0.4, i + 0.4, colors="black", linewidth=2)
+        verdict = "fits" if budget.fits else "OOM"
+        ax.annotate(f"{total:.1f} / {device_gib:.0f} GiB\n{verdict}", (i, max(total, device_gib)), ha="center",
+                    va="bottom", fontsize=8, color="black" if budget.fits else "#c00000")
+    ax.set_xticks(list(range(len(budgets))), labels, fontsize=8)
+    ax.set_ylabel("GiB")
+    ax.set_ylim(0, max(max(b.used_bytes, b.device_bytes) for b in budgets) / 2**30 * 1.22)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7, frameon=False)
+    ax.set_title(title or "device memory at the training peak (black line: device)")
+    return fig
+
+
+def plot_memory_budget(budget, title: str | None = None) -> Figure:
+    """One plan: the device's memory at the training peak (left) and the trainer's total per phase (right)."""
+    fig = Figure(figsize=(9.0, 4.2), layout="constrained")
+    ax_device, ax_phases = fig.subplots(1, 2, width_ratios=[1, 1.6])
+    seen: set = set()
+    total = _stack(ax_device, 0, [(r.component, r.gib) for r in budget.rows], seen, width=0.5)
+    device_gib = budget.device_bytes / 2**30
+    ax_device.axhline(device_gib, color="black", linewidth=2)
+    vllm_floor = sum(r.gib for r in budget.rows if r.side == "training")
+    ax_device.axhline(vllm_floor, color="#c55a11", linestyle=":", linewidth=1)
+    ax_device.annotate(f"vLLM: {budget.vllm_gpu_memory_utilization:.2f} × {device_gib:.0f} GiB", (0.3, vllm_floor),
+                       fontsize=7, va="bottom", color="#c55a11")
+    ax_device.set_xticks([0], [f"{total:.1f} / {device_gib:.0f} GiB"], fontsize=8)
+    ax_device.set_xlim(-0.6, 1.2)
+    ax_device.set_ylim(0, max(total, device_gib) * 1.15)
+    ax_device.set_ylabel("GiB")
+    ax_device.set_title("fits" if budget.fits else "does NOT fit", color="black" if budget.fits else "#c00000")
+    phases = list(budget.phases)
+    for i, phase in enumerate(phases):
+        gib = budget.phases[phase] / 2**30
+        ax_phases.bar(i, gib, 0.6, color="#2e75b6" if phase == budget.peak_phase else "#9dc3e6")
+        ax_phases.annotate(f"{gib:.1f}", (i, gib), ha="center", va="bottom", fontsize=8)
+    ax_phases.set_xticks(list(range(len(phases))), [p.replace(" ", "\n", 1) for p in phases], fontsize=8)
+    ax_phases.set_ylim(0, max(budget.phases.values()) / 2**30 * 1.2)
+    ax_phases.set_title("trainer's memory per phase of a step (dark: peak)", fontsize=9)
+    ax_device.legend(loc="upper left", bbox_to_anchor=(0.0, -0.12), fontsize=7, frameon=False, ncol=2)
+    fig.suptitle(title or f"{budget.model.name}, {budget.precision.name}, micro-batch "
+                          f"{budget.shape.per_device_train_batch_size}, {budget.shape.sequence_length} tokens")
+    return fig

@@ -1,0 +1,334 @@
+"""Measured vs predicted memory on a CUDA GPU; writes results/gpu_<part>.json and results/gpu.md.
+
+Parts (``--part``, several allowed):
+
+* ``train-step``: one GRPO step (``grpo_step.py``) of Qwen2.5-0.5B- and 1.5B-shaped models with random weights,
+  each phase's ``torch.cuda.max_memory_allocated`` against ``grpo_lab.memory.training_phases``.
+* ``vllm``: vLLM alone (``load_format="dummy"``) at several ``gpu_memory_utilization`` values, one process
+  each; the KV cache vLLM reports (blocks × block size, and its "Available KV cache memory" line) against
+  the planner's ``utilization × total − (weights + activations + runtime)``.
+* ``colocate``: TRL ``GRPOTrainer`` with ``vllm_mode="colocate"`` on a 0.5B-shaped model (random weights,
+  the course's tiny tokenizer); the training-side peak (allocated during loss, backward and optimizer step,
+  minus what vLLM keeps resident) against the planner, and the device's used memory against the budget.
+
+No network and no model hub: configs come from ``data/configs``. Run from the repository root (each call
+under ten minutes; parts measured in separate calls land in separate files)::
+
+    PYTHONPATH=/tmp/grpo-gpu-site:$PWD python3 benchmarks/memory/measure_gpu.py --part train-step vllm --out DIR
+    PYTHONPATH=/tmp/grpo-gpu-site:$PWD python3 benchmarks/memory/measure_gpu.py --part colocate --out DIR
+    python benchmarks/memory/measure_gpu.py --render --out benchmarks/memory/results   # after copying them
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parents[1])]
+
+from grpo_step import PHASES, grpo_step, padded_batch, random_model  # noqa: E402
+
+from grpo_lab.memory import (  # noqa: E402
+    CONFIG_DIR, GIB, ModelShape, TrainingShape, get_precision, plan_memory, training_phases, vllm_non_kv_bytes)
+
+MIB = 2**20
+COMMAND = "PYTHONPATH=/tmp/grpo-gpu-site:$PWD python3 benchmarks/memory/measure_gpu.py --part {parts} --out DIR"
+TRAIN_STEP_CASES = [
+    # config, precision, batch, prompt, completion, checkpointing
+    ("qwen2.5-0.5b", "bf16", 16, 256, 256, True),
+    ("qwen2.5-0.5b", "bf16", 16, 256, 256, False),
+    ("qwen2.5-0.5b", "bf16", 8, 256, 1024, True),
+    ("qwen2.5-0.5b", "mixed", 8, 256, 256, True),
+    ("qwen2.5-1.5b", "bf16", 8, 256, 512, True),
+]
+VLLM_UTILIZATIONS = (0.2, 0.4, 0.6)
+VLLM_SHAPE = {"max_model_len": 512, "max_num_seqs": 64, "max_num_batched_tokens": 4096}
+COLOCATE = {"vllm_gpu_memory_utilization": 0.3, "per_device_train_batch_size": 16, "num_generations": 4,
+            "max_completion_length": 256, "steps": 3}
+DTYPES = {"bf16": torch.bfloat16, "mixed": torch.float32}
+
+
+def train_step_case(config_name, precision, batch, prompt, completion, checkpointing) -> dict:
+    torch.cuda.empty_cache()
+    model = random_model(CONFIG_DIR / f"{config_name}.json", DTYPES[precision], checkpointing, device="cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+    ids, mask = padded_batch(batch, prompt, completion, model.config.vocab_size, device="cuda")
+    autocast = torch.bfloat16 if precision == "mixed" else None
+    grpo_step(model, optimizer, ids, mask, completion, mark=lambda _: None, autocast_dtype=autocast)  # AdamW states
+    measured: dict[str, int] = {}
+
+    def mark(phase: str) -> None:
+        torch.cuda.synchronize()
+        measured[phase] = torch.cuda.max_memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    grpo_step(model, optimizer, ids, mask, completion, mark=mark, autocast_dtype=autocast)
+    training = TrainingShape(per_device_train_batch_size=batch, num_generations=batch, prompt_length=prompt,
+                             max_completion_length=completion, gradient_checkpointing=checkpointing)
+    phases = training_phases(ModelShape.from_config(CONFIG_DIR / f"{config_name}.json"), get_precision(precision),
+                             training, lm_head_kernel="triton")
+    predicted = {name: sum(parts.values()) for name, parts in phases.items()}
+    peak, peak_predicted = max(measured.values()), max(predicted.values())
+    del model, optimizer
+    torch.cuda.empty_cache()
+    return {"part": "train-step", "case": f"{config_name}, {precision}, B={batch}, {prompt}+{completion}, "
+            f"checkpointing {'on' if checkpointing else 'off'}",
+            "measured_phases_mib": {k: round(measured[k] / MIB, 1) for k in PHASES},
+            "predicted_phases_mib": {k: round(v / MIB, 1) for k, v in predicted.items()},
+            "measured_peak_mib": round(peak / MIB, 1), "predicted_peak_mib": round(peak_predicted / MIB, 1),
+            "measured_peak_phase": max(measured, key=measured.get),
+            "predicted_peak_phase": max(predicted, key=predicted.get),
+            "error": round((peak_predicted - peak) / peak, 4)}
+
+
+def write_config_dir(config_name: str, out: Path) -> Path:
+    values = {k: v for k, v in json.loads((CONFIG_DIR / f"{config_name}.json").read_text()).items()
+              if not k.startswith("_")}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(values))
+    return out
+
+
+def vllm_child(model_dir: str, utilization: float) -> None:
+    """One vLLM engine (in this process), one batch of generation; prints a JSON line."""
+    from vllm import LLM, SamplingParams
+
+    total = torch.cuda.mem_get_info()[1]
+    start = time.perf_counter()
+    llm = LLM(model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+              gpu_memory_utilization=utilization, **VLLM_SHAPE)
+    init_seconds = time.perf_counter() - start
+    cache = llm.llm_engine.vllm_config.cache_config
+    prompts = [{"prompt_token_ids": list(range(10 + i % 7, 200 + i % 7))} for i in range(VLLM_SHAPE["max_num_seqs"])]
+    llm.generate(prompts, SamplingParams(max_tokens=256, ignore_eos=True, detokenize=False), use_tqdm=False)
+    free, total = torch.cuda.mem_get_info()
+    print("RESULT " + json.dumps({"num_gpu_blocks": cache.num_gpu_blocks, "block_size": cache.block_size,
+                                  "device_total": total, "device_used_after_generate": total - free,
+                                  "init_seconds": round(init_seconds, 1)}), flush=True)
+
+
+def vllm_case(utilization: float, model_dir: Path, shape: ModelShape) -> dict:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run([sys.executable, __file__, "--vllm-child", str(model_dir), str(utilization)],
+                          capture_output=True, text=True, env=env, timeout=420)
+    log = done.stdout + done.stderr
+    result_line = [line for line in log.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not result_line:
+        return {"part": "vllm", "case": f"vLLM alone, utilization {utilization}", "error_log": log[-3000:]}
+    child = json.loads(result_line[-1][len("RESULT "):])
+    total = child["device_total"]
+    kv_per_token = shape.kv_cache_bytes_per_token(2)
+    measured_kv = child["num_gpu_blocks"] * child["block_size"] * kv_per_token
+    non_kv_parts = vllm_non_kv_bytes(shape, 2, VLLM_SHAPE["max_num_seqs"], VLLM_SHAPE["max_num_batched_tokens"])
+    requested = math.ceil(total * utilization)  # vLLM's request_memory
+    predicted_kv = requested - sum(non_kv_parts.values())
+
+    def logged(pattern: str) -> float | None:
+        found = re.findall(pattern, log)
+        return float(found[-1]) if found else None
+
+    return {"part": "vllm", "case": f"vLLM alone, 0.5B-shaped, utilization {utilization}",
+            "utilization": utilization, "device_total_gib": round(total / GIB, 2),
+            "requested_gib": round(requested / GIB, 2),
+            "measured_kv_gib": round(measured_kv / GIB, 3), "predicted_kv_gib": round(predicted_kv / GIB, 3),
+            "logged_available_kv_gib": logged(r"Available KV cache memory: ([\d.]+) GiB"),
+            "logged_model_loading_gib": logged(r"Model loading took ([\d.]+) GiB"),
+            "logged_graph_capture_gib": logged(r"Graph capturing finished in \d+ secs, took ([\d.]+) GiB"),
+            "measured_non_kv_gib": round((requested - measured_kv) / GIB, 3),
+            "predicted_non_kv_gib": {k: round(v / GIB, 3) for k, v in non_kv_parts.items()},
+            "device_used_after_generate_gib": round(child["device_used_after_generate"] / GIB, 2),
+            "error": round((predicted_kv - measured_kv) / measured_kv, 4), "init_seconds": child["init_seconds"]}
+
+
+def colocate_child(model_dir: str) -> None:
+    """TRL GRPOTrainer with colocated vLLM; prints a JSON line with the measured peaks."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    rows = [json.loads(line) for line in (HERE.parents[1] / "data" / "train.jsonl").read_text().splitlines()[:512]]
+    steps = COLOCATE["steps"]
+    record: dict = {"steps": []}
+
+    class Peaks(TrainerCallback):
+        """Peak allocated memory of generation + scoring, then of loss + backward + optimizer step."""
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.in_loss = False
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            torch.cuda.synchronize()
+            free, total = torch.cuda.mem_get_info()
+            record["steps"].append({"train_peak": torch.cuda.max_memory_allocated(),
+                                    "generation_peak": record.pop("generation_peak", None),
+                                    "reserved_peak": torch.cuda.max_memory_reserved(), "device_used": total - free})
+
+    callback = Peaks()
+
+    class MeasuredTrainer(GRPOTrainer):
+        def compute_loss(self, *args, **kwargs):
+            if not callback.in_loss:  # first micro-batch of the step: generation and scoring are done
+                callback.in_loss = True
+                torch.cuda.synchronize()
+                record["generation_peak"] = torch.cuda.max_memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+            return super().compute_loss(*args, **kwargs)
+
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(), use_vllm=True, vllm_mode="colocate", bf16=True,
+                      vllm_gpu_memory_utilization=COLOCATE["vllm_gpu_memory_utilization"],
+                      per_device_train_batch_size=COLOCATE["per_device_train_batch_size"],
+                      num_generations=COLOCATE["num_generations"],
+                      max_completion_length=COLOCATE["max_completion_length"],
+                      vllm_max_model_length=512, generation_kwargs={"ignore_eos": True}, max_steps=steps,
+                      learning_rate=1e-6, logging_steps=1, report_to=[], save_strategy="no", seed=0)
+    allocated_before = torch.cuda.memory_allocated()
+    trainer = MeasuredTrainer(model=model_dir, args=args, callbacks=[callback],
+                              reward_funcs=lambda completions, **_: [float(len(str(c)) % 3) for c in completions],
+                              train_dataset=Dataset.from_list([{"prompt": r["prompt"]} for r in rows]))
+    torch.cuda.synchronize()
+    record["allocated_after_init"] = torch.cuda.memory_allocated() - allocated_before
+    on_gpu = next(trainer.model.parameters()).is_cuda
+    record["policy_weight_bytes"] = sum(p.numel() * p.element_size() for p in trainer.model.parameters()) * on_gpu
+    tok = trainer.processing_class
+    record["prompt_length"] = max(len(tok(tok.apply_chat_template(r["prompt"], add_generation_prompt=True,
+                                                                  tokenize=False), add_special_tokens=False).input_ids)
+                                  for r in rows)
+    record["gradient_checkpointing"] = args.gradient_checkpointing
+    record["steps_per_generation"] = args.steps_per_generation
+    free, total = torch.cuda.mem_get_info()
+    record["device_total"], record["device_used_after_init"] = total, total - free
+    trainer.train()
+    print("RESULT " + json.dumps(record), flush=True)
+
+
+def colocate_case(model_dir: Path) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--colocate-child", str(model_dir)], capture_output=True,
+                          text=True, timeout=560)
+    log = done.stdout + done.stderr
+    result_line = [line for line in log.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not result_line:
+        return {"part": "colocate", "case": "TRL GRPOTrainer, colocated vLLM", "error_log": log[-3000:]}
+    r = json.loads(result_line[-1][len("RESULT "):])
+    vllm_resident = r["allocated_after_init"] - r["policy_weight_bytes"]
+    later = r["steps"][1:] or r["steps"]  # from step 2 on the AdamW states exist
+    measured_training = max(s["train_peak"] for s in later) - vllm_resident
+    budget = plan_memory(CONFIG_DIR / "qwen2.5-0.5b.json", precision="bf16", device_memory_gib=r["device_total"] / GIB,
+                         device_kind="cuda", vllm_gpu_memory_utilization=COLOCATE["vllm_gpu_memory_utilization"],
+                         per_device_train_batch_size=COLOCATE["per_device_train_batch_size"],
+                         num_generations=COLOCATE["num_generations"], prompt_length=r["prompt_length"],
+                         max_completion_length=COLOCATE["max_completion_length"],
+                         gradient_checkpointing=r["gradient_checkpointing"],
+                         steps_per_generation=r["steps_per_generation"])
+    predicted_training = budget.training_peak_bytes
+    return {"part": "colocate",
+            "case": f"TRL GRPOTrainer colocate, 0.5B-shaped, utilization {COLOCATE['vllm_gpu_memory_utilization']}, "
+                    f"B={COLOCATE['per_device_train_batch_size']}, n={COLOCATE['num_generations']}, "
+                    f"{r['prompt_length']}+{COLOCATE['max_completion_length']}",
+            "measured_peak_mib": round(measured_training / MIB, 1),
+            "predicted_peak_mib": round(predicted_training / MIB, 1), "predicted_peak_phase": budget.peak_phase,
+            "error": round((predicted_training - measured_training) / measured_training, 4),
+            "vllm_resident_gib": round(vllm_resident / GIB, 2),
+            "predicted_vllm_gib": round(budget.vllm_bytes / GIB, 2),
+            "device_used_max_gib": round(max(s["device_used"] for s in r["steps"]) / GIB, 2),
+            "reserved_peak_gib": round(max(s["reserved_peak"] for s in r["steps"]) / GIB, 2),
+            "predicted_device_used_gib": round((budget.training_peak_bytes + budget.vllm_bytes) / GIB, 2),
+            "raw": r}
+
+
+def write_results(new: list[dict], out: Path, parts: list[str]) -> None:
+    """One ``gpu_<part>.json`` per part measured now, then ``gpu.md`` from every part found in ``out``."""
+    import transformers
+
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": COMMAND.format(parts=" ".join(parts)), "device": torch.cuda.get_device_name(0),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+    for name in ("vllm", "trl"):
+        try:
+            meta[name] = __import__(name).__version__
+        except ImportError:
+            meta[name] = None
+    for part in dict.fromkeys(r["part"] for r in new):
+        rows = [r for r in new if r["part"] == part]
+        (out / f"gpu_{part}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
+    render(out)
+
+
+def render(out: Path) -> None:
+    """Write ``gpu.md`` from the ``gpu_*.json`` files in ``out`` (runs anywhere, no GPU needed)."""
+    parts = [json.loads(path.read_text()) for path in sorted(out.glob("gpu_*.json"))]
+    lines = ["# Memory on a GPU: measured vs predicted", ""]
+    for meta in {json.dumps(p["meta"], sort_keys=True): p["meta"] for p in parts}.values():
+        lines.append(f"Command: `{meta['command']}` on {meta['device']} (torch {meta['torch']}, transformers "
+                     f"{meta['transformers']}, vLLM {meta['vllm']}, TRL {meta['trl']}).")
+    lines += ["", "| part | case | measured | predicted | error |", "|---|---|---|---|---|"]
+    for r in (r for p in parts for r in p["results"]):
+        if "error_log" in r:
+            lines.append(f"| {r['part']} | {r['case']} | failed (log in gpu_{r['part']}.json) | | |")
+        elif r["part"] == "vllm":
+            lines.append(f"| vllm | {r['case']} | KV {r['measured_kv_gib']:.2f} GiB (non-KV {r['measured_non_kv_gib']:.2f}) "
+                         f"| KV {r['predicted_kv_gib']:.2f} GiB (non-KV {sum(r['predicted_non_kv_gib'].values()):.2f}) "
+                         f"| {r['error']:+.1%} |")
+        else:
+            phase = f" ({r['measured_peak_phase']})" if "measured_peak_phase" in r else ""
+            lines.append(f"| {r['part']} | {r['case']} | training peak {r['measured_peak_mib']:.0f} MiB{phase} | "
+                         f"{r['predicted_peak_mib']:.0f} MiB ({r['predicted_peak_phase']}) | {r['error']:+.1%} |")
+    (out / "gpu.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", nargs="+", choices=("train-step", "vllm", "colocate"), default=["train-step"])
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--vllm-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--colocate-child", help=argparse.SUPPRESS)
+    parser.add_argument("--render", action="store_true", help="only rebuild gpu.md from the gpu_*.json in --out")
+    args = parser.parse_args(argv)
+    if args.render:
+        return render(args.out)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # FlashInfer is not in the GPU bundle
+    if args.vllm_child:
+        return vllm_child(args.vllm_child[0], float(args.vllm_child[1]))
+    if args.colocate_child:
+        return colocate_child(args.colocate_child)
+    if not torch.cuda.is_available():
+        raise SystemExit("measure_gpu.py needs a CUDA GPU; on CPU run benchmarks/memory/measure_cpu.py.")
+    results = []
+    work = Path(tempfile.mkdtemp(prefix="grpo-lab-memory-"))
+    if "train-step" in args.part:
+        for case in TRAIN_STEP_CASES:
+            results.append(train_step_case(*case))
+            print(json.dumps(results[-1]), flush=True)
+    if "vllm" in args.part:
+        model_dir = write_config_dir("qwen2.5-0.5b", work / "dummy-0.5b")
+        shape = ModelShape.from_config(model_dir)
+        for utilization in VLLM_UTILIZATIONS:
+            results.append(vllm_case(utilization, model_dir, shape))
+            print(json.dumps(results[-1]), flush=True)
+    if "colocate" in args.part:
+        from standin import save_random_model
+
+        model_dir = save_random_model(CONFIG_DIR / "qwen2.5-0.5b.json", work / "random-0.5b")
+        results.append(colocate_case(model_dir))
+        print(json.dumps(results[-1]), flush=True)
+    write_results(results, args.out, args.part)
+    print((args.out / "gpu.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

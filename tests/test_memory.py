@@ -1,0 +1,211 @@
+"""grpo_lab.memory: each component against hand-computed values, the seed's 2B / 32 GB example, bad input."""
+
+import json
+import math
+
+import pytest
+
+from grpo_lab import memory
+from grpo_lab.memory import (GIB, DoesNotFitError, MemoryPlanError, ModelShape, TrainingShape, course_configs,
+                             get_precision, plan_memory, recommendation_table, training_phases)
+
+CONFIGS = course_configs()
+QWEN_05B = CONFIGS["qwen2.5-0.5b"]
+P_05B = 494_032_768  # Qwen2.5-0.5B's published parameter count
+
+
+def plan(config=QWEN_05B, **kwargs):
+    kwargs.setdefault("device_memory_gib", 80)
+    kwargs.setdefault("device_kind", "cuda")
+    return plan_memory(config, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_parameter_count_matches_transformers(name):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = {k: v for k, v in json.loads(CONFIGS[name].read_text()).items() if not k.startswith("_")}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**values))
+    assert ModelShape.from_config(CONFIGS[name]).num_parameters == sum(p.numel() for p in model.parameters())
+
+
+def test_qwen_05b_shape_and_kv_cache():
+    shape = ModelShape.from_config(QWEN_05B)
+    assert shape.num_parameters == P_05B
+    assert (shape.head_dim, shape.q_dim, shape.kv_dim) == (64, 896, 128)
+    assert shape.kv_cache_bytes_per_token(2) == 24 * 2 * 64 * 2 * 2 == 12_288
+    explicit = ModelShape.from_config({"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                                       "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                                       "vocab_size": 151936, "tie_word_embeddings": True})
+    assert explicit.kv_cache_bytes_per_token(2) == 28 * 8 * 128 * 2 * 2  # head_dim is read, not derived
+
+
+def test_config_sources_agree(tmp_path):
+    values = json.loads(QWEN_05B.read_text())
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    from transformers import AutoConfig
+
+    transformers_config = AutoConfig.for_model(**{k: v for k, v in values.items() if not k.startswith("_")})
+    shapes = [ModelShape.from_config(x, name="m") for x in (QWEN_05B, tmp_path, values, transformers_config)]
+    assert len(set(shapes)) == 1
+
+
+def test_static_components_hand_computed():
+    shape = ModelShape.from_config(QWEN_05B)
+    training = TrainingShape(per_device_train_batch_size=4, num_generations=4, beta=0.04)
+    for precision, (w, g, s) in {"bf16": (2, 2, 4), "mixed": (4, 4, 8), "fp32": (4, 4, 8)}.items():
+        step = training_phases(shape, get_precision(precision), training, "triton")["optimizer step"]
+        assert step == {"policy weights": P_05B * w, "AdamW states": P_05B * s, "reference model": P_05B * w,
+                        "gradients": P_05B * g}
+
+
+def test_activations_hand_computed():
+    shape = ModelShape.from_config(QWEN_05B)
+    h, i, q, heads, layers, v = 896, 4864, 896, 14, 24, 151936
+    bf16, fp32, mixed = (get_precision(p) for p in ("bf16", "fp32", "mixed"))
+    # per token and layer: two RMSNorms (fp32 upcast + normalised + output), q/k/v/out of attention, MLP
+    assert memory.activation_bytes_per_token_per_layer(shape, bf16) == 2 * (4 * h + 4 * h) + 8 * q + 4 * heads + 8 * i
+    assert memory.activation_bytes_per_token_per_layer(shape, fp32) == 2 * (4 * h + 8 * h) + 16 * q + 4 * heads + 16 * i
+    assert memory.activation_bytes_per_token_per_layer(shape, mixed) == 26 * h + 8 * q + 4 * heads + 8 * i
+
+    b, prompt, completion = 2, 8, 8
+    t, n = prompt + completion, b * (prompt + completion)
+    training = TrainingShape(per_device_train_batch_size=b, num_generations=2, prompt_length=prompt,
+                             max_completion_length=completion, gradient_checkpointing=False)
+    phase = training_phases(shape, bf16, training, "triton")["LM-head backward"]
+    per_layer = n * 60_472 + b * t * t * 2
+    outside = n * (4 * h + 2 * h) + b * completion * 2 * h + b * t * t
+    assert phase["activations saved for backward"] == layers * per_layer + outside
+    tile = min(b * completion, 4096) * 32768 * 2
+    assert phase["LM-head backward buffers"] == tile + v * h * 4 + b * completion * h * 4 + v * h * 2 + b * completion * h * 2
+    checkpointed = training_phases(shape, bf16, TrainingShape(per_device_train_batch_size=b, num_generations=2,
+                                                              prompt_length=prompt, max_completion_length=completion),
+                                   "triton")
+    assert checkpointed["LM-head backward"]["activations saved for backward"] == layers * n * 2 * h + outside
+    assert checkpointed["layer backward"]["recomputed layer"] == per_layer
+
+
+def test_vllm_side_and_kv_cache():
+    budget = plan(vllm_gpu_memory_utilization=0.3, per_device_train_batch_size=8, num_generations=8,
+                  prompt_length=256, max_completion_length=256)
+    rows = {r.component: r.bytes for r in budget.rows}
+    assert rows["vLLM weights"] == P_05B * 2
+    non_kv = rows["vLLM weights"] + rows["vLLM activations"] + rows["vLLM runtime (non-torch, CUDA graphs)"]
+    assert rows["vLLM KV cache"] == math.ceil(80 * GIB * 0.3) - non_kv
+    assert budget.sequences_in_kv_cache == rows["vLLM KV cache"] // (12_288 * 16) // (512 // 16)
+    assert budget.vllm_bytes == math.ceil(80 * GIB * 0.3)
+    assert budget.free_bytes == budget.device_bytes - budget.used_bytes
+
+
+def test_seed_2b_on_32gb_npu():
+    seed = CONFIGS["seed-2b-shaped"]
+    shape = dict(device_memory_gib=32, device_kind="npu", per_device_train_batch_size=8, num_generations=8,
+                 prompt_length=256, max_completion_length=256)
+    budget = plan_memory(seed, **shape)
+    params = budget.model.num_parameters
+    assert 1.95e9 < params < 2.05e9
+    step = {r: v for r, v in training_phases(budget.model, budget.precision, budget.shape, "torch")["optimizer step"].items()}
+    assert step["policy weights"] / 1e9 == pytest.approx(4.0, abs=0.1)  # the seed's "weights ≈ 4 GB"
+    assert step["AdamW states"] / 1e9 == pytest.approx(8.0, abs=0.2)
+    assert step["gradients"] / 1e9 == pytest.approx(4.0, abs=0.1)
+    assert budget.fits and 0.3 <= budget.recommended.vllm_gpu_memory_utilization <= 0.4
+    too_much = plan_memory(seed, vllm_gpu_memory_utilization=0.6, **shape)
+    assert not too_much.fits and too_much.free_bytes < 0
+    assert "vllm_gpu_memory_utilization down first" in too_much.advice
+    with pytest.raises(DoesNotFitError, match="use at most 0.4"):
+        too_much.check()
+
+
+def test_knob_order_checkpointing_then_batch():
+    no_checkpointing = plan(device_memory_gib=40, per_device_train_batch_size=64, num_generations=8,
+                            prompt_length=512, max_completion_length=1024, gradient_checkpointing=False)
+    assert not no_checkpointing.fits and "gradient_checkpointing" in no_checkpointing.advice
+    big_batch = plan(CONFIGS["qwen2.5-1.5b"], device_memory_gib=24, per_device_train_batch_size=64,
+                     num_generations=8, prompt_length=512, max_completion_length=1024)
+    assert not big_batch.fits
+    assert "per_device_train_batch_size first: 64 →" in big_batch.advice
+    smaller = int(big_batch.advice.split("64 → ")[1].split()[0])
+    assert plan(CONFIGS["qwen2.5-1.5b"], device_memory_gib=24, per_device_train_batch_size=smaller,
+                num_generations=8, prompt_length=512, max_completion_length=1024).fits
+
+
+def test_cannot_fit_at_any_batch_says_what_would():
+    budget = plan(CONFIGS["qwen2.5-3b"], device_memory_gib=24, beta=0.04, per_device_train_batch_size=4,
+                  num_generations=4)
+    assert not budget.fits
+    assert "Cannot fit at any batch size" in budget.advice and "It would fit with" in budget.advice
+    assert "a device with at least" in budget.advice and "beta=0" in budget.advice and "server mode" in budget.advice
+    with pytest.raises(DoesNotFitError, match="Cannot fit at any batch size"):
+        budget.check()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"per_device_train_batch_size": 0}, "per_device_train_batch_size must be a positive integer"),
+    ({"prompt_length": -5}, "prompt_length must be a positive integer"),
+    ({"max_completion_length": 0}, "max_completion_length must be a positive integer"),
+    ({"num_generations": 1}, "num_generations must be at least 2"),
+    ({"beta": -0.1}, "beta must be >= 0"),
+    ({"per_device_train_batch_size": 3, "num_generations": 4, "steps_per_generation": 1}, "not a multiple"),
+    ({"vllm_gpu_memory_utilization": 0}, r"in \(0, 1\]"),
+    ({"vllm_gpu_memory_utilization": 1.2}, r"in \(0, 1\]"),
+    ({"device_memory_gib": 0}, "device_memory_gib must be a positive number"),
+    ({"device_memory_gib": -8}, "device_memory_gib must be a positive number"),
+    ({"device_kind": "tpu"}, "device_kind must be cuda, npu or cpu"),
+    ({"precision": "int4"}, "Unknown precision 'int4'"),
+    ({"optimizer": "sgd"}, "Only AdamW is modelled"),
+    ({"margin_gib": -1}, "margin_gib must be >= 0"),
+    ({"num_generation": 4}, "Unknown training field"),
+])
+def test_bad_input(kwargs, message):
+    with pytest.raises(MemoryPlanError, match=message):
+        plan(**kwargs)
+
+
+def test_bad_configs(tmp_path):
+    with pytest.raises(MemoryPlanError, match="lacks intermediate_size, vocab_size"):
+        ModelShape.from_config({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4})
+    with pytest.raises(MemoryPlanError, match="hidden_size must be a positive integer"):
+        ModelShape.from_config({"hidden_size": 0, "intermediate_size": 8, "num_hidden_layers": 2,
+                                "num_attention_heads": 4, "vocab_size": 10})
+    with pytest.raises(FileNotFoundError, match="No config.json"):
+        ModelShape.from_config(tmp_path / "missing")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(MemoryPlanError, match="not valid JSON"):
+        ModelShape.from_config(tmp_path)
+
+
+def test_default_device_memory_comes_from_device_module(monkeypatch):
+    from grpo_lab import device
+
+    monkeypatch.setattr(device, "detect", lambda: "cuda")
+    monkeypatch.setattr(device, "memory_info", lambda kind=None: device.MemoryInfo(48 * GIB, 40 * GIB))
+    budget = plan_memory(QWEN_05B)
+    assert budget.device_bytes == 48 * GIB and budget.device_kind == "cuda"
+
+
+def test_table_text_and_html():
+    budget = plan(per_device_train_batch_size=8, num_generations=8)
+    text, page = str(budget), budget._repr_html_()
+    for component in ("policy weights", "AdamW states", "vLLM KV cache", "runtime margin", "free"):
+        assert component in text and component in page
+    assert page.startswith("<table>") and "recommended: vllm_gpu_memory_utilization=" in text
+    assert [r["component"] for r in budget.table()][-1] == "free"
+
+
+def test_recommendation_table_covers_devices_and_models():
+    models = {k: CONFIGS[k] for k in ("tiny-qwen2", "qwen2.5-0.5b", "qwen2.5-3b")}
+    rows = recommendation_table(models, num_generations=8, prompt_length=256, max_completion_length=256)
+    assert len(rows) == len(memory.COMMON_DEVICES) * 3
+    h200_3b = next(r for r in rows if r["device"].startswith("H200") and r["model"] == "qwen2.5-3b")
+    assert h200_3b["fits"] and 0 < h200_3b["vllm_gpu_memory_utilization"] < 1
+    small_3b = next(r for r in rows if r["device"].startswith("24 GB") and r["model"] == "qwen2.5-3b")
+    assert not small_3b["fits"] and "Cannot fit" in small_3b["advice"]
+
+
+def test_tiny_config_matches_shipped_model():
+    shipped = memory.REPO_ROOT / "data" / "models" / "tiny-qwen2" / "config.json"
+    if not shipped.is_file():
+        pytest.skip("the tiny model is not built in this checkout")
+    assert ModelShape.from_config(shipped, name="t") == ModelShape.from_config(CONFIGS["tiny-qwen2"], name="t")
