@@ -106,7 +106,6 @@ def vllm_child(model_dir: str, utilization: float) -> None:
     """One vLLM engine (in this process), one batch of generation; prints a JSON line."""
     from vllm import LLM, SamplingParams
 
-    total = torch.cuda.mem_get_info()[1]
     start = time.perf_counter()
     llm = LLM(model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
               gpu_memory_utilization=utilization, **VLLM_SHAPE)
