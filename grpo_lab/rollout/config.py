@@ -151,6 +151,10 @@ class RolloutConfig:
             device.check_kind(self.device_kind)
         for name, managed in (("vllm_options", VLLM_MANAGED_ARGUMENTS), ("hf_generate_options", HF_MANAGED_ARGUMENTS)):
             clash = sorted(set(getattr(self, name)) & set(managed))
+            if "trust_remote_code" in clash:
+                raise ValueError(f"{name} sets trust_remote_code: the engine never runs code shipped with a model "
+                                 "folder; pick a model whose architecture transformers and vLLM support natively "
+                                 "(Qwen2, Llama, ...)")
             if clash:
                 raise ValueError(f"{name} sets {clash}, which the engine sets itself: use the RolloutConfig field "
                                  f"of that name (or, for generate's own arguments, Sampling) instead")
