@@ -18,3 +18,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "accelerator" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def restore_environment():
+    """Undo what a test module leaves in os.environ (TRL's colocate mode sets RANK, MASTER_PORT and
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 for the whole process), so later tests and the notebook kernels that
+    nbmake starts from this process see a clean environment."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
