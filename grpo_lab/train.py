@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import device as device_module
+from grpo_lab.models import ModelIntegrityError
 from grpo_lab.profiles import Profile, get_profile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -227,6 +228,10 @@ def check_batch_shape(config: TrainConfig) -> None:
             f"(per_device_train_batch_size × gradient_accumulation_steps = {batch}), so a prompt's group would be "
             f"split. Use num_generations in {fits}, or per_device_train_batch_size = a multiple of "
             f"{config.num_generations} (e.g. {config.num_generations * max(1, batch // config.num_generations)}).")
+    utilization = config.vllm_gpu_memory_utilization
+    if utilization is not None and not 0 < utilization <= 1:
+        raise ValueError(f"vllm_gpu_memory_utilization={utilization} is outside (0, 1]: it is the fraction of the "
+                         "device's memory vLLM may take; notebook 04 computes it (0.3 is the seed's choice).")
 
 
 def model_max_length(model_config: Any) -> int | None:
@@ -850,7 +855,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides.setdefault("live_plot", False)
     try:
         result = train(TrainConfig(**overrides))
-    except (ValueError, FileNotFoundError, FileExistsError, TrainingDivergedError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, TrainingDivergedError, ModelIntegrityError,
+            device_module.DeviceError) as error:
         print(f"grpo-lab train: {error}")
         return 2
     print(f"done: {result.global_step} steps in {result.seconds:.0f} s; run folder {result.run_dir}, "
