@@ -1,0 +1,220 @@
+"""The benchmark: roofline arithmetic, alternation and medians, the results schema, and small real runs.
+
+Fast except two end-to-end runs: HF generate plus a one-step GRPO trainer (~20 s), and the only vLLM engine
+these tests start (~40 s on two cores), which checks fixed lengths, drawn lengths and prefix isolation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from matplotlib.figure import Figure
+
+from grpo_lab import bench
+from grpo_lab.bench import DeviceRates, ModelCost, roofline
+from grpo_lab.plots import plot_bench
+from grpo_lab.rollout import RolloutConfig, Sampling, load_tokenizer
+from grpo_lab.rollout.engine import check_completion_lengths
+
+REPO = Path(__file__).resolve().parent.parent
+COMMITTED_CPU = REPO / "benchmarks" / "results" / "cpu" / "bench_tiny.json"
+TOY = ModelCost(params=1000, embedding_params=100, tied_embeddings=True, bytes_per_param=2, layers=1,
+                attention_width=4, kv_bytes_per_token=8)
+SLOW_DEVICE = DeviceRates(kind="cpu", name="toy", dtype="bfloat16", bandwidth_bytes_per_s=1000.0,
+                          matmul_flops_per_s=10_000.0)
+
+
+# ---- roofline -------------------------------------------------------------------------------------------
+def test_roofline_adds_prefill_and_decode_steps_by_hand():
+    # prompt of 2 tokens, one completion of 3: the prefill makes token 1, two decode steps make tokens 2 and 3
+    result = roofline(TOY, SLOW_DEVICE, [2], [[3]])
+    prefill_bytes = 1000 * 2 + 8 * 2                       # weights once + KV of the prompt
+    prefill_flops = 2 * 900 * 2 + 4 * 1 * 4 * (1 + 2)      # non-embedding weights x tokens + causal attention
+    step_bytes = [2000 + 8 * 3, 2000 + 8 * 4]             # weights + KV of the context (3, then 4 tokens)
+    step_flops = [2 * 1000 + 16 * 3, 2 * 1000 + 16 * 4]   # tied output layer counts as a matmul
+    assert result.decode_steps == 2 and result.new_tokens == 3
+    assert result.prefill_s == pytest.approx(max(prefill_bytes / 1000, prefill_flops / 10_000))
+    assert result.decode_s == pytest.approx(sum(b / 1000 for b in step_bytes))
+    assert result.seconds == pytest.approx(6.072)
+    assert result.memory_s == pytest.approx(6.072)
+    assert result.compute_s == pytest.approx((prefill_flops + sum(step_flops)) / 10_000)
+    assert result.bound == "memory"
+    assert result.tokens_per_s == pytest.approx(3 / 6.072)
+
+
+def test_roofline_is_compute_bound_when_matmuls_are_slow_and_only_live_sequences_cost():
+    slow_math = DeviceRates(kind="cpu", name="toy", dtype="bfloat16", bandwidth_bytes_per_s=1e12,
+                            matmul_flops_per_s=1e6)
+    both = roofline(TOY, slow_math, [2, 2], [[3, 1], [2, 2]])
+    assert both.bound == "compute" and both.decode_steps == 2 and both.new_tokens == 8
+    # step 0: three sequences still running (lengths 3, 2, 2), step 1: one (length 3)
+    expected_decode = ((2 * 1000 * 3 + 16 * (3 + 3 + 3)) + (2 * 1000 * 1 + 16 * 4)) / 1e6
+    assert both.decode_s == pytest.approx(expected_decode, rel=1e-6)
+    with pytest.raises(ValueError, match="2 prompt lengths but completion lengths for 1"):
+        roofline(TOY, slow_math, [2, 2], [[3]])
+
+
+def test_model_cost_counts_the_real_qwen_shapes_and_the_tiny_model():
+    from transformers import Qwen2Config
+
+    from grpo_lab.models import load_model_and_tokenizer, resolve_model
+    from grpo_lab.rollout.compare import SHAPES
+
+    half = bench.model_cost(Qwen2Config(**SHAPES["qwen2.5-0.5b"]), "bfloat16")
+    assert half.params == 494_032_768 and half.tied_embeddings  # Qwen2.5-0.5B's published count
+    assert half.param_bytes == 2 * 494_032_768
+    assert half.kv_bytes_per_token == 2 * 24 * 2 * 64 * 2      # K and V x layers x kv heads x head dim x bf16
+    one_and_half = bench.model_cost(Qwen2Config(**SHAPES["qwen2.5-1.5b"]), "bfloat16")
+    assert one_and_half.params == 1_543_714_304
+    tiny = bench.model_cost(resolve_model(), "float32")
+    model, _ = load_model_and_tokenizer(resolve_model(), dtype="float32")
+    assert tiny.params == sum(p.numel() for p in model.parameters()) and tiny.bytes_per_param == 4
+
+
+def test_measure_device_reports_positive_rates():
+    rates = bench.measure_device("cpu", "float32", copy_bytes=8 * 2**20, gemm_size=128, repeats=2)
+    assert rates.bandwidth_bytes_per_s > 1e8 and rates.matmul_flops_per_s > 1e8
+    assert "GB/s" in rates.describe()
+
+
+# ---- timing logic ---------------------------------------------------------------------------------------
+def test_median_and_alternating_orders():
+    assert bench.median([3.0, 1.0, 2.0]) == 2.0
+    assert bench.median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    orders = bench.alternating_orders(("hf", "vllm", "vllm+prefix"), 4)
+    assert orders == [["hf", "vllm", "vllm+prefix"], ["vllm", "vllm+prefix", "hf"],
+                      ["vllm+prefix", "hf", "vllm"], ["hf", "vllm", "vllm+prefix"]]
+    assert {order[0] for order in orders[:3]} == {"hf", "vllm", "vllm+prefix"}  # each config leads once
+
+
+def test_measurement_takes_the_median_of_tokens_per_second():
+    class Result:
+        def __init__(self, seconds, tokens):
+            self.generate_s, self.new_tokens, self.outputs = seconds, tokens, []
+
+    m = bench.Measurement()
+    for seconds, tokens in ((2.0, 100), (1.0, 100), (4.0, 100)):
+        m.times_s.append(seconds)
+        m.new_tokens.append(tokens)
+    assert m.median_s == 2.0 and m.tokens_per_s == 50.0
+
+
+def test_draw_lengths_are_seeded_and_in_range():
+    lengths = bench.draw_lengths(64, 4, 256)
+    assert lengths == bench.draw_lengths(64, 4, 256)
+    flat = [v for row in lengths for v in row]
+    assert min(flat) >= 16 and max(flat) <= 256 and len(set(flat)) > 50
+
+
+def test_seed_workload_prompts_are_about_the_target_length():
+    from grpo_lab.models import resolve_model
+    from grpo_lab.rollout import encode_prompts
+
+    tokenizer = load_tokenizer(resolve_model())
+    rows = bench.seed_workload(tokenizer, 12, 128)
+    lengths = [len(p.token_ids) for p in encode_prompts(tokenizer, [r["prompt"] for r in rows])]
+    assert all(120 <= n <= 130 for n in lengths), lengths
+    assert len({r["prompt"][0]["content"] for r in rows}) == 12 and all(r["answer"] for r in rows)
+
+
+def test_bad_profile_and_lengths_and_engine_options_are_refused():
+    with pytest.raises(ValueError, match="unknown bench profile"):
+        bench.get_bench_profile("huge")
+    with pytest.raises(ValueError, match="repeats=0"):
+        bench.get_bench_profile("tiny", repeats=0)
+    sampling = Sampling(n=2, max_tokens=8)
+    assert check_completion_lengths([[1, 8]], 1, sampling) == ((1, 8),)
+    with pytest.raises(ValueError, match=r"lengths\[0\]=\[1, 9\]"):
+        check_completion_lengths([[1, 9]], 1, sampling)
+    with pytest.raises(ValueError, match="one row per prompt"):
+        check_completion_lengths([[1, 2]], 2, sampling)
+    with pytest.raises(ValueError, match="min_tokens=9"):
+        Sampling(max_tokens=8, min_tokens=9)
+    with pytest.raises(ValueError, match="vllm_options sets \\['enable_prefix_caching'\\]"):
+        RolloutConfig(vllm_options={"enable_prefix_caching": False})
+    assert bench._key_value("async_scheduling=true") == ("async_scheduling", True)
+    assert bench._key_value("cache_implementation=static") == ("cache_implementation", "static")
+
+
+def test_step_split_and_bottleneck():
+    profile = bench.get_bench_profile("tiny", grpo_warmup_steps=1)
+    records = [{"timing/generation_s": 9.0, "timing/reward_s": 0.5, "completions/mean_length": 10.0},
+               {"timing/generation_s": 3.0, "timing/reward_s": 0.5, "completions/mean_length": 32.0},
+               {"timing/generation_s": 4.0, "timing/reward_s": 0.5, "completions/mean_length": 32.0}]
+    step = bench._step_summary([20.0, 5.0, 6.0], records, profile, "HF generate")
+    assert step["step_s"] == [5.0, 6.0] and step["update_s"] == [1.5, 1.5]
+    assert step["median"] == {"step_s": 5.5, "generation_s": 3.5, "reward_s": 0.5, "update_s": 1.5,
+                              "mean_completion_tokens": 32.0}
+    verdict = bench.bottleneck({**step, "completions_per_step": 64})
+    assert verdict["generation_tokens_per_s"] == pytest.approx(64 * 32 / 3.5)
+    assert verdict["training_samples_per_s"] == pytest.approx(64 / 1.5)
+    assert verdict["verdict"] == "generation-bound"
+
+
+# ---- results schema ---------------------------------------------------------------------------------------
+def _minimal_results() -> dict:
+    return {"schema": bench.SCHEMA, "created": "now", "command": "", "profile": {}, "parts": ["rollout"],
+            "model": {"path": "m", "weights": "real", "dtype": "float32", "params": 1}, "environment": {},
+            "load_average": {}, "notes": [],
+            "rollout": {"workload": {}, "method": "", "configs": {}, "settings": {}, "load_s": {},
+                        "variants": {"fixed": {"lengths": "", "sampling": {}, "speedup_vs_hf": {},
+                                               "configs": {"hf": {"times_s": [1.0], "median_s": 1.0,
+                                                                  "new_tokens": [8], "tokens_per_s": 8.0}}}}},
+            "grpo_step": {"skipped": "not in --parts"}}
+
+
+def test_check_results_names_every_missing_key():
+    results = _minimal_results()
+    assert bench.check_results(results) is results
+    del results["environment"]
+    del results["rollout"]["variants"]["fixed"]["configs"]["hf"]["median_s"]
+    with pytest.raises(ValueError, match=r"environment, .*rollout\.variants\.fixed\.configs\.hf\.median_s"):
+        bench.check_results(results)
+
+
+@pytest.mark.skipif(not COMMITTED_CPU.is_file(), reason="no committed CPU results yet")
+def test_the_committed_cpu_results_follow_the_schema():
+    results = bench.load_results(COMMITTED_CPU)
+    assert results["model"]["weights"] == "real"
+    assert set(results["rollout"]["variants"]) == {"fixed", "ragged"}
+    assert "CPU timings are noisy" in " ".join(results["notes"])
+
+
+# ---- small real runs --------------------------------------------------------------------------------------
+def test_hf_end_to_end_with_a_grpo_step_writes_json_and_plot(tmp_path):
+    profile = bench.get_bench_profile("tiny", num_prompts=4, n=2, prompt_tokens=48, max_tokens=8, warmup=0,
+                                      repeats=2, grpo_steps=1, grpo_warmup_steps=0, grpo_batch_size=4)
+    results = bench.run_bench(profile, configs=("hf",), grpo_backends=("hf",), progress=False)
+    variants = results["rollout"]["variants"]
+    fixed, ragged = variants["fixed"]["configs"]["hf"], variants["ragged"]["configs"]["hf"]
+    assert fixed["new_tokens"] == [8 * 8, 8 * 8] and fixed["mean_completion_tokens"] == 8.0
+    drawn = sum(map(sum, bench.draw_lengths(4, 2, 8)))
+    assert ragged["new_tokens"] == [drawn, drawn]
+    assert fixed["roofline"]["seconds"] > 0 and fixed["x_roofline_time"] > 1
+    step = results["grpo_step"]["backends"]["hf"]
+    assert len(step["step_s"]) == 1 and step["median"]["generation_s"] > 0
+    assert results["environment"]["device"]["kind"] == "cpu"
+    json_path, png_path = bench.save_results(results, tmp_path, "bench_test")
+    assert bench.load_results(json_path)["model"]["params"] == results["model"]["params"]
+    assert png_path.stat().st_size > 10_000
+    figure = plot_bench(results)
+    assert isinstance(figure, Figure) and len(figure.axes) == 2
+    assert "fixed" in bench.summary(results) and "GRPO step" in bench.summary(results)
+    assert "vLLM colocate not measured" in " ".join(results["notes"])
+
+
+def test_vllm_fixed_drawn_lengths_and_prefix_isolation_on_one_engine():
+    profile = bench.get_bench_profile("tiny", num_prompts=4, n=2, prompt_tokens=80, max_tokens=8, warmup=0,
+                                      repeats=1)
+    results = bench.run_bench(profile, configs=("vllm", "vllm+prefix"), parts=("rollout",), progress=False)
+    rollout = results["rollout"]
+    assert rollout["load_s"]["vllm"] == rollout["load_s"]["vllm+prefix"]  # one engine served both configs
+    assert "cache salt" in rollout["prefix_off"]
+    drawn = sum(map(sum, bench.draw_lengths(4, 2, 8)))
+    for name in ("vllm", "vllm+prefix"):
+        assert rollout["variants"]["fixed"]["configs"][name]["new_tokens"] == [4 * 2 * 8]
+        assert rollout["variants"]["ragged"]["configs"][name]["new_tokens"] == [drawn]
+    assert rollout["settings"]["vllm+prefix"]["vllm_options"] == {"block_size": 32}
+    assert json.loads(json.dumps(results, default=str))["schema"] == bench.SCHEMA
