@@ -81,7 +81,7 @@ class StackCheck:
             return f"Installed versions match the '{self.stack.name}' stack ({self.stack.status})."
         pins = " ".join(f"{d.package}=={d.wanted}" for d in self.differences)
         return (f"To match the '{self.stack.name}' stack: make install STACK={self.stack.name}   "
-                f"(or: pip install {pins} -c {self.stack.path})")
+                f"(or: pip install {pins} -c grpo_lab/stacks/{self.stack.name}.txt)")
 
 
 def _normalise(name: str) -> str:
