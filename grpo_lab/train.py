@@ -13,7 +13,13 @@ above-average completions more likely. This module only configures and wraps tha
 * :class:`MetricsLogger`: per-step reward (total and per function), std, KL, entropy, completion length,
   clip ratio and the generation / update time split, to ``metrics.jsonl`` and a live plot;
 * a run folder: ``config.json``, ``metrics.jsonl``, ``curves.png``, ``checkpoints/checkpoint-N`` (safetensors,
-  every ``save_steps``), ``final/`` (the trained model, with a manifest).
+  every ``save_steps``), ``final/`` (the trained model, with a manifest);
+* crash safety: checkpoints and ``final/`` are written under ``<run>/.partial/`` and renamed into place only once
+  complete (:func:`publish_folder`), so a process killed at any moment (SIGKILL, the OOM killer, a preempted job)
+  never leaves a half-written ``checkpoint-N`` to be loaded; ``resume_from_checkpoint=True`` continues from the
+  newest checkpoint, ``metrics.jsonl`` drops the steps after it, and the run ends at the same ``max_steps``.
+  A reward function that raises is handled as ``reward_errors`` says (stop with a message, or skip the sample).
+  ``GRPO_LAB_FAULT`` (:func:`fault_point`) kills the process at a chosen point, for the crash tests.
 
 Example (CPU, a few seconds)::
 
@@ -34,6 +40,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -43,6 +50,7 @@ from typing import Any
 from grpo_lab import device as device_module
 from grpo_lab.models import ModelIntegrityError
 from grpo_lab.profiles import Profile, get_profile
+from grpo_lab.rewards import RewardValidationError, ValidatedReward, get_reward, validate_reward
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUNS_DIR = REPO_ROOT / "runs"
@@ -52,6 +60,10 @@ FINAL = "final"
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
 CONFIG_FILE = "config.json"
+PARTIAL = ".partial"
+"""Folder of a run where checkpoints and ``final/`` are written before they are renamed into place."""
+FAULT_ENV = "GRPO_LAB_FAULT"
+REWARD_ERROR_MODES = ("raise", "skip")
 
 NAN_ADVICE = ("What to do: train in bf16 rather than fp16 (fp16 overflows), check every reward function for "
               "inf/NaN (wrap it with grpo_lab.rewards.validate_reward), and lower learning_rate. Nothing was written "
@@ -108,6 +120,12 @@ class TrainConfig:
     rewards: tuple[str, ...] = ("correctness",)
     """Names from ``grpo_lab.rewards`` (``list_rewards()``)."""
     reward_weights: tuple[float, ...] | None = None
+    reward_errors: str = "raise"
+    """A reward function that raises (or, for the named ``rewards``, returns NaN/inf or a non-number): ``"raise"``
+    stops the run before that step's update with a message naming the function, the sample and the fix (the
+    checkpoints stay intact: fix it, then resume); ``"skip"`` records None for the sample and goes on, counting
+    such samples in the metric ``rewards/<name>/skipped``. TRL leaves a None out of that function's mean; a sample
+    that no reward scores is left out of its group's baseline and gets advantage 0."""
     # sizes shared with the other notebooks (None: from the profile)
     num_generations: int | None = None
     per_device_train_batch_size: int | None = None
@@ -299,8 +317,17 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def check_checkpoint(path: str | Path) -> Path:
-    """Raise :class:`CheckpointError` unless ``path`` is a complete checkpoint (weights, optimizer, state)."""
+    """Raise :class:`CheckpointError` unless ``path`` is a complete checkpoint (weights, optimizer, state).
+
+    Checkpoints written by :func:`train` are complete by construction (:func:`publish_folder`); this check guards
+    folders from elsewhere (a copy cut short, another tool) and refuses anything under ``.partial/``.
+    """
     path = Path(path)
+    if path.parent.name == PARTIAL:
+        raise CheckpointError(
+            f"{path} is a save that was interrupted: checkpoints are written under {PARTIAL}/ and renamed into "
+            f"{CHECKPOINTS}/ only once complete, so it is never loaded. Resume with resume_from_checkpoint=True "
+            f"(the newest complete checkpoint in {CHECKPOINTS}/).")
     if not path.is_dir():
         siblings = list_checkpoints(path.parent.parent) if path.parent.name == CHECKPOINTS else []
         hint = (f"available: {', '.join(p.name for p in siblings)}" if siblings
@@ -323,14 +350,52 @@ def resolve_resume(run_dir: Path, resume: str | bool | None) -> Path | None:
     if resume is True or str(resume).lower() in ("true", "latest"):
         found = list_checkpoints(run_dir)
         if not found:
-            raise CheckpointError(f"resume_from_checkpoint=True but {run_dir / CHECKPOINTS} holds no checkpoint; "
-                                  f"start a fresh run (resume_from_checkpoint=None) or pass a checkpoint path.")
+            interrupted = sorted(p.name for p in (Path(run_dir) / PARTIAL).glob("checkpoint-*"))
+            note = f" (only {PARTIAL}/{interrupted[0]}, a save that was interrupted)" if interrupted else ""
+            raise CheckpointError(f"resume_from_checkpoint=True but {run_dir / CHECKPOINTS} holds no checkpoint"
+                                  f"{note}; start a fresh run (resume_from_checkpoint=None) or pass a checkpoint path.")
         return check_checkpoint(found[-1])
     return check_checkpoint(resume)
 
 
 def checkpoint_step(path: Path) -> int:
     return int(json.loads((path / "trainer_state.json").read_text())["global_step"])
+
+
+def publish_folder(staged: Path, target: Path) -> Path:
+    """Move a completely written folder to ``target`` with a rename: ``target`` is then absent or complete.
+
+    Why: the Trainer writes a checkpoint file by file (weights, optimizer, scheduler, RNG, state); a process killed
+    in between would leave a ``checkpoint-N`` that looks like the newest. Writing into ``<run>/.partial/`` and
+    renaming within one file system is atomic, so the process can die at any moment. (This covers a killed
+    process; surviving a power cut would also need fsync, which the savers do not do.) An existing ``target`` (a
+    run resumed from an older checkpoint saves that step again) is renamed aside first, then deleted; the
+    emptied ``.partial/`` is removed.
+    """
+    staged, target = Path(staged), Path(target)
+    if target.exists():
+        aside = staged.parent / f"replaced-{target.name}"
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(target, aside)
+        os.rename(staged, target)
+        shutil.rmtree(aside)
+    else:
+        os.rename(staged, target)
+    try:
+        staged.parent.rmdir()
+    except OSError:  # not empty: another save is staged there
+        pass
+    return target
+
+
+def discard_interrupted_saves(run_dir: Path) -> None:
+    """Delete ``<run>/.partial/`` (saves that never completed), saying so; nothing there is ever loaded."""
+    folder = Path(run_dir) / PARTIAL
+    if folder.is_dir():
+        names = sorted(p.name for p in folder.iterdir())
+        if names:
+            print(f"Deleting {folder} ({', '.join(names)}): a save interrupted when the run stopped; never loaded.")
+        shutil.rmtree(folder)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -346,12 +411,24 @@ def _in_notebook() -> bool:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The per-step records of a run's ``metrics.jsonl`` (or of the run folder holding it)."""
+    """The per-step records of a run's ``metrics.jsonl`` (or of the run folder holding it).
+
+    A last line cut short (the process was killed while appending it) is left out: that step was not
+    checkpointed yet, so a resumed run trains and logs it again.
+    """
     path = Path(path)
     path = path / METRICS_FILE if path.is_dir() else path
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise
+    return records
 
 
 try:
@@ -378,9 +455,11 @@ class MetricsLogger(_CallbackBase):
         if resume_step is not None:  # keep the log up to the checkpoint; the steps after it are trained again
             self.records = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("w", encoding="utf-8") as handle:
+        rewritten = self.path.with_name(self.path.name + ".tmp")  # then renamed: a kill never leaves half a log
+        with rewritten.open("w", encoding="utf-8") as handle:
             for record in self.records:
                 handle.write(json.dumps(record) + "\n")
+        os.replace(rewritten, self.path)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "reward" not in logs:  # the end-of-training summary has no reward
@@ -395,7 +474,9 @@ class MetricsLogger(_CallbackBase):
         self.records.append(record)
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
-        for key in ("loss", "reward"):
+        # reward_errors="skip" that skipped every sample of a step logs a NaN reward: nothing diverged
+        all_skipped = any(key.endswith("/skipped") and value > 0 for key, value in record.items())
+        for key in ("loss", "reward") if not all_skipped else ("loss",):
             if key in record and not math.isfinite(record[key]):
                 raise TrainingDivergedError(f"the {key} is {record[key]} at step {state.global_step}. {NAN_ADVICE}")
         if self.live_plot and len(self.records) % self.plot_every == 0:
@@ -461,34 +542,76 @@ def _quiet_progress_bar(trainer) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# Fault injection (for the crash tests)
+# --------------------------------------------------------------------------------------------------
+def fault_point(point: str, step: int) -> None:
+    """SIGKILL this process when ``GRPO_LAB_FAULT="<point>:<step>"``; otherwise do nothing.
+
+    The trainer calls it at three points of every step N: ``generation`` (inside the HF ``generate`` of step N,
+    at its first forward pass), ``update`` (step N's gradients computed, the optimizer step not yet applied) and
+    ``checkpoint`` (checkpoint-N's weights written, its optimizer state not yet). SIGKILL cannot be caught, so
+    nothing gets to clean up: what is on disk then is what a crash leaves. ``tests/test_faults.py`` uses it::
+
+        GRPO_LAB_FAULT=checkpoint:4 grpo-lab train --profile tiny --max-steps 6 --save-steps 2 --output-dir run
+        grpo-lab train --profile tiny --max-steps 6 --save-steps 2 --output-dir run --resume-from-checkpoint true
+    """
+    if os.environ.get(FAULT_ENV) == f"{point}:{step}":
+        print(f"{FAULT_ENV}: SIGKILL at {point} of step {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------------------------------
 # The trainer
 # --------------------------------------------------------------------------------------------------
 def _trainer_class():
-    """``GRPOTrainer`` plus timing of generation and rewards, a NaN guard and the vLLM-CPU sync fix."""
+    """``GRPOTrainer`` plus timings, a NaN guard, reward-error handling, atomic checkpoints and the vLLM-CPU sync."""
     import torch
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
     from trl import GRPOTrainer
 
     from grpo_lab import vllm_cpu_sync
 
     class GRPOLabTrainer(GRPOTrainer):
-        """TRL's GRPOTrainer, unchanged in what it computes; it only adds timings, a NaN guard and the CPU sync."""
+        """TRL's GRPOTrainer, unchanged in what it computes. It adds timings, a NaN guard, reward errors that say
+        what to do (and ``rewards/<name>/skipped`` counts), checkpoints renamed into place once complete, and the
+        CPU sync."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.vllm_cpu_sync_installed = bool(self.use_vllm and vllm_cpu_sync.install(self.vllm_generation))
+            self._staging: Path | None = None
 
         def _generate(self, prompts):
             start = time.perf_counter()
-            result = super()._generate(prompts)
+            step = self.state.global_step + 1
+            hook = (self.model.register_forward_hook(lambda *_: fault_point("generation", step))
+                    if os.environ.get(FAULT_ENV) else None)
+            try:
+                result = super()._generate(prompts)
+            finally:
+                if hook is not None:
+                    hook.remove()
             self._metrics["train" if self.model.training else "eval"]["timing/generation_s"].append(
                 time.perf_counter() - start)
             return result
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
             start = time.perf_counter()
-            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-            self._metrics["train" if self.model.training else "eval"]["timing/reward_s"].append(
-                time.perf_counter() - start)
+            mode = "train" if self.model.training else "eval"
+            skipping = [(fn, len(fn.issues)) for fn in self.reward_funcs
+                        if isinstance(fn, ValidatedReward) and fn.mode == "skip"]
+            try:
+                rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            except RewardValidationError as error:
+                raise RewardValidationError(
+                    f"{error} This was at step {self.state.global_step + 1}, before its update: nothing of that step "
+                    f"was applied and every saved checkpoint is intact. Fix the function and continue with "
+                    f"resume_from_checkpoint=True (same output_dir), or set reward_errors='skip' to record None for "
+                    f"such samples and go on.") from error
+            self._metrics[mode]["timing/reward_s"].append(time.perf_counter() - start)
+            for fn, seen in skipping:
+                skipped = sum(len(completions) if issue.index is None else 1 for issue in fn.issues[seen:])
+                self._metrics[mode][f"rewards/{fn.__name__}/skipped"].append(float(skipped))
             if torch.isinf(rewards).any():
                 bad = [self.reward_func_names[j] for j in range(rewards.shape[1]) if torch.isinf(rewards[:, j]).any()]
                 raise TrainingDivergedError(f"reward function(s) {bad} returned inf at step {self.state.global_step}."
@@ -500,16 +623,76 @@ def _trainer_class():
             if not torch.isfinite(loss).all():
                 raise TrainingDivergedError(f"the loss is {loss.item()} at step {self.state.global_step + 1} "
                                             f"(before the optimizer step). {NAN_ADVICE}")
+            fault_point("update", self.state.global_step + 1)
             return loss
+
+        def _save_checkpoint(self, model, trial):
+            """The Trainer's save, into ``<run>/.partial/checkpoint-N``, then renamed into ``checkpoints/``."""
+            checkpoints = Path(super()._get_output_dir(trial))
+            name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            staging = checkpoints.parent / PARTIAL
+            if self.args.should_save:
+                shutil.rmtree(staging / name, ignore_errors=True)
+            self.accelerator.wait_for_everyone()
+            self._staging = staging  # _get_output_dir answers with it while the Trainer writes
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self._staging = None
+            self.accelerator.wait_for_everyone()
+            if self.args.should_save:
+                publish_folder(staging / name, checkpoints / name)
+                rotate_checkpoints(output_dir=str(checkpoints), save_total_limit=self.args.save_total_limit,
+                                   best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+
+        def _get_output_dir(self, trial):
+            return str(self._staging) if self._staging is not None else super()._get_output_dir(trial)
+
+        def _save_optimizer_and_scheduler(self, output_dir):
+            fault_point("checkpoint", self.state.global_step)
+            super()._save_optimizer_and_scheduler(output_dir)
 
     return GRPOLabTrainer
 
 
-def build_reward_funcs(names: Sequence[str]) -> list[Callable]:
-    """Reward functions from the registry, each wrapped with ``validate_reward`` (raise on NaN/inf/bad output)."""
-    from grpo_lab.rewards import get_reward, validate_reward
+def check_reward_errors(mode: str) -> None:
+    if mode not in REWARD_ERROR_MODES:
+        raise ValueError(f"reward_errors={mode!r}: use 'raise' (stop at a broken reward with a message saying what "
+                         f"to fix) or 'skip' (record None for that sample and go on).")
 
-    return [validate_reward(get_reward(name), mode="raise") for name in names]
+
+def build_reward_funcs(names: Sequence[str], mode: str = "raise") -> list[Callable]:
+    """Reward functions from the registry, each wrapped with ``validate_reward(fn, mode)``: NaN, inf, a non-number or
+    an exception stops the run (``"raise"``) or becomes None for that sample (``"skip"``)."""
+    check_reward_errors(mode)
+    return [validate_reward(get_reward(name), mode=mode) for name in names]
+
+
+class _ExceptionsNamed(ValidatedReward):
+    """``validate_reward(fn, "raise")`` without the checks of each value: they pass as returned (the trainer's
+    guard stops on inf), while an exception, a non-list or a wrong count stops with a message."""
+
+    def _check_value(self, index: int, value: Any) -> Any:
+        return value
+
+
+def guard_reward_funcs(funcs: Sequence[Callable], mode: str = "raise") -> list[Callable]:
+    """Your own reward functions, handled as ``reward_errors`` says.
+
+    A function you already wrapped with ``validate_reward`` keeps its mode. Otherwise, ``"skip"`` wraps it with
+    ``validate_reward(fn, "skip")``; ``"raise"`` turns an exception into a ``RewardValidationError`` that names
+    the function, the sample and the fix. Reward models (``torch.nn.Module``) are left as they are.
+    """
+    import torch
+
+    check_reward_errors(mode)
+    guarded = []
+    for fn in funcs:
+        if isinstance(fn, (ValidatedReward, torch.nn.Module)):
+            guarded.append(fn)
+        else:
+            guarded.append(validate_reward(fn, mode="skip") if mode == "skip" else _ExceptionsNamed(fn))
+    return guarded
 
 
 def load_train_rows(config: TrainConfig) -> list[dict[str, Any]]:
@@ -605,15 +788,16 @@ class TrainResult:
 def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_funcs: Sequence[Callable] | None = None):
     """A ready ``GRPOTrainer`` (our thin subclass) for a resolved config; checks every input first.
 
-    ``reward_funcs`` replaces ``config.rewards`` with your own functions in TRL's signature.
+    ``reward_funcs`` replaces ``config.rewards`` with your own functions in TRL's signature (handled as
+    ``config.reward_errors`` says, see :func:`guard_reward_funcs`).
     """
     from grpo_lab.data import to_dataset
     from grpo_lab.models import load_model_and_tokenizer
     from grpo_lab.rewards import check_reward_signature
 
     check_batch_shape(config)
-    if reward_funcs is None:
-        reward_funcs = build_reward_funcs(config.rewards)
+    reward_funcs = (build_reward_funcs(config.rewards, config.reward_errors) if reward_funcs is None
+                    else guard_reward_funcs(reward_funcs, config.reward_errors))
     for fn in reward_funcs:
         check_reward_signature(fn)
     names = [getattr(fn, "__name__", type(fn).__name__) for fn in reward_funcs]
@@ -648,6 +832,7 @@ def _prepare_run_dir(config: TrainConfig) -> tuple[Path, Path | None]:
         raise FileExistsError(f"{run_dir} already holds a run. Continue it with resume_from_checkpoint=True, or "
                               f"choose another output_dir (nothing was changed).")
     run_dir.mkdir(parents=True, exist_ok=True)
+    discard_interrupted_saves(run_dir)
     return run_dir, resume
 
 
@@ -667,7 +852,8 @@ def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
           reward_funcs: Sequence[Callable] | None = None) -> TrainResult:
     """Run GRPO as configured and return a :class:`TrainResult`; the run folder holds everything it wrote.
 
-    ``reward_funcs`` (optional) replaces the named ``config.rewards`` with your own functions.
+    ``reward_funcs`` (optional) replaces the named ``config.rewards`` with your own functions. A run killed at any
+    point continues with ``resume_from_checkpoint=True`` (see :func:`publish_folder` and :func:`fault_point`).
     """
     from grpo_lab.models import write_manifest
 
@@ -694,15 +880,15 @@ def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
         print(f"Stopped at step {budget[0].stopped_at} of {config.max_steps} after max_minutes={config.max_minutes}; "
               f"continue with resume_from_checkpoint=True and the same output_dir.")
 
-    final_dir = run_dir / FINAL
-    if final_dir.exists():
-        shutil.rmtree(final_dir)
-    trainer.save_model(str(final_dir))
-    trainer.processing_class.save_pretrained(str(final_dir))
-    write_manifest(final_dir, {"name": f"{run_dir.name}/{FINAL}", "description": "GRPO-trained by grpo_lab.train",
-                               "base_model": config.model if not Path(config.model).is_absolute()
-                               else Path(config.model).name,
-                               "global_step": trainer.state.global_step, "train_config": config.to_dict()})
+    staged = run_dir / PARTIAL / FINAL  # written there, then renamed to final/ (see publish_folder)
+    shutil.rmtree(staged, ignore_errors=True)
+    trainer.save_model(str(staged))
+    trainer.processing_class.save_pretrained(str(staged))
+    write_manifest(staged, {"name": f"{run_dir.name}/{FINAL}", "description": "GRPO-trained by grpo_lab.train",
+                            "base_model": config.model if not Path(config.model).is_absolute()
+                            else Path(config.model).name,
+                            "global_step": trainer.state.global_step, "train_config": config.to_dict()})
+    final_dir = publish_folder(staged, run_dir / FINAL)
     return TrainResult(run_dir=run_dir, final_model_dir=final_dir, global_step=trainer.state.global_step,
                        max_steps=config.max_steps, seconds=seconds, backend=trainer.backend_reason,
                        metrics=logger.records, trainer=trainer)
