@@ -279,3 +279,16 @@ def test_verls_validate_config_accepts_the_batch_arithmetic(npu_export):
     check = V.validate_overrides(npu_export.absolute_overrides(), deep=True)
     assert check.ok, check.problems
     assert "verl.utils.config.validate_config" in check.methods
+
+
+@needs_verl_config
+@pytest.mark.skipif(importlib.util.find_spec("hydra") is None, reason="needs hydra-core to compose verl's config")
+def test_launch_script_arguments_compose_in_verls_hydra(npu_export, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    args, _ = _run_launch_script(npu_export, tmp_path)
+    with initialize_config_dir(config_dir=str(verl_config.config_dir), version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=args[2:])
+    assert config.data.train_files == str(npu_export.folder.resolve() / V.TRAIN_FILE)
+    assert config.actor_rollout_ref.rollout.n == 4 and config.actor_rollout_ref.actor.optim.lr == 5e-6
+    assert list(config.trainer.logger) == ["console"] and config.trainer.device == "npu"
