@@ -912,21 +912,38 @@ def load_results(path: str | Path) -> dict[str, Any]:
 def committed_rollout_table(folder: str | Path) -> str:
     """A table of every rollout result in a folder of committed runs: this module's ``*.json`` and the older
     ``grpo-lab rollout --json`` files (one backend, no variants)."""
-    lines = [f"{'file':<36}{'model':<29}{'variant':<9}{'config':<13}{'new tokens':>11}{'tok/s':>9}{'vs hf':>8}"]
+    lines = [f"{'file':<36}{'model':<31}{'variant':<9}{'config':<13}{'new tokens':>11}{'tok/s':>9}{'vs hf':>8}"]
     for path in sorted(Path(folder).glob("*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("schema") == SCHEMA and data.get("rollout"):
             for variant, block in data["rollout"]["variants"].items():
                 for name, r in block["configs"].items():
                     ratio = block["speedup_vs_hf"].get(name, 1.0 if name == "hf" else float("nan"))
-                    lines.append(f"{path.name:<36}{data['model']['path']:<29}{variant:<9}{name:<13}"
+                    lines.append(f"{path.name:<36}{data['model']['path']:<31}{variant:<9}{name:<13}"
                                  f"{median(r['new_tokens']):>11,.0f}{r['tokens_per_s']:>9,.0f}{ratio:>7.2f}x")
         elif "results" in data and "settings" in data:  # grpo-lab rollout --json: one call, no variants
             settings = data["settings"]
-            model = f"{settings['shape']} (random)" if settings.get("shape") else str(settings.get("model"))
+            model = f"{settings['shape']} (random)" if settings.get("shape") else str(settings.get("model") or "the tiny model")
             for name, r in data["results"].items():
-                lines.append(f"{path.name:<36}{model:<29}{'as run':<9}{name:<13}{r['new_tokens']:>11,}"
+                lines.append(f"{path.name:<36}{model:<31}{'as run':<9}{name:<13}{r['new_tokens']:>11,}"
                              f"{r['tokens_per_s']:>9,.0f}{'-':>8}")
+    return "\n".join(lines)
+
+
+def committed_grpo_table(folder: str | Path) -> str:
+    """A table of every GRPO-step result in a folder of committed runs: median step, generation, update per backend."""
+    lines = [f"{'file':<36}{'model':<31}{'backend':<9}{'step s':>8}{'gen s':>8}{'update s':>9}{'vs hf':>8}"]
+    for path in sorted(Path(folder).glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        step = data.get("grpo_step") if data.get("schema") == SCHEMA else None
+        if not step or "backends" not in step:
+            continue
+        hf = step["backends"].get("hf", {}).get("median", {}).get("step_s")
+        for name, r in step["backends"].items():
+            m = r["median"]
+            ratio = f"{hf / m['step_s']:>7.2f}x" if hf else f"{'-':>8}"
+            lines.append(f"{path.name:<36}{data['model']['path']:<31}{name:<9}{m['step_s']:>8.2f}"
+                         f"{m['generation_s']:>8.2f}{m['update_s']:>9.2f}{ratio}")
     return "\n".join(lines)
 
 
