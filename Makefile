@@ -16,6 +16,8 @@ ifeq ($(wildcard $(STACK_FILE)),)
 $(error Unknown STACK=$(STACK): use cpu, cuda or npu (stack files are in grpo_lab/stacks/))
 endif
 RUN_DIR ?= runs/course
+VERL_VERSION ?= 0.9.1
+VERL_WHEEL := .cache/verl/verl-$(VERL_VERSION)-py3-none-any.whl
 LAB_PORT ?= 8888
 LAB_ARGS ?=
 
@@ -52,8 +54,16 @@ $(STAMP): pyproject.toml $(STACK_FILE)
 course: install
 	$(PY) -m grpo_lab.course --out $(RUN_DIR)
 
-test: install browser
-	$(PY) -m pytest -q --nbmake --nbmake-timeout=1500 tests notebooks
+test: install browser $(VERL_WHEEL)
+	GRPO_LAB_VERL_SOURCE=$$(test -f $(VERL_WHEEL) && echo $(abspath $(VERL_WHEEL))) $(PY) -m pytest -q --nbmake --nbmake-timeout=1500 tests notebooks
+
+# verl's own config schema, to check the verl export against (notebook 07, tests/test_verl_export.py): the wheel
+# is downloaded, never installed. Best effort: without it those checks skip and say so.
+$(VERL_WHEEL): | install
+	@mkdir -p $(dir $@)
+	@$(PY) -m pip download --quiet --disable-pip-version-check --no-deps --dest $(dir $@) verl==$(VERL_VERSION) \
+	  2>&1 | { grep -v "^WARNING: Location" || true; }; \
+	  test -f $@ || echo "verl $(VERL_VERSION) not downloaded: the verl schema checks will be skipped"
 
 # The widget test drives Debian's chromium (never a downloaded browser). Best effort: without root or
 # apt-get the test skips and says why.

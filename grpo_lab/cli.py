@@ -8,6 +8,7 @@
     grpo-lab train [--profile P ...]    a GRPO run (TRL GRPOTrainer), run folder with metrics and checkpoints
     grpo-lab bench --profile tiny       HF vs vLLM vs prefix caching, ratios and roofline
     grpo-lab serve [FOLDER] [--ask MSG] serve a model folder with vLLM (127.0.0.1, optional API key)
+    grpo-lab verl-export --out DIR      the same experiment as verl inputs: parquet, compute_score, config, launch
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ SUBCOMMANDS = {
     "train": ("grpo_lab.train", "a GRPO run with TRL GRPOTrainer from a profile plus overrides"),
     "bench": ("grpo_lab.bench", "rollout (and GRPO step) benchmark: HF vs vLLM vs prefix caching, roofline"),
     "serve": ("grpo_lab.deploy", "verify a model folder and serve it with vLLM's OpenAI-compatible server"),
+    "verl-export": ("grpo_lab.verl_export", "write verl's GRPO inputs (parquet, compute_score, Hydra overrides, "
+                                            "launch script) from a training config"),
 }
 
 
