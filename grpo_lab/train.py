@@ -353,7 +353,8 @@ def resolve_resume(run_dir: Path, resume: str | bool | None) -> Path | None:
             interrupted = sorted(p.name for p in (Path(run_dir) / PARTIAL).glob("checkpoint-*"))
             note = f" (only {PARTIAL}/{interrupted[0]}, a save that was interrupted)" if interrupted else ""
             raise CheckpointError(f"resume_from_checkpoint=True but {run_dir / CHECKPOINTS} holds no checkpoint"
-                                  f"{note}; start a fresh run (resume_from_checkpoint=None) or pass a checkpoint path.")
+                                  f"{note}: nothing was saved before it stopped, so there is nothing to resume; start a fresh run "
+                                  f"in a new output_dir (or delete {run_dir} first), or pass a checkpoint path.")
         return check_checkpoint(found[-1])
     return check_checkpoint(resume)
 
