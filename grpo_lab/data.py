@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_lab.rewards import extract_answer
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "data"
 ANSWER_MARKER = "#### "
@@ -471,25 +473,6 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-_FINAL_ANSWER = re.compile(r"####\s*([-+]?[\d,]*\.?\d+)")
-
-
-def parse_final_answer(text: str) -> str | None:
-    """The number after the last ``####`` (commas dropped), or None: ``'x\\n#### 1,200 m' -> '1200'``."""
-    matches = _FINAL_ANSWER.findall(text)
-    return matches[-1].replace(",", "") if matches else None
-
-
-def answers_match(predicted: str | None, answer: str) -> bool:
-    """Numeric comparison of a parsed answer with the reference (``'30.0'`` matches ``'30'``)."""
-    if predicted is None:
-        return False
-    try:
-        return abs(float(predicted) - float(answer.replace(",", ""))) < 1e-6
-    except ValueError:
-        return predicted.strip() == answer.strip()
-
-
 def load_gsm8k_jsonl(path: str | Path, add_instruction: bool = True) -> list[dict[str, Any]]:
     """Convert a GSM8K-style JSONL file (``question``, ``answer`` ending in ``#### N``) to the shared format.
 
@@ -499,7 +482,8 @@ def load_gsm8k_jsonl(path: str | Path, add_instruction: bool = True) -> list[dic
     rows = []
     for number, record in _read_json_lines(path):
         _require_columns(path, number, record, ("question", "answer"))
-        final = parse_final_answer(str(record["answer"]))
+        found = extract_answer(str(record["answer"]))
+        final = None if found.found_by != "marker" else f"{found.value:.10g}"
         if final is None:
             raise ValueError(f"{path}, line {number}: the 'answer' does not end with '#### <number>' "
                              f"(GSM8K format); got {str(record['answer'])[-60:]!r}. End the solution with a "

@@ -24,7 +24,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from grpo_lab.data import answers_match, parse_final_answer
+from grpo_lab.rewards import is_correct
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL_DIR = REPO_ROOT / "data" / "models" / "tiny-qwen2"
@@ -234,7 +234,7 @@ def evaluate_accuracy(model, tokenizer, rows: Sequence[dict[str, Any]], num_samp
                       progress: bool = False) -> AccuracyReport:
     """Greedy accuracy plus sampled pass@1 / pass@k (k = ``num_samples``) on rows with ``prompt``/``answer``.
 
-    A completion is right when the number after its last ``####`` equals ``answer`` numerically.
+    A completion is right by :func:`grpo_lab.rewards.is_correct`.
     """
     if not rows:
         raise ValueError("no rows to evaluate")
@@ -242,20 +242,27 @@ def evaluate_accuracy(model, tokenizer, rows: Sequence[dict[str, Any]], num_samp
     greedy = generate_completions(model, tokenizer, prompts, 1, 0.0, max_new_tokens, batch_size, seed, progress)
     sampled = generate_completions(model, tokenizer, prompts, num_samples, temperature, max_new_tokens,
                                    max(1, batch_size // num_samples), seed, progress)
+    return accuracy_report(rows, [g[0] for g in greedy], sampled, temperature)
+
+
+def accuracy_report(rows: Sequence[dict[str, Any]], greedy_texts: Sequence[str],
+                    sampled_texts: Sequence[Sequence[str]], temperature: float) -> AccuracyReport:
+    """Greedy accuracy, pass@1 (mean over each row's samples) and pass@k, overall and per problem type.
+
+    A completion is right by :func:`grpo_lab.rewards.is_correct` (the number after its last ``####``).
+    """
     scores: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    for row, (greedy_text,), samples in zip(rows, greedy, sampled):
-        hits = [answers_match(parse_final_answer(s), row["answer"]) for s in samples]
-        score = (float(answers_match(parse_final_answer(greedy_text), row["answer"])),
-                 sum(hits) / len(hits), float(any(hits)))
+    for row, greedy_text, samples in zip(rows, greedy_texts, sampled_texts, strict=True):
+        hits = [is_correct(text, row["answer"]) for text in samples]
+        score = (float(is_correct(greedy_text, row["answer"])), sum(hits) / len(hits), float(any(hits)))
         scores[row.get("type", "all")].append(score)
-        scores["__all__"].append(score)
 
     def summary(values: list[tuple[float, float, float]]) -> dict[str, float]:
         n = len(values)
         return {"count": n, "greedy": sum(v[0] for v in values) / n,
                 "sampled_pass_at_1": sum(v[1] for v in values) / n, "pass_at_k": sum(v[2] for v in values) / n}
 
-    overall = summary(scores.pop("__all__"))
+    overall = summary([v for values in scores.values() for v in values])
     return AccuracyReport(greedy=overall["greedy"], sampled_pass_at_1=overall["sampled_pass_at_1"],
-                          pass_at_k=overall["pass_at_k"], k=num_samples, temperature=temperature,
+                          pass_at_k=overall["pass_at_k"], k=len(sampled_texts[0]), temperature=temperature,
                           count=len(rows), per_type={name: summary(v) for name, v in scores.items()})

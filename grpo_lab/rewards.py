@@ -268,6 +268,16 @@ def check_answer(
     return AnswerCheck(0.0, found.value, expected, found.found_by, reason)
 
 
+def is_correct(completion: Any, answer: Any) -> bool:
+    """The course's accuracy rule, the same as the ``correctness`` reward with ``require_marker=True``: the
+    number after the last ``####`` equals ``answer``. Evaluation (greedy, pass@k) and training agree on it.
+
+    >>> is_correct("3 × 4 = 12 #### 12", "12"), is_correct("so it is 12", "12")
+    (True, False)
+    """
+    return check_answer(completion, answer, require_marker=True).score == 1.0
+
+
 def why(completion: Any, answer: Any, **options: Any) -> str:
     """One sentence saying why ``completion`` scores what it scores against ``answer``.
 

@@ -917,10 +917,7 @@ def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int
     Sampling goes through :func:`grpo_lab.rollout.open_engine` (``backend="hf"``, ``"vllm"`` or ``"auto"``);
     a completion is right when the number after its last ``####`` equals the row's ``answer``.
     """
-    from collections import defaultdict
-
-    from grpo_lab.data import answers_match, parse_final_answer
-    from grpo_lab.models import AccuracyReport
+    from grpo_lab.models import accuracy_report
     from grpo_lab.rollout import Sampling, open_engine
 
     if not rows:
@@ -932,22 +929,7 @@ def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int
         greedy = engine.generate(prompts, Sampling(n=1, max_tokens=max_tokens, temperature=0.0, seed=seed)).texts
         sampled = engine.generate(prompts).texts
         used = engine.name
-    scores: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    for row, (greedy_text,), samples in zip(rows, greedy, sampled):
-        hits = [answers_match(parse_final_answer(text), row["answer"]) for text in samples]
-        score = (float(answers_match(parse_final_answer(greedy_text), row["answer"])), sum(hits) / len(hits),
-                 float(any(hits)))
-        scores[row.get("type", "all")].append(score)
-
-    def summary(values: list[tuple[float, float, float]]) -> dict[str, float]:
-        n = len(values)
-        return {"count": n, "greedy": sum(v[0] for v in values) / n,
-                "sampled_pass_at_1": sum(v[1] for v in values) / n, "pass_at_k": sum(v[2] for v in values) / n}
-
-    overall = summary([v for values in scores.values() for v in values])
-    report = AccuracyReport(greedy=overall["greedy"], sampled_pass_at_1=overall["sampled_pass_at_1"],
-                            pass_at_k=overall["pass_at_k"], k=num_samples, temperature=temperature, count=len(rows),
-                            per_type={name: summary(values) for name, values in scores.items()})
+    report = accuracy_report(rows, [g[0] for g in greedy], sampled, temperature)
     return Evaluation(str(model), report, [g[0] for g in greedy], time.perf_counter() - start, used)
 
 
@@ -988,11 +970,11 @@ def pooled(evaluation: Evaluation, types: Sequence[str]) -> dict[str, float]:
 def side_by_side(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation, limit: int = 6,
                  only_changed: bool = True) -> list[dict[str, str]]:
     """Greedy completions before and after training for a few problems (those whose answer changed first)."""
-    from grpo_lab.data import answers_match, parse_final_answer
+    from grpo_lab.rewards import is_correct
 
     items = []
     for row, old, new in zip(rows, before.greedy_texts, after.greedy_texts):
-        right = [answers_match(parse_final_answer(text), row["answer"]) for text in (old, new)]
+        right = [is_correct(text, row["answer"]) for text in (old, new)]
         items.append({"type": row.get("type", ""), "question": row["prompt"][-1]["content"].splitlines()[0],
                       "answer": row["answer"], "before": old.strip(), "after": new.strip(),
                       "verdict": f"{'right' if right[0] else 'wrong'} → {'right' if right[1] else 'wrong'}"})

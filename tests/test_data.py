@@ -5,6 +5,7 @@ import json
 import pytest
 
 from grpo_lab import data
+from grpo_lab.rewards import is_correct
 
 
 def test_regeneration_equals_shipped_splits_byte_for_byte(tmp_path):
@@ -46,7 +47,7 @@ def test_slips_are_consistent_and_wrong():
         for problem in data.generate_problem_objects(20, seed=1, types=[kind]):
             slipped = problem.completion(slip=True)
             assert slipped != problem.completion()
-            assert data.parse_final_answer(slipped) != str(problem.answer) or problem.key[1:] == (2, 2)  # 2+2 = 2×2
+            assert not is_correct(slipped, str(problem.answer)) or problem.key[1:] == (2, 2)  # 2+2 = 2×2
             assert problem.completion().endswith(f"#### {problem.answer}")
     with pytest.raises(ValueError, match="no slip"):
         data.generate_problem_objects(1, seed=0, types=["speed_distance"])[0].completion(slip=True)
@@ -59,12 +60,10 @@ def test_unknown_type_or_language_is_rejected():
         data.generate_problems(2, seed=0, langs=["fr"])
 
 
-def test_parse_final_answer_and_match():
-    assert data.parse_final_answer("3 × 4 = 12\n#### 12") == "12"
-    assert data.parse_final_answer("#### 1,200 m") == "1200"
-    assert data.parse_final_answer("no marker 12") is None
-    assert data.answers_match("30.0", "30") and not data.answers_match("31", "30")
-    assert not data.answers_match(None, "30")
+def test_evaluation_grades_like_the_correctness_reward():
+    assert is_correct("3 × 4 = 12\n#### 12", "12") and is_correct("#### 1,200 m", "1200")
+    assert is_correct("#### 30.0", "30") and not is_correct("#### 31", "30")
+    assert not is_correct("no marker 12", "12")  # the marker is required, as in training
 
 
 def test_load_jsonl_errors_name_the_problem(tmp_path):
