@@ -20,14 +20,19 @@ in ``total × (1 − utilization)`` minus a runtime margin — the seed's 2B mod
 
 Assumptions, stated once (``MemoryBudget.assumptions`` repeats them next to every table):
 
-* Precision ``bf16`` (TRL's default with a bf16 checkpoint): weights, gradients and both AdamW moments in
-  bf16 — 8 bytes per parameter; torch's AdamW keeps its states in the parameter dtype, there is no fp32
-  master copy. ``mixed``: fp32 master weights, fp32 gradients and fp32 AdamW moments with bf16 autocast —
-  16 bytes per parameter plus a transient bf16 copy of the weights. ``fp32``: 16 bytes per parameter.
+* Precision ``bf16`` (a model loaded in bf16: ``model_init_kwargs={"dtype": "bfloat16"}`` or a bf16 model
+  object): weights, gradients and both AdamW moments in bf16 — 8 bytes per parameter; torch's AdamW keeps
+  its states in the parameter dtype, there is no fp32 master copy. ``mixed``: fp32 master weights, fp32
+  gradients and fp32 AdamW moments with bf16 autocast — 16 bytes per parameter plus bf16 copies of the
+  weights while they are used. TRL 1.16 loads a model given by name in float32 unless told otherwise, and
+  ``grpo_lab.train`` loads float32 on purpose: with ``bf16=True`` both are ``mixed``. ``fp32``: 16 bytes.
 * Optimizer: AdamW, fused (transformers' default on torch ≥ 2.8), so the step allocates no temporaries.
 * Activations: Hugging Face's Qwen2/Llama layers with SDPA attention, batches padded to the longest prompt
   and completion (an attention mask, so grouped K/V heads are repeated), TRL ≥ 1.16's chunked LM head
-  (full logits are never materialised). Counted per token and layer from the tensors autograd saves.
+  (full logits are never materialised). Counted per token and layer from the tensors autograd saves, and
+  per phase from what each backward step allocates (``training_phases``); on CUDA also cuBLAS's
+  workspaces, which live in torch's allocator. Checked against ``max_memory_allocated`` on an H200 and
+  live tensor bytes on CPU in ``benchmarks/memory``.
 * vLLM: its own copy of the weights in ``vllm_dtype``; activation peak of its profiling pass over
   ``max_num_batched_tokens`` (TRL colocate passes 4096) plus sampler logits; a fixed runtime allowance
   (non-torch memory and CUDA graphs); KV cache per token = layers × KV heads × head dim × 2 × bytes.
@@ -55,8 +60,14 @@ VOCAB_TILE = 32768
 # Where Triton is missing (CPU, Ascend NPU) the tile is folded with torch ops that keep about this many
 # fp32 copies of the tile alive at once (measured on CPU with torch 2.13 / TRL 1.16).
 TORCH_FOLD_FP32_TILES = 7.25
-# Gradients of the MLP intermediates alive while backpropagating through one layer (× intermediate size).
-LAYER_BACKWARD_INTERMEDIATES = 2.5
+# cuBLAS keeps one workspace per (thread's handle, stream) inside torch's caching allocator, so
+# max_memory_allocated counts it: 32 MiB on Hopper (torch's default CUBLAS_WORKSPACE_CONFIG) plus 1 MiB for
+# cuBLASLt. The forward runs on the Python thread and the backward on autograd's device thread: two of each.
+CUBLAS_WORKSPACE_BYTES = 33 * 2**20
+CUBLAS_WORKSPACE_THREADS = 2
+# CUDA's embedding backward sums the rows of each token id in partial segments of this many rows, in fp32
+# buffers sized for the worst case (aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu).
+EMBEDDING_ROWS_PER_SEGMENT = 10
 # vLLM: TRL's colocated engine uses max_num_batched_tokens=4096; KV blocks hold 16 tokens.
 TRL_COLOCATE_MAX_NUM_BATCHED_TOKENS = 4096
 KV_BLOCK_TOKENS = 16
@@ -155,6 +166,11 @@ class ModelShape:
         return attention + 3 * h * i + 2 * h
 
     @property
+    def layer_linear_parameters(self) -> int:
+        """Parameters of one decoder layer's seven linear layers (weights and biases): what autocast copies."""
+        return self.layer_parameters - 2 * self.hidden_size
+
+    @property
     def embedding_parameters(self) -> int:
         return self.vocab_size * self.hidden_size
 
@@ -210,7 +226,7 @@ class Precision:
     adamw_bytes: int  # exp_avg + exp_avg_sq
     activation_bytes: int
     residual_bytes: int  # dtype of the residual stream between layers
-    autocast_copy_bytes: int  # per linear weight, kept from forward to backward under autocast
+    autocast_copy_bytes: int  # per linear parameter: autocast's lower-precision copy (0 without autocast)
     description: str
 
 
@@ -220,7 +236,8 @@ PRECISIONS = {
                       "dtype), no fp32 master copy: TRL's default with a bf16 checkpoint, 8 bytes per parameter"),
     "mixed": Precision("mixed", 4, 4, 8, 2, 4, 2,
                        "fp32 master weights, fp32 gradients and fp32 AdamW moments with bf16 autocast: 16 bytes "
-                       "per parameter plus a bf16 copy of every linear weight during forward and backward"),
+                       "per parameter plus bf16 copies of the linear weights (in the backward, with gradient "
+                       "checkpointing, only the recomputed layer's)"),
     "fp32": Precision("fp32", 4, 4, 8, 4, 4, 0,
                       "fp32 weights, gradients and AdamW moments (the tiny CPU profile): 16 bytes per parameter"),
 }
@@ -463,57 +480,97 @@ def activation_bytes_per_token_per_layer(model: ModelShape, precision: Precision
     return norms + 4 * e * q + 4 * model.num_attention_heads + 4 * e * i
 
 
-def training_phases(model: ModelShape, precision: Precision, shape: TrainingShape, lm_head_kernel: str
+def training_phases(model: ModelShape, precision: Precision, shape: TrainingShape, device_kind: str
                     ) -> dict[str, dict[str, int]]:
     """Training-side components alive at the peak of each phase of one optimizer step.
 
-    Phases: ``LM-head backward`` (all activations saved, plus TRL's chunked-LM-head gradient buffers),
-    ``layer backward`` (with checkpointing: all gradients plus one recomputed layer), ``embedding backward``
-    (tied embeddings: the two gradients summed out of place), ``optimizer step`` (fused AdamW).
-    ``lm_head_kernel`` is ``"triton"`` (CUDA) or ``"torch"`` (CPU, NPU). Measured against real steps in
-    ``benchmarks/memory``.
+    Phases (the backward runs from the loss to the embedding):
+
+    * ``LM-head backward``: every activation saved for backward, plus TRL's chunked-LM-head buffers (the
+      projection tile, fp32 gradient accumulators, their casts to the model dtype).
+    * ``layer backward``: the MLP backward of one layer — its saved (with checkpointing: recomputed)
+      activations, the gradients of gate, up and their product, the gradient flowing in — next to the
+      parameter gradients made so far; with checkpointing the larger of the first layer done (all layer inputs
+      still kept, few gradients) and the last (one input left, nearly all gradients).
+    * ``embedding backward``: all gradients, the gradient of the embedding output and the kernel's buffers.
+    * ``optimizer step``: weights, gradients and AdamW states (fused AdamW allocates nothing more).
+
+    The forward is not a phase of its own: it held less than the backward after it in every measured case
+    (its extras, the LM head's forward tile and with ``mixed`` autocast's cache of bf16 weight copies, are
+    smaller than the gradients and fp32 accumulators the backward adds).
+    ``device_kind`` (``cuda``, ``npu``, ``cpu``) picks the kernels: Triton's LM head, cuBLAS workspaces and
+    CUDA's embedding backward on ``cuda``; torch's LM-head fold and embedding backward elsewhere. Measured
+    against real steps in ``benchmarks/memory``.
     """
-    p = model.num_parameters
-    h, v = model.hidden_size, model.vocab_size
+    if device_kind not in ("cuda", "npu", "cpu"):
+        raise MemoryPlanError(f"device_kind must be cuda, npu or cpu, got {device_kind!r}.")
+    p, layers = model.num_parameters, model.num_hidden_layers
+    h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
     b, t, c = shape.per_device_train_batch_size, shape.sequence_length, shape.max_completion_length
-    e, res = precision.activation_bytes, precision.residual_bytes
+    e, r, g = precision.activation_bytes, precision.residual_bytes, precision.grad_bytes
     tokens = b * t
-    lm_tokens = b * c if lm_head_kernel == "triton" else b * (t - 1)  # Triton scores completion tokens only
+    cuda = device_kind == "cuda"
+    lm_tokens = b * c if cuda else b * (t - 1)  # Triton scores the completion tokens only
 
     static = {"policy weights": p * precision.weight_bytes, "AdamW states": p * precision.adamw_bytes}
     if shape.beta > 0:
         static["reference model"] = p * precision.weight_bytes
-    grads = p * precision.grad_bytes
+    if cuda:
+        static["cuBLAS workspaces"] = CUBLAS_WORKSPACE_THREADS * CUBLAS_WORKSPACE_BYTES
+    grads = p * g
+    head_grad = v * h * g  # the LM head's gradient, made first (tied: waits for the embedding's to be added)
 
-    per_layer = tokens * activation_bytes_per_token_per_layer(model, precision) + b * t * t * e  # + float mask
+    per_layer = tokens * activation_bytes_per_token_per_layer(model, precision) + b * t * t * e  # + SDPA's mask
+    layer_copies = model.layer_linear_parameters * precision.autocast_copy_bytes  # one layer's bf16 weights
+    final_norm_and_head_input = tokens * (4 * h + r * h) + lm_tokens * r * h
+    # Checkpointing keeps each layer's input and the boolean padding mask (in the recompute closure);
+    # autocast's weight cache is emptied when the forward's autocast region ends.
+    padding_mask = b * t * t if shape.gradient_checkpointing else 0
     if shape.gradient_checkpointing:
-        layers = model.num_hidden_layers * tokens * res * h  # each checkpointed layer keeps its input
-    else:
-        layers = model.num_hidden_layers * per_layer
-    outside_layers = tokens * (4 * h + res * h) + lm_tokens * res * h + b * t * t  # final norm, LM-head input, mask
-    autocast_copies = model.num_hidden_layers * model.layer_parameters * precision.autocast_copy_bytes
-    saved = layers + outside_layers + autocast_copies
+        saved_layers, kept_copies = layers * tokens * r * h, 0
+    else:  # every linear keeps its bf16 weight copy for its backward
+        saved_layers, kept_copies = layers * per_layer, layers * layer_copies
 
     tile_rows = min(lm_tokens, TOKEN_TILE)
     fp32_accumulators = v * h * 4 + lm_tokens * h * 4  # weight and input gradients, accumulated in fp32
-    casts = v * h * _cast_bytes(precision.grad_bytes) + lm_tokens * h * _cast_bytes(res)  # to the model dtype
-    fold = int(TORCH_FOLD_FP32_TILES * tile_rows * min(v, VOCAB_TILE) * 4) if lm_head_kernel == "torch" else 0
-    lm_head = tile_rows * VOCAB_TILE * e + fp32_accumulators + max(fold, casts)  # casts come after the fold
+    casts = v * h * _cast_bytes(g) + lm_tokens * h * _cast_bytes(r)  # to the model dtype, at the end
+    fold = 0 if cuda else int(TORCH_FOLD_FP32_TILES * tile_rows * min(v, VOCAB_TILE) * 4)
+    # Under autocast each vocabulary chunk of the weight and each token chunk of the input is cast to bf16
+    autocast_chunks = (min(v, VOCAB_TILE) + tile_rows) * h * precision.autocast_copy_bytes
+    lm_head = tile_rows * VOCAB_TILE * e + fp32_accumulators + max(fold + autocast_chunks, casts)
 
-    embedding_grad = v * h * precision.grad_bytes
-    phases = {"LM-head backward": {**static, "activations saved for backward": saved,
+    phases = {"LM-head backward": {**static, "activations saved for backward": saved_layers + final_norm_and_head_input
+                                   + padding_mask, "autocast weight copies": kept_copies,
                                    "LM-head backward buffers": lm_head}}
+
+    # The MLP backward of one layer: gradients of gate, up and act(gate)·up, and the gradient flowing in
+    mlp_backward = tokens * (2 * e * i + r * h)
+    first_layer_done_grads = head_grad + h * g + h * i * g  # LM head, final norm, the top layer's down_proj
     if shape.gradient_checkpointing:
-        phases["layer backward"] = {**static, "activations saved for backward": saved,
-                                    "recomputed layer": per_layer, "gradients": grads}
-    else:
-        phases["layer backward"] = {**static, "activations saved for backward": saved,
-                                    "layer backward buffers": tokens * LAYER_BACKWARD_INTERMEDIATES * e
-                                    * model.intermediate_size,
-                                    "gradients": embedding_grad}
-    # Tied embeddings: the embedding's gradient is added to the LM head's, out of place (two extra copies).
-    tied_extra = 2 * embedding_grad if model.tie_word_embeddings else 0
-    phases["embedding backward"] = {**static, "gradients": grads, "tied-embedding gradient sum": tied_extra}
+        # With an fp32 residual the first RMSNorm's upcast is the layer's input itself, already kept
+        recomputed = per_layer - (tokens * 4 * h if r == 4 else 0)
+        # At the last layer (layer 0) its other gradients and, untied, the embedding's are not made yet
+        last_grads = grads - (model.layer_parameters - h * i) * g - (0 if model.tie_word_embeddings else head_grad)
+        first = layers * tokens * r * h + first_layer_done_grads
+        last = tokens * r * h + last_grads
+        inputs, layer_grads = (layers * tokens * r * h, first_layer_done_grads) if first > last else (
+            tokens * r * h, last_grads)
+        phases["layer backward"] = {**static, "activations saved for backward": inputs + padding_mask,
+                                    "recomputed layer": recomputed, "autocast weight copies": layer_copies,
+                                    "layer backward buffers": mlp_backward, "gradients": layer_grads}
+    else:  # the first layer done (the top one) holds the most: every layer's activations
+        phases["layer backward"] = {**static, "activations saved for backward": saved_layers,
+                                    "autocast weight copies": kept_copies, "layer backward buffers": mlp_backward,
+                                    "gradients": first_layer_done_grads}
+
+    # Next to the gradient of the embedding output, the kernel makes a dense vocab × hidden gradient. Tied, it is
+    # added in place to the LM head's, which waited for it (autograd reuses a buffer it owns alone); untied, it
+    # becomes the embedding's .grad. CUDA also sums the rows of each token id in fp32 partial sums sized for
+    # the worst case.
+    embedding = tokens * r * h + (head_grad if model.tie_word_embeddings else 0)
+    if cuda:
+        embedding += (tokens // EMBEDDING_ROWS_PER_SEGMENT + min(tokens, v)) * h * 4
+    phases["embedding backward"] = {**static, "gradients": grads, "embedding backward buffers": embedding}
     phases["optimizer step"] = {**static, "gradients": grads}
     return phases
 
@@ -613,23 +670,27 @@ def recommendation_table(models: Mapping[str, Any], devices: tuple[DevicePreset,
 
 
 def measured_vs_predicted(results_dir: str | Path = MEASUREMENTS_DIR) -> list[dict[str, Any]]:
-    """The committed measurements (``benchmarks/memory/results/cpu.json`` and ``gpu_*.json``) as rows: where,
-    case, what was measured, measured and predicted sizes, error of the prediction."""
+    """The committed measurements against this planner, as rows: where, case, what was measured, measured and
+    predicted sizes, error of the prediction, note.
+
+    ``benchmarks/memory/measure_cpu.py --render`` and ``measure_gpu.py --render`` recompute every prediction
+    from the parameters recorded with each measurement into ``comparison_cpu.json`` / ``comparison_gpu.json``
+    (``tests/test_memory.py`` checks those files match the current planner).
+    """
     rows = []
-    for path in sorted(Path(results_dir).glob("cpu.json")) + sorted(Path(results_dir).glob("gpu_*.json")):
-        data = json.loads(path.read_text())
-        where = data["meta"].get("device") or "CPU"
-        for r in data["results"]:
-            if "error_log" in r:
+    for path in sorted(Path(results_dir).glob("comparison_*.json")):
+        for r in json.loads(path.read_text()):
+            if "failed" in r:
                 continue
-            if r.get("part") == "vllm":
-                rows.append({"where": where, "case": r["case"], "measured": "vLLM KV cache",
-                             "measured GiB": r["measured_kv_gib"], "predicted GiB": r["predicted_kv_gib"],
-                             "error": f"{r['error']:+.1%}"})
-            else:
-                rows.append({"where": where, "case": r["case"], "measured": r.get("kind", "training peak"),
-                             "measured GiB": round(r["measured_peak_mib"] / 1024, 3),
-                             "predicted GiB": round(r["predicted_peak_mib"] / 1024, 3), "error": f"{r['error']:+.1%}"})
+            to_gib = 1 / 1024 if r["unit"] == "MiB" else 1
+            note = r.get("note", "")
+            if r.get("held by others"):
+                note = (f"max_memory_allocated {r['max_memory_allocated'] * to_gib:.2f} GiB less "
+                        f"{r['held by others'] * to_gib:.2f} GiB held by {r['held by']}")
+            rows.append({"where": r["where"], "case": r["case"], "measured": r["quantity"],
+                         "measured GiB": round(r["measured"] * to_gib, 3),
+                         "predicted GiB": round(r["predicted"] * to_gib, 3), "error": f"{r['error']:+.1%}",
+                         "note": note})
     return rows
 
 
@@ -666,12 +727,8 @@ class _Setting:
     vllm_bytes_per_element: int
     margin: int
 
-    @property
-    def lm_head_kernel(self) -> str:
-        return "triton" if self.kind == "cuda" else "torch"  # TRL uses Triton on CUDA (and XPU) only
-
     def training_peak(self, shape: TrainingShape) -> tuple[str, int, dict[str, dict[str, int]]]:
-        phases = training_phases(self.model, self.precision, shape, self.lm_head_kernel)
+        phases = training_phases(self.model, self.precision, shape, self.kind)
         totals = {name: sum(parts.values()) for name, parts in phases.items()}
         peak_phase = max(totals, key=totals.get)
         return peak_phase, totals[peak_phase], phases
@@ -739,10 +796,14 @@ _TRAINING_NOTES = {
     "policy weights": "the model being trained",
     "AdamW states": "exp_avg + exp_avg_sq",
     "reference model": "beta > 0: a frozen copy for the KL term",
+    "cuBLAS workspaces": "cuBLAS + cuBLASLt workspace of the forward and of the backward thread",
     "activations saved for backward": "kept from forward until backward",
+    "autocast weight copies": "mixed precision: bf16 copies of the linear weights kept for backward",
     "LM-head backward buffers": "TRL's chunked LM head: fp32 gradient accumulators + projection tiles",
     "recomputed layer": "gradient checkpointing recomputes one layer at a time",
-    "gradients": "one per parameter",
+    "layer backward buffers": "gradients of the MLP's gate, up and product, and the gradient flowing in",
+    "embedding backward buffers": "gradient of the embedding output and the embedding kernel's buffers",
+    "gradients": "one per parameter (those made so far)",
 }
 _VLLM_NOTES = {
     "vLLM weights": "vLLM's own copy of the policy",
@@ -752,11 +813,13 @@ _VLLM_NOTES = {
 
 
 def _assumptions(setting: _Setting) -> list[str]:
-    kernel = "Triton" if setting.lm_head_kernel == "triton" else "torch ops, no Triton"
+    kernel = "Triton" if setting.kind == "cuda" else "torch ops, no Triton"
     return [
         f"precision {setting.precision.name}: {setting.precision.description}",
         "optimizer: fused AdamW (no temporaries in the step)",
         f"LM head: TRL's chunked log-prob kernel ({kernel})",
+        *([f"CUDA: {CUBLAS_WORKSPACE_THREADS} cuBLAS workspaces of {CUBLAS_WORKSPACE_BYTES / 2**20:.0f} MiB "
+           "(Hopper's default; smaller on older GPUs)"] if setting.kind == "cuda" else []),
         "activations: HF Qwen2/Llama layers, SDPA, batches padded to the longest prompt + completion",
         f"vLLM: requested = utilization × total memory; runtime allowance {VLLM_RUNTIME_BYTES / GIB:.1f} GiB",
         f"runtime margin {setting.margin / GIB:.2f} GiB = max({MARGIN_MIN_BYTES / GIB:.0f} GiB, "
@@ -807,8 +870,9 @@ def _advice(setting: _Setting, shape: TrainingShape, utilization: float, peak_ph
 def _what_would_fit(setting: _Setting, shape: TrainingShape) -> str:
     model, prec = setting.model, setting.precision
     smallest = replace(shape, per_device_train_batch_size=1, steps_per_generation=None, gradient_checkpointing=True)
-    phases = training_phases(model, prec, smallest, setting.lm_head_kernel)
-    static = sum(v for k, v in phases["optimizer step"].items() if k != "gradients")
+    phases = training_phases(model, prec, smallest, setting.kind)
+    static = sum(v for k, v in phases["optimizer step"].items()
+                 if k in ("policy weights", "AdamW states", "reference model"))
     _, peak, _ = setting.training_peak(smallest)
     vllm_least = sum(setting.vllm_fixed(smallest).values()) + setting.kv_for_one_group(smallest)
     needed = peak + vllm_least

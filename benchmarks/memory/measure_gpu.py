@@ -9,9 +9,11 @@ Parts (``--part``, several allowed):
   the planner's ``utilization × total − (weights + activations + runtime)``.
 * ``colocate``: TRL ``GRPOTrainer`` with ``vllm_mode="colocate"`` on a 0.5B-shaped model (random weights,
   the course's tiny tokenizer); the training-side peak (allocated during loss, backward and optimizer step,
-  minus what vLLM keeps resident) against the planner, and the device's used memory against the budget.
+  minus what vLLM keeps resident) against the planner, with the precision the trainer loaded the model in.
 
-No network and no model hub: configs come from ``data/configs``. Run from the repository root (each call
+No network and no model hub: configs come from ``data/configs``. The result files keep what was measured and
+each case's parameters; ``--render`` recomputes every prediction with the current ``grpo_lab.memory`` and
+writes ``gpu.md`` and ``comparison_gpu.json`` (read by notebook 04). Run from the repository root (each call
 under ten minutes; parts measured in separate calls land in separate files)::
 
     PYTHONPATH=/tmp/grpo-gpu-site:$PWD python3 benchmarks/memory/measure_gpu.py --part train-step vllm --out DIR
@@ -22,6 +24,7 @@ under ten minutes; parts measured in separate calls land in separate files)::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -42,6 +45,11 @@ from grpo_step import PHASES, grpo_step, padded_batch, random_model  # noqa: E40
 from grpo_lab.memory import (  # noqa: E402
     CONFIG_DIR, GIB, ModelShape, TrainingShape, get_precision, plan_memory, training_phases, vllm_non_kv_bytes)
 
+TRAIN_STEP_CASE = re.compile(r"(?P<config>[\w.-]+), (?P<precision>\w+), B=(?P<batch>\d+), (?P<prompt>\d+)\+"
+                             r"(?P<completion>\d+), checkpointing (?P<checkpointing>on|off)")
+COLOCATE_CASE = re.compile(r"utilization (?P<utilization>[\d.]+), B=(?P<batch>\d+), n=(?P<n>\d+), "
+                           r"(?P<prompt>\d+)\+(?P<completion>\d+)")
+
 MIB = 2**20
 COMMAND = "PYTHONPATH=/tmp/grpo-gpu-site:$PWD python3 benchmarks/memory/measure_gpu.py --part {parts} --out DIR"
 TRAIN_STEP_CASES = [
@@ -54,13 +62,18 @@ TRAIN_STEP_CASES = [
 ]
 VLLM_UTILIZATIONS = (0.2, 0.4, 0.6)
 VLLM_SHAPE = {"max_model_len": 512, "max_num_seqs": 64, "max_num_batched_tokens": 4096}
+VLLM_CONFIG = COLOCATE_CONFIG = "qwen2.5-0.5b"
 COLOCATE = {"vllm_gpu_memory_utilization": 0.3, "per_device_train_batch_size": 16, "num_generations": 4,
             "max_completion_length": 256, "steps": 3}
 DTYPES = {"bf16": torch.bfloat16, "mixed": torch.float32}
 
 
 def train_step_case(config_name, precision, batch, prompt, completion, checkpointing) -> dict:
+    # add_fused_lm_head binds forward to the model (a reference cycle): without a collection the models of
+    # earlier cases stay allocated and inflate every later peak
+    gc.collect()
     torch.cuda.empty_cache()
+    allocated_before = torch.cuda.memory_allocated()
     model = random_model(CONFIG_DIR / f"{config_name}.json", DTYPES[precision], checkpointing, device="cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     ids, mask = padded_batch(batch, prompt, completion, model.config.vocab_size, device="cuda")
@@ -76,22 +89,13 @@ def train_step_case(config_name, precision, batch, prompt, completion, checkpoin
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     grpo_step(model, optimizer, ids, mask, completion, mark=mark, autocast_dtype=autocast)
-    training = TrainingShape(per_device_train_batch_size=batch, num_generations=batch, prompt_length=prompt,
-                             max_completion_length=completion, gradient_checkpointing=checkpointing)
-    phases = training_phases(ModelShape.from_config(CONFIG_DIR / f"{config_name}.json"), get_precision(precision),
-                             training, lm_head_kernel="triton")
-    predicted = {name: sum(parts.values()) for name, parts in phases.items()}
-    peak, peak_predicted = max(measured.values()), max(predicted.values())
     del model, optimizer
-    torch.cuda.empty_cache()
     return {"part": "train-step", "case": f"{config_name}, {precision}, B={batch}, {prompt}+{completion}, "
             f"checkpointing {'on' if checkpointing else 'off'}",
             "measured_phases_mib": {k: round(measured[k] / MIB, 1) for k in PHASES},
-            "predicted_phases_mib": {k: round(v / MIB, 1) for k, v in predicted.items()},
-            "measured_peak_mib": round(peak / MIB, 1), "predicted_peak_mib": round(peak_predicted / MIB, 1),
+            "measured_peak_mib": round(max(measured.values()) / MIB, 1),
             "measured_peak_phase": max(measured, key=measured.get),
-            "predicted_peak_phase": max(predicted, key=predicted.get),
-            "error": round((peak_predicted - peak) / peak, 4)}
+            "allocated_before_mib": round(allocated_before / MIB, 1), "earlier_models_freed": True}
 
 
 def write_config_dir(config_name: str, out: Path) -> Path:
@@ -129,11 +133,8 @@ def vllm_case(utilization: float, model_dir: Path, shape: ModelShape) -> dict:
         return {"part": "vllm", "case": f"vLLM alone, utilization {utilization}", "error_log": log[-3000:]}
     child = json.loads(result_line[-1][len("RESULT "):])
     total = child["device_total"]
-    kv_per_token = shape.kv_cache_bytes_per_token(2)
-    measured_kv = child["num_gpu_blocks"] * child["block_size"] * kv_per_token
-    non_kv_parts = vllm_non_kv_bytes(shape, 2, VLLM_SHAPE["max_num_seqs"], VLLM_SHAPE["max_num_batched_tokens"])
+    measured_kv = child["num_gpu_blocks"] * child["block_size"] * shape.kv_cache_bytes_per_token(2)
     requested = math.ceil(total * utilization)  # vLLM's request_memory
-    predicted_kv = requested - sum(non_kv_parts.values())
 
     def logged(pattern: str) -> float | None:
         found = re.findall(pattern, log)
@@ -141,15 +142,13 @@ def vllm_case(utilization: float, model_dir: Path, shape: ModelShape) -> dict:
 
     return {"part": "vllm", "case": f"vLLM alone, 0.5B-shaped, utilization {utilization}",
             "utilization": utilization, "device_total_gib": round(total / GIB, 2),
-            "requested_gib": round(requested / GIB, 2),
-            "measured_kv_gib": round(measured_kv / GIB, 3), "predicted_kv_gib": round(predicted_kv / GIB, 3),
+            "requested_gib": round(requested / GIB, 2), "measured_kv_gib": round(measured_kv / GIB, 3),
             "logged_available_kv_gib": logged(r"Available KV cache memory: ([\d.]+) GiB"),
             "logged_model_loading_gib": logged(r"Model loading took ([\d.]+) GiB"),
             "logged_graph_capture_gib": logged(r"Graph capturing finished in \d+ secs, took ([\d.]+) GiB"),
             "measured_non_kv_gib": round((requested - measured_kv) / GIB, 3),
-            "predicted_non_kv_gib": {k: round(v / GIB, 3) for k, v in non_kv_parts.items()},
             "device_used_after_generate_gib": round(child["device_used_after_generate"] / GIB, 2),
-            "error": round((predicted_kv - measured_kv) / measured_kv, 4), "init_seconds": child["init_seconds"]}
+            "init_seconds": child["init_seconds"]}
 
 
 def colocate_child(model_dir: str) -> None:
@@ -226,27 +225,14 @@ def colocate_case(model_dir: Path) -> dict:
     vllm_resident = r["allocated_after_init"] - r["policy_weight_bytes"]
     later = r["steps"][1:] or r["steps"]  # from step 2 on the AdamW states exist
     measured_training = max(s["train_peak"] for s in later) - vllm_resident
-    budget = plan_memory(CONFIG_DIR / "qwen2.5-0.5b.json", precision="bf16", device_memory_gib=r["device_total"] / GIB,
-                         device_kind="cuda", vllm_gpu_memory_utilization=COLOCATE["vllm_gpu_memory_utilization"],
-                         per_device_train_batch_size=COLOCATE["per_device_train_batch_size"],
-                         num_generations=COLOCATE["num_generations"], prompt_length=r["prompt_length"],
-                         max_completion_length=COLOCATE["max_completion_length"],
-                         gradient_checkpointing=r["gradient_checkpointing"],
-                         steps_per_generation=r["steps_per_generation"])
-    predicted_training = budget.training_peak_bytes
     return {"part": "colocate",
             "case": f"TRL GRPOTrainer colocate, 0.5B-shaped, utilization {COLOCATE['vllm_gpu_memory_utilization']}, "
                     f"B={COLOCATE['per_device_train_batch_size']}, n={COLOCATE['num_generations']}, "
                     f"{r['prompt_length']}+{COLOCATE['max_completion_length']}",
             "measured_peak_mib": round(measured_training / MIB, 1),
-            "predicted_peak_mib": round(predicted_training / MIB, 1), "predicted_peak_phase": budget.peak_phase,
-            "error": round((predicted_training - measured_training) / measured_training, 4),
             "vllm_resident_gib": round(vllm_resident / GIB, 2),
-            "predicted_vllm_gib": round(budget.vllm_bytes / GIB, 2),
             "device_used_max_gib": round(max(s["device_used"] for s in r["steps"]) / GIB, 2),
-            "reserved_peak_gib": round(max(s["reserved_peak"] for s in r["steps"]) / GIB, 2),
-            "predicted_device_used_gib": round((budget.training_peak_bytes + budget.vllm_bytes) / GIB, 2),
-            "raw": r}
+            "reserved_peak_gib": round(max(s["reserved_peak"] for s in r["steps"]) / GIB, 2), "raw": r}
 
 
 def write_results(new: list[dict], out: Path, parts: list[str]) -> None:
@@ -267,26 +253,142 @@ def write_results(new: list[dict], out: Path, parts: list[str]) -> None:
     render(out)
 
 
+def _parameters(pattern: re.Pattern, case: str) -> dict[str, str]:
+    found = pattern.search(case)
+    if not found:
+        raise ValueError(f"Cannot read the parameters of case {case!r} (expected the form {pattern.pattern}).")
+    return found.groupdict()
+
+
+def train_step_prediction(case: str) -> tuple[str, int]:
+    """(peak phase, bytes) the planner predicts for a ``train-step`` case, from the parameters in its name."""
+    c = _parameters(TRAIN_STEP_CASE, case)
+    training = TrainingShape(per_device_train_batch_size=int(c["batch"]), num_generations=int(c["batch"]),
+                             prompt_length=int(c["prompt"]), max_completion_length=int(c["completion"]),
+                             gradient_checkpointing=c["checkpointing"] == "on")
+    phases = training_phases(ModelShape.from_config(CONFIG_DIR / f"{c['config']}.json"),
+                             get_precision(c["precision"]), training, "cuda")
+    totals = {name: sum(parts.values()) for name, parts in phases.items()}
+    peak_phase = max(totals, key=totals.get)
+    return peak_phase, totals[peak_phase]
+
+
+def earlier_models_bytes(records: list[dict]) -> list[int]:
+    """For each ``train-step`` record (in measuring order), the bytes its peaks include of earlier cases' models.
+
+    Until the script collected garbage between cases (records without ``earlier_models_freed``), ``del model``
+    freed nothing: TRL's ``add_fused_lm_head`` binds ``forward`` to the model, a reference cycle that only the
+    garbage collector breaks, and it did not run. Every later case's peaks then include the weights of the
+    models built before it: their parameter count × bytes per weight, known from the configs.
+    """
+    held, result = 0, []
+    for record in records:
+        if record.get("earlier_models_freed"):
+            result.append(0)
+            continue
+        result.append(held)
+        c = _parameters(TRAIN_STEP_CASE, record["case"])
+        shape = ModelShape.from_config(CONFIG_DIR / f"{c['config']}.json")
+        held += shape.num_parameters * get_precision(c["precision"]).weight_bytes
+    return result
+
+
+def colocate_budget(record: dict):
+    """The planner's budget for the ``colocate`` run, from its case name and recorded trainer settings.
+
+    TRL loads a model given by path in float32 unless ``model_init_kwargs`` sets ``dtype``; with ``bf16=True``
+    that is the planner's ``mixed`` precision. The recorded policy bytes per parameter say which it was.
+    """
+    c, raw = _parameters(COLOCATE_CASE, record["case"]), record["raw"]
+    model = ModelShape.from_config(CONFIG_DIR / f"{COLOCATE_CONFIG}.json")
+    bytes_per_weight = raw["policy_weight_bytes"] / model.num_parameters
+    if bytes_per_weight not in (2, 4):
+        raise ValueError(f"The colocate record's policy has {bytes_per_weight:.2f} bytes per parameter; expected 2 "
+                         "(bf16) or 4 (fp32 with bf16 autocast).")
+    return plan_memory(model, precision="mixed" if bytes_per_weight == 4 else "bf16",
+                       device_memory_gib=raw["device_total"] / GIB, device_kind="cuda",
+                       vllm_gpu_memory_utilization=float(c["utilization"]),
+                       per_device_train_batch_size=int(c["batch"]), num_generations=int(c["n"]),
+                       prompt_length=raw["prompt_length"], max_completion_length=int(c["completion"]),
+                       gradient_checkpointing=raw["gradient_checkpointing"],
+                       steps_per_generation=raw["steps_per_generation"])
+
+
+def vllm_prediction(record: dict) -> tuple[int, dict[str, int]]:
+    """(KV cache bytes, non-KV parts) the planner predicts for a ``vllm`` record (engine shape: ``VLLM_SHAPE``)."""
+    shape = ModelShape.from_config(CONFIG_DIR / f"{VLLM_CONFIG}.json")
+    parts = vllm_non_kv_bytes(shape, 2, VLLM_SHAPE["max_num_seqs"], VLLM_SHAPE["max_num_batched_tokens"])
+    requested = math.ceil(record["device_total_gib"] * GIB * record["utilization"])  # vLLM's request_memory
+    return requested - sum(parts.values()), parts
+
+
+def comparison_rows(out: Path) -> list[dict]:
+    """Every ``gpu_*.json`` record in ``out`` against the current planner, as table rows (no GPU needed)."""
+    rows = []
+    for path in sorted(out.glob("gpu_*.json")):
+        data = json.loads(path.read_text())
+        steps = [r for r in data["results"] if r["part"] == "train-step" and "error_log" not in r]
+        held = dict(zip(map(id, steps), earlier_models_bytes(steps)))
+        for r in data["results"]:
+            row = {"where": data["meta"]["device"], "part": r["part"], "case": r["case"]}
+            if "error_log" in r:
+                rows.append({**row, "failed": f"log in {path.name}"})
+            elif r["part"] == "vllm":
+                kv, parts = vllm_prediction(r)
+                measured_kv = r["measured_kv_gib"] * GIB
+                rows.append({**row, "quantity": "vLLM KV cache", "unit": "GiB", "measured": r["measured_kv_gib"],
+                             "predicted": round(kv / GIB, 3), "error": round((kv - measured_kv) / measured_kv, 4),
+                             "measured non-KV": r["measured_non_kv_gib"],
+                             "predicted non-KV": round(sum(parts.values()) / GIB, 3)})
+            else:
+                if r["part"] == "colocate":  # the step's peak minus what vLLM held after the trainer's init
+                    budget = colocate_budget(r)
+                    phase, predicted = budget.peak_phase, budget.training_peak_bytes
+                    raw = r["raw"]
+                    allocated = max(step["train_peak"] for step in raw["steps"][1:] or raw["steps"])
+                    measured_phase, others = "", (allocated - r["measured_peak_mib"] * MIB, "colocated vLLM")
+                else:
+                    phase, predicted = train_step_prediction(r["case"])
+                    allocated = r["measured_peak_mib"] * MIB
+                    measured_phase, others = r["measured_peak_phase"], (held[id(r)], "earlier cases' models")
+                measured = allocated - others[0]
+                rows.append({**row, "quantity": "training peak", "unit": "MiB", "measured": round(measured / MIB, 1),
+                             "predicted": round(predicted / MIB, 1),
+                             "error": round((predicted - measured) / measured, 4), "measured phase": measured_phase,
+                             "predicted phase": phase, "max_memory_allocated": round(allocated / MIB, 1),
+                             "held by others": round(others[0] / MIB, 1), "held by": others[1]})
+    return rows
+
+
 def render(out: Path) -> None:
-    """Write ``gpu.md`` from the ``gpu_*.json`` files in ``out`` (runs anywhere, no GPU needed)."""
+    """Write ``gpu.md`` and ``comparison_gpu.json`` from the ``gpu_*.json`` in ``out`` (runs anywhere, no GPU)."""
     parts = [json.loads(path.read_text()) for path in sorted(out.glob("gpu_*.json"))]
+    rows = comparison_rows(out)
     lines = ["# Memory on a GPU: measured vs predicted", ""]
     for meta in {json.dumps(p["meta"], sort_keys=True): p["meta"] for p in parts}.values():
         lines.append(f"Command: `{meta['command']}` on {meta['device']} (torch {meta['torch']}, transformers "
                      f"{meta['transformers']}, vLLM {meta['vllm']}, TRL {meta['trl']}).")
-    lines += ["", "| part | case | measured | predicted | error |", "|---|---|---|---|---|"]
-    for r in (r for p in parts for r in p["results"]):
-        if "error_log" in r:
-            lines.append(f"| {r['part']} | {r['case']} | failed (log in gpu_{r['part']}.json) | | |")
+    lines += ["", "Predictions recomputed from each case's parameters with the current `grpo_lab.memory` "
+              "(`python benchmarks/memory/measure_gpu.py --render --out benchmarks/memory/results`). Training "
+              "rows: the peak of `max_memory_allocated`, minus what others held on the device — the colocated "
+              "vLLM, or earlier cases' models where the script left them allocated (see README) — against the "
+              "predicted training peak.", "",
+              "| part | case | max_memory_allocated | held by others | training, measured | predicted | error |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "failed" in r:
+            lines.append(f"| {r['part']} | {r['case']} | failed ({r['failed']}) | | | | |")
         elif r["part"] == "vllm":
-            lines.append(f"| vllm | {r['case']} | KV {r['measured_kv_gib']:.2f} GiB (non-KV {r['measured_non_kv_gib']:.2f}) "
-                         f"| KV {r['predicted_kv_gib']:.2f} GiB (non-KV {sum(r['predicted_non_kv_gib'].values()):.2f}) "
-                         f"| {r['error']:+.1%} |")
+            lines.append(f"| vllm | {r['case']} | KV {r['measured']:.2f} GiB (non-KV {r['measured non-KV']:.2f}) | | "
+                         f"| KV {r['predicted']:.2f} GiB (non-KV {r['predicted non-KV']:.2f}) | {r['error']:+.1%} |")
         else:
-            phase = f" ({r['measured_peak_phase']})" if "measured_peak_phase" in r else ""
-            lines.append(f"| {r['part']} | {r['case']} | training peak {r['measured_peak_mib']:.0f} MiB{phase} | "
-                         f"{r['predicted_peak_mib']:.0f} MiB ({r['predicted_peak_phase']}) | {r['error']:+.1%} |")
+            phase = f" ({r['measured phase']})" if r["measured phase"] else ""
+            others = f"{r['held by others']:.0f} MiB ({r['held by']})" if r["held by others"] else "0"
+            lines.append(f"| {r['part']} | {r['case']} | {r['max_memory_allocated']:.0f} MiB{phase} | {others} | "
+                         f"{r['measured']:.0f} MiB | {r['predicted']:.0f} MiB "
+                         f"({r['predicted phase']}) | {r['error']:+.1%} |")
     (out / "gpu.md").write_text("\n".join(lines) + "\n")
+    (out / "comparison_gpu.json").write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -295,7 +397,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--vllm-child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--colocate-child", help=argparse.SUPPRESS)
-    parser.add_argument("--render", action="store_true", help="only rebuild gpu.md from the gpu_*.json in --out")
+    parser.add_argument("--render", action="store_true",
+                        help="only rebuild gpu.md and comparison_gpu.json from the gpu_*.json in --out")
     args = parser.parse_args(argv)
     if args.render:
         return render(args.out)
@@ -314,7 +417,7 @@ def main(argv: list[str] | None = None) -> None:
             results.append(train_step_case(*case))
             print(json.dumps(results[-1]), flush=True)
     if "vllm" in args.part:
-        model_dir = write_config_dir("qwen2.5-0.5b", work / "dummy-0.5b")
+        model_dir = write_config_dir(VLLM_CONFIG, work / "dummy-0.5b")
         shape = ModelShape.from_config(model_dir)
         for utilization in VLLM_UTILIZATIONS:
             results.append(vllm_case(utilization, model_dir, shape))
@@ -322,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     if "colocate" in args.part:
         from standin import save_random_model
 
-        model_dir = save_random_model(CONFIG_DIR / "qwen2.5-0.5b.json", work / "random-0.5b")
+        model_dir = save_random_model(CONFIG_DIR / f"{COLOCATE_CONFIG}.json", work / "random-0.5b")
         results.append(colocate_case(model_dir))
         print(json.dumps(results[-1]), flush=True)
     write_results(results, args.out, args.part)
