@@ -51,6 +51,9 @@ $(STAMP): pyproject.toml $(STACK_FILE)
 	@rm -f $(VENV)/.grpo-lab-installed-*
 	@touch $@
 
+# The course trains longer than CI's notebook run (notebook 03 reads GRPO_LAB_TRAIN_STEPS; CI uses the profile's
+# 250 steps under a time guard).
+course: export GRPO_LAB_TRAIN_STEPS ?= 600
 course: install
 	$(PY) -m grpo_lab.course --out $(RUN_DIR)
 

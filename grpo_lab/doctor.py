@@ -160,7 +160,8 @@ def check_memory(config: DoctorConfig) -> Check:
     if not Path(model_path, "config.json").is_file():
         return Check("memory plan", "warn", f"no local config.json for {model_path}; plan not computed",
                      "download the model to a folder and pass its path")
-    precision = "fp32" if profile.dtype == "float32" else "bf16"
+    # what grpo_lab.train does: fp32 master weights, with bf16 autocast off the CPU ("mixed": fp32 states)
+    precision = "fp32" if profile.dtype == "float32" else "mixed"
     budget = memory.plan_memory(
         model_path, precision=precision,
         vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization or profile.vllm_gpu_memory_utilization,
