@@ -826,6 +826,12 @@ def run_trainer(spec_path: str | Path) -> int:
 # --------------------------------------------------------------------------------------------------
 # `grpo-lab scale` (python -m grpo_lab.scale)
 # --------------------------------------------------------------------------------------------------
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM (``timeout``, a job scheduler) into ``SystemExit``, so the ``finally`` blocks stop the server
+    and the trainer instead of leaving them running."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def _indices(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split(",") if v.strip())
 
@@ -856,6 +862,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_trainer(argv[1])
     from grpo_lab import train as train_module
 
+    exit_on_sigterm()
     args, rest = build_parser().parse_known_args(argv)
     if args.help:
         build_parser().print_help()
