@@ -293,6 +293,35 @@ def plan_resources(num_devices: int = 8, layout: str = "server", kind: str = "cu
     return ResourcePlan(layout, kind, num_devices, roles, launch, note)
 
 
+def memory_by_layout(model: Any, device_memory_gib: float, device_kind: str = "cuda",
+                     server_utilization: float = 0.9, **training: Any) -> list[dict[str, Any]]:
+    """Colocate on one device vs server mode on two, from :func:`grpo_lab.memory.plan_memory`'s budget.
+
+    Colocate: the planner's verdict and recommended ``vllm_gpu_memory_utilization``. Server mode: the trainer's
+    device holds the training peak plus the runtime margin; the rollout device gives vLLM ``server_utilization``
+    of its memory. ``training`` are the planner's shape fields (``per_device_train_batch_size=8`` …).
+    """
+    from grpo_lab.memory import GIB, plan_memory
+
+    colocate = plan_memory(model, device_memory_gib=device_memory_gib, device_kind=device_kind, **training)
+    server = plan_memory(model, device_memory_gib=device_memory_gib, device_kind=device_kind,
+                         vllm_gpu_memory_utilization=server_utilization, **training)
+    trainer_bytes = server.side_bytes("training") + server.side_bytes("runtime")
+    return [
+        {"layout": "colocate", "device": "one, shared", "needs_gib": round(colocate.used_bytes / GIB, 1),
+         "of_gib": device_memory_gib, "fits": colocate.fits,
+         "kv_sequences": colocate.sequences_in_kv_cache if colocate.fits else 0,
+         "setting": (f"vllm_gpu_memory_utilization={colocate.recommended.vllm_gpu_memory_utilization}"
+                     if colocate.recommended else "none fits")},
+        {"layout": "server", "device": "trainer", "needs_gib": round(trainer_bytes / GIB, 1),
+         "of_gib": device_memory_gib, "fits": trainer_bytes <= server.device_bytes, "kv_sequences": None,
+         "setting": f"training peak ({server.peak_phase}) + margin"},
+        {"layout": "server", "device": "rollout", "needs_gib": round(server.vllm_bytes / GIB, 1),
+         "of_gib": device_memory_gib, "fits": server.sequences_in_kv_cache > 0,
+         "kv_sequences": server.sequences_in_kv_cache, "setting": f"gpu_memory_utilization={server_utilization}"},
+    ]
+
+
 # --------------------------------------------------------------------------------------------------
 # Configuration
 # --------------------------------------------------------------------------------------------------

@@ -81,6 +81,18 @@ def test_resource_plans_name_every_role():
         scale.plan_resources(8, "pipeline")
 
 
+def test_memory_by_layout_splits_the_budget():
+    from grpo_lab.memory import course_configs
+
+    rows = scale.memory_by_layout(course_configs()["seed-2b-shaped"], 32, "npu", precision="bf16",
+                                  per_device_train_batch_size=8, num_generations=4, prompt_length=256,
+                                  max_completion_length=256)
+    colocate, trainer, rollout = rows
+    assert colocate["fits"] and "vllm_gpu_memory_utilization" in colocate["setting"]
+    assert trainer["fits"] and trainer["needs_gib"] < colocate["needs_gib"]
+    assert rollout["kv_sequences"] > colocate["kv_sequences"]  # a whole device for vLLM: a larger KV cache
+
+
 # --------------------------------------------------------------------------------------------------
 # Configuration and commands
 # --------------------------------------------------------------------------------------------------
