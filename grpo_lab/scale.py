@@ -626,42 +626,21 @@ def _file_sync_client_class():
 
 
 @contextlib.contextmanager
-def _swapped(module: Any, name: str, value: Any) -> Iterator[None]:
-    original = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
-
-
-@contextlib.contextmanager
-def server_mode_trainer(base_url: str, server_timeout_s: float, group_port: int | None,
-                        sync_dir: str | None) -> Iterator[None]:
-    """While building the trainer: TRL's ``GRPOConfig`` points at the server, and with ``sync_dir`` TRL's client
-    pushes weights through files. ``grpo_lab.train.grpo_args`` has no server fields, so they are set here."""
+def file_sync_client(sync_dir: str | None) -> Iterator[None]:
+    """While the trainer is built with ``sync_dir``: TRL's client pushes weights through files (no NCCL)."""
     import functools
 
     import trl.generation.vllm_generation as vllm_generation
 
-    from grpo_lab import train as train_module
-
-    original_args = train_module.grpo_args
-
-    def grpo_args(config, use_vllm):
-        args = original_args(config, use_vllm)
-        args.vllm_server_base_url = base_url
-        args.vllm_server_timeout = server_timeout_s
-        if group_port is not None:
-            args.vllm_group_port = group_port
-        return args
-
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_swapped(train_module, "grpo_args", grpo_args))
-        if sync_dir is not None:
-            client = functools.partial(_file_sync_client_class(), sync_dir=sync_dir)
-            stack.enter_context(_swapped(vllm_generation, "VLLMClient", client))
+    if sync_dir is None:
         yield
+        return
+    original = vllm_generation.VLLMClient
+    vllm_generation.VLLMClient = functools.partial(_file_sync_client_class(), sync_dir=sync_dir)
+    try:
+        yield
+    finally:
+        vllm_generation.VLLMClient = original
 
 
 # --------------------------------------------------------------------------------------------------
@@ -759,9 +738,11 @@ def train_with_server(server: RolloutServer, config: ServerModeConfig, train_con
     group_port = None
     if server.weight_sync == "nccl":
         group_port = config.group_port or free_port()
-    spec = {"train_config": train_config.to_dict(), "base_url": server.base_url,
-            "server_timeout_s": config.startup_timeout_s, "group_port": group_port,
-            "sync_dir": str(sync_dir) if sync_dir else None, "result_path": str(run_dir / "trainer_result.json")}
+    train_config = dataclasses.replace(train_config, vllm_server_base_url=server.base_url,
+                                       vllm_server_timeout=config.startup_timeout_s,
+                                       **({"vllm_group_port": group_port} if group_port else {}))
+    spec = {"train_config": train_config.to_dict(), "sync_dir": str(sync_dir) if sync_dir else None,
+            "result_path": str(run_dir / "trainer_result.json")}
     spec_path = run_dir / "server_mode_spec.json"
     spec_path.write_text(json.dumps(spec, indent=2, default=str) + "\n", encoding="utf-8")
     command = trainer_command(plan, spec_path, bool(train_config.bf16))
@@ -847,7 +828,7 @@ def run_trainer(spec_path: str | Path) -> int:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     config = TrainConfig(**spec["train_config"])
     clock = _step_clock(config.get_profile().device)
-    with server_mode_trainer(spec["base_url"], spec["server_timeout_s"], spec["group_port"], spec["sync_dir"]):
+    with file_sync_client(spec["sync_dir"]):
         result = train(config, callbacks=[clock])
     if int(os.environ.get("RANK", "0")) == 0:
         outcome = {"global_step": result.global_step, "seconds": result.seconds, "step_seconds": clock.seconds,

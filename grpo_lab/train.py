@@ -147,6 +147,13 @@ class TrainConfig:
     top_p: float = 1.0
     use_vllm: bool | None = None
     vllm_mode: str = "colocate"
+    """``"colocate"``: vLLM inside the trainer process; ``"server"``: a vLLM server on other devices
+    (``grpo_lab.scale`` starts it and fills the three fields below)."""
+    vllm_server_base_url: str | None = None
+    vllm_server_timeout: float = 240.0
+    """Seconds TRL waits for the server to answer before giving up."""
+    vllm_group_port: int = 51216
+    """Port of TRL's NCCL weight-transfer group (server mode on CUDA)."""
     bf16: bool | None = None
     """Default: bf16 where the device supports it, except on the CPU (fp32 is faster and exact there)."""
     save_steps: int | None = None
@@ -718,6 +725,8 @@ def choose_backend(config: TrainConfig) -> tuple[bool, str]:
 
     if config.use_vllm and importlib.util.find_spec("vllm") is None:
         return False, "HF generate: vLLM is not installed here (install the stack's vLLM build to use colocate)"
+    if config.use_vllm and config.vllm_mode == "server":
+        return True, f"vLLM server at {config.vllm_server_base_url} (TRL server mode, grpo_lab.scale)"
     if config.use_vllm:
         from grpo_lab.vllm_cpu_sync import vllm_runs_on_cpu
 
@@ -750,6 +759,9 @@ def grpo_args(config: TrainConfig, use_vllm: bool):
         reward_weights=list(config.reward_weights) if config.reward_weights else None,
         use_vllm=use_vllm,
         vllm_mode=config.vllm_mode,
+        vllm_server_base_url=config.vllm_server_base_url,
+        vllm_server_timeout=config.vllm_server_timeout,
+        vllm_group_port=config.vllm_group_port,
         vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         vllm_max_model_length=config.max_prompt_length + config.max_completion_length,
         bf16=config.bf16,
