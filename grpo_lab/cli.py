@@ -8,6 +8,7 @@
     grpo-lab train [--profile P ...]    a GRPO run (TRL GRPOTrainer), run folder with metrics and checkpoints
     grpo-lab bench --profile tiny       HF vs vLLM vs prefix caching, ratios and roofline
     grpo-lab serve [FOLDER] [--ask MSG] serve a model folder with vLLM (127.0.0.1, optional API key)
+    grpo-lab scale [--rollout-devices 0 --train-devices 1]   TRL server mode: vLLM server + accelerate trainer
     grpo-lab verl-export --out DIR      the same experiment as verl inputs: parquet, compute_score, config, launch
 """
 
@@ -27,6 +28,8 @@ SUBCOMMANDS = {
     "train": ("grpo_lab.train", "a GRPO run with TRL GRPOTrainer from a profile plus overrides"),
     "bench": ("grpo_lab.bench", "rollout (and GRPO step) benchmark: HF vs vLLM vs prefix caching, roofline"),
     "serve": ("grpo_lab.deploy", "verify a model folder and serve it with vLLM's OpenAI-compatible server"),
+    "scale": ("grpo_lab.scale", "TRL server mode: a vLLM rollout server on its own device(s), the trainer on the "
+                                "others via accelerate launch"),
     "verl-export": ("grpo_lab.verl_export", "write verl's GRPO inputs (parquet, compute_score, Hydra overrides, "
                                             "launch script) from a training config"),
 }
