@@ -32,8 +32,6 @@ job() {
                 --vllm-option async_scheduling=true --out "$out" --name bench_seed_qwen2.5-0.5b ;;
     smollm2)  python3 benchmarks/grpo_smollm2/run.py before train after --max-minutes "${SMOLLM2_MINUTES:-6}" \
                 --out "$out" ;;
-    smollm2-more) python3 benchmarks/grpo_smollm2/run.py train after --max-minutes "${SMOLLM2_MINUTES:-4}" \
-                --out "$R/smollm2" ;;
     smollm2-hf) python3 benchmarks/grpo_smollm2/run.py hf-steps --hf-steps 6 --out "$out" ;;
     *)        echo "unknown job $1"; return 2 ;;
   esac
