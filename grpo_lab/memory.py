@@ -878,15 +878,19 @@ def _what_would_fit(setting: _Setting, shape: TrainingShape) -> str:
     needed = peak + vllm_least
     device_needed = math.ceil(max(needed + MARGIN_MIN_BYTES, needed / (1 - MARGIN_FRACTION)) / GIB)
     options = [f"a device with at least {device_needed} GiB"]
-    if shape.beta > 0:
+    # each further option only where it alone makes micro-batch 1 with checkpointing fit this device
+    if shape.beta > 0 and setting.fits(replace(smallest, beta=0.0)):
         options.append(f"beta=0 (drops the {phases['optimizer step']['reference model'] / GIB:.1f} GiB reference model)")
-    if prec.name != "bf16":
+    if prec.name != "bf16" and replace(setting, precision=PRECISIONS["bf16"]).fits(smallest):
         per_param = prec.weight_bytes + prec.grad_bytes + prec.adamw_bytes
         options.append(f"bf16 training (8 instead of {per_param} bytes per parameter)")
-    options.append(f"vLLM in server mode on another device (frees at least {vllm_least / GIB:.1f} GiB here)")
+    if peak + setting.margin <= setting.device_bytes:
+        options.append(f"vLLM in server mode on another device (frees at least {vllm_least / GIB:.1f} GiB here)")
+    not_enough = "" if peak + setting.margin <= setting.device_bytes else (
+        f" vLLM in server mode alone would not be enough: the trainer by itself peaks at {peak / GIB:.1f} GiB.")
     options.append("LoRA or an 8-bit optimizer (fewer trainable states; not modelled here)")
     reference = " and the reference model" if shape.beta > 0 else ""
     return (f"Cannot fit at any batch size on {setting.device_bytes / GIB:.0f} GiB: weights, AdamW states{reference} "
             f"alone take {static / GIB:.1f} GiB, the step at micro-batch 1 with checkpointing peaks at "
             f"{peak / GIB:.1f} GiB, vLLM needs at least {vllm_least / GIB:.1f} GiB and the margin "
-            f"{setting.margin / GIB:.1f} GiB. It would fit with: " + "; or ".join(options) + ".")
+            f"{setting.margin / GIB:.1f} GiB. It would fit with: " + "; or ".join(options) + "." + not_enough)
