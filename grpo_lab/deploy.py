@@ -255,6 +255,23 @@ def suggest_max_model_len(tokenizer, prompts: list[list[dict[str, str]]], max_to
     return int(-(-p99 // multiple) * multiple)
 
 
+def wait_until_healthy(process, base_url: str, timeout_s: float) -> int | None:
+    """Poll ``base_url/health`` until it answers 200: None when ready, the exit code if the process ended first;
+    :class:`TimeoutError` when neither happens within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return process.returncode
+        try:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return None
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{base_url}/health did not answer within {timeout_s:.0f} s")
+
+
 class VLLMServer:
     """vLLM's OpenAI-compatible server as a child process; a context manager that always stops it.
 
@@ -293,20 +310,14 @@ class VLLMServer:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.config.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise DeployError(f"the vLLM server exited with code {self.process.returncode} during start.\n"
-                                  f"Last lines of {self.log_path}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(1)
-        raise DeployError(f"the vLLM server did not become ready within {self.config.startup_timeout_s:.0f} s; "
-                          f"raise startup_timeout_s or check the log:\n{self.log_tail()}")
+        try:
+            exit_code = wait_until_healthy(self.process, self.base_url, self.config.startup_timeout_s)
+        except TimeoutError:
+            raise DeployError(f"the vLLM server did not become ready within {self.config.startup_timeout_s:.0f} s; "
+                              f"raise startup_timeout_s or check the log:\n{self.log_tail()}") from None
+        if exit_code is not None:
+            raise DeployError(f"the vLLM server exited with code {exit_code} during start.\n"
+                              f"Last lines of {self.log_path}:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         if not self.log_path or not self.log_path.is_file():

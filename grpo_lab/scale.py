@@ -532,21 +532,17 @@ class RolloutServer:
 
 
 def _wait_ready(server: RolloutServer, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise ScaleOutError(f"the rollout server exited with code {server.process.returncode} while starting. "
-                                f"Its log is {server.log_path}; last lines:\n{_tail(server.log_path)}")
-        try:
-            with urllib.request.urlopen(f"{server.base_url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1)
-    raise ScaleOutError(f"the rollout server did not answer {server.base_url}/health within {timeout_s:.0f} s "
-                        f"(startup_timeout_s). Read its log, {server.log_path}, then raise startup_timeout_s if it "
-                        f"was still loading. Last lines:\n{_tail(server.log_path)}")
+    from grpo_lab.deploy import wait_until_healthy
+
+    try:
+        exit_code = wait_until_healthy(server.process, server.base_url, timeout_s)
+    except TimeoutError:
+        raise ScaleOutError(f"the rollout server did not answer {server.base_url}/health within {timeout_s:.0f} s "
+                            f"(startup_timeout_s). Read its log, {server.log_path}, then raise startup_timeout_s if it "
+                            f"was still loading. Last lines:\n{_tail(server.log_path)}") from None
+    if exit_code is not None:
+        raise ScaleOutError(f"the rollout server exited with code {exit_code} while starting. "
+                            f"Its log is {server.log_path}; last lines:\n{_tail(server.log_path)}")
 
 
 @contextlib.contextmanager
