@@ -2,16 +2,22 @@
 # One device call on an nvidia-h200-x2 machine whose GPU bundle is already assembled (../shared/gpu/):
 # two job lists run side by side, one per GPU, each job in its own process with CUDA_VISIBLE_DEVICES set.
 #
-#   bash benchmarks/h200_session.sh "rollout memory" "grpo05"     # jobs on GPU 0, jobs on GPU 1
+#   bash benchmarks/h200_session.sh "rollout memory" "grpo05"     # jobs on GPU 0, jobs on GPU 1; waits for both
+#   bash benchmarks/h200_session.sh --detach "smollm2" "scale-colocate"   # starts both in their own session, returns
+#   bash benchmarks/h200_session.sh --wait                        # waits (≤ H200_STREAM_LIMIT) for detached lists
 #
-# Every job writes under /tmp/h200/<job>/ and logs to /tmp/h200/logs/<job>.log; the call ends by packing
+# Detached lists outlive the call (the device tool keeps a process that started its own session), so a job may
+# run longer than one call's ten minutes; later calls (`--wait`) keep the machine warm and collect the results.
+# Every job writes under /tmp/h200/<job>/ and logs to /tmp/h200/logs/<job>.log; each call ends by packing
 # /tmp/h200 into $OUT/h200.tgz (one file back, all calls' results so far). The jobs are listed in job() below;
 # benchmarks/README.md says which call ran which jobs and what came out.
 set -uo pipefail
 export PYTHONPATH=/tmp/grpo-gpu-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
        TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 R=/tmp/h200
-LIMIT=${H200_STREAM_LIMIT:-540}   # seconds per job list, so that packing the results fits in the call
+LIMIT=${H200_STREAM_LIMIT:-540}        # seconds a call waits for its job lists, so that packing fits in the call
+DETACHED_LIMIT=${H200_DETACHED_LIMIT:-1500}   # seconds a detached job list may run in all
+SCALE="benchmarks/scale_out/run.py --out $R/scale-out --profile seed --shape qwen2.5-0.5b --grpo-steps 2"
 mkdir -p "$R/logs"
 
 job() {
@@ -23,22 +29,28 @@ job() {
     rollout)  python3 -m grpo_lab.rollout --backends hf,vllm --json "$out/rollout_tiny.json"
               python3 -m grpo_lab.rollout --shape qwen2.5-0.5b --backends hf,vllm --num-prompts 128 --n 4 \
                 --max-tokens 256 --hf-batch-size 512 --json "$out/rollout_qwen2.5-0.5b.json" ;;
-    memory)   python3 benchmarks/memory/measure_gpu.py --part train-step vllm colocate --out "$out" ;;
+    memory)   timeout "${MEMORY_LIMIT:-900}" python3 benchmarks/memory/measure_gpu.py --part train-step vllm colocate \
+                --out "$out" ;;
     grpo05)   python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --parts grpo,roofline \
                 --grpo-backends hf,vllm --grpo-steps 2 --out "$out" --name grpo_step_seed_qwen2.5-0.5b ;;
     bench15)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-1.5b --parts rollout,roofline \
                 --vllm-option async_scheduling=true --out "$out" --name bench_seed_qwen2.5-1.5b ;;
     bench05)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --parts rollout,roofline \
                 --vllm-option async_scheduling=true --out "$out" --name bench_seed_qwen2.5-0.5b ;;
-    smollm2)  python3 benchmarks/grpo_smollm2/run.py before train after --max-minutes "${SMOLLM2_MINUTES:-6}" \
-                --out "$out" ;;
+    smollm2)  python3 benchmarks/grpo_smollm2/run.py ${SMOLLM2_PHASES:-before train after} \
+                --max-minutes "${SMOLLM2_MINUTES:-6}" --out "$out" ;;
+    smollm2-before) python3 benchmarks/grpo_smollm2/run.py before --out "$out" ;;
     smollm2-hf) python3 benchmarks/grpo_smollm2/run.py hf-steps --hf-steps 6 --out "$out" ;;
+    # issue 10: colocate on this stream's GPU alone; server mode takes both GPUs (run it with the other list empty)
+    scale-colocate) CUDA_VISIBLE_DEVICES=0,1 python3 $SCALE --parts colocate \
+                      --rollout-devices "$GPU" --train-devices "$((1 - GPU))" ;;
+    scale-server)   CUDA_VISIBLE_DEVICES=0,1 python3 $SCALE --parts server --rollout-devices 0 --train-devices 1 ;;
     *)        echo "unknown job $1"; return 2 ;;
   esac
 }
 
 stream() {  # stream GPU "job job ..."
-  export CUDA_VISIBLE_DEVICES=$1
+  export CUDA_VISIBLE_DEVICES=$1 GPU=$1
   for name in $2; do
     local start=$SECONDS
     job "$name" > "$R/logs/$name.log" 2>&1
@@ -46,8 +58,39 @@ stream() {  # stream GPU "job job ..."
   done
 }
 
-timeout "$LIMIT" bash -c "$(declare -f job stream); R=$R; stream 0 '${1:-}'" &
-timeout "$LIMIT" bash -c "$(declare -f job stream); R=$R; stream 1 '${2:-}'" &
-wait
-for log in "$R"/logs/*.log; do echo "== $log"; tail -n 15 "$log"; done
-tar -C "$R" -czf "$OUT/h200.tgz" . && ls -la "$OUT"
+pack() {
+  for log in "$R"/logs/*.log; do echo "== $log"; tail -n 12 "$log"; done
+  tar -C "$R" -czf "$OUT/h200.tgz" --exclude='*.safetensors' . && ls -la "$OUT"
+}
+
+run_list() {  # run_list GPU "jobs" TIMEOUT: one job list, marked done in $R/done-GPU when it ends
+  timeout "$3" bash -c "$(declare -f job stream); R=$R SCALE='$SCALE'; stream $1 '$2'"
+  touch "$R/done-$1"
+}
+
+case ${1:-} in
+  --detach)
+    for gpu in 0 1; do
+      jobs=${2:-}; [ "$gpu" = 1 ] && jobs=${3:-}
+      [ -n "$jobs" ] || continue
+      rm -f "$R/done-$gpu"; touch "$R/detached-$gpu"
+      setsid bash -c "$(declare -f job stream run_list); R=$R SCALE='$SCALE'; run_list $gpu '$jobs' $DETACHED_LIMIT" \
+        >> "$R/logs/stream-$gpu.log" 2>&1 < /dev/null &
+      echo "detached GPU $gpu: $jobs"
+    done ;;
+  --wait)
+    waited=0
+    for marker in "$R"/detached-*; do
+      [ -e "$marker" ] || continue
+      gpu=${marker##*-}
+      while [ ! -e "$R/done-$gpu" ] && [ "$waited" -lt "$LIMIT" ]; do sleep 5; waited=$((waited + 5)); done
+      [ -e "$R/done-$gpu" ] && rm -f "$marker" && echo "GPU $gpu: done" || echo "GPU $gpu: still running"
+    done
+    cat "$R"/logs/stream-*.log 2>/dev/null
+    pack ;;
+  *)
+    run_list 0 "${1:-}" "$LIMIT" &
+    run_list 1 "${2:-}" "$LIMIT" &
+    wait
+    pack ;;
+esac

@@ -912,7 +912,7 @@ def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class Evaluation:
-    """Held-out accuracy of one model (greedy, sampled pass@1, pass@k), with its greedy completions."""
+    """Held-out accuracy of one model (greedy, sampled pass@1, pass@k), with its greedy and sampled completions."""
 
     model: str
     report: Any
@@ -920,6 +920,8 @@ class Evaluation:
     greedy_texts: list[str]
     seconds: float
     backend: str
+    sampled_texts: list[list[str]]
+    """Each row's samples at the evaluation temperature (re-score a subset with ``models.accuracy_report``)."""
 
 
 def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int = 8, temperature: float = 1.0,
@@ -942,7 +944,7 @@ def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int
         sampled = engine.generate(prompts).texts
         used = engine.name
     report = accuracy_report(rows, [g[0] for g in greedy], sampled, temperature)
-    return Evaluation(str(model), report, [g[0] for g in greedy], time.perf_counter() - start, used)
+    return Evaluation(str(model), report, [g[0] for g in greedy], time.perf_counter() - start, used, sampled)
 
 
 def compare(before: Evaluation, after: Evaluation, types: Sequence[str] | None = None) -> str:

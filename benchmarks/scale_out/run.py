@@ -97,6 +97,23 @@ def colocate_part(args: argparse.Namespace, out: Path, first_device: int | None)
     return {"command": portable(command), **step}
 
 
+def earlier_parts(path: Path, profile: dict, shape: str | None, running: str) -> dict:
+    """The parts an earlier run of the same workload left in ``path`` and this run does not repeat (so the two
+    parts can run in separate calls, each on a device of its own).
+
+    A file for another workload is not merged: mixing sizes would make the comparison meaningless.
+    """
+    if not path.is_file():
+        return {}
+    earlier = json.loads(path.read_text(encoding="utf-8"))
+    if earlier.get("profile") != profile or earlier.get("shape") != shape:
+        raise SystemExit(f"{path} holds another workload ({earlier.get('profile')}, shape {earlier.get('shape')}); "
+                         f"use another --out for this one")
+    kept = {name: earlier[name] for name in ("server", "colocate") if name in earlier and name not in running}
+    return {**kept, "earlier_run": {"command": earlier.get("command"), "created": earlier.get("created"),
+                                    "parts": sorted(kept)}} if kept else {}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path)
@@ -116,11 +133,13 @@ def main(argv: list[str] | None = None) -> int:
                                     train_timeout_s=480).resolved()
     plan = scale.plan_devices(config.device, rollout_devices=config.rollout_devices,
                               train_devices=config.train_devices)
-    results = {"command": "python benchmarks/scale_out/run.py " + shlex.join(argv or sys.argv[1:]),
-               "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "profile": profile.as_dict(), "shape": args.shape,
-               "device": {"kind": plan.kind, "name": device.device_name(kind=plan.kind),
-                          "count": device.device_count(plan.kind)},
-               "weights": "random (speed only)" if args.shape else "real"}
+    path = args.out / f"scale_out_{profile.name}.json"
+    results = earlier_parts(path, profile.as_dict(), args.shape, args.parts)
+    results.update({"command": "python benchmarks/scale_out/run.py " + shlex.join(argv or sys.argv[1:]),
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "profile": profile.as_dict(),
+                    "shape": args.shape, "device": {"kind": plan.kind, "name": device.device_name(kind=plan.kind),
+                                                    "count": device.device_count(plan.kind)},
+                    "weights": "random (speed only)" if args.shape else "real"})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="grpo-lab-scale-") as scratch:
         scratch = Path(scratch)
@@ -135,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         results["speedup_server_vs_colocate"] = (results["colocate"]["median"]["step_s"]
                                                  / results["server"]["median"]["step_s"])
     results["seconds"] = time.perf_counter() - started
-    path = args.out / f"scale_out_{profile.name}.json"
     path.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
     print(f"\n{'layout':<34}{'step':>9}{'generation':>12}{'reward':>9}{'update':>9}")
     for name in ("colocate", "server"):
