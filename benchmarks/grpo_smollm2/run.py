@@ -100,7 +100,8 @@ def evaluate(name: str, model: Path) -> None:
     rows = load_split("eval")[:EVAL_ROWS]
     result = run_eval(model, rows, **EVAL)
     reports = subset_reports(rows, result.greedy_texts, result.sampled_texts)
-    record = {"model": name, "seconds": round(result.seconds, 1), "backend": result.backend,
+    record = {"model": name, "model_dir": str(model.relative_to(STATE)), "seconds": round(result.seconds, 1),
+              "backend": result.backend,
               "report": reports["all"], "by_lang": reports, "greedy_examples": result.greedy_texts[:12]}
     (STATE / f"{name}.json").write_text(json.dumps(record, indent=2, ensure_ascii=False))
     for subset, report in reports.items():
