@@ -64,20 +64,25 @@ pack() {
 }
 
 run_list() {  # run_list GPU "jobs" TIMEOUT: one job list, marked done in $R/done-GPU when it ends
-  timeout "$3" bash -c "$(declare -f job stream); R=$R SCALE='$SCALE'; stream $1 '$2'"
+  # through this script again, so that no process's command line holds the job bodies (a `pkill -f` aimed at one
+  # job's command would otherwise match, and kill, whole job lists: it ended a run on 2026-11-30)
+  timeout "$3" bash "$0" --stream "$1" "$2"
   touch "$R/done-$1"
 }
 
 case ${1:-} in
+  --stream)
+    stream "$2" "$3" ;;
   --detach)
     for gpu in 0 1; do
       jobs=${2:-}; [ "$gpu" = 1 ] && jobs=${3:-}
       [ -n "$jobs" ] || continue
       rm -f "$R/done-$gpu"; touch "$R/detached-$gpu"
-      setsid bash -c "$(declare -f job stream run_list); R=$R SCALE='$SCALE'; run_list $gpu '$jobs' $DETACHED_LIMIT" \
-        >> "$R/logs/stream-$gpu.log" 2>&1 < /dev/null &
+      setsid bash "$0" --run-list "$gpu" "$jobs" "$DETACHED_LIMIT" >> "$R/logs/stream-$gpu.log" 2>&1 < /dev/null &
       echo "detached GPU $gpu: $jobs"
     done ;;
+  --run-list)
+    run_list "$2" "$3" "$4" ;;
   --wait)
     waited=0
     for marker in "$R"/detached-*; do
