@@ -106,7 +106,7 @@ def earlier_parts(path: Path, profile: dict, shape: str | None, running: str) ->
     if not path.is_file():
         return {}
     earlier = json.loads(path.read_text(encoding="utf-8"))
-    if earlier.get("profile") != profile or earlier.get("shape") != shape:
+    if earlier.get("profile") != json.loads(json.dumps(profile)) or earlier.get("shape") != shape:  # as stored
         raise SystemExit(f"{path} holds another workload ({earlier.get('profile')}, shape {earlier.get('shape')}); "
                          f"use another --out for this one")
     kept = {name: earlier[name] for name in ("server", "colocate") if name in earlier and name not in running}
