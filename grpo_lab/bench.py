@@ -29,21 +29,41 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import os
 import random
+import shlex
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import device
+from tqdm.auto import tqdm
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+from grpo_lab import device, env, runs
+from grpo_lab.data import load_split, write_jsonl
+from grpo_lab.device import Machine
+from grpo_lab.errors import ConfigError, GrpoLabError
+from grpo_lab.experiment import DEFAULT_FOR_DEVICE, TrainConfig
+from grpo_lab.memory import ModelShape, dtype_bytes
+from grpo_lab.models import resolve_model
+from grpo_lab.plots import plot_bench
+from grpo_lab.rollout import (
+    RolloutConfig,
+    Sampling,
+    encode_prompts,
+    load_tokenizer,
+    open_engine,
+)
+from grpo_lab.rollout.compare import SHAPES, shaped_model_dir
+from grpo_lab.train import MetricsLogger, StepClock, build_trainer
+
 SCHEMA = "grpo-lab.bench/1"
 CONFIGS = ("hf", "vllm", "vllm+prefix")
 VARIANTS = ("fixed", "ragged")
@@ -67,14 +87,16 @@ SEED_REFERENCE = ("seeds: one Ascend NPU, 2B model, 128 prompts x n=4 x 256 toke
 
 @dataclass(frozen=True)
 class BenchProfile:
-    """Sizes of one benchmark run; every field can be overridden from the command line."""
+    """One benchmark run: the GRPO step measured (a :class:`~grpo_lab.experiment.TrainConfig` under TRL's names)
+    and how it is timed. The rollout part samples the same workload: ``num_prompts`` prompts × ``num_generations``
+    completions of up to ``max_completion_length`` tokens."""
 
     name: str
-    num_prompts: int
-    n: int
+    step: TrainConfig
+    """The step's shape: ``num_generations``, ``max_completion_length``, the micro-batch
+    (``per_device_train_batch_size``) and ``gradient_accumulation_steps`` (TRL generates all micro-batches at once)."""
     prompt_tokens: int
     """Target prompt length after the chat template (each prompt lands within a few tokens of it)."""
-    max_tokens: int
     warmup: int
     """Rounds run and thrown away first (engine warm-up, allocator, CUDA graphs)."""
     repeats: int
@@ -82,50 +104,76 @@ class BenchProfile:
     grpo_backends: tuple[str, ...]
     grpo_steps: int
     grpo_warmup_steps: int
-    grpo_batch_size: int
-    """Completions per forward/backward micro-batch (TRL's per_device_train_batch_size); the step generates
-    all ``num_prompts x n`` at once and accumulates gradients over the micro-batches."""
     why: str = ""
 
     @property
+    def num_prompts(self) -> int:
+        """Prompts per step (= the rollout workload's prompts)."""
+        return self.step.num_prompts_per_step
+
+    @property
     def sequences(self) -> int:
-        return self.num_prompts * self.n
+        """Completions per step."""
+        return self.step.generation_batch_size
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        shape = ("num_generations", "max_completion_length", "per_device_train_batch_size",
+                 "gradient_accumulation_steps")
+        return {"name": self.name, "num_prompts": self.num_prompts, **{k: getattr(self.step, k) for k in shape},
+                **{k: v for k, v in asdict(self).items() if k not in ("name", "step")}}
+
+
+def _step(num_prompts: int, num_generations: int, max_completion_length: int, micro_batch: int) -> TrainConfig:
+    """A step of ``num_prompts`` × ``num_generations`` completions in micro-batches of ``micro_batch`` (at most the
+    whole step)."""
+    completions = num_prompts * num_generations
+    micro_batch = min(micro_batch, completions)
+    if completions % micro_batch:
+        raise ConfigError(f"per_device_train_batch_size={micro_batch} must divide the completions per step "
+                          f"({num_prompts} prompts x num_generations={num_generations} = {completions})")
+    return TrainConfig(num_generations=num_generations, max_completion_length=max_completion_length,
+                       per_device_train_batch_size=micro_batch, gradient_accumulation_steps=completions // micro_batch)
 
 
 BENCH_PROFILES = {
     "tiny": BenchProfile(
-        name="tiny", num_prompts=16, n=4, prompt_tokens=128, max_tokens=64, warmup=1, repeats=3,
-        grpo_backends=("hf",), grpo_steps=2, grpo_warmup_steps=1, grpo_batch_size=16,
+        name="tiny", step=_step(16, 4, 64, 16), prompt_tokens=128, warmup=1, repeats=3,
+        grpo_backends=("hf",), grpo_steps=2, grpo_warmup_steps=1,
         why=("CPU CI on 2 cores in ~3 minutes with one vLLM engine start: fewer prompts and shorter completions "
              "than the seed; the GRPO step runs with HF generate only (vLLM colocate would start a second engine, "
              "~40 s more; pass --grpo-backends hf,vllm to run it)")),
     "seed": BenchProfile(
-        name="seed", num_prompts=128, n=4, prompt_tokens=128, max_tokens=256, warmup=1, repeats=3,
-        grpo_backends=("hf", "vllm"), grpo_steps=3, grpo_warmup_steps=1, grpo_batch_size=32,
-        why="the seeds' workload: 128 prompts x n=4, prompts of ~128 tokens, up to 256 new tokens"),
+        name="seed", step=_step(128, 4, 256, 32), prompt_tokens=128, warmup=1, repeats=3,
+        grpo_backends=("hf", "vllm"), grpo_steps=3, grpo_warmup_steps=1,
+        why="the source write-up's workload: 128 prompts x 4 completions, prompts of ~128 tokens, up to 256 new "
+            "tokens"),
 }
 DEFAULT_PROFILE = {"cpu": "tiny", "cuda": "seed", "npu": "seed"}
+STEP_FIELDS = ("num_prompts", "num_generations", "max_completion_length", "per_device_train_batch_size")
+"""What shapes a bench profile's step (``num_prompts`` sets ``gradient_accumulation_steps``)."""
 
 
 def get_bench_profile(name: str | None = None, **overrides) -> BenchProfile:
-    """A profile by name (default: ``tiny`` on the CPU, ``seed`` on accelerators) with fields replaced."""
+    """A profile by name (default: ``tiny`` on the CPU, ``seed`` on accelerators) with fields replaced; the step's
+    fields (:data:`STEP_FIELDS`) are given by their TRL names."""
     key = (name or DEFAULT_PROFILE[device.detect()]).strip().lower()
     if key not in BENCH_PROFILES:
-        raise ValueError(f"unknown bench profile {name!r}: use one of {', '.join(BENCH_PROFILES)}")
-    unknown = set(overrides) - set(BENCH_PROFILES[key].as_dict())
+        raise ConfigError(f"unknown bench profile {name!r}: use one of {', '.join(BENCH_PROFILES)}")
+    profile = BENCH_PROFILES[key]
+    known = set(STEP_FIELDS) | {f.name for f in fields(BenchProfile)} - {"name", "step"}
+    unknown = set(overrides) - known
     if unknown:
-        raise ValueError(f"unknown bench profile field(s) {sorted(unknown)}; "
-                         f"known: {sorted(BENCH_PROFILES[key].as_dict())}")
-    profile = replace(BENCH_PROFILES[key], **overrides)
-    for field_name in ("num_prompts", "n", "prompt_tokens", "max_tokens", "repeats", "grpo_steps", "grpo_batch_size"):
-        if getattr(profile, field_name) < 1:
-            raise ValueError(f"{field_name}={getattr(profile, field_name)}: must be at least 1")
-    if profile.warmup < 0 or profile.grpo_warmup_steps < 0:
-        raise ValueError("warm-up rounds and steps must be >= 0")
-    return profile
+        raise ConfigError(f"unknown bench profile field(s) {sorted(unknown)}; known: {sorted(known)}")
+    for field_name, value in overrides.items():
+        if field_name != "grpo_backends" and (not isinstance(value, int) or value < (0 if field_name in (
+                "warmup", "grpo_warmup_steps") else 1)):
+            raise ConfigError(f"{field_name}={value!r}: must be an integer of at least "
+                              f"{0 if field_name in ('warmup', 'grpo_warmup_steps') else 1}")
+    shape = {"num_prompts": profile.num_prompts, **{k: getattr(profile.step, k) for k in STEP_FIELDS[1:]}}
+    shape.update({k: v for k, v in overrides.items() if k in STEP_FIELDS})
+    step = _step(shape["num_prompts"], shape["num_generations"], shape["max_completion_length"],
+                 shape["per_device_train_batch_size"])
+    return replace(profile, step=step, **{k: v for k, v in overrides.items() if k not in STEP_FIELDS})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -138,9 +186,6 @@ def seed_workload(tokenizer, count: int, prompt_tokens: int) -> list[dict[str, A
     no two prompts share a header: what prefix caching can share is a prompt among its ``n`` samples, as in
     GRPO. Rows keep ``answer``/``type``/``lang``/``unit``, so the GRPO step can score them.
     """
-    from grpo_lab.data import load_split
-    from grpo_lab.rollout import encode_prompts
-
     questions = load_split("eval")
     pools: dict[str, list[dict]] = {}
     for row in load_split("train"):
@@ -238,8 +283,6 @@ class _Contenders:
     """The engines of one rollout benchmark, opened once, and how each config calls them."""
 
     def __init__(self, model: str, config, prompts, configs: Sequence[str], prefix_off: str):
-        from grpo_lab.rollout import open_engine
-
         self.engines: dict[str, Any] = {}
         self.prefix_off = prefix_off
         self.load_s: dict[str, float] = {}
@@ -293,20 +336,16 @@ def rollout_bench(model: str, rows: Sequence[dict], profile: BenchProfile, confi
     Returns the ``rollout`` block of the results (see :func:`check_results`); each vLLM call starts with an
     empty prefix cache, so prefix caching only shares a prompt among its own ``n`` samples, as in a GRPO step.
     """
-    from tqdm.auto import tqdm
-
-    from grpo_lab.rollout import Sampling
-
     _check_choice("configs", configs, CONFIGS)
     _check_choice("variants", variants, VARIANTS)
     _check_choice("ragged", [ragged], RAGGED_MODES)
     _check_choice("prefix_off", [prefix_off], PREFIX_OFF_MODES)
     prompts = [row["prompt"] for row in rows]
-    drawn = draw_lengths(len(prompts), profile.n, profile.max_tokens) if ragged == "uniform" else None
+    drawn = draw_lengths(len(prompts), profile.step.num_generations, profile.step.max_completion_length) if ragged == "uniform" else None
     plans = {
-        "fixed": (Sampling(n=profile.n, max_tokens=profile.max_tokens, temperature=config.temperature,
-                           seed=config.seed, min_tokens=profile.max_tokens), None),
-        "ragged": (Sampling(n=profile.n, max_tokens=profile.max_tokens, temperature=config.temperature,
+        "fixed": (Sampling(n=profile.step.num_generations, max_tokens=profile.step.max_completion_length, temperature=config.temperature,
+                           seed=config.seed, min_tokens=profile.step.max_completion_length), None),
+        "ragged": (Sampling(n=profile.step.num_generations, max_tokens=profile.step.max_completion_length, temperature=config.temperature,
                             seed=config.seed), drawn),
     }
     measurements = {variant: {name: Measurement() for name in configs} for variant in variants}
@@ -331,8 +370,8 @@ def rollout_bench(model: str, rows: Sequence[dict], profile: BenchProfile, confi
         results = {name: m.as_dict() for name, m in measurements[variant].items()}
         base = results.get("hf", {}).get("tokens_per_s")
         out_variants[variant] = {
-            "lengths": (f"every completion exactly {profile.max_tokens} tokens (min_tokens = max_tokens)"
-                        if variant == "fixed" else ragged_description(ragged, profile.max_tokens)),
+            "lengths": (f"every completion exactly {profile.step.max_completion_length} tokens (min_tokens = max_tokens)"
+                        if variant == "fixed" else ragged_description(ragged, profile.step.max_completion_length)),
             "sampling": asdict(sampling),
             "configs": results,
             "speedup_vs_hf": ({name: r["tokens_per_s"] / base for name, r in results.items() if name != "hf"}
@@ -340,7 +379,7 @@ def rollout_bench(model: str, rows: Sequence[dict], profile: BenchProfile, confi
             "_lengths": {name: m.completion_lengths for name, m in measurements[variant].items()},
         }
     return {
-        "workload": {"num_prompts": len(prompts), "n": profile.n, "max_tokens": profile.max_tokens,
+        "workload": {"num_prompts": len(prompts), "n": profile.step.num_generations, "max_tokens": profile.step.max_completion_length,
                      "prompt_tokens_target": profile.prompt_tokens, "prompt_tokens_min": min(prompt_lengths),
                      "prompt_tokens_mean": sum(prompt_lengths) / len(prompt_lengths),
                      "prompt_tokens_max": max(prompt_lengths), "temperature": config.temperature,
@@ -360,7 +399,7 @@ def rollout_bench(model: str, rows: Sequence[dict], profile: BenchProfile, confi
 def _check_choice(name: str, given: Sequence[str], allowed: Sequence[str]) -> None:
     unknown = [g for g in given if g not in allowed]
     if unknown or not given:
-        raise ValueError(f"{name}={list(given)!r}: choose from {', '.join(allowed)}")
+        raise ConfigError(f"{name}={list(given)!r}: choose from {', '.join(allowed)}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -451,27 +490,14 @@ class ModelCost:
 
 
 def model_cost(model, dtype: str = "bfloat16") -> ModelCost:
-    """:class:`ModelCost` of a model folder (its ``config.json``) or a transformers config; the parameters are
-    counted exactly by building the model on the meta device (no memory, no weights read)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
-
-    config = model if isinstance(model, PretrainedConfig) else AutoConfig.from_pretrained(str(model),
-                                                                                          trust_remote_code=False)
-    with torch.device("meta"):
-        network = AutoModelForCausalLM.from_config(config)
-    params = sum(p.numel() for p in network.parameters())  # tied weights are one parameter
-    embedding = network.get_input_embeddings().weight
-    output = network.get_output_embeddings()
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    bytes_per_param = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    return ModelCost(params=params, embedding_params=embedding.numel(),
-                     tied_embeddings=output is not None and output.weight is embedding,
-                     bytes_per_param=bytes_per_param, layers=config.num_hidden_layers,
-                     attention_width=heads * head_dim,
-                     kv_bytes_per_token=2 * config.num_hidden_layers * kv_heads * head_dim * bytes_per_param)
+    """:class:`ModelCost` of a model folder (its ``config.json``), a dict or a transformers config, read through the
+    memory planner's :class:`~grpo_lab.memory.ModelShape` (the one reader of a model's shape)."""
+    shape = ModelShape.from_config(model)
+    size = dtype_bytes(dtype)
+    return ModelCost(params=shape.num_parameters, embedding_params=shape.embedding_parameters,
+                     tied_embeddings=shape.tie_word_embeddings, bytes_per_param=size,
+                     layers=shape.num_hidden_layers, attention_width=shape.q_dim,
+                     kv_bytes_per_token=shape.kv_cache_bytes_per_token(size))
 
 
 @dataclass(frozen=True)
@@ -511,7 +537,7 @@ def roofline(cost: ModelCost, rates: DeviceRates, prompt_lengths: Sequence[int],
     (4 x layers x ``attention_width`` per token of context). The first new token comes from the prefill.
     """
     if len(prompt_lengths) != len(completion_lengths):
-        raise ValueError(f"{len(prompt_lengths)} prompt lengths but completion lengths for "
+        raise ConfigError(f"{len(prompt_lengths)} prompt lengths but completion lengths for "
                          f"{len(completion_lengths)} prompts")
     bandwidth, rate = rates.bandwidth_bytes_per_s, rates.matmul_flops_per_s
     prompt_tokens = sum(prompt_lengths)
@@ -547,7 +573,7 @@ def workload_roofline(cost: ModelCost, rates: DeviceRates, profile: BenchProfile
                       lengths: Sequence[Sequence[int]] | None = None) -> Roofline:
     """The roofline of a profile's workload: every prompt ``prompt_tokens`` long, every completion
     ``max_tokens`` long (or ``lengths``, e.g. :func:`draw_lengths` for the ragged variant)."""
-    lengths = lengths or [[profile.max_tokens] * profile.n for _ in range(profile.num_prompts)]
+    lengths = lengths or [[profile.step.max_completion_length] * profile.step.num_generations for _ in range(profile.num_prompts)]
     return roofline(cost, rates, [profile.prompt_tokens] * profile.num_prompts, lengths)
 
 
@@ -568,27 +594,15 @@ def add_roofline(rollout: dict[str, Any], cost: ModelCost, rates: DeviceRates) -
 # --------------------------------------------------------------------------------------------------
 # GRPO step benchmark
 # --------------------------------------------------------------------------------------------------
-def _step_timer(kind: str):
-    from transformers import TrainerCallback
-
-    class StepTimer(TrainerCallback):
-        """Wall time of each optimizer step: generation, rewards, every micro-batch and the optimizer."""
-
-        def __init__(self):
-            self.seconds: list[float] = []
-            self._start = 0.0
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            device.synchronize(kind)
-            self._start = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            device.synchronize(kind)
-            self.seconds.append(time.perf_counter() - self._start)
-            control.should_save = False  # a benchmark keeps no checkpoint (the last step would write one)
-            return control
-
-    return StepTimer()
+def grpo_step_config(profile: BenchProfile, model: str, dataset: str | Path, max_prompt_length: int, kind: str,
+                     **train_overrides) -> TrainConfig:
+    """The experiment a bench step runs: the profile's step shape on ``dataset`` (every row, no type filter), the
+    device's profile for the rest of the recipe, no checkpoints (server mode in ``benchmarks/scale_out`` runs the
+    same one)."""
+    return dataclasses.replace(
+        profile.step, profile=DEFAULT_FOR_DEVICE[kind], model=model, dataset=str(dataset), train_types=(),
+        max_prompt_length=max_prompt_length, max_steps=profile.grpo_warmup_steps + profile.grpo_steps,
+        save_steps=10**9, save_total_limit=None, live_plot=False, logging_steps=1, **train_overrides)
 
 
 def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, backends: Sequence[str] | None = None,
@@ -601,17 +615,10 @@ def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, bac
     and rewards: log-probabilities (policy and reference), loss, backward and the optimizer step.
     ``train_overrides`` go to :class:`grpo_lab.train.TrainConfig` (e.g. ``beta=0.0``).
     """
-    from grpo_lab.data import write_jsonl
-    from grpo_lab.profiles import DEFAULT_FOR_DEVICE
-    from grpo_lab.rollout import encode_prompts, load_tokenizer
-    from grpo_lab.train import MetricsLogger, TrainConfig, build_trainer
-
     backends = tuple(backends or profile.grpo_backends)
     _check_choice("grpo backends", backends, ("hf", "vllm"))
-    if profile.sequences % profile.grpo_batch_size:
-        raise ValueError(f"grpo_batch_size={profile.grpo_batch_size} must divide the completions per step "
-                         f"({profile.num_prompts} prompts x n={profile.n} = {profile.sequences})")
-    kind = device.detect()
+    machine = Machine.detect()
+    kind = machine.kind
     longest = max(len(p.token_ids) for p in encode_prompts(load_tokenizer(model), [r["prompt"] for r in rows]))
     out: dict[str, Any] = {"backends": {}, "steps_timed": profile.grpo_steps,
                            "warmup_steps": profile.grpo_warmup_steps,
@@ -623,18 +630,12 @@ def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, bac
     with _scratch(workdir) as scratch:
         dataset = Path(scratch) / "seed_workload.jsonl"
         write_jsonl(rows, dataset)
+        step = grpo_step_config(profile, model, dataset, longest, kind, **train_overrides)
         for backend in backends:
-            config = TrainConfig(
-                profile=DEFAULT_FOR_DEVICE[kind], model=model, output_dir=str(Path(scratch) / f"run-{backend}"),
-                dataset=str(dataset), train_types=(), num_generations=profile.n,
-                per_device_train_batch_size=profile.grpo_batch_size,
-                gradient_accumulation_steps=profile.sequences // profile.grpo_batch_size,
-                max_prompt_length=longest, max_completion_length=profile.max_tokens,
-                max_steps=profile.grpo_warmup_steps + profile.grpo_steps, use_vllm=backend == "vllm",
-                save_steps=10**9, save_total_limit=None, live_plot=False, logging_steps=1,
-                **train_overrides).resolved()
+            config = dataclasses.replace(step, output_dir=str(Path(scratch) / f"run-{backend}"),
+                                         use_vllm=backend == "vllm").resolve(machine)
             logger = MetricsLogger(Path(config.output_dir), live_plot=False)
-            timer = _step_timer(kind)
+            timer = StepClock(kind, keep_checkpoints=False)
             trainer = build_trainer(config, callbacks=[logger, timer])
             try:
                 trainer.train()
@@ -733,7 +734,7 @@ def check_results(results: dict[str, Any]) -> dict[str, Any]:
     if results.get("roofline") is not None:
         missing += [f"roofline.{k}" for k in REQUIRED_KEYS["roofline"] if k not in results["roofline"]]
     if missing:
-        raise ValueError(f"benchmark results are missing: {', '.join(missing)}")
+        raise ConfigError(f"benchmark results are missing: {', '.join(missing)}")
     return results
 
 
@@ -741,12 +742,10 @@ def bench_engine_config(profile: BenchProfile, kind: str, dummy: bool,
                         overrides: dict[str, Any] | None = None) -> tuple[Any, list[str]]:
     """The :class:`~grpo_lab.rollout.RolloutConfig` every engine of the rollout bench shares, and notes saying
     which defaults the bench chose differently from the rollout module and why (``overrides`` win)."""
-    from grpo_lab.rollout import RolloutConfig
-
     overrides = dict(overrides or {})
     notes = []
     # seed=None: vLLM seeds its engine once; per-request seeds would put its sampler on a slow per-request path
-    values: dict[str, Any] = {"n": profile.n, "max_tokens": profile.max_tokens, "temperature": 1.0, "seed": None,
+    values: dict[str, Any] = {"n": profile.step.num_generations, "max_tokens": profile.step.max_completion_length, "temperature": 1.0, "seed": None,
                               "load_format": "dummy" if dummy else "auto"}
     for name, engine_name in (("max_num_seqs", "vLLM"), ("hf_batch_size", "HF generate")):
         if name not in overrides:
@@ -774,11 +773,6 @@ def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None
     lengths, the default: random weights never end, and the tiny model answers these long prompts in ~6 tokens)
     or ``eos`` (a real model's own lengths).
     """
-    from grpo_lab import env
-    from grpo_lab.models import resolve_model
-    from grpo_lab.rollout import load_tokenizer
-    from grpo_lab.rollout.compare import shaped_model_dir
-
     _check_choice("parts", parts, PARTS)
     load = os.getloadavg()
     started = time.perf_counter()
@@ -894,8 +888,6 @@ def summary(results: dict[str, Any]) -> str:
 
 def save_results(results: dict[str, Any], out_dir: str | Path, stem: str = "bench") -> tuple[Path, Path]:
     """Write ``<stem>.json`` and ``<stem>.png`` (the bar plots) into ``out_dir``; return both paths."""
-    from grpo_lab.plots import plot_bench
-
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     json_path, png_path = folder / f"{stem}.json", folder / f"{stem}.png"
@@ -965,8 +957,6 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from grpo_lab.rollout.compare import SHAPES
-
     parser = argparse.ArgumentParser(
         prog="grpo-lab bench",
         description="HF generate vs vLLM vs vLLM + prefix caching (fixed and ragged lengths), the GRPO step "
@@ -984,8 +974,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix-off", choices=PREFIX_OFF_MODES, default="salt",
                         help="how 'vllm' runs without prefix reuse: " + "; ".join(
                             f"{k}: {v}" for k, v in PREFIX_OFF_MEANING.items()))
-    for name in ("num_prompts", "n", "prompt_tokens", "max_tokens", "warmup", "repeats", "grpo_steps",
-                 "grpo_warmup_steps", "grpo_batch_size"):
+    for name in (*STEP_FIELDS, "prompt_tokens", "warmup", "repeats", "grpo_steps", "grpo_warmup_steps"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="overrides the profile")
     parser.add_argument("--grpo-backends", type=_names, help="comma-separated, of hf,vllm (default: the profile's)")
     parser.add_argument("--max-num-seqs", type=int, help="vLLM (default: all sequences of the workload)")
@@ -1006,13 +995,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """``grpo-lab bench [--profile tiny] [--shape S] ...``: run, print the tables, write JSON + PNG."""
-    import shlex
-
-    from grpo_lab.course import run_dir
-
     args = build_parser().parse_args(argv)
-    sizes = {name: getattr(args, name) for name in ("num_prompts", "n", "prompt_tokens", "max_tokens", "warmup",
-                                                     "repeats", "grpo_steps", "grpo_warmup_steps", "grpo_batch_size")
+    sizes = {name: getattr(args, name) for name in (*STEP_FIELDS, "prompt_tokens", "warmup", "repeats", "grpo_steps",
+                                                     "grpo_warmup_steps")
              if getattr(args, name) is not None}
     engine = {name: getattr(args, name) for name in ("max_num_seqs", "hf_batch_size", "gpu_memory_utilization",
                                                       "enforce_eager") if getattr(args, name) is not None}
@@ -1023,17 +1008,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = get_bench_profile(args.profile, **sizes)
         command = "python -m grpo_lab.bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else
-                                                                                    __import__("sys").argv[1:]))
+                                                                                    sys.argv[1:]))
         results = run_bench(profile, model=args.model, shape=args.shape, parts=args.parts, configs=args.configs,
                             variants=args.variants, ragged=args.ragged, prefix_off=args.prefix_off, engine=engine,
                             grpo_backends=args.grpo_backends, train_overrides=dict(args.train_option),
                             command=command.strip())
-    except (ValueError, FileNotFoundError) as error:
+    except (GrpoLabError, ValueError, FileNotFoundError) as error:
         print(f"grpo-lab bench: {error}")
         return 2
     print(summary(results))
     stem = args.name or f"bench_{profile.name}" + (f"_{args.shape}" if args.shape else "")
-    json_path, png_path = save_results(results, args.out or run_dir("bench"), stem)
+    json_path, png_path = save_results(results, args.out or runs.workspace("bench"), stem)
     print(f"\nwrote {json_path} and {png_path} ({results['seconds']:.0f} s in all)")
     return 0
 

@@ -19,6 +19,8 @@ import importlib
 import json
 import sys
 
+from grpo_lab import env
+
 # subcommand -> (module whose main(argv) runs it, one-line help)
 SUBCOMMANDS = {
     "build-tiny-model": ("grpo_lab.tiny_model", "rebuild the shipped tiny model and its manifest"),
@@ -37,8 +39,6 @@ SUBCOMMANDS = {
 
 def env_main(argv: list[str]) -> int:
     """`grpo-lab env`: print the environment report; exit 1 if the smoke test fails."""
-    from grpo_lab import env
-
     parser = argparse.ArgumentParser(prog="grpo-lab env", description="Environment report and stack check.")
     parser.add_argument("--smoke", action="store_true", help="also run forward+backward on the device")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")

@@ -1,9 +1,10 @@
 """Run the course headless: every notebook in order, executed copies and results kept under a run folder.
 
 ``make course`` calls ``python -m grpo_lab.course --out runs/course``. Each notebook runs in its own
-kernel with ``GRPO_LAB_RUN_DIR`` pointing at the run folder, so what a notebook saves (metrics, plots,
-models) lands next to its executed copy. A failing notebook is recorded and the run stops there, since
-later notebooks build on earlier ones.
+kernel with ``GRPO_LAB_RUN_DIR`` pointing at the run folder (:mod:`grpo_lab.runs`), so what a notebook saves
+(metrics, plots, models, the GRPO runs it trains) lands next to its executed copy, and the summary names the run
+each notebook trained or used. A failing notebook is recorded and the run stops there, since later notebooks
+build on earlier ones.
 """
 
 from __future__ import annotations
@@ -12,21 +13,17 @@ import argparse
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+from grpo_lab import runs
+from grpo_lab.paths import REPO_ROOT
+
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-RUN_DIR_VAR = "GRPO_LAB_RUN_DIR"
-
-
-def run_dir(name: str = "") -> Path:
-    """Where notebooks save what they produce: ``$GRPO_LAB_RUN_DIR/name`` (``make course`` sets it),
-    else ``runs/latest/name`` in the repository. Created on first use."""
-    base = Path(os.environ.get(RUN_DIR_VAR) or REPO_ROOT / "runs" / "latest")
-    path = base / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 @dataclass
@@ -36,6 +33,8 @@ class NotebookResult:
     seconds: float
     executed_copy: str | None = None
     error: str | None = None
+    runs: list[str] = field(default_factory=list)
+    """The GRPO runs this notebook trained or used, e.g. ``"trained grpo-tiny-20261201-101500"``."""
 
 
 def course_notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
@@ -45,30 +44,30 @@ def course_notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
 
 def run_notebook(path: Path, out_dir: Path, timeout_s: int = 1800) -> NotebookResult:
     """Execute one notebook with its own folder as working directory; save the executed copy."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
-
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     status, error = "ok", None
+    os.environ[runs.NOTEBOOK_ENV] = path.name  # the kernel inherits it: runs it trains or uses are recorded
     try:
         client.execute()
     except CellExecutionError as exc:
         status, error = "failed", str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
     except Exception as exc:  # a dead kernel or a timeout: keep what ran
         status, error = "failed", f"{type(exc).__name__}: {exc}"
+    finally:
+        os.environ.pop(runs.NOTEBOOK_ENV, None)
     copy = out_dir / path.name
     nbformat.write(nb, copy)
-    return NotebookResult(path.name, status, time.perf_counter() - start, str(copy), error)
+    used = [f"{use['how']} {use['run']}" for use in runs.recorded_uses(out_dir) if use["notebook"] == path.name]
+    return NotebookResult(path.name, status, time.perf_counter() - start, str(copy), error, used)
 
 
 def run_course(out_dir: Path, notebooks: list[Path] | None = None) -> list[NotebookResult]:
     """Run the notebooks in order, stopping after the first failure; write ``summary.json``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    os.environ[RUN_DIR_VAR] = str(out_dir.resolve())
+    os.environ[runs.RUN_DIR_ENV] = str(out_dir.resolve())
     results: list[NotebookResult] = []
     for path in notebooks or course_notebooks():
         if results and results[-1].status != "ok":
@@ -82,9 +81,10 @@ def run_course(out_dir: Path, notebooks: list[Path] | None = None) -> list[Noteb
 
 
 def format_summary(results: list[NotebookResult]) -> str:
-    lines = [f"{'notebook':32s} {'status':8s} {'seconds':>8s}"]
+    lines = [f"{'notebook':32s} {'status':8s} {'seconds':>8s}  runs"]
     for r in results:
-        lines.append(f"{r.notebook:32s} {r.status:8s} {r.seconds:8.0f}" + (f"   {r.error}" if r.error else ""))
+        lines.append(f"{r.notebook:32s} {r.status:8s} {r.seconds:8.0f}  {', '.join(r.runs) or '-'}"
+                     + (f"   {r.error}" if r.error else ""))
     return "\n".join(lines)
 
 

@@ -14,30 +14,36 @@ module exists in the CPU, CUDA and Ascend builds alike) and query it with the ``
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import json
 import os
 import shlex
 import shutil
-import signal
-import socket
-import subprocess
 import sys
+import tempfile
 import time
-import urllib.error
-import urllib.request
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from grpo_lab import __version__, device, models
+from grpo_lab.errors import GrpoLabError
+from grpo_lab.experiment import TrainConfig
+from grpo_lab.memory import (
+    CPU_KV_CACHE_GIB,
+    VLLM_MEMORY_FRACTION,
+    check_vllm_memory_fraction,
+)
+from grpo_lab.rollout import Sampling, open_engine
+from grpo_lab.rollout.vllm_backend import engine_environment
+from grpo_lab.servers import ServerProcess, free_port, require_free_port
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 REQUIRED_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)
-LOG_TAIL_LINES = 30
 
 
-class DeployError(RuntimeError):
+class DeployError(GrpoLabError, RuntimeError):
     """An export, a folder or a server that is not usable; the message says what to do."""
 
 
@@ -148,31 +154,14 @@ def verify_export(folder: str | Path, load_weights: bool = True) -> VerifyReport
 # --------------------------------------------------------------------------------------------------
 # Serve
 # --------------------------------------------------------------------------------------------------
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def _is_loopback(host: str) -> bool:
     """True for 127.0.0.1, ::1 and localhost: addresses only this machine can reach."""
-    import ipaddress
-
     if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -186,18 +175,16 @@ class ServeConfig:
     served_model_name: str = "grpo-lab"
     max_model_len: int = 512  # from the P99 of request lengths (prompt + completion), see notebook 05
     max_num_seqs: int = 64
-    gpu_memory_utilization: float = 0.85  # higher than in training: nothing else shares the device
+    gpu_memory_utilization: float = VLLM_MEMORY_FRACTION["serve"]  # higher than in training: the device is its own
     enable_prefix_caching: bool = True  # multi-turn chats re-send the history: cache its KV
     dtype: str = "auto"
-    cpu_kvcache_gib: float = 1.0  # KV cache in host RAM on the CPU (instead of gpu_memory_utilization)
+    cpu_kvcache_gib: float = CPU_KV_CACHE_GIB  # KV cache in host RAM on the CPU (instead of gpu_memory_utilization)
     startup_timeout_s: float = 300.0
     extra_args: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """Refuse bad knobs before any process starts; warn when the server is reachable without a key."""
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise DeployError(f"gpu_memory_utilization={self.gpu_memory_utilization} is outside (0, 1]; "
-                              "use e.g. 0.85 for a server that has the device to itself.")
+        check_vllm_memory_fraction(self.gpu_memory_utilization, "gpu_memory_utilization")
         if self.max_model_len < 16:
             raise DeployError(f"max_model_len={self.max_model_len} is too small to hold a prompt and an answer; "
                               "size it with suggest_max_model_len (P99 of prompt + completion tokens), e.g. 512.")
@@ -210,9 +197,7 @@ class ServeConfig:
             warnings.warn(f"serving on {self.host} without an api_key: anyone who can reach port "
                           f"{self.port or '(free port)'} can use the model. Pass api_key=... (or set "
                           "GRPO_LAB_API_KEY for `grpo-lab serve`), or keep host='127.0.0.1'.", stacklevel=2)
-        if self.port is not None and not port_is_free(self.port, self.host):
-            raise DeployError(f"port {self.port} on {self.host} is already in use; pick another port "
-                              "or leave port=None to take a free one.")
+        require_free_port(self.port, self.host)
 
     def command(self, port: int) -> list[str]:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
@@ -230,8 +215,6 @@ class ServeConfig:
 
     def environment(self) -> dict[str, str]:
         """The rollout engine's per-device variables, the allocator setting, and INFO logs for the log file."""
-        from grpo_lab.rollout.vllm_backend import engine_environment
-
         kind = device.detect()
         env = {**os.environ, **engine_environment(kind), **device.allocator_env(kind)}
         env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "INFO")
@@ -255,91 +238,59 @@ def suggest_max_model_len(tokenizer, prompts: list[list[dict[str, str]]], max_to
     return int(-(-p99 // multiple) * multiple)
 
 
-def wait_until_healthy(process, base_url: str, timeout_s: float) -> int | None:
-    """Poll ``base_url/health`` until it answers 200: None when ready, the exit code if the process ended first;
-    :class:`TimeoutError` when neither happens within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            return process.returncode
-        try:
-            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return None
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"{base_url}/health did not answer within {timeout_s:.0f} s")
+def serve_config(model: str | Path, experiment: TrainConfig, **knobs) -> ServeConfig:
+    """Serving knobs for a model trained by ``experiment``: its context window (``max_model_len`` = longest prompt
+    + longest completion it was trained with); ``knobs`` are more :class:`ServeConfig` fields."""
+    return ServeConfig(model=str(model), **{"max_model_len": experiment.max_model_len, **knobs})
 
 
 class VLLMServer:
     """vLLM's OpenAI-compatible server as a child process; a context manager that always stops it.
 
-    The server runs in its own process group, so :meth:`stop` ends it and every worker it spawned, also
-    after an error or a notebook interrupt (``KeyboardInterrupt`` leaves the ``with`` block normally).
+    The server runs in its own process group (:class:`grpo_lab.servers.ServerProcess`), so :meth:`stop` ends it
+    and every worker it spawned, also after an error or a notebook interrupt (``KeyboardInterrupt`` leaves the
+    ``with`` block normally).
     """
 
     def __init__(self, model: str | Path | ServeConfig, log_path: str | Path | None = None, **knobs):
         self.config = model if isinstance(model, ServeConfig) else ServeConfig(model=str(model), **knobs)
         self.log_path = Path(log_path) if log_path else None
-        self.process: subprocess.Popen | None = None
+        self.server: ServerProcess | None = None
         self.port: int | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://{self.config.host}:{self.port}"
 
+    @property
+    def process(self):
+        """The server's leader process while it runs (None once stopped)."""
+        return None if self.server is None else self.server.process
+
     def start(self) -> VLLMServer:
         self.config.validate()
         self.port = self.config.port or free_port(self.config.host)
         if self.log_path is None:
-            import tempfile
-
             self.log_path = Path(tempfile.mkdtemp(prefix="grpo-lab-serve-")) / "server.log"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("w")
-        self.process = subprocess.Popen(self.config.command(self.port), stdout=log, stderr=subprocess.STDOUT,
-                                        env=self.config.environment(), start_new_session=True)
-        log.close()
+        self.server = ServerProcess(self.config.command(self.port), self.config.environment(), self.log_path,
+                                    self.base_url, name="the vLLM server", error=DeployError)
         atexit.register(self.stop)  # a forgotten server dies with the Python process
         try:
-            self._wait_ready()
+            self.server.start(self.config.startup_timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_ready(self) -> None:
-        try:
-            exit_code = wait_until_healthy(self.process, self.base_url, self.config.startup_timeout_s)
-        except TimeoutError:
-            raise DeployError(f"the vLLM server did not become ready within {self.config.startup_timeout_s:.0f} s; "
-                              f"raise startup_timeout_s or check the log:\n{self.log_tail()}") from None
-        if exit_code is not None:
-            raise DeployError(f"the vLLM server exited with code {exit_code} during start.\n"
-                              f"Last lines of {self.log_path}:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        if not self.log_path or not self.log_path.is_file():
-            return "(no log)"
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+    def log_tail(self, lines: int = 30) -> str:
+        return self.server.log_tail(lines) if self.server else "(no log)"
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the server's process group, then SIGKILL what is left after ``timeout_s``."""
-        if self.process is None:
+        """End the server's whole process group (SIGTERM, then SIGKILL after ``timeout_s``). Safe to call twice."""
+        if self.server is None:
             return
-        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.process.wait(timeout=wait)
-                if not _group_alive(self.process.pid):
-                    break
-            except subprocess.TimeoutExpired:
-                continue
-        self.process = None
+        self.server.stop(timeout_s)
+        self.server = None
         atexit.unregister(self.stop)
 
     def __enter__(self) -> VLLMServer:
@@ -353,14 +304,6 @@ class VLLMServer:
         from openai import OpenAI
 
         return OpenAI(base_url=f"{self.base_url}/v1", api_key=self.config.api_key or "EMPTY")
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------------------------------
@@ -435,13 +378,16 @@ class GreedyCheck:
 
 def compare_greedy(folder: str | Path, server: VLLMServer, prompts: list[list[dict[str, str]]],
                    max_tokens: int = 32) -> GreedyCheck:
-    """Reload the folder with transformers and compare its greedy output with the server's.
+    """Reload the folder with transformers (the rollout engine's HF backend, fp32) and compare its greedy output
+    with the server's.
 
     Identical text is what intact weights and a shared tokenizer/chat template give in fp32; a mismatch
     on the first tokens means the export or the serving config differs from what was trained.
     """
-    model, tokenizer = models.load_model_and_tokenizer(folder, dtype="float32")
-    hf = [c[0] for c in models.generate_completions(model, tokenizer, prompts, max_new_tokens=max_tokens)]
+    with open_engine(str(folder), backend="hf", dtype="float32", n=1, max_tokens=max_tokens, temperature=0.0,
+                     prompts=prompts) as engine:
+        hf = [texts[0] for texts in engine.generate(prompts, Sampling(n=1, max_tokens=max_tokens,
+                                                                      temperature=0.0)).texts]
     served = [chat(server, p, max_tokens=max_tokens).text for p in prompts]
     pairs = list(zip(hf, served))
     return GreedyCheck(len(pairs), sum(a.strip() == b.strip() for a, b in pairs), pairs)

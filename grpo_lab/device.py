@@ -18,6 +18,8 @@ from functools import lru_cache
 
 import torch
 
+from grpo_lab.errors import GrpoLabError
+
 KINDS = ("npu", "cuda", "cpu")
 
 # Per-device facts, in one table: which variable hides devices, which collective backend, which
@@ -28,8 +30,37 @@ ALLOC_CONF_VAR = {"npu": "PYTORCH_NPU_ALLOC_CONF", "cuda": "PYTORCH_CUDA_ALLOC_C
 ALLOC_CONF_VALUE = "expandable_segments:True"
 
 
-class DeviceError(RuntimeError):
+class DeviceError(GrpoLabError, RuntimeError):
     """A device was asked for that is unknown or not present."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The facts about a machine that a GRPO experiment is resolved against (``TrainConfig.resolve``).
+
+    :meth:`detect` reads them from this machine; construct one by hand to plan for another (a verl target, the
+    H200 in a notebook on a laptop): ``Machine("cuda", bf16=True, memory_gib=140)``.
+    """
+
+    kind: str
+    """``npu``, ``cuda`` or ``cpu``."""
+    bf16: bool
+    """Whether the device computes in bf16 (so training uses bf16 autocast)."""
+    memory_gib: float
+    """Total memory of one device, GiB (host RAM for the CPU): what the memory planner divides."""
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise DeviceError(f"Machine kind {self.kind!r}: use one of {', '.join(KINDS)}.")
+        if not self.memory_gib > 0:
+            raise DeviceError(f"Machine memory_gib must be positive, got {self.memory_gib!r}.")
+
+    @classmethod
+    def detect(cls) -> Machine:
+        """This machine: the detected device kind, its bf16 support and the total memory of device 0."""
+        kind = detect()
+        return cls(kind, bf16_supported(kind), memory_info(kind=kind).total_gib, device_name(kind=kind))
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,21 @@ True
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from grpo_lab import device, env
+from grpo_lab import device, env, experiment, models
+from grpo_lab.deploy import ServeConfig
+from grpo_lab.device import Machine
+from grpo_lab.errors import ConfigError
+from grpo_lab.experiment import DEFAULT_FOR_DEVICE, PROFILE_DEVICE, TrainConfig
+from grpo_lab.rollout.prompts import tokenizer_differences
+from grpo_lab.rollout.vllm_backend import vllm_usable
 
 SYMBOL = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
 
@@ -39,31 +47,38 @@ class Check:
 
 @dataclass(frozen=True)
 class DoctorConfig:
-    """What to diagnose against: a training config (profile + overrides) and the serving plan."""
+    """What to diagnose: the experiment (a :class:`~grpo_lab.experiment.TrainConfig`, e.g. a run's own) plus what
+    lies outside it: a training dtype of your own script, the rollout engine's prefix caching, a trainer tokenizer
+    loaded from elsewhere, and the serving plan."""
 
-    profile: str | None = None
-    model: str | None = None
-    dtype: str | None = None  # None: the profile's
+    experiment: TrainConfig = field(default_factory=TrainConfig)
+    dtype: str | None = None
+    """The dtype your own training script uses, if not the experiment's (fp32 weights, bf16 autocast where the
+    machine has it)."""
     enable_prefix_caching: bool = True
-    vllm_gpu_memory_utilization: float | None = None
-    tokenizer: str | None = None  # the trainer's tokenizer, if it is not loaded from the model folder
-    serve_max_num_seqs: int = 64
+    tokenizer: str | None = None
+    """The trainer's tokenizer, if it is not loaded from the model folder."""
+    serve_max_num_seqs: int = ServeConfig.max_num_seqs
     expected_concurrent_requests: int = 16
 
     @classmethod
     def from_file(cls, path: str | Path) -> DoctorConfig:
-        """Read a JSON config (any subset of the fields)."""
+        """Read a JSON file: any TrainConfig fields (a run's ``config.json`` works too) and this class's own."""
+        path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
         try:
-            values = json.loads(Path(path).read_text())
+            values = json.loads(path.read_text())
         except FileNotFoundError:
-            raise FileNotFoundError(f"doctor config {path} does not exist") from None
+            raise ConfigError(f"doctor config {path} does not exist") from None
         except json.JSONDecodeError as exc:
-            raise ValueError(f"doctor config {path} is not valid JSON: {exc}") from None
-        unknown = set(values) - set(cls.__dataclass_fields__)
+            raise ConfigError(f"doctor config {path} is not valid JSON: {exc}") from None
+        values = values.get("config", values)  # a run's config.json holds the experiment under "config"
+        own = {f.name for f in fields(cls)} - {"experiment"}
+        known = own | {f.name for f in fields(TrainConfig)}
+        unknown = set(values) - known
         if unknown:
-            raise ValueError(f"doctor config {path}: unknown field(s) {sorted(unknown)}; "
-                             f"known: {sorted(cls.__dataclass_fields__)}")
-        return cls(**values)
+            raise ConfigError(f"doctor config {path}: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(TrainConfig.from_dict({k: v for k, v in values.items() if k not in own}),
+                   **{k: v for k, v in values.items() if k in own})
 
 
 def _guard(name: str, fn: Callable[[], Check]) -> Check:
@@ -87,30 +102,31 @@ def check_stack() -> Check:
                  "operator errors and crashes inside vLLM.", result.advice())
 
 
-def check_device(config: DoctorConfig) -> Check:
-    from grpo_lab.profiles import DEFAULT_FOR_DEVICE, get_profile
+def _profiled(config: DoctorConfig) -> TrainConfig:
+    return config.experiment.with_profile()
 
+
+def check_device(config: DoctorConfig) -> Check:
     kind = device.detect()
     count = device.device_count(kind)
     if count == 0:
         return Check("device", "fail", f"no {kind} device visible",
                      f"check the driver and {device.visible_devices_var(kind)}")
-    profile = get_profile(config.profile)
-    if profile.device != kind:
-        return Check("device", "fail" if profile.device != "cpu" else "warn",
-                     f"profile '{profile.name}' is for {profile.device}, but this machine runs on {kind}",
+    name = _profiled(config).profile
+    meant_for = PROFILE_DEVICE[name]
+    if meant_for != kind:
+        return Check("device", "fail" if meant_for != "cpu" else "warn",
+                     f"profile '{name}' is for {meant_for}, but this machine runs on {kind}",
                      f"set GRPO_LAB_PROFILE={DEFAULT_FOR_DEVICE[kind]} "
                      "or run on the device the profile expects")
     wrong_var = {"npu": "CUDA_VISIBLE_DEVICES", "cuda": "ASCEND_RT_VISIBLE_DEVICES"}.get(kind)
     if wrong_var and os.environ.get(wrong_var) and not os.environ.get(device.visible_devices_var(kind)):
         return Check("device", "warn", f"{wrong_var} is set but this is a {kind} machine; it selects nothing here",
                      f"use {device.visible_devices_var(kind)} instead")
-    return Check("device", "pass", f"{count} x {device.device_name(kind=kind)} ({kind}); profile '{profile.name}'")
+    return Check("device", "pass", f"{count} x {device.device_name(kind=kind)} ({kind}); profile '{name}'")
 
 
 def check_vllm() -> Check:
-    from grpo_lab.rollout.vllm_backend import vllm_usable
-
     kind = device.detect()
     usable, reason = vllm_usable(kind)
     return Check("vllm", "pass" if usable else "warn", reason,
@@ -118,10 +134,8 @@ def check_vllm() -> Check:
 
 
 def check_dtype(config: DoctorConfig) -> Check:
-    from grpo_lab.profiles import get_profile
-
     kind = device.detect()
-    dtype = config.dtype or get_profile(config.profile).dtype
+    dtype = config.dtype or ("bfloat16" if config.experiment.resolve(Machine.detect()).bf16 else "float32")
     if dtype in ("float16", "fp16", "half"):
         if kind != "cpu" and device.bf16_supported(kind):
             return Check("dtype", "warn", "fp16 training overflows easily (NaN loss); this device supports bf16",
@@ -152,22 +166,9 @@ def check_prefix_caching(config: DoctorConfig) -> Check:
 
 
 def check_memory(config: DoctorConfig) -> Check:
-    from grpo_lab import memory, models
-    from grpo_lab.profiles import get_profile
-
-    profile = get_profile(config.profile, **({"model": config.model} if config.model else {}))
-    model_path = models.resolve_model(profile.model)
-    if not Path(model_path, "config.json").is_file():
-        return Check("memory plan", "warn", f"no local config.json for {model_path}; plan not computed",
-                     "download the model to a folder and pass its path")
-    # what grpo_lab.train does: fp32 master weights, with bf16 autocast off the CPU ("mixed": fp32 states)
-    precision = "fp32" if profile.dtype == "float32" else "mixed"
-    budget = memory.plan_memory(
-        model_path, precision=precision,
-        vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization or profile.vllm_gpu_memory_utilization,
-        per_device_train_batch_size=profile.per_device_train_batch_size,
-        num_generations=profile.num_generations, prompt_length=profile.max_prompt_length,
-        max_completion_length=profile.max_completion_length)
+    """The memory planner on the experiment as ``grpo_lab.train`` would run it here (vLLM's share included)."""
+    machine = Machine.detect()
+    budget = experiment.plan_memory(config.experiment.resolve(machine), machine)
     if budget.fits:
         return Check("memory plan", "pass", budget.summary().splitlines()[0])
     return Check("memory plan", "fail", "the plan does not fit: OOM at the first steps is likely",
@@ -175,12 +176,7 @@ def check_memory(config: DoctorConfig) -> Check:
 
 
 def check_tokenizer(config: DoctorConfig) -> Check:
-    from grpo_lab import models
-    from grpo_lab.profiles import get_profile
-    from grpo_lab.rollout.prompts import tokenizer_differences
-
-    profile = get_profile(config.profile, **({"model": config.model} if config.model else {}))
-    model_path = models.resolve_model(profile.model)
+    model_path = models.resolve_model(_profiled(config).model)
     trainer = config.tokenizer or model_path
     if trainer == model_path:
         return Check("tokenizer", "pass", "vLLM and the trainer load the tokenizer from the same folder")
@@ -215,16 +211,14 @@ def run_checks(config: DoctorConfig | None = None) -> list[Check]:
 
 def main(argv: list[str] | None = None) -> int:
     """`grpo-lab doctor [--config FILE] [--profile P] [--json]`; exit 1 when any check fails."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="grpo-lab doctor", description="Diagnose the environment and a config.")
-    parser.add_argument("--config", help="JSON file with DoctorConfig fields")
+    parser.add_argument("--config", help="JSON file with TrainConfig and DoctorConfig fields, or a run folder")
     parser.add_argument("--profile", help="tiny | gpu | npu (default: GRPO_LAB_PROFILE or the device's)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     config = DoctorConfig.from_file(args.config) if args.config else DoctorConfig()
     if args.profile:
-        config = DoctorConfig(**{**asdict(config), "profile": args.profile})
+        config = dataclasses.replace(config, experiment=dataclasses.replace(config.experiment, profile=args.profile))
     checks = run_checks(config)
     if args.json:
         print(json.dumps([asdict(c) for c in checks], indent=2))

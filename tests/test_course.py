@@ -3,8 +3,9 @@
 import json
 
 import nbformat
+import pytest
 
-from grpo_lab import course
+from grpo_lab import course, models, runs
 
 
 def write_notebook(path, *sources):
@@ -16,11 +17,12 @@ def write_notebook(path, *sources):
 
 
 def test_runs_in_order_and_stops_after_a_failure(tmp_path, monkeypatch):
-    monkeypatch.delenv(course.RUN_DIR_VAR, raising=False)  # run_course sets it; restored after the test
+    monkeypatch.delenv(runs.RUN_DIR_ENV, raising=False)  # run_course sets it; restored after the test
     src = tmp_path / "nbs"
     src.mkdir()
     first = write_notebook(src / "00_ok.ipynb",
-                           "from grpo_lab.course import run_dir\n(run_dir('x') / 'result.txt').write_text('42')")
+                           "from grpo_lab import runs\n(runs.workspace('x') / 'result.txt').write_text('42')\n"
+                           "(runs.root() / 'grpo-x').mkdir(); runs.record_use(runs.root() / 'grpo-x', 'used')")
     second = write_notebook(src / "01_fail.ipynb", "raise ValueError('broken on purpose')")
     third = write_notebook(src / "02_later.ipynb", "print('never')")
     assert course.course_notebooks(src) == [first, second, third]
@@ -36,6 +38,7 @@ def test_runs_in_order_and_stops_after_a_failure(tmp_path, monkeypatch):
     assert [s["notebook"] for s in summary] == ["00_ok.ipynb", "01_fail.ipynb", "02_later.ipynb"]
     table = course.format_summary(results)
     assert "00_ok.ipynb" in table and "failed" in table
+    assert results[0].runs == ["used grpo-x"] and "used grpo-x" in table  # the summary names the run it used
 
 
 def test_every_course_notebook_is_committed_without_outputs():
@@ -44,3 +47,25 @@ def test_every_course_notebook_is_committed_without_outputs():
         for cell in nb.cells:
             if cell.cell_type == "code":
                 assert not cell.outputs and cell.execution_count is None, f"{path.name} has outputs: strip them"
+
+
+@pytest.mark.slow
+def test_notebook_05_deploys_what_notebook_03_trained(tmp_path, monkeypatch):
+    """03 trains (a few steps), 05 finds that run, exports its final/ model, serves it and checks the served
+    tensors against the run's; the course summary names the run for both."""
+    monkeypatch.delenv(runs.RUN_DIR_ENV, raising=False)
+    monkeypatch.setenv("GRPO_LAB_TRAIN_STEPS", "3")
+    monkeypatch.setenv("GRPO_LAB_EVAL_SIZE", "8")
+    monkeypatch.setenv("GRPO_LAB_PROFILE", "tiny")
+    out = tmp_path / "course"
+    results = course.run_course(out, [course.NOTEBOOK_DIR / "03_grpo_training.ipynb",
+                                      course.NOTEBOOK_DIR / "05_deployment.ipynb"])
+    assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
+    (trained,) = [p for p in out.iterdir() if runs.is_run(p)]
+    assert results[0].runs == [f"trained {trained.name}"] and results[1].runs == [f"deployed {trained.name}"]
+    served = out / "deploy" / "model"
+    assert models.weights_digest(served) == models.weights_digest(trained / runs.FINAL)
+    assert models.weights_digest(served) != models.weights_digest(models.TINY_MODEL_DIR)  # 3 steps moved it
+    executed = nbformat.read(out / "05_deployment.ipynb", as_version=4)
+    shown = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+    assert f"served = the trained run {trained.name}" in shown

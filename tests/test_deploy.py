@@ -8,6 +8,7 @@ import psutil
 import pytest
 
 from grpo_lab import deploy, models
+from grpo_lab.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +63,13 @@ def test_verify_missing_folder(tmp_path):
 
 
 def test_bad_settings_fail_before_start(exported):
-    with pytest.raises(deploy.DeployError, match=r"outside \(0, 1\]"):
+    with pytest.raises(ConfigError, match=r"must be in \(0, 1\]"):
         deploy.VLLMServer(exported, gpu_memory_utilization=1.5).start()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(deploy.DeployError, match=f"port {port} .* already in use"):
+        with pytest.raises(ConfigError, match=f"port={port} .* already in use"):
             deploy.VLLMServer(exported, port=port).start()
 
 
@@ -106,7 +107,7 @@ def test_server_dying_at_start_shows_the_log(exported, tmp_path):
     folder = broken_copy(exported, tmp_path)
     (folder / "config.json").write_text('{"model_type": "no-such-architecture"}')
     before = {p.pid for p in children()}
-    with pytest.raises(deploy.DeployError, match="exited with code .* during start"):
+    with pytest.raises(deploy.DeployError, match="exited with code .* while starting"):
         deploy.VLLMServer(folder, log_path=tmp_path / "s.log", startup_timeout_s=240).start()
     leftover = [p for p in children() if p.pid not in before and p.is_running()
                 and p.status() != psutil.STATUS_ZOMBIE]

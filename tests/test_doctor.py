@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from grpo_lab import doctor, models
+from grpo_lab.experiment import TrainConfig
 
 
 def by_name(checks):
@@ -23,7 +24,7 @@ def test_healthy_cpu_setup_passes(monkeypatch):
 
 
 def test_device_mismatch_fails_with_fix():
-    check = doctor.check_device(doctor.DoctorConfig(profile="gpu"))
+    check = doctor.check_device(doctor.DoctorConfig(TrainConfig(profile="gpu")))
     assert check.status == "fail" and "profile 'gpu' is for cuda" in check.detail
     assert "GRPO_LAB_PROFILE=tiny" in check.fix
 
@@ -74,6 +75,9 @@ def test_config_file_errors(tmp_path):
     bad.write_text('{"dtypes": "bf16"}')
     with pytest.raises(ValueError, match=r"unknown field\(s\) \['dtypes'\]"):
         doctor.DoctorConfig.from_file(bad)
+    bad.write_text('{"profile": "tiny", "learning_rate": 1e-4, "expected_concurrent_requests": 4}')
+    mixed = doctor.DoctorConfig.from_file(bad)  # the experiment's fields and the doctor's own, in one file
+    assert mixed.experiment.learning_rate == 1e-4 and mixed.expected_concurrent_requests == 4
 
 
 def test_cli_exit_code(tmp_path, capsys):

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from grpo_lab import runs
 from grpo_lab import train as T
-from grpo_lab.rewards import RewardValidationError, completion_text, get_reward
+from grpo_lab.rewards import RewardValidationError, completion_text, get_reward, prepare
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_STEPS = 6
@@ -31,7 +32,7 @@ SMALL = dict(profile="tiny", per_device_train_batch_size=8, num_generations=4, t
 def grpo_lab_train(run: Path, *extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
     """``grpo-lab train`` in a fresh process (one thread, offline), optionally with ``GRPO_LAB_FAULT``."""
     env = {key: value for key, value in os.environ.items()
-           if key not in (T.FAULT_ENV, "GRPO_LAB_MODEL", "GRPO_LAB_PROFILE", T.RUN_DIR_ENV)}
+           if key not in (T.FAULT_ENV, "GRPO_LAB_MODEL", "GRPO_LAB_PROFILE", runs.RUN_DIR_ENV)}
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     if fault:
         env[T.FAULT_ENV] = fault
@@ -40,7 +41,7 @@ def grpo_lab_train(run: Path, *extra: str, fault: str | None = None) -> subproce
 
 
 def final_weights(run: Path) -> dict:
-    return load_file(run / T.FINAL / "model.safetensors")
+    return load_file(run / runs.FINAL / "model.safetensors")
 
 
 @pytest.fixture(scope="module")
@@ -72,32 +73,32 @@ def test_killed_run_resumes_to_the_same_final_model(fault, uninterrupted, tmp_pa
     killed = grpo_lab_train(run, fault=fault)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     assert f"SIGKILL at {point} of step {step}" in killed.stdout
-    assert [p.name for p in T.list_checkpoints(run)] == [f"checkpoint-{n}" for n in complete]
-    for checkpoint in T.list_checkpoints(run):
-        T.check_checkpoint(checkpoint)  # every checkpoint-N in checkpoints/ is complete
-    assert [r["step"] for r in T.read_metrics(run)] == logged
-    assert not (run / T.FINAL).exists()
+    assert [p.name for p in runs.list_checkpoints(run)] == [f"checkpoint-{n}" for n in complete]
+    for checkpoint in runs.list_checkpoints(run):
+        runs.check_checkpoint(checkpoint)  # every checkpoint-N in checkpoints/ is complete
+    assert [r["step"] for r in runs.read_metrics(run)] == logged
+    assert not (run / runs.FINAL).exists()
     if interrupted:  # killed mid-write: weights written, optimizer state not, and kept out of checkpoints/
-        partial = run / T.PARTIAL / interrupted
+        partial = run / runs.PARTIAL / interrupted
         assert (partial / "model.safetensors").is_file() and not (partial / "optimizer.pt").exists()
-        with pytest.raises(T.CheckpointError, match="interrupted"):
-            T.resolve_resume(run, str(partial))
+        with pytest.raises(runs.CheckpointError, match="interrupted"):
+            runs.resolve_resume(run, str(partial))
     else:
-        assert not (run / T.PARTIAL).exists()
+        assert not (run / runs.PARTIAL).exists()
 
     resumed = grpo_lab_train(run, "--resume-from-checkpoint", "true")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    newest = run / T.CHECKPOINTS / f"checkpoint-{complete[-1]}"
+    newest = run / runs.CHECKPOINTS / f"checkpoint-{complete[-1]}"
     assert f"Resuming from {newest} (step {complete[-1]}) to step {MAX_STEPS}" in resumed.stdout
-    assert json.loads((run / T.CONFIG_FILE).read_text())["resumed_from"] == str(newest)
-    assert (f"Deleting {run / T.PARTIAL} ({interrupted})" in resumed.stdout) == bool(interrupted)
-    assert not (run / T.PARTIAL).exists()
-    assert [p.name for p in T.list_checkpoints(run)] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    assert json.loads((run / runs.CONFIG_FILE).read_text())["resumed_from"] == str(newest)
+    assert (f"Deleting {run / runs.PARTIAL} ({interrupted})" in resumed.stdout) == bool(interrupted)
+    assert not (run / runs.PARTIAL).exists()
+    assert [p.name for p in runs.list_checkpoints(run)] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
 
-    records, reference = T.read_metrics(run), T.read_metrics(uninterrupted)
+    records, reference = runs.read_metrics(run), runs.read_metrics(uninterrupted)
     assert [r["step"] for r in records] == list(range(1, MAX_STEPS + 1))  # each step once, no gap
     assert [(r["reward"], r["loss"]) for r in records] == [(r["reward"], r["loss"]) for r in reference]
-    manifest = json.loads((run / T.FINAL / "manifest.json").read_text())
+    manifest = json.loads((run / runs.FINAL / "manifest.json").read_text())
     assert manifest["global_step"] == MAX_STEPS
     weights, expected = final_weights(run), final_weights(uninterrupted)
     assert all(weights[name].equal(expected[name]) for name in expected)  # resumed = never interrupted
@@ -115,38 +116,40 @@ def fake_checkpoint(folder: Path, step: int) -> Path:
 
 
 def test_publish_replaces_a_checkpoint_saved_again_and_removes_the_staging_folder(tmp_path):
-    target = fake_checkpoint(tmp_path / T.CHECKPOINTS / "checkpoint-4", 4)
+    target = fake_checkpoint(tmp_path / runs.CHECKPOINTS / "checkpoint-4", 4)
     (target / "stale.txt").write_text("from the first attempt")
-    staged = fake_checkpoint(tmp_path / T.PARTIAL / "checkpoint-4", 4)
-    assert T.publish_folder(staged, target) == target
+    staged = fake_checkpoint(tmp_path / runs.PARTIAL / "checkpoint-4", 4)
+    assert runs.publish_folder(staged, target) == target
     assert not (target / "stale.txt").exists() and (target / "optimizer.pt").is_file()
-    assert not (tmp_path / T.PARTIAL).exists()
+    assert not (tmp_path / runs.PARTIAL).exists()
 
 
 def test_resume_never_picks_an_interrupted_save(tmp_path):
-    fake_checkpoint(tmp_path / T.PARTIAL / "checkpoint-4", 4)
-    with pytest.raises(T.CheckpointError, match=r"holds no checkpoint \(only .partial/checkpoint-4"):
-        T.resolve_resume(tmp_path, True)
-    older = fake_checkpoint(tmp_path / T.CHECKPOINTS / "checkpoint-2", 2)
-    assert T.resolve_resume(tmp_path, True) == older
-    T.discard_interrupted_saves(tmp_path)
-    assert not (tmp_path / T.PARTIAL).exists() and older.is_dir()
+    fake_checkpoint(tmp_path / runs.PARTIAL / "checkpoint-4", 4)
+    with pytest.raises(runs.CheckpointError, match=r"holds no checkpoint \(only .partial/checkpoint-4"):
+        runs.resolve_resume(tmp_path, True)
+    older = fake_checkpoint(tmp_path / runs.CHECKPOINTS / "checkpoint-2", 2)
+    assert runs.resolve_resume(tmp_path, True) == older
+    runs.discard_interrupted_saves(tmp_path)
+    assert not (tmp_path / runs.PARTIAL).exists() and older.is_dir()
 
 
 def test_metrics_log_survives_a_line_cut_short(tmp_path):
     lines = [json.dumps({"step": s, "reward": 0.5}) for s in (1, 2, 3)] + ['{"step": 4, "rew']
-    (tmp_path / T.METRICS_FILE).write_text("\n".join(lines))
-    assert [r["step"] for r in T.read_metrics(tmp_path)] == [1, 2, 3]
+    (tmp_path / runs.METRICS_FILE).write_text("\n".join(lines))
+    assert [r["step"] for r in runs.read_metrics(tmp_path)] == [1, 2, 3]
     logger = T.MetricsLogger(tmp_path, live_plot=False, resume_step=2)
     assert [r["step"] for r in logger.records] == [1, 2]
-    assert [r["step"] for r in T.read_metrics(tmp_path)] == [1, 2]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [T.METRICS_FILE]  # no temporary file left
+    assert [r["step"] for r in runs.read_metrics(tmp_path)] == [1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [runs.METRICS_FILE]  # no temporary file left
 
 
 def test_reward_errors_is_an_option_with_two_modes():
     assert T.build_parser().parse_args(["--reward-errors", "skip"]).reward_errors == "skip"
     with pytest.raises(ValueError, match=r"reward_errors='ignore': use 'raise' .* or 'skip'"):
-        T.build_reward_funcs(["correctness"], mode="ignore")
+        prepare(["correctness"], errors="ignore")
+    with pytest.raises(ValueError, match=r"reward_errors='ignore': use 'raise' .* or 'skip'"):
+        T.TrainConfig(reward_errors="ignore")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -178,22 +181,22 @@ def test_raising_reward_stops_the_run_with_a_message_and_the_run_resumes_after_t
                        r"it raised ValueError: cannot parse.*Fix: .*at step 3, before its update.*"
                        r"resume_from_checkpoint=True.*reward_errors='skip'"):
         T.train(T.TrainConfig(**config), reward_funcs=[FragileCorrectness(step=3)])
-    assert [p.name for p in T.list_checkpoints(run)] == ["checkpoint-2"]
-    T.check_checkpoint(run / T.CHECKPOINTS / "checkpoint-2")
-    assert [r["step"] for r in T.read_metrics(run)] == [1, 2]
+    assert [p.name for p in runs.list_checkpoints(run)] == ["checkpoint-2"]
+    runs.check_checkpoint(run / runs.CHECKPOINTS / "checkpoint-2")
+    assert [r["step"] for r in runs.read_metrics(run)] == [1, 2]
 
     fixed = T.train(T.TrainConfig(**config, resume_from_checkpoint=True), reward_funcs=[FragileCorrectness(step=None)])
-    assert fixed.global_step == 4 and (run / T.FINAL / "model.safetensors").is_file()
-    assert [r["step"] for r in T.read_metrics(run)] == [1, 2, 3, 4]
+    assert fixed.global_step == 4 and (run / runs.FINAL / "model.safetensors").is_file()
+    assert [r["step"] for r in runs.read_metrics(run)] == [1, 2, 3, 4]
 
 
 def test_raising_reward_skips_the_sample_when_configured(tmp_path, caplog):
     run = tmp_path / "run"
     config = T.TrainConfig(**SMALL, output_dir=str(run), max_steps=4, save_steps=100, reward_errors="skip")
     result = T.train(config, reward_funcs=[FragileCorrectness(step=3)])
-    assert result.global_step == 4 and (run / T.FINAL / "model.safetensors").is_file()
+    assert result.global_step == 4 and (run / runs.FINAL / "model.safetensors").is_file()
     issues = result.trainer.reward_funcs[0].issues
     assert issues and all("raised ValueError: cannot parse" in issue.message for issue in issues)
     assert "Recorded None for it and went on" in caplog.text
-    skipped = {r["step"]: r["rewards/fragile_correctness/skipped"] for r in T.read_metrics(run)}
+    skipped = {r["step"]: r["rewards/fragile_correctness/skipped"] for r in runs.read_metrics(run)}
     assert skipped == {1: 0.0, 2: 0.0, 3: float(len(issues)), 4: 0.0}

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from grpo_lab import scale
-from grpo_lab.vllm_cpu_sync import vllm_runs_on_cpu
+from grpo_lab import scale, servers, weight_sync
+from grpo_lab.weight_sync import vllm_runs_on_cpu
 
 SYNCED_GAP = 0.2  # bf16 server against the fp32 checkpoint it was synced from: measured 0.07 (stale: 9)
 MOVED_GAP = 0.5  # the large-lr steps move the policy far from the base model
@@ -114,7 +114,7 @@ def test_port_in_use_is_refused():
 
 
 def _tiny_server_config(tmp_path, **overrides):
-    from grpo_lab.train import TrainConfig
+    from grpo_lab.experiment import TrainConfig
 
     return scale.server_train_config(TrainConfig(profile="tiny", output_dir=str(tmp_path / "run"), **overrides))
 
@@ -130,7 +130,7 @@ def test_server_command_is_trls_with_cpu_substitutions(tmp_path):
                                scale.plan_devices("cpu"), 8000)
     assert cpu[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", train_config.model]
     assert "--weight-transfer-config" not in cpu
-    assert cpu[cpu.index("--worker-extension-cls") + 1] == scale.WORKER_EXTENSION
+    assert cpu[cpu.index("--worker-extension-cls") + 1] == weight_sync.WORKER_EXTENSION
     assert cpu[cpu.index("--max-model-len") + 1] == str(train_config.max_prompt_length
                                                         + train_config.max_completion_length)
 
@@ -228,7 +228,7 @@ class TestServerModeOnCPU:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from grpo_lab.vllm_cpu_sync import trainer_logprobs
+        from grpo_lab.weight_sync import trainer_logprobs
 
         result, ids = server_run["result"], (server_run["prompt_ids"], server_run["completion_ids"])
         for record in result.metrics:
@@ -250,9 +250,9 @@ class TestServerModeOnCPU:
         import psutil
 
         result, server = server_run["result"], server_run["server"]
-        assert not scale.group_alive(server.pgid) and not scale.group_alive(result.trainer_pid)
+        assert not servers.group_alive(server.pgid) and not servers.group_alive(result.trainer_pid)
         assert not [p for p in server_run["server_processes"] if p.is_running()
                     and p.status() != psutil.STATUS_ZOMBIE]
-        assert scale.port_is_free(server.port)
+        assert servers.port_is_free(server.port)
         assert not [p for p in psutil.Process().children(recursive=True) if p.pid not in server_run["children_before"]]
-        assert not (result.run_dir / scale.SYNC_FOLDER).exists()
+        assert not (result.run_dir / weight_sync.SYNC_FOLDER).exists()

@@ -1,7 +1,7 @@
 """grpo_lab.train: configuration, input checks, checkpoints and resume, and that GRPO raises the reward.
 
 Training runs use the shipped tiny model with HF generate on the CPU (the vLLM colocate path is in
-tests/test_vllm_cpu_sync.py).
+tests/test_weight_sync.py).
 """
 
 import json
@@ -9,9 +9,13 @@ import math
 
 import pytest
 
+from grpo_lab import experiment, runs
 from grpo_lab import train as T
+from grpo_lab.device import Machine
+from grpo_lab.rewards import prepare
 from grpo_lab.data import load_split, write_jsonl
 
+CPU = Machine("cpu", bf16=True, memory_gib=24)
 SMALL = dict(profile="tiny", per_device_train_batch_size=8, num_generations=4, live_plot=False, save_steps=100)
 
 
@@ -19,7 +23,7 @@ SMALL = dict(profile="tiny", per_device_train_batch_size=8, num_generations=4, l
 # Configuration and CLI
 # --------------------------------------------------------------------------------------------------
 def test_resolved_config_takes_sizes_from_the_profile_and_keeps_overrides(tmp_path):
-    config = T.TrainConfig(profile="tiny", output_dir=str(tmp_path / "run"), learning_rate=1e-4).resolved()
+    config = T.TrainConfig(profile="tiny", output_dir=str(tmp_path / "run"), learning_rate=1e-4).resolve(CPU)
     assert config.num_generations == 8 and config.per_device_train_batch_size == 32
     assert config.learning_rate == 1e-4
     assert config.beta == 0.0 and config.use_vllm is False and config.bf16 is False
@@ -30,7 +34,7 @@ def test_resolved_config_takes_sizes_from_the_profile_and_keeps_overrides(tmp_pa
 
 
 def test_gpu_profile_follows_the_seed_recipe():
-    config = T.TrainConfig(profile="gpu", output_dir="unused").resolved()
+    config = T.TrainConfig(profile="gpu", output_dir="unused").resolve(Machine("cuda", bf16=True, memory_gib=80))
     assert config.learning_rate == 5e-6 and config.beta > 0 and config.warmup_steps > 0 and config.use_vllm
 
 
@@ -46,21 +50,20 @@ def test_cli_options_mirror_the_config_fields():
 # Bad input: a clear message before anything runs
 # --------------------------------------------------------------------------------------------------
 def test_num_generations_must_divide_the_batch():
-    config = T.TrainConfig(**{**SMALL, "num_generations": 3}, output_dir="unused").resolved()
     with pytest.raises(ValueError, match=r"num_generations=3 does not divide.*8"):
-        T.check_batch_shape(config)
+        T.TrainConfig(**{**SMALL, "num_generations": 3}, output_dir="unused")
 
 
 def test_completion_length_beyond_max_model_len():
-    config = T.TrainConfig(profile="tiny", output_dir="unused", max_completion_length=600).resolved()
+    config = T.TrainConfig(profile="tiny", output_dir="unused", max_completion_length=600).resolve(CPU)
     with pytest.raises(ValueError, match="exceeds the model's max_model_len"):
-        T.check_lengths(config, max_model_len=512)
+        experiment.check_lengths(config, max_model_len=512)
 
 
 def test_dataset_without_prompt_or_answer(tmp_path):
     rows = load_split("eval")[:3]
     no_answer = [{k: v for k, v in row.items() if k != "answer"} for row in rows]
-    rewards = T.build_reward_funcs(["correctness"])
+    rewards = prepare(["correctness"]).funcs
     with pytest.raises(ValueError, match="no 'answer' column"):
         T.check_dataset(no_answer, rewards)
     path = write_jsonl([{k: v for k, v in row.items() if k != "prompt"} for row in rows], tmp_path / "bad.jsonl")
@@ -70,15 +73,15 @@ def test_dataset_without_prompt_or_answer(tmp_path):
 
 
 def test_resume_from_missing_or_partial_checkpoint(tmp_path):
-    with pytest.raises(T.CheckpointError, match="holds no checkpoint"):
-        T.resolve_resume(tmp_path, True)
-    with pytest.raises(T.CheckpointError, match="no checkpoint at"):
-        T.resolve_resume(tmp_path, str(tmp_path / "checkpoints" / "checkpoint-7"))
+    with pytest.raises(runs.CheckpointError, match="holds no checkpoint"):
+        runs.resolve_resume(tmp_path, True)
+    with pytest.raises(runs.CheckpointError, match="no checkpoint at"):
+        runs.resolve_resume(tmp_path, str(tmp_path / "checkpoints" / "checkpoint-7"))
     partial = tmp_path / "checkpoints" / "checkpoint-2"
     partial.mkdir(parents=True)
     (partial / "trainer_state.json").write_text("{}")
-    with pytest.raises(T.CheckpointError, match="incomplete.*optimizer.pt"):
-        T.resolve_resume(tmp_path, True)
+    with pytest.raises(runs.CheckpointError, match="incomplete.*optimizer.pt"):
+        runs.resolve_resume(tmp_path, True)
 
 
 def test_nan_loss_stops_with_advice(tmp_path):
@@ -89,7 +92,7 @@ def test_nan_loss_stops_with_advice(tmp_path):
 
     with pytest.raises(T.TrainingDivergedError, match="bf16.*inf"):
         logger.on_log(None, State(), None, logs={"loss": math.nan, "reward": 0.5})
-    assert json.loads((tmp_path / T.METRICS_FILE).read_text().splitlines()[-1])["step"] == 5  # recorded, then stop
+    assert json.loads((tmp_path / runs.METRICS_FILE).read_text().splitlines()[-1])["step"] == 5  # recorded, then stop
 
 
 def test_infinite_reward_stops_before_the_update(tmp_path):
@@ -99,7 +102,7 @@ def test_infinite_reward_stops_before_the_update(tmp_path):
     config = T.TrainConfig(**SMALL, output_dir=str(tmp_path / "run"), max_steps=2, train_size=8)
     with pytest.raises(T.TrainingDivergedError, match="broken_reward.*inf"):
         T.train(config, reward_funcs=[broken_reward])
-    assert not T.list_checkpoints(tmp_path / "run")
+    assert not runs.list_checkpoints(tmp_path / "run")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -110,17 +113,17 @@ def test_checkpoints_and_resume_reach_the_same_final_step(tmp_path):
     config = T.TrainConfig(**{**SMALL, "save_steps": 2}, output_dir=str(run), max_steps=4, train_size=32)
     first = T.train(config)
     assert first.global_step == 4
-    assert [p.name for p in T.list_checkpoints(run)] == ["checkpoint-2", "checkpoint-4"]
+    assert [p.name for p in runs.list_checkpoints(run)] == ["checkpoint-2", "checkpoint-4"]
     assert (run / "checkpoints" / "checkpoint-2" / "model.safetensors").is_file()
-    assert (run / T.FINAL / "model.safetensors").is_file() and (run / T.CURVES_FILE).is_file()
+    assert (run / runs.FINAL / "model.safetensors").is_file() and (run / runs.CURVES_FILE).is_file()
     with pytest.raises(FileExistsError, match="already holds a run"):
         T.train(config)
 
     resumed = T.train(T.TrainConfig(**{**SMALL, "save_steps": 2}, output_dir=str(run), max_steps=4, train_size=32,
                                     resume_from_checkpoint=str(run / "checkpoints" / "checkpoint-2")))
     assert resumed.global_step == 4
-    assert [r["step"] for r in T.read_metrics(run)] == [1, 2, 3, 4]
-    assert json.loads((run / T.CONFIG_FILE).read_text())["resumed_from"].endswith("checkpoint-2")
+    assert [r["step"] for r in runs.read_metrics(run)] == [1, 2, 3, 4]
+    assert json.loads((run / runs.CONFIG_FILE).read_text())["resumed_from"].endswith("checkpoint-2")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -29,9 +29,9 @@ ATTRIBUTES = [
     ("transformers.Trainer", "pop_callback", "train (quiet progress bar)"),
     ("transformers.trainer_utils", "PREFIX_CHECKPOINT_DIR", "train"),
     ("transformers.trainer_utils", "rotate_checkpoints", "train"),
-    ("trl.generation.vllm_generation.VLLMGeneration", "sync_weights", "vllm_cpu_sync (replaced on the CPU)"),
-    ("trl.generation.vllm_generation.VLLMGeneration", "_iter_named_params", "vllm_cpu_sync"),
-    ("vllm.LLM", "collective_rpc", "vllm_cpu_sync, rollout"),
+    ("trl.generation.vllm_generation.VLLMGeneration", "sync_weights", "weight_sync (replaced on the CPU)"),
+    ("trl.generation.vllm_generation.VLLMGeneration", "_iter_named_params", "weight_sync"),
+    ("vllm.LLM", "collective_rpc", "weight_sync, rollout"),
     ("vllm.LLM", "reset_prefix_cache", "rollout, bench"),
     ("vllm.LLM", "sleep", "rollout"),
     ("vllm.LLM", "wake_up", "rollout"),
@@ -74,7 +74,7 @@ def test_grpo_config_has_the_fields_train_config_uses():
 
     from trl import GRPOConfig
 
-    from grpo_lab.train import TrainConfig
+    from grpo_lab.experiment import TrainConfig
 
     trl_fields = {f.name for f in fields(GRPOConfig)}
     mirrored = ["num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
@@ -96,8 +96,8 @@ def test_entry_point_modules_exist(module):
 
 
 def test_vllm_cpu_gemm_dispatch_exists():
-    """vllm_cpu_sync re-packs the tied lm_head with the function vLLM-CPU uses after loading."""
-    from grpo_lab.vllm_cpu_sync import vllm_runs_on_cpu
+    """weight_sync re-packs the tied lm_head with the function vLLM-CPU uses after loading."""
+    from grpo_lab.weight_sync import vllm_runs_on_cpu
 
     if not vllm_runs_on_cpu():
         pytest.skip("vLLM does not run on the CPU here")

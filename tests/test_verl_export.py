@@ -16,7 +16,7 @@ import pytest
 from grpo_lab import rewards as R
 from grpo_lab import verl_export as V
 from grpo_lab.data import load_split
-from grpo_lab.train import TrainConfig, load_train_rows
+from grpo_lab.experiment import TrainConfig, load_train_rows
 
 REWARDS = ("correctness", "format", "repetition_penalty")
 WEIGHTS = (1.0, 0.2, 0.5)

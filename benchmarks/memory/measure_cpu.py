@@ -37,7 +37,14 @@ from grpo_step import PHASES, grpo_step, padded_batch, random_model  # noqa: E40
 from live_tensors import LiveTensorBytes  # noqa: E402
 
 from grpo_lab.memory import (  # noqa: E402
-    CONFIG_DIR, TOKEN_TILE, VOCAB_TILE, ModelShape, TrainingShape, get_precision, training_phases)
+    CONFIG_DIR,
+    TOKEN_TILE,
+    VOCAB_TILE,
+    ModelShape,
+    TrainingShape,
+    get_precision,
+    training_phases,
+)
 
 MIB = 2**20
 COMMAND = "OMP_NUM_THREADS=2 python benchmarks/memory/measure_cpu.py"

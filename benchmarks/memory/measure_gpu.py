@@ -43,7 +43,15 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1])]
 from grpo_step import PHASES, grpo_step, padded_batch, random_model  # noqa: E402
 
 from grpo_lab.memory import (  # noqa: E402
-    CONFIG_DIR, GIB, ModelShape, TrainingShape, get_precision, plan_memory, training_phases, vllm_non_kv_bytes)
+    CONFIG_DIR,
+    GIB,
+    ModelShape,
+    TrainingShape,
+    get_precision,
+    plan_memory,
+    training_phases,
+    vllm_non_kv_bytes,
+)
 
 TRAIN_STEP_CASE = re.compile(r"(?P<config>[\w.-]+), (?P<precision>\w+), B=(?P<batch>\d+), (?P<prompt>\d+)\+"
                              r"(?P<completion>\d+), checkpointing (?P<checkpointing>on|off)")

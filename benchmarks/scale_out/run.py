@@ -16,6 +16,7 @@ Writes ``OUT/scale_out_<profile>.json`` (both medians, their split and the ratio
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -30,11 +31,10 @@ from grpo_lab import bench, device, scale
 from grpo_lab.data import write_jsonl
 from grpo_lab.rollout import encode_prompts, load_tokenizer
 from grpo_lab.rollout.compare import shaped_model_dir
-from grpo_lab.train import TrainConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 RUN_FILES = (scale.SERVER_LOG, scale.TRAINER_LOG, scale.RESULT_FILE, "metrics.jsonl", "config.json")
-SIZES = ("num_prompts", "n", "prompt_tokens", "max_tokens", "grpo_steps", "grpo_warmup_steps", "grpo_batch_size")
+SIZES = (*bench.STEP_FIELDS, "prompt_tokens", "grpo_steps", "grpo_warmup_steps")
 
 
 def portable(command: list[str]) -> str:
@@ -45,18 +45,12 @@ def portable(command: list[str]) -> str:
 def server_part(model: str, rows: list[dict], profile: bench.BenchProfile, scratch: Path,
                 config: scale.ServerModeConfig, out: Path) -> dict:
     """The same TrainConfig as grpo_lab.bench.grpo_step_bench builds, with rollouts from the server."""
-    from grpo_lab.profiles import DEFAULT_FOR_DEVICE
-
     dataset = scratch / "seed_workload.jsonl"
     write_jsonl(rows, dataset)
     longest = max(len(p.token_ids) for p in encode_prompts(load_tokenizer(model), [r["prompt"] for r in rows]))
-    train_config = TrainConfig(
-        profile=DEFAULT_FOR_DEVICE[config.device or device.detect()], model=model,
-        output_dir=str(scratch / "run-server"), dataset=str(dataset), train_types=(), num_generations=profile.n,
-        per_device_train_batch_size=profile.grpo_batch_size,
-        gradient_accumulation_steps=profile.sequences // profile.grpo_batch_size, max_prompt_length=longest,
-        max_completion_length=profile.max_tokens, max_steps=profile.grpo_warmup_steps + profile.grpo_steps,
-        save_steps=10**9, save_total_limit=None, live_plot=False, logging_steps=1)
+    train_config = dataclasses.replace(
+        bench.grpo_step_config(profile, model, dataset, longest, config.device or device.detect()),
+        output_dir=str(scratch / "run-server"))
     try:
         result = scale.run_server_mode(config, train_config)
     finally:  # the logs come back with the results, also when something failed (the model stays in scratch)

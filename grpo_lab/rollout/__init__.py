@@ -17,18 +17,23 @@ is an error, never a silent fallback.
 ...     print(result.summary())
 """
 
+from grpo_lab.rollout.backends import (
+    BACKENDS,
+    choose_backend,
+    load_tokenizer,
+    open_engine,
+)
 from grpo_lab.rollout.compare import (
     PrefixCacheEffect,
     comparison_table,
     eval_prompts,
+    few_shot_prompts,
     main,
     prefix_cache_effect,
-    few_shot_prompts,
     side_by_side,
 )
 from grpo_lab.rollout.config import RolloutConfig, Sampling
 from grpo_lab.rollout.engine import (
-    BACKENDS,
     BackendChoice,
     BackendUnavailableError,
     Completion,
@@ -37,9 +42,6 @@ from grpo_lab.rollout.engine import (
     RolloutError,
     RolloutResult,
     check_prompt_lengths,
-    choose_backend,
-    load_tokenizer,
-    open_engine,
 )
 from grpo_lab.rollout.prompts import (
     EncodedPrompt,

@@ -21,8 +21,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from grpo_lab.data import load_split
+from grpo_lab.models import resolve_model
+from grpo_lab.rollout.backends import open_engine
 from grpo_lab.rollout.config import RolloutConfig, Sampling
-from grpo_lab.rollout.engine import RolloutResult, open_engine
+from grpo_lab.rollout.engine import RolloutResult
 from grpo_lab.rollout.prompts import Prompt
 
 # Architectures of public models (their config.json values), for speed runs with random weights.
@@ -37,8 +40,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def eval_prompts(count: int = 32, seed: int = 0) -> list[Prompt]:
     """The first ``count`` chat prompts of the course's eval split (cycled if more are asked for)."""
-    from grpo_lab.data import load_split
-
     rows = load_split("eval")
     return [rows[i % len(rows)]["prompt"] for i in range(seed, seed + count)]
 
@@ -46,8 +47,6 @@ def eval_prompts(count: int = 32, seed: int = 0) -> list[Prompt]:
 def few_shot_prompts(count: int = 16, shots: int = 3, lang: str = "en") -> list[Prompt]:
     """Long prompts: eval questions, each after its own ``shots`` solved train examples (no two prompts share
     a header). Sent twice, they show what prefix caching saves on repeated prompts."""
-    from grpo_lab.data import load_split
-
     examples = [r for r in load_split("train") if r["lang"] == lang]
     questions = [r for r in load_split("eval") if r["lang"] == lang][:count]
     prompts = []
@@ -68,8 +67,6 @@ def shaped_model_dir(shape: str, out_dir: str | Path, tokenizer_from: str | Path
     without a dummy mode, such as TRL's trainer (about 1 GB for 0.5B, 3 GB for 1.5B).
     """
     from transformers import Qwen2Config
-
-    from grpo_lab.models import resolve_model
 
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}: use one of {', '.join(SHAPES)}")

@@ -18,13 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import device
+from grpo_lab.errors import ConfigError
+from grpo_lab.memory import (
+    CPU_KV_CACHE_GIB,
+    VLLM_MEMORY_FRACTION,
+    ModelShape,
+    check_vllm_memory_fraction,
+)
 
 # The seed's rule for the context window: room for the longest prompt plus the completion, and 10 % spare.
 MAX_MODEL_LEN_MARGIN = 1.1
-# Course default for accelerators: the same fraction the profiles give colocated vLLM, so a trainer (or a
-# second engine in the side-by-side) still fits next to it.
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.3
-DEFAULT_CPU_KVCACHE_GIB = 1.0
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_HF_BATCH_SIZE = 256
 LOAD_FORMATS = ("auto", "dummy")
@@ -133,10 +136,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         self.sampling  # validates the sampling fields
-        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(
-                f"gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1], the share of the "
-                "device's memory vLLM may use (e.g. 0.3 next to a trainer, 0.9 for a rollout-only engine)")
+        check_vllm_memory_fraction(self.gpu_memory_utilization, "gpu_memory_utilization")
         for name in ("max_prompt_tokens", "max_model_len", "max_num_seqs", "hf_batch_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -216,16 +216,17 @@ class RolloutConfig:
         if kind == "cpu":
             reasons.setdefault("gpu_memory_utilization", "not used on the CPU: cpu_kvcache_gib sizes the KV cache")
             if self.cpu_kvcache_gib is None:
-                chosen["cpu_kvcache_gib"] = DEFAULT_CPU_KVCACHE_GIB
+                chosen["cpu_kvcache_gib"] = CPU_KV_CACHE_GIB
             gib = chosen.get("cpu_kvcache_gib", self.cpu_kvcache_gib)
             capacity = _kv_capacity(model, gib, chosen.get("dtype", self.dtype))
             reasons["cpu_kvcache_gib"] = (("given" if self.cpu_kvcache_gib is not None else "course default")
                                           + f": host RAM reserved for the KV cache{capacity}")
         else:
             if self.gpu_memory_utilization is None:
-                chosen["gpu_memory_utilization"] = DEFAULT_GPU_MEMORY_UTILIZATION
-                reasons["gpu_memory_utilization"] = ("course default 0.3, as the profiles give colocated vLLM: "
-                                                     "the trainer needs the rest (notebook 04 computes it)")
+                chosen["gpu_memory_utilization"] = VLLM_MEMORY_FRACTION["engine"]
+                reasons["gpu_memory_utilization"] = (f"course default {VLLM_MEMORY_FRACTION['engine']} for a "
+                                                     "standalone engine: other work (a trainer, a second engine) "
+                                                     "still fits beside it; an experiment passes its own")
             else:
                 reasons.setdefault("gpu_memory_utilization", "given")
             reasons.setdefault("cpu_kvcache_gib", "not used on accelerators")
@@ -284,17 +285,16 @@ def _show(value: Any) -> str:
 
 
 def _model_facts(model_path: str | None) -> dict[str, Any]:
-    """Context length and KV-cache bytes per token from a local ``config.json`` (empty if not local)."""
+    """Context length and KV-cache values per token from a local model folder (empty if not local or not a
+    decoder shape the planner reads)."""
     if not model_path or not (Path(model_path) / "config.json").is_file():
         return {}
-    config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
-    facts: dict[str, Any] = {"max_position_embeddings": config.get("max_position_embeddings")}
-    heads = config.get("num_attention_heads")
-    if heads and config.get("hidden_size") and config.get("num_hidden_layers"):
-        head_dim = config.get("head_dim") or config["hidden_size"] // heads
-        kv_heads = config.get("num_key_value_heads") or heads
-        facts["kv_values_per_token"] = 2 * config["num_hidden_layers"] * kv_heads * head_dim  # K and V
-    return facts
+    try:
+        shape = ModelShape.from_config(model_path)
+    except ConfigError:
+        return {}
+    return {"max_position_embeddings": shape.max_position_embeddings,
+            "kv_values_per_token": shape.kv_cache_bytes_per_token(1)}  # K and V, every layer
 
 
 def _kv_capacity(model: dict[str, Any], gib: float, dtype: str | None) -> str:

@@ -1,26 +1,23 @@
-"""One rollout interface over two backends: :func:`open_engine` returns an engine with ``generate``.
+"""The rollout interface every backend implements: :class:`RolloutEngine` and what ``generate`` returns.
 
-The engine owns the model, the shared tokenizer and the resolved :class:`RolloutConfig`. Prompts are
+:func:`grpo_lab.rollout.backends.open_engine` picks a backend and starts it. The engine owns the model, the shared tokenizer and the resolved :class:`RolloutConfig`. Prompts are
 encoded once here (chat template applied with the shared tokenizer) and checked against ``max_model_len``
 before any backend sees them.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 from grpo_lab import device
+from grpo_lab.errors import GrpoLabError
 from grpo_lab.rollout.config import RolloutConfig, Sampling
 from grpo_lab.rollout.prompts import EncodedPrompt, Prompt, encode_prompts
 
-BACKENDS = ("auto", "vllm", "hf")
 
-
-class RolloutError(RuntimeError):
+class RolloutError(GrpoLabError, RuntimeError):
     """The engine cannot do what was asked (e.g. sleep on a platform without sleep mode, use after stop)."""
 
 
@@ -261,81 +258,3 @@ def check_prompt_lengths(prompts: Sequence[EncodedPrompt], max_model_len: int, m
                 f"prompt {index} has {length} tokens and {what} max_model_len={max_model_len}. "
                 f"Shorten the prompt, lower max_tokens, or open the engine with max_model_len >= "
                 f"{length + max_tokens} (or pass the prompts to open_engine so it sizes the window itself).")
-
-
-def choose_backend(backend: str = "auto", device_kind: str | None = None) -> BackendChoice:
-    """Pick the backend: ``"vllm"`` or ``"hf"`` as asked (error if impossible), or for ``"auto"`` vLLM when it
-    imports and runs on this device, else HF ``generate``. The reason says which and why."""
-    from grpo_lab.rollout import vllm_backend
-
-    wanted = str(backend).strip().lower()
-    if wanted not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
-    kind = device_kind or device.detect()
-    if wanted == "hf":
-        return BackendChoice("hf", "asked for: transformers' model.generate")
-    usable, why = vllm_backend.vllm_usable(kind)
-    if wanted == "vllm":
-        if not usable:
-            raise BackendUnavailableError(f"backend='vllm' was asked for but {why}")
-        return BackendChoice("vllm", f"asked for: {why}")
-    if usable:
-        return BackendChoice("vllm", f"auto: {why}")
-    return BackendChoice("hf", f"auto: HF generate, because {why}")
-
-
-def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConfig | None = None,
-                backend: str = "auto", prompts: Sequence[Prompt] | None = None, **overrides) -> RolloutEngine:
-    """Check everything, then start a rollout engine.
-
-    ``model``: a folder or hub id (default: ``GRPO_LAB_MODEL`` or the shipped tiny model). ``config`` plus
-    keyword ``overrides`` (any :class:`RolloutConfig` field) set sampling and engine sizes; ``prompts``, when
-    given, size ``max_model_len`` to the workload and are checked before the engine starts.
-
-    Bad input (unknown backend, a missing model folder, out-of-range settings, prompts that do not fit, vLLM
-    asked for but not importable) raises before any engine process starts.
-
-    >>> with open_engine(backend="hf", n=2, max_tokens=8) as engine:          # doctest: +SKIP
-    ...     result = engine.generate([[{"role": "user", "content": "2 + 3 = ?"}]])
-    >>> len(result.outputs[0].completions)                                      # doctest: +SKIP
-    2
-    """
-    from grpo_lab.models import MANIFEST_NAME, require_safetensors, resolve_model, verify_model_dir
-
-    if str(backend).strip().lower() not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
-    known = {f.name for f in fields(RolloutConfig)} - {"reasons"}
-    if set(overrides) - known:
-        raise ValueError(f"unknown setting(s) {sorted(set(overrides) - known)}; RolloutConfig has: {sorted(known)}")
-    config = replace(config or RolloutConfig(), **overrides)
-    model_path = resolve_model(model)
-    if Path(model_path).is_dir():
-        if not (Path(model_path) / "config.json").is_file():
-            raise FileNotFoundError(f"{model_path} has no config.json: pass the folder that holds the model")
-        if (Path(model_path) / MANIFEST_NAME).is_file():
-            verify_model_dir(model_path)
-        if config.load_format != "dummy":
-            require_safetensors(model_path)
-    kind = device.check_kind(config.device_kind) if config.device_kind else device.detect()
-    choice = choose_backend(backend, kind)
-    tokenizer = load_tokenizer(model_path)
-    encoded = encode_prompts(tokenizer, prompts) if prompts is not None else []
-    config = config.resolve(kind, max((len(p.token_ids) for p in encoded), default=None), model_path)
-    check_prompt_lengths(encoded, config.max_model_len, config.max_tokens)
-    if choice.name == "vllm":
-        from grpo_lab.rollout.vllm_backend import VLLMEngine
-
-        engine: RolloutEngine = VLLMEngine(model_path, tokenizer, config, choice)
-    else:
-        from grpo_lab.rollout.hf_backend import HFEngine
-
-        engine = HFEngine(model_path, tokenizer, config, choice)
-    engine.check_settings()
-    return engine.start()
-
-
-def load_tokenizer(model_path: str):
-    """The one tokenizer both backends and the trainer use, from the model's own folder."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path, trust_remote_code=False)

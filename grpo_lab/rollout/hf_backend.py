@@ -13,8 +13,14 @@ import torch
 from tqdm.auto import tqdm
 
 from grpo_lab import device
+from grpo_lab.models import load_model_and_tokenizer
 from grpo_lab.rollout.config import Sampling
-from grpo_lab.rollout.engine import Completion, PromptRollout, RolloutEngine, decode_completion
+from grpo_lab.rollout.engine import (
+    Completion,
+    PromptRollout,
+    RolloutEngine,
+    decode_completion,
+)
 from grpo_lab.rollout.prompts import EncodedPrompt
 
 
@@ -25,8 +31,6 @@ class HFEngine(RolloutEngine):
 
     def _start(self) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
-
-        from grpo_lab.models import load_model_and_tokenizer
 
         kind = self.config.device_kind
         dtype = getattr(torch, self.config.dtype)

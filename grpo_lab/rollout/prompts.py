@@ -16,11 +16,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
+from grpo_lab.errors import ConfigError
+
 Message = Mapping[str, str]
 Prompt = Union[str, Sequence[Message]]
 
 
-class TokenizerMismatchError(ValueError):
+class TokenizerMismatchError(ConfigError):
     """Two tokenizers that must be identical (rollout engine vs trainer) differ."""
 
 

@@ -24,11 +24,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from grpo_lab import device
+from grpo_lab.errors import ConfigError
+from grpo_lab.paths import CACHE_DIR
 from grpo_lab.rollout.config import RolloutConfig, Sampling
 from grpo_lab.rollout.engine import PromptRollout, RolloutEngine, decode_completion
-from grpo_lab.rollout.prompts import EncodedPrompt
+from grpo_lab.rollout.prompts import EncodedPrompt, check_tokenizers
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 # How long stop() lets vLLM shut down its processes before ending the rest itself.
 SHUTDOWN_TIMEOUT_S = 20.0
 QUIET_LOG_LEVEL = "ERROR"
@@ -86,7 +87,7 @@ def engine_environment(kind: str) -> dict[str, str]:
       default, which made every stop() take 5-10 s).
     - npu: spawn workers (vllm-ascend's documented setting: forked processes cannot re-initialise the NPU).
     """
-    env = {"VLLM_CACHE_ROOT": str(REPO_ROOT / ".cache" / "vllm"), "VLLM_LOGGING_LEVEL": QUIET_LOG_LEVEL}
+    env = {"VLLM_CACHE_ROOT": str(CACHE_DIR / "vllm"), "VLLM_LOGGING_LEVEL": QUIET_LOG_LEVEL}
     if kind == "cpu":
         env["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"] = "1"
     if kind == "npu":
@@ -120,7 +121,7 @@ class VLLMEngine(RolloutEngine):
         from vllm.platforms import current_platform
 
         if self.config.enable_sleep_mode and not current_platform.is_sleep_mode_available():
-            raise ValueError(f"enable_sleep_mode=True, but vLLM has no sleep mode on '{self.config.device_kind}' "
+            raise ConfigError(f"enable_sleep_mode=True, but vLLM has no sleep mode on '{self.config.device_kind}' "
                              "(CUDA and Ascend have it); leave it off and stop() the engine to free memory")
 
     def _start(self) -> None:
@@ -138,8 +139,6 @@ class VLLMEngine(RolloutEngine):
 
     def _check_engine_tokenizer(self) -> None:
         """vLLM loaded its tokenizer from the same folder; prove it is the same one we encode with."""
-        from grpo_lab.rollout.prompts import check_tokenizers
-
         check_tokenizers(self.llm.get_tokenizer(), self.tokenizer, names=("vLLM engine", "rollout"))
 
     def _generate(self, prompts: list[EncodedPrompt], sampling: Sampling, progress: bool,

@@ -10,11 +10,11 @@ import gc
 
 import pytest
 
-from grpo_lab import vllm_cpu_sync
+from grpo_lab import weight_sync
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not vllm_cpu_sync.vllm_runs_on_cpu(), reason="needs the vllm-cpu build (CPU stack)"),
+    pytest.mark.skipif(not weight_sync.vllm_runs_on_cpu(), reason="needs the vllm-cpu build (CPU stack)"),
 ]
 
 SYNCED_GAP = 0.1  # bf16 (vLLM-CPU) against fp32 (trainer): ~0.03 per token when in sync
@@ -49,13 +49,13 @@ def one_step(tmp_path_factory):
 
 def gap(result, prompt_ids, completion_ids):
     trainer = result.trainer
-    return vllm_cpu_sync.logprob_gap(trainer.model, trainer.vllm_generation.llm, prompt_ids, completion_ids)
+    return weight_sync.logprob_gap(trainer.model, trainer.vllm_generation.llm, prompt_ids, completion_ids)
 
 
 def test_colocate_step_runs_with_the_fix_installed(one_step):
     result, _, _ = one_step
     assert result.global_step == 1
-    assert result.trainer.vllm_cpu_sync_installed
+    assert result.trainer.weight_sync_installed
     assert "vLLM colocate" in result.backend
 
 
@@ -63,7 +63,7 @@ def test_vllm_matches_the_trainer_only_with_the_fix(one_step):
     result, prompt_ids, completion_ids = one_step
     generation = result.trainer.vllm_generation
     stale = gap(result, prompt_ids, completion_ids)  # vLLM still holds the weights from before the step
-    vllm_cpu_sync.sync_weights_via_reload(generation, repack_lm_head=False)
+    weight_sync.sync_weights_via_reload(generation, repack_lm_head=False)
     head_not_repacked = gap(result, prompt_ids, completion_ids)
     generation.sync_weights()  # what TRL calls before the next rollout: the installed fix
     synced = gap(result, prompt_ids, completion_ids)

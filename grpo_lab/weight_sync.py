@@ -1,6 +1,11 @@
-"""Colocated vLLM on the CPU: keep vLLM's copy of the policy in step with the trainer.
+"""How the trainer's weights reach vLLM where TRL's own path cannot carry them: vLLM's ``reload_weights``.
 
-**The problem.** In ``vllm_mode="colocate"`` TRL copies the trainer's weights into the in-process vLLM engine
+Two places need it. **Colocated vLLM on the CPU** (below, :func:`install`), and **a vLLM server without NCCL**
+(TRL server mode on the CPU or Ascend, :func:`file_sync_client` and :class:`ReloadWeightsExtension`): the trainer
+writes its weights to ``<run>/.weight_sync/model.safetensors`` and asks the server, through vLLM's development
+endpoint ``/collective_rpc``, to reload them. Only the transport changes: TRL still decides when and what to sync.
+
+**The problem (colocate, CPU).** In ``vllm_mode="colocate"`` TRL copies the trainer's weights into the in-process vLLM engine
 before each rollout, one parameter at a time, through ``model.load_weights([(name, tensor)])``. vLLM-CPU
 *repacks* every Linear weight after loading (into a oneDNN / SGL-kernel layout held by the layer's
 ``cpu_linear`` function) and leaves an empty ``Parameter`` behind, without the ``weight_loader`` that
@@ -20,24 +25,40 @@ when vLLM runs on the CPU in colocate mode; on CUDA and Ascend TRL's own sync is
 
 **The proof.** :func:`logprob_gap` compares the log-probabilities that vLLM and the trainer assign to the
 same completion; after a training step with a large learning rate they agree with this fix, and disagree
-(stale weights) without it. ``tests/test_vllm_cpu_sync.py`` asserts both.
+(stale weights) without it. ``tests/test_weight_sync.py`` asserts both.
 
-    >>> from grpo_lab import vllm_cpu_sync
+    >>> from grpo_lab import weight_sync
     >>> trainer = GRPOTrainer(..., args=GRPOConfig(use_vllm=True, vllm_mode="colocate"))  # doctest: +SKIP
-    >>> vllm_cpu_sync.install(trainer.vllm_generation)                                   # doctest: +SKIP
+    >>> weight_sync.install(trainer.vllm_generation)                                     # doctest: +SKIP
     True
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import os
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from grpo_lab.errors import GrpoLabError
+
 logger = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "grpo_lab.weight_sync.ReloadWeightsExtension"
+"""vLLM ``--worker-extension-cls``: adds the reload-based weight sync to a server's workers."""
+RELOAD_METHOD = "grpo_lab_reload_weights"
+SYNC_FOLDER = ".weight_sync"
+"""Folder of a run where the trainer writes the weights a server reloads."""
+
+
+class WeightSyncError(GrpoLabError, RuntimeError):
+    """The server cannot take weights the way this trainer sends them; the message says how to start it."""
 
 
 def vllm_runs_on_cpu() -> bool:
@@ -104,7 +125,7 @@ def install(vllm_generation: Any) -> bool:
     if not needs_cpu_sync(vllm_generation):
         return False
     vllm_generation.sync_weights = types.MethodType(sync_weights_via_reload, vllm_generation)
-    logger.info("vLLM runs on the CPU: weight sync goes through vLLM's reload_weights (grpo_lab.vllm_cpu_sync).")
+    logger.info("vLLM runs on the CPU: weight sync goes through vLLM's reload_weights (grpo_lab.weight_sync).")
     return True
 
 
@@ -144,3 +165,62 @@ def logprob_gap(model: Any, llm: Any, prompt_ids: Sequence[int], completion_ids:
     ours = torch.tensor(trainer_logprobs(model, prompt_ids, completion_ids))
     theirs = torch.tensor(vllm_logprobs(llm, prompt_ids, completion_ids))
     return float((ours - theirs).abs().max())
+
+
+# --------------------------------------------------------------------------------------------------
+# Weight sync without NCCL: safetensors in a folder + vLLM's reload_weights (server mode: server side and trainer side)
+# --------------------------------------------------------------------------------------------------
+class ReloadWeightsExtension:
+    """Mixed into the server's vLLM workers (``--worker-extension-cls``); called via ``/collective_rpc``."""
+
+    def grpo_lab_reload_weights(self, weights_path: str) -> bool:
+        """vLLM's own ``reload_weights`` from a folder of safetensors, then the tied ``lm_head`` re-packed (CPU)."""
+        self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+        return repack_tied_lm_head(self) if vllm_runs_on_cpu() else False
+
+
+def _file_sync_client_class():
+    """TRL's ``VLLMClient`` whose weight transport is a safetensors file plus a reload request (no NCCL)."""
+    from safetensors.torch import save_file
+    from trl.generation.vllm_client import VLLMClient
+
+    class FileSyncVLLMClient(VLLMClient):
+        """Generation, health checks and prefix-cache resets are TRL's; only the weight push differs."""
+
+        def __init__(self, *args, sync_dir: str, **kwargs):
+            self.sync_dir = Path(sync_dir)
+            super().__init__(*args, **kwargs)
+
+        def init_communicator(self, device: Any = 0) -> None:
+            extension = self.get_server_info()["parallel_config"].get("worker_extension_cls")
+            if extension != WORKER_EXTENSION:
+                raise WeightSyncError(f"the vLLM server at {self.base_url} runs without --worker-extension-cls "
+                                    f"{WORKER_EXTENSION}, which the file weight sync needs; start it with "
+                                    f"grpo_lab.scale.launch_rollout_server (weight_sync='file').")
+            self.sync_dir.mkdir(parents=True, exist_ok=True)
+
+        def update_named_params(self, metadata, named_params) -> None:
+            tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_params}
+            staged = self.sync_dir / "model.safetensors.partial"
+            save_file(tensors, str(staged), metadata={"format": "pt"})
+            os.replace(staged, self.sync_dir / "model.safetensors")  # the server never reads half a file
+            self._post(f"{self.base_url}/collective_rpc",
+                       json={"method": RELOAD_METHOD, "args": [str(self.sync_dir.resolve())]})
+
+    return FileSyncVLLMClient
+
+
+@contextlib.contextmanager
+def file_sync_client(sync_dir: str | None) -> Iterator[None]:
+    """While the trainer is built with ``sync_dir``: TRL's client pushes weights through files (no NCCL)."""
+    import trl.generation.vllm_generation as vllm_generation
+
+    if sync_dir is None:
+        yield
+        return
+    original = vllm_generation.VLLMClient
+    vllm_generation.VLLMClient = functools.partial(_file_sync_client_class(), sync_dir=sync_dir)
+    try:
+        yield
+    finally:
+        vllm_generation.VLLMClient = original

@@ -1,0 +1,16 @@
+"""The package's errors: every error grpo_lab raises on purpose derives from :class:`GrpoLabError`.
+
+Each message says what was wrong and what to do. Catch ``GrpoLabError`` to handle any of them; the more specific
+classes also derive from the built-in a caller would expect (``ValueError`` for a bad setting, ``RuntimeError``
+for something that failed while running, ``FileNotFoundError`` for a missing checkpoint).
+"""
+
+from __future__ import annotations
+
+
+class GrpoLabError(Exception):
+    """Base of every error grpo_lab raises on purpose."""
+
+
+class ConfigError(GrpoLabError, ValueError):
+    """A setting that is unknown, out of range or inconsistent; raised before anything starts."""

@@ -1,0 +1,457 @@
+"""One GRPO experiment, described once: :class:`TrainConfig` under TRL's names, and everything derived from it.
+
+A GRPO step's shape (prompts per step, ``num_generations``, lengths, micro-batch) and the training recipe are
+written down once, here. Everything else asks the config for what it needs through one named function:
+
+* :data:`PROFILES`: the course's three starting points (``tiny`` on a CPU, ``gpu``, ``npu``), tables of
+  overrides for :class:`TrainConfig`; ``GRPO_LAB_PROFILE`` picks one, ``GRPO_LAB_MODEL`` replaces its model;
+* :meth:`TrainConfig.resolve`: every field filled in for a :class:`~grpo_lab.device.Machine` (its device, bf16
+  support and memory are passed in, never read behind the caller's back); ``vllm_gpu_memory_utilization="auto"``
+  becomes the memory planner's number (:func:`choose_vllm_memory`);
+* :func:`plan_memory` (the planner's budget of this step on a machine), :meth:`TrainConfig.rollout_config` (the
+  rollout engine that samples like the trainer), :meth:`TrainConfig.training_shape` (the planner's input),
+  :attr:`TrainConfig.max_model_len` (vLLM's context window, also what serving needs), :func:`load_train_rows`.
+
+The trainer (:mod:`grpo_lab.train`), the server mode (:mod:`grpo_lab.scale`), the verl export, the bench's GRPO
+step, the doctor and serving all start from a ``TrainConfig``.
+
+>>> from grpo_lab.device import Machine
+>>> from grpo_lab.experiment import TrainConfig
+>>> config = TrainConfig(profile="tiny").resolve(Machine("cpu", bf16=True, memory_gib=24))
+>>> config.num_generations, config.num_prompts_per_step, config.max_model_len
+(8, 4, 128)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from grpo_lab import memory, models
+from grpo_lab.data import load_jsonl, load_split
+from grpo_lab.device import Machine
+from grpo_lab.errors import ConfigError
+from grpo_lab.paths import TINY_MODEL_DIR
+from grpo_lab.rewards import REWARD_ERROR_MODES
+from grpo_lab.rollout import RolloutConfig, encode_prompts
+
+PROFILE_ENV = "GRPO_LAB_PROFILE"
+QWEN_SMALL = "Qwen/Qwen2.5-0.5B-Instruct"
+AUTO = "auto"
+VLLM_MODES = ("colocate", "server")
+
+# The course's starting points, as overrides of TrainConfig's fields (only fields whose default is None).
+# `tiny` is tuned to learn fast on a CPU (notebook 03); `gpu`/`npu` follow the source write-up's recipe:
+# lr 5e-6 with warmup, an independent reference model (beta > 0), bf16, vLLM colocate.
+PROFILES: dict[str, dict[str, Any]] = {
+    "tiny": dict(model=str(TINY_MODEL_DIR), max_prompt_length=96, max_completion_length=32, num_generations=8,
+                 per_device_train_batch_size=32, learning_rate=5e-5, max_steps=250, lr_scheduler_type="constant",
+                 warmup_steps=0.0, beta=0.0, use_vllm=False, save_steps=100, eval_size=200),
+    "gpu": dict(model=QWEN_SMALL, max_prompt_length=256, max_completion_length=256, num_generations=4,
+                per_device_train_batch_size=16, learning_rate=5e-6, max_steps=300, lr_scheduler_type="cosine",
+                warmup_steps=0.1, beta=0.04, use_vllm=True, save_steps=100, eval_size=400),
+    # Ascend: the same recipe, a smaller micro-batch for a 32 GB 910B (notebook 04 plans it).
+    "npu": dict(model=QWEN_SMALL, max_prompt_length=256, max_completion_length=256, num_generations=4,
+                per_device_train_batch_size=8, learning_rate=5e-6, max_steps=300, lr_scheduler_type="cosine",
+                warmup_steps=0.1, beta=0.04, use_vllm=True, save_steps=100, eval_size=400),
+}
+PROFILE_DEVICE = {"tiny": "cpu", "gpu": "cuda", "npu": "npu"}
+"""The device each profile is made for (the doctor warns when the machine differs)."""
+DEFAULT_FOR_DEVICE = {kind: name for name, kind in PROFILE_DEVICE.items()}
+PROFILE_FIELDS = tuple(PROFILES["tiny"])
+"""The fields every profile sets (their TrainConfig default is None)."""
+
+# Why the CPU profile rolls out with HF generate (measured on 2 cores, see the report in notebook 03).
+CPU_BACKEND_REASON = ("HF generate: for a model of a few million parameters on an idle 2-core CPU, vLLM colocate is "
+                      "not faster per step (about 1.2 vs 1.1 s) and costs ~40 s of engine start; pass use_vllm=True "
+                      "to use it anyway (the CPU weight-sync fix is applied automatically)")
+
+
+class ProfileError(ConfigError):
+    """An unknown profile name or profile field."""
+
+
+def profile_name(name: str | None = None, machine: Machine | None = None) -> str:
+    """The profile to use: ``name``, else ``GRPO_LAB_PROFILE``, else the machine's device's (detected if not given)."""
+    chosen = name or os.environ.get(PROFILE_ENV)
+    if not chosen:
+        chosen = DEFAULT_FOR_DEVICE[(machine or Machine.detect()).kind]
+    key = str(chosen).strip().lower()
+    if key not in PROFILES:
+        raise ProfileError(f"Unknown profile {chosen!r}: use one of {', '.join(PROFILES)} "
+                           f"(set {PROFILE_ENV} or pass profile=...).")
+    return key
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A GRPO experiment under TRL's ``GRPOConfig`` names. ``None`` means "the profile's value" (or, for the
+    machine-dependent fields, "chosen for the machine"); :meth:`resolve` fills every field in.
+
+    Each field is checked once, here, when the config is made: a bad value stops before anything runs.
+    """
+
+    profile: str | None = None
+    """``tiny`` / ``gpu`` / ``npu``; default ``GRPO_LAB_PROFILE`` or the machine's device's."""
+    model: str | None = None
+    """A local model folder or hub id; default the profile's (``GRPO_LAB_MODEL`` overrides it)."""
+    output_dir: str | None = None
+    """The run folder; default a new ``grpo-<profile>-<time>`` folder under the runs root (:mod:`grpo_lab.runs`)."""
+    dataset: str | None = None
+    """A JSONL file in the shared row format; default the shipped ``data/train.jsonl``."""
+    train_types: tuple[str, ...] | None = None
+    """Problem types to train on; default the types the model's manifest marks as having a deliberate slip
+    (where pass@k is far above greedy, so GRPO has something to sharpen), else every type."""
+    train_size: int | None = None
+    """Use at most this many training rows (after the type filter)."""
+    rewards: tuple[str, ...] = ("correctness",)
+    """Names from ``grpo_lab.rewards`` (``list_rewards()``): the reward set the course trains with."""
+    reward_weights: tuple[float, ...] | None = None
+    """One weight per reward (TRL's ``reward_weights``); default 1.0 each."""
+    reward_errors: str = "raise"
+    """A reward function that raises (or, for the named ``rewards``, returns NaN/inf or a non-number): ``"raise"``
+    stops the run before that step's update with a message naming the function, the sample and the fix (the
+    checkpoints stay intact: fix it, then resume); ``"skip"`` records None for the sample and goes on, counting
+    such samples in the metric ``rewards/<name>/skipped``."""
+    num_generations: int | None = None
+    """Completions sampled per prompt: the group GRPO normalises in."""
+    per_device_train_batch_size: int | None = None
+    """Completions per device per forward/backward (TRL counts completions, not prompts)."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step; TRL generates all of them at once (``steps_per_generation``)."""
+    max_prompt_length: int | None = None
+    max_completion_length: int | None = None
+    learning_rate: float | None = None
+    vllm_gpu_memory_utilization: float | str = AUTO
+    """Share of the device's memory vLLM may take. ``"auto"``: the memory planner's choice for this step on this
+    machine (:func:`choose_vllm_memory`); a number wins, with a warning when the planner says it will not fit."""
+    max_steps: int | None = None
+    lr_scheduler_type: str | None = None
+    warmup_steps: float | None = None
+    """Warmup as in transformers 5: a number of steps, or a fraction of max_steps when below 1."""
+    beta: float | None = None
+    """KL penalty to a frozen reference model (0: no reference model is loaded)."""
+    loss_type: str = "dapo"
+    scale_rewards: str = "group"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    use_vllm: bool | None = None
+    vllm_mode: str = "colocate"
+    """``"colocate"``: vLLM inside the trainer process; ``"server"``: a vLLM server on other devices
+    (``grpo_lab.scale`` starts it and fills the three fields below)."""
+    vllm_server_base_url: str | None = None
+    vllm_server_timeout: float = 240.0
+    """Seconds TRL waits for the server to answer before giving up."""
+    vllm_group_port: int = 51216
+    """Port of TRL's NCCL weight-transfer group (server mode on CUDA)."""
+    bf16: bool | None = None
+    """bf16 autocast over fp32 weights; default where the machine supports it, except on the CPU."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the backward (TRL's default): less memory, about a third more compute."""
+    device: str | None = None
+    """The device kind the run trains on; set by :meth:`resolve` from the machine."""
+    save_steps: int | None = None
+    save_total_limit: int | None = 3
+    logging_steps: int = 1
+    seed: int = 0
+    eval_size: int | None = None
+    """Held-out problems evaluated before and after training (notebook 03) and verl's validation rows."""
+    resume_from_checkpoint: str | bool | None = None
+    """True: the latest checkpoint of ``output_dir``; a path: that checkpoint."""
+    live_plot: bool = True
+    """Update a figure in place while training (in a notebook) and save it as ``curves.png``."""
+    plot_every: int = 10
+    """Redraw the live plot every this many logged steps."""
+    max_minutes: float | None = None
+    """Stop after this much training time, saving a checkpoint; resume later to the same ``max_steps``."""
+
+    def __post_init__(self) -> None:
+        for name in ("train_types", "rewards", "reward_weights"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, tuple):
+                object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+        if self.profile is not None and str(self.profile).strip().lower() not in PROFILES:
+            profile_name(self.profile)  # raises with the known names
+        for name in ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
+                     "max_prompt_length", "max_completion_length", "max_steps", "save_steps", "logging_steps",
+                     "plot_every", "train_size", "eval_size"):
+            _check_positive_int(name, getattr(self, name))
+        if self.num_generations is not None and self.num_generations < 2:
+            raise ConfigError(f"num_generations={self.num_generations}: GRPO compares completions of the same prompt, "
+                              f"so it needs at least 2 (the course uses 4-8).")
+        if self.num_generations is not None and self.per_device_train_batch_size is not None:
+            batch = self.per_device_train_batch_size * self.gradient_accumulation_steps
+            if batch % self.num_generations:
+                fits = [n for n in range(2, batch + 1) if batch % n == 0]
+                raise ConfigError(
+                    f"num_generations={self.num_generations} does not divide the generation batch "
+                    f"(per_device_train_batch_size × gradient_accumulation_steps = {batch}), so a prompt's group "
+                    f"would be split. Use num_generations in {fits}, or per_device_train_batch_size = a multiple of "
+                    f"{self.num_generations} (e.g. {self.num_generations * max(1, batch // self.num_generations)}).")
+        if self.vllm_gpu_memory_utilization != AUTO:
+            memory.check_vllm_memory_fraction(self.vllm_gpu_memory_utilization)
+        for name, low in (("learning_rate", 0.0), ("temperature", 0.0), ("max_minutes", 0.0),
+                          ("vllm_server_timeout", 0.0)):
+            value = getattr(self, name)
+            if value is not None and not value > low:
+                raise ConfigError(f"{name}={value!r} must be greater than {low:g}.")
+        for name in ("beta", "warmup_steps"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ConfigError(f"{name}={value!r} must be >= 0.")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p={self.top_p}: must be in (0, 1] (1 keeps the whole distribution).")
+        if self.reward_errors not in REWARD_ERROR_MODES:
+            raise ConfigError(f"reward_errors={self.reward_errors!r}: use 'raise' (stop at a broken reward with a "
+                              f"message saying what to fix) or 'skip' (record None for that sample and go on).")
+        if self.vllm_mode not in VLLM_MODES:
+            raise ConfigError(f"vllm_mode={self.vllm_mode!r}: use 'colocate' (vLLM inside the trainer) or 'server' "
+                              f"(a vLLM server on other devices, grpo_lab.scale).")
+        if not self.rewards or not all(isinstance(name, str) and name for name in self.rewards):
+            raise ConfigError(f"rewards={self.rewards!r}: name at least one reward of grpo_lab.rewards.list_rewards() "
+                              f"(pass your own functions to train(..., reward_funcs=[...]) instead).")
+
+    # ---- filling in -------------------------------------------------------------------------------------
+    def with_profile(self, machine: Machine | None = None) -> TrainConfig:
+        """A copy with the profile's values in every field left ``None`` (machine facts still open).
+
+        ``machine`` only picks the default profile when neither ``profile`` nor ``GRPO_LAB_PROFILE`` names one.
+        """
+        name = profile_name(self.profile, machine)
+        values = {"profile": name}
+        for key, value in PROFILES[name].items():
+            if getattr(self, key) is None:
+                values[key] = value
+        if self.model is None and os.environ.get(models.MODEL_ENV_VAR):
+            values["model"] = os.environ[models.MODEL_ENV_VAR]
+        return dataclasses.replace(self, **values)
+
+    def resolve(self, machine: Machine) -> TrainConfig:
+        """Every field filled in for ``machine``: the profile's values, bf16 where the machine has it (never on the
+        CPU), the training types from the model's manifest, and ``vllm_gpu_memory_utilization`` from the planner
+        when it is ``"auto"``. ``output_dir`` stays as given (:mod:`grpo_lab.runs` names a new run folder)."""
+        config = self.with_profile(machine)
+        if config.device not in (None, machine.kind):
+            raise ConfigError(f"device={config.device!r}, but the machine given is a {machine.kind} machine: "
+                              f"resolve against a Machine of that kind (device.Machine('{config.device}', ...)).")
+        values: dict[str, Any] = {"device": machine.kind}
+        if config.bf16 is None:
+            values["bf16"] = machine.kind != "cpu" and machine.bf16
+        if config.train_types is None:
+            values["train_types"] = default_train_types(config.model) or ()
+        config = dataclasses.replace(config, **values)
+        if config.vllm_gpu_memory_utilization == AUTO:
+            config = dataclasses.replace(config, vllm_gpu_memory_utilization=choose_vllm_memory(config, machine)[0])
+        return config
+
+    @property
+    def is_resolved(self) -> bool:
+        return (self.device is not None and self.vllm_gpu_memory_utilization != AUTO
+                and all(getattr(self, key) is not None for key in PROFILE_FIELDS))
+
+    def _require_resolved(self, what: str) -> None:
+        if not self.is_resolved:
+            raise ConfigError(f"{what} needs a resolved config: call config.resolve(Machine.detect()) first.")
+
+    # ---- derived ----------------------------------------------------------------------------------------
+    @property
+    def generation_batch_size(self) -> int:
+        """Completions generated at once per device: micro-batch × accumulation steps (TRL's generation batch)."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    @property
+    def num_prompts_per_step(self) -> int:
+        return self.generation_batch_size // self.num_generations
+
+    @property
+    def max_model_len(self) -> int:
+        """vLLM's context window for this experiment: the longest prompt plus the longest completion (TRL's
+        ``vllm_max_model_length``); serving the trained model needs the same."""
+        return self.max_prompt_length + self.max_completion_length
+
+    @property
+    def precision(self) -> str:
+        """How grpo_lab.train holds the model, in the memory planner's words: fp32 master weights, with bf16
+        autocast when ``bf16`` (``"mixed"``), else ``"fp32"``."""
+        return "mixed" if self.bf16 else "fp32"
+
+    def training_shape(self) -> memory.TrainingShape:
+        """The memory planner's view of one step (its own field names)."""
+        return memory.TrainingShape(
+            per_device_train_batch_size=self.per_device_train_batch_size, num_generations=self.num_generations,
+            prompt_length=self.max_prompt_length, max_completion_length=self.max_completion_length,
+            gradient_checkpointing=self.gradient_checkpointing, beta=self.beta,
+            steps_per_generation=self.gradient_accumulation_steps)
+
+    def rollout_config(self, **overrides: Any) -> RolloutConfig:
+        """A rollout engine that samples as the trainer does (group size, lengths, temperature, seed); on an
+        accelerator it takes the experiment's ``vllm_gpu_memory_utilization``. ``overrides`` are RolloutConfig
+        fields (e.g. ``n=1, temperature=0`` for greedy)."""
+        self._require_resolved("rollout_config()")
+        values: dict[str, Any] = dict(n=self.num_generations, max_tokens=self.max_completion_length,
+                                      temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+                                      max_prompt_tokens=self.max_prompt_length)
+        if self.device != "cpu":
+            values["gpu_memory_utilization"] = self.vllm_gpu_memory_utilization
+        return RolloutConfig(**{**values, **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """A config from a dict (a run's ``config.json`` ``"config"``, a JSON file); unknown keys are refused."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TrainConfig:
+        """Read a JSON file: a TrainConfig's fields, or a run folder / its ``config.json`` (the run's experiment)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"no config file at {path}") from None
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path} is not valid JSON: {error}") from None
+        return cls.from_dict(values.get("config", values) if isinstance(values, dict) else values)
+
+    def describe(self) -> str:
+        """The settings that shape a GRPO step, one per line with what they mean (resolve first)."""
+        meaning = {
+            "model": "policy (and, with beta > 0, the frozen reference)",
+            "train_types": "problem types trained on (empty: all)",
+            "num_generations": "completions sampled per prompt: the group GRPO normalises in",
+            "per_device_train_batch_size": f"completions per step = {self.num_prompts_per_step} prompts x group",
+            "max_completion_length": "longest completion, in tokens",
+            "temperature": "sampling temperature of the rollouts",
+            "learning_rate": f"with lr_scheduler_type={self.lr_scheduler_type!r}, warmup_steps={self.warmup_steps}",
+            "beta": "KL penalty to the reference model (0: no reference model is loaded)",
+            "loss_type": "how token losses are averaged (TRL's default 'dapo': over all tokens of the batch)",
+            "scale_rewards": "advantage = (reward - group mean) / group std",
+            "max_steps": "optimizer steps",
+            "use_vllm": f"rollouts with vLLM (vllm_mode={self.vllm_mode!r}) instead of HF generate",
+            "vllm_gpu_memory_utilization": "vLLM's share of the device (planned in notebook 04)",
+            "bf16": "bf16 autocast (weights stay fp32)",
+            "save_steps": "checkpoint every N steps (safetensors)",
+        }
+        width = max(map(len, meaning))
+        return "\n".join(f"{name:<{width}}  {str(getattr(self, name)):<14}  {why}" for name, why in meaning.items())
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ConfigError(f"{name}={value!r} must be a positive integer.")
+
+
+def get_profile(name: str | None = None, **overrides: Any) -> TrainConfig:
+    """The profile's experiment, with ``overrides`` (TrainConfig fields) applied; machine facts still open.
+
+    >>> get_profile("tiny").num_generations
+    8
+    """
+    known = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ProfileError(f"Unknown profile field(s) {unknown}; known: {sorted(known)}.")
+    return TrainConfig(profile=name, **overrides).with_profile()
+
+
+# --------------------------------------------------------------------------------------------------
+# Derived: memory plan, vLLM's share, training rows
+# --------------------------------------------------------------------------------------------------
+def plan_memory(config: TrainConfig, machine: Machine) -> memory.MemoryBudget:
+    """The memory planner's budget of this experiment's step on ``machine`` (colocated vLLM), with the config's
+    ``vllm_gpu_memory_utilization`` when it is a number and the planner's recommendation when it is ``"auto"``."""
+    config = config.with_profile(machine)
+    fraction = config.vllm_gpu_memory_utilization
+    return memory.plan_memory(memory.model_config(config.model), precision=_precision(config, machine),
+                              shape=config.training_shape(), device_memory_gib=machine.memory_gib,
+                              device_kind=machine.kind,
+                              vllm_gpu_memory_utilization=None if fraction == AUTO else fraction)
+
+
+def _precision(config: TrainConfig, machine: Machine) -> str:
+    bf16 = config.bf16 if config.bf16 is not None else machine.kind != "cpu" and machine.bf16
+    return "mixed" if bf16 else "fp32"
+
+
+def choose_vllm_memory(config: TrainConfig, machine: Machine) -> tuple[float, str]:
+    """``(vllm_gpu_memory_utilization, why)`` for ``"auto"``: the one rule, in one place.
+
+    * server mode: the rollout devices are vLLM's alone (:data:`memory.VLLM_MEMORY_FRACTION` ``"server"``);
+    * the CPU: vLLM-CPU sizes its KV cache in bytes (``memory.CPU_KV_CACHE_GIB``) and only checks at start that
+      this share of host memory is free, so the fraction is the least it needs (:func:`memory.cpu_vllm_fraction`);
+    * an accelerator, colocated: the planner's recommendation, the largest share the trainer leaves
+      (:func:`plan_memory`); when nothing fits, :class:`memory.DoesNotFitError` says what would.
+    """
+    if config.vllm_mode == "server":
+        return memory.VLLM_MEMORY_FRACTION["server"], "server mode: the rollout devices are vLLM's alone"
+    if machine.kind == "cpu":
+        fraction = memory.cpu_vllm_fraction(memory.model_config(config.model), machine.memory_gib)
+        return fraction, (f"vLLM-CPU: a KV cache of {memory.CPU_KV_CACHE_GIB:g} GiB plus the weights and runtime, "
+                          f"as a share of {machine.memory_gib:.0f} GiB of host memory")
+    budget = plan_memory(dataclasses.replace(config, vllm_gpu_memory_utilization=AUTO), machine)
+    if budget.recommended is None:
+        raise memory.DoesNotFitError(f"vllm_gpu_memory_utilization='auto': the memory planner finds no setting that "
+                                     f"fits on {machine.memory_gib:.0f} GiB. {budget.advice} (Pass a number to try "
+                                     f"anyway.)")
+    return budget.recommended.vllm_gpu_memory_utilization, budget.summary().splitlines()[0]
+
+
+def default_train_types(model: str) -> tuple[str, ...] | None:
+    """The types with a deliberate slip in the model's manifest (the shipped tiny model), else None (all)."""
+    manifest = Path(model) / models.MANIFEST_NAME
+    if not manifest.is_file():
+        return None
+    slip_types = json.loads(manifest.read_text(encoding="utf-8")).get("recipe", {}).get("slip_types") or None
+    return tuple(slip_types) if slip_types else None
+
+
+def load_train_rows(config: TrainConfig) -> list[dict[str, Any]]:
+    """Training rows: the dataset file (or shipped train split), filtered to ``train_types``, capped at
+    ``train_size``."""
+    rows = load_jsonl(config.dataset) if config.dataset else load_split("train")
+    if config.train_types:
+        known = {row.get("type") for row in rows}
+        unknown = [t for t in config.train_types if t not in known]
+        if unknown:
+            raise ConfigError(f"train_types {unknown} do not occur in the dataset; its types are "
+                              f"{sorted(map(str, known))}")
+        rows = [row for row in rows if row.get("type") in config.train_types]
+    if config.train_size is not None:
+        rows = rows[:config.train_size]
+    return rows
+
+
+def check_lengths(config: TrainConfig, max_model_len: int | None) -> None:
+    """``max_prompt_length + max_completion_length`` must fit in the model's context (``max_position_embeddings``)."""
+    if max_model_len is not None and config.max_model_len > max_model_len:
+        raise ConfigError(
+            f"max_prompt_length + max_completion_length = {config.max_prompt_length} + {config.max_completion_length}"
+            f" = {config.max_model_len} exceeds the model's max_model_len ({max_model_len}). Lower "
+            f"max_completion_length to at most {max(1, max_model_len - config.max_prompt_length)}, or shorten the "
+            f"prompts.")
+
+
+def check_prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_length: int) -> int:
+    """Return the longest tokenized prompt (chat template applied, as the trainer and the rollout engine see it);
+    raise if it exceeds ``max_prompt_length`` (TRL would not truncate)."""
+    lengths = [len(p.token_ids) for p in encode_prompts(tokenizer, [row["prompt"] for row in rows])]
+    longest = max(lengths, default=0)
+    longest_row = lengths.index(longest) if lengths else 0
+    if longest > max_prompt_length:
+        raise ConfigError(f"row {longest_row} has a {longest}-token prompt, longer than max_prompt_length="
+                          f"{max_prompt_length}. Raise max_prompt_length (and keep it + max_completion_length within "
+                          f"the model's max length) or drop the long rows.")
+    return longest

@@ -1,0 +1,100 @@
+"""Choosing a backend and opening an engine: :func:`open_engine` checks everything, then starts one.
+
+``backend="auto"`` picks vLLM when it imports and runs on this device and says why; an explicit backend that
+cannot run is an error (:class:`BackendUnavailableError`), never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+
+from grpo_lab import device
+from grpo_lab.models import (
+    MANIFEST_NAME,
+    require_safetensors,
+    resolve_model,
+    verify_model_dir,
+)
+from grpo_lab.rollout.config import RolloutConfig
+from grpo_lab.rollout.engine import (
+    BackendChoice,
+    BackendUnavailableError,
+    RolloutEngine,
+    check_prompt_lengths,
+)
+from grpo_lab.rollout.hf_backend import HFEngine
+from grpo_lab.rollout.prompts import Prompt, encode_prompts
+from grpo_lab.rollout.vllm_backend import VLLMEngine, vllm_usable
+
+BACKENDS = ("auto", "vllm", "hf")
+
+
+def choose_backend(backend: str = "auto", device_kind: str | None = None) -> BackendChoice:
+    """Pick the backend: ``"vllm"`` or ``"hf"`` as asked (error if impossible), or for ``"auto"`` vLLM when it
+    imports and runs on this device, else HF ``generate``. The reason says which and why."""
+    wanted = str(backend).strip().lower()
+    if wanted not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    kind = device_kind or device.detect()
+    if wanted == "hf":
+        return BackendChoice("hf", "asked for: transformers' model.generate")
+    usable, why = vllm_usable(kind)
+    if wanted == "vllm":
+        if not usable:
+            raise BackendUnavailableError(f"backend='vllm' was asked for but {why}")
+        return BackendChoice("vllm", f"asked for: {why}")
+    if usable:
+        return BackendChoice("vllm", f"auto: {why}")
+    return BackendChoice("hf", f"auto: HF generate, because {why}")
+
+
+def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConfig | None = None,
+                backend: str = "auto", prompts: Sequence[Prompt] | None = None, **overrides) -> RolloutEngine:
+    """Check everything, then start a rollout engine.
+
+    ``model``: a folder or hub id (default: ``GRPO_LAB_MODEL`` or the shipped tiny model). ``config`` plus
+    keyword ``overrides`` (any :class:`RolloutConfig` field) set sampling and engine sizes; ``prompts``, when
+    given, size ``max_model_len`` to the workload and are checked before the engine starts.
+
+    Bad input (unknown backend, a missing model folder, out-of-range settings, prompts that do not fit, vLLM
+    asked for but not importable) raises before any engine process starts.
+
+    >>> with open_engine(backend="hf", n=2, max_tokens=8) as engine:          # doctest: +SKIP
+    ...     result = engine.generate([[{"role": "user", "content": "2 + 3 = ?"}]])
+    >>> len(result.outputs[0].completions)                                      # doctest: +SKIP
+    2
+    """
+    if str(backend).strip().lower() not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    known = {f.name for f in fields(RolloutConfig)} - {"reasons"}
+    if set(overrides) - known:
+        raise ValueError(f"unknown setting(s) {sorted(set(overrides) - known)}; RolloutConfig has: {sorted(known)}")
+    config = replace(config or RolloutConfig(), **overrides)
+    model_path = resolve_model(model)
+    if Path(model_path).is_dir():
+        if not (Path(model_path) / "config.json").is_file():
+            raise FileNotFoundError(f"{model_path} has no config.json: pass the folder that holds the model")
+        if (Path(model_path) / MANIFEST_NAME).is_file():
+            verify_model_dir(model_path)
+        if config.load_format != "dummy":
+            require_safetensors(model_path)
+    kind = device.check_kind(config.device_kind) if config.device_kind else device.detect()
+    choice = choose_backend(backend, kind)
+    tokenizer = load_tokenizer(model_path)
+    encoded = encode_prompts(tokenizer, prompts) if prompts is not None else []
+    config = config.resolve(kind, max((len(p.token_ids) for p in encoded), default=None), model_path)
+    check_prompt_lengths(encoded, config.max_model_len, config.max_tokens)
+    engine_class = VLLMEngine if choice.name == "vllm" else HFEngine
+    engine: RolloutEngine = engine_class(model_path, tokenizer, config, choice)
+    engine.check_settings()
+    return engine.start()
+
+
+def load_tokenizer(model_path: str):
+    """The one tokenizer both backends and the trainer use, from the model's own folder."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path, trust_remote_code=False)

@@ -1,0 +1,310 @@
+"""Runs are first-class: where they live, what a run folder holds, finding one, and its checkpoints.
+
+Every run and every notebook output lives under one root, ``$GRPO_LAB_RUN_DIR`` (``make course`` points it at
+``runs/course``), else ``runs/`` in the repository. A training run is a folder ``grpo-<profile>-<time>``::
+
+    config.json       the resolved experiment, the rollout backend, the memory plan, versions
+    metrics.jsonl     one record per logged step
+    curves.png        the training curves
+    checkpoints/      checkpoint-N (safetensors, optimizer, scheduler, state), written under .partial/ first
+    final/            the trained model with a manifest of checksums: what notebook 05 deploys
+
+:func:`find_run` finds one (``"latest"``, by name, by profile); :func:`workspace` is a notebook's own output folder.
+Checkpoints are written under ``<run>/.partial/`` and renamed into place only once complete
+(:func:`publish_folder`), so a process killed at any moment never leaves a half-written one to be loaded.
+
+>>> from grpo_lab import runs
+>>> run = runs.latest_run()                        # doctest: +SKIP
+>>> run.name, run.final_dir                        # doctest: +SKIP
+('grpo-tiny-20261201-101500', PosixPath('.../final'))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from grpo_lab.errors import GrpoLabError
+from grpo_lab.paths import REPO_ROOT
+
+RUN_DIR_ENV = "GRPO_LAB_RUN_DIR"
+NOTEBOOK_ENV = "GRPO_LAB_NOTEBOOK"
+"""Set by ``grpo_lab.course`` for each notebook it runs, so the runs a notebook trains or uses are recorded."""
+USES_FILE = "course_runs.jsonl"
+RUN_PREFIX = "grpo-"
+"""New run folders are named ``grpo-<profile>-<time>``."""
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "curves.png"
+CHECKPOINTS = "checkpoints"
+FINAL = "final"
+PARTIAL = ".partial"
+"""Folder of a run where checkpoints and ``final/`` are written before they are renamed into place."""
+CHECKPOINT_FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
+
+
+class RunNotFoundError(GrpoLabError, FileNotFoundError):
+    """No run matches; the message lists what exists."""
+
+
+class CheckpointError(GrpoLabError, FileNotFoundError):
+    """A checkpoint to resume from is missing or incomplete."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Where runs live
+# --------------------------------------------------------------------------------------------------
+def root() -> Path:
+    """The runs root: ``$GRPO_LAB_RUN_DIR``, else ``runs/`` in the repository."""
+    return Path(os.environ.get(RUN_DIR_ENV) or REPO_ROOT / "runs")
+
+
+def workspace(name: str) -> Path:
+    """A notebook's or tool's output folder, ``<root>/<name>`` (created)."""
+    path = root() / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def new_run_dir(profile: str, now: datetime) -> Path:
+    """A fresh run folder name ``<root>/grpo-<profile>-<YYYYmmdd-HHMMSS>`` (not created; ``-2``… if taken)."""
+    base = root() / f"{RUN_PREFIX}{profile}-{now:%Y%m%d-%H%M%S}"
+    path, number = base, 1
+    while path.exists():
+        number += 1
+        path = base.with_name(f"{base.name}-{number}")
+    return path
+
+
+@dataclass(frozen=True)
+class Run:
+    """A training run folder and what it holds."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """``config.json``: the experiment (``["config"]``), backend, memory plan, versions."""
+        return json.loads((self.path / CONFIG_FILE).read_text(encoding="utf-8"))
+
+    @property
+    def profile(self) -> str | None:
+        return self.record.get("config", {}).get("profile")
+
+    @property
+    def final_dir(self) -> Path | None:
+        """The trained model (``final/``), or None while the run has not finished."""
+        final = self.path / FINAL
+        return final if final.is_dir() else None
+
+    @property
+    def global_step(self) -> int | None:
+        """The step ``final/`` was saved at (from its manifest), else None."""
+        if self.final_dir is None or not (self.final_dir / "manifest.json").is_file():
+            return None
+        return json.loads((self.final_dir / "manifest.json").read_text(encoding="utf-8")).get("global_step")
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_metrics(self.path)
+
+    def checkpoints(self) -> list[Path]:
+        return list_checkpoints(self.path)
+
+    def describe(self) -> str:
+        step = self.global_step
+        state = f"finished at step {step}" if step is not None else "not finished (no final/)"
+        return f"run {self.name} ({self.profile} profile), {state}: {self.path}"
+
+
+def is_run(path: Path) -> bool:
+    """A training run folder: it has the ``config.json`` that ``grpo_lab.train`` writes first."""
+    return path.is_dir() and (path / CONFIG_FILE).is_file()
+
+
+def _started(run: Run) -> str:
+    try:
+        return str(run.record.get("created", ""))
+    except (OSError, json.JSONDecodeError):
+        return ""
+
+
+def list_runs(profile: str | None = None, finished: bool = False) -> list[Run]:
+    """Training runs directly under the root, oldest first (by when they started); only ``profile``'s if given,
+    only those with a ``final/`` model if ``finished``."""
+    folder = root()
+    found = [Run(p) for p in sorted(folder.iterdir()) if is_run(p)] if folder.is_dir() else []
+    found = [r for r in found if (profile is None or r.profile == profile) and (not finished or r.final_dir)]
+    return sorted(found, key=lambda r: (_started(r), r.name))
+
+
+def latest_run(profile: str | None = None, finished: bool = True) -> Run | None:
+    """The newest (finished, by default) run, or None when there is none."""
+    found = list_runs(profile, finished)
+    return found[-1] if found else None
+
+
+def find_run(which: str | Path = "latest", profile: str | None = None, finished: bool = True) -> Run:
+    """A run by ``"latest"`` (of ``profile`` if given), by folder name under the root, or by path.
+
+    Raises :class:`RunNotFoundError` naming what exists when nothing matches.
+    """
+    if str(which) == "latest":
+        run = latest_run(profile, finished)
+        if run is None:
+            existing = ", ".join(r.name for r in list_runs()) or "none"
+            what = f"finished {profile + ' ' if profile else ''}run" if finished else "run"
+            raise RunNotFoundError(f"no {what} under {root()} (runs there: {existing}). Train one first "
+                                   f"(notebook 03 or `grpo-lab train`), or point {RUN_DIR_ENV} at where yours are.")
+        return run
+    path = Path(which)
+    path = path if path.is_dir() else root() / str(which)
+    if not is_run(path):
+        existing = ", ".join(r.name for r in list_runs()) or "none"
+        raise RunNotFoundError(f"{which} is not a run folder (no {CONFIG_FILE}); runs under {root()}: {existing}")
+    return Run(path)
+
+
+def record_use(run: Run | Path, how: str) -> None:
+    """Note in ``<root>/course_runs.jsonl`` that the notebook running now (``GRPO_LAB_NOTEBOOK``) ``how``-ed this
+    run ("trained", "deployed" …): ``make course``'s summary names the run each notebook used."""
+    notebook = os.environ.get(NOTEBOOK_ENV)
+    if not notebook:
+        return
+    path = run.path if isinstance(run, Run) else Path(run)
+    with (root() / USES_FILE).open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"notebook": notebook, "run": path.name, "how": how}) + "\n")
+
+
+def recorded_uses(folder: Path | None = None) -> list[dict[str, str]]:
+    """What :func:`record_use` wrote under ``folder`` (default the root)."""
+    path = (folder or root()) / USES_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------------------
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The per-step records of a run's ``metrics.jsonl`` (or of the run folder holding it).
+
+    A last line cut short (the process was killed while appending it) is left out: that step was not
+    checkpointed yet, so a resumed run trains and logs it again.
+    """
+    path = Path(path)
+    path = path / METRICS_FILE if path.is_dir() else path
+    if not path.is_file():
+        return []
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise
+    return records
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------------
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """``checkpoint-N`` folders of a run, oldest first."""
+    folder = Path(run_dir) / CHECKPOINTS
+    found = [p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
+
+
+def check_checkpoint(path: str | Path) -> Path:
+    """Raise :class:`CheckpointError` unless ``path`` is a complete checkpoint (weights, optimizer, state).
+
+    Checkpoints written by ``grpo_lab.train`` are complete by construction (:func:`publish_folder`); this check
+    guards folders from elsewhere (a copy cut short, another tool) and refuses anything under ``.partial/``.
+    """
+    path = Path(path)
+    if path.parent.name == PARTIAL:
+        raise CheckpointError(
+            f"{path} is a save that was interrupted: checkpoints are written under {PARTIAL}/ and renamed into "
+            f"{CHECKPOINTS}/ only once complete, so it is never loaded. Resume with resume_from_checkpoint=True "
+            f"(the newest complete checkpoint in {CHECKPOINTS}/).")
+    if not path.is_dir():
+        siblings = list_checkpoints(path.parent.parent) if path.parent.name == CHECKPOINTS else []
+        hint = (f"available: {', '.join(p.name for p in siblings)}" if siblings
+                else "no checkpoints there; start a fresh run (resume_from_checkpoint=None)")
+        raise CheckpointError(f"no checkpoint at {path} ({hint}).")
+    missing = [name for name in CHECKPOINT_FILES if not (path / name).is_file()]
+    if not any(path.glob("model*.safetensors")):
+        missing.append("model.safetensors")
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete (missing {', '.join(missing)}); it was probably interrupted while "
+            f"saving. Delete that folder and resume from the previous checkpoint, or start a fresh run.")
+    return path
+
+
+def resolve_resume(run_dir: Path, resume: str | bool | None) -> Path | None:
+    """The checkpoint to resume from (None for a fresh run), checked for completeness."""
+    if resume in (None, False, ""):
+        return None
+    if resume is True or str(resume).lower() in ("true", "latest"):
+        found = list_checkpoints(run_dir)
+        if not found:
+            interrupted = sorted(p.name for p in (Path(run_dir) / PARTIAL).glob("checkpoint-*"))
+            note = f" (only {PARTIAL}/{interrupted[0]}, a save that was interrupted)" if interrupted else ""
+            raise CheckpointError(f"resume_from_checkpoint=True but {run_dir / CHECKPOINTS} holds no checkpoint"
+                                  f"{note}: nothing was saved before it stopped, so there is nothing to resume; start "
+                                  f"a fresh run in a new output_dir (or delete {run_dir} first), or pass a checkpoint "
+                                  f"path.")
+        return check_checkpoint(found[-1])
+    return check_checkpoint(resume)
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(json.loads((path / "trainer_state.json").read_text())["global_step"])
+
+
+def publish_folder(staged: Path, target: Path) -> Path:
+    """Move a completely written folder to ``target`` with a rename: ``target`` is then absent or complete.
+
+    Why: the Trainer writes a checkpoint file by file (weights, optimizer, scheduler, RNG, state); a process killed
+    in between would leave a ``checkpoint-N`` that looks like the newest. Writing into ``<run>/.partial/`` and
+    renaming within one file system is atomic, so the process can die at any moment. (This covers a killed
+    process; surviving a power cut would also need fsync, which the savers do not do.) An existing ``target`` (a
+    run resumed from an older checkpoint saves that step again) is renamed aside first, then deleted; the
+    emptied ``.partial/`` is removed.
+    """
+    staged, target = Path(staged), Path(target)
+    if target.exists():
+        aside = staged.parent / f"replaced-{target.name}"
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(target, aside)
+        os.rename(staged, target)
+        shutil.rmtree(aside)
+    else:
+        os.rename(staged, target)
+    try:
+        staged.parent.rmdir()
+    except OSError:  # not empty: another save is staged there
+        pass
+    return target
+
+
+def discard_interrupted_saves(run_dir: Path) -> None:
+    """Delete ``<run>/.partial/`` (saves that never completed), saying so; nothing there is ever loaded."""
+    folder = Path(run_dir) / PARTIAL
+    if folder.is_dir():
+        names = sorted(p.name for p in folder.iterdir())
+        if names:
+            print(f"Deleting {folder} ({', '.join(names)}): a save interrupted when the run stopped; never loaded.")
+        shutil.rmtree(folder)

@@ -1,0 +1,116 @@
+"""One description of an experiment: profiles as overrides of TrainConfig, resolution against a machine, vLLM's
+memory share chosen by the planner, and everything else derived from the config."""
+
+import dataclasses
+
+import pytest
+
+from grpo_lab import experiment, memory
+from grpo_lab.device import Machine
+from grpo_lab.errors import ConfigError
+from grpo_lab.experiment import PROFILES, ProfileError, TrainConfig, get_profile
+
+CPU = Machine("cpu", bf16=True, memory_gib=24)
+H200 = Machine("cuda", bf16=True, memory_gib=140)
+NPU_32 = Machine("npu", bf16=True, memory_gib=32)
+
+
+def test_default_profile_follows_device(monkeypatch):
+    monkeypatch.delenv("GRPO_LAB_PROFILE", raising=False)
+    monkeypatch.delenv("GRPO_LAB_MODEL", raising=False)
+    monkeypatch.setenv("GRPO_LAB_DEVICE", "cpu")
+    assert get_profile().profile == "tiny"
+    assert TrainConfig().resolve(H200).profile == "gpu"  # the machine's device picks it when nothing else does
+
+
+def test_env_switches(monkeypatch):
+    monkeypatch.setenv("GRPO_LAB_PROFILE", "GPU")
+    monkeypatch.setenv("GRPO_LAB_MODEL", "/models/my-qwen")
+    profile = get_profile()
+    assert profile.profile == "gpu" and profile.model == "/models/my-qwen"
+    assert get_profile(model="x").model == "x"
+
+
+def test_unknown_profile_and_field():
+    with pytest.raises(ProfileError, match="Unknown profile 'huge'.*tiny, gpu, npu"):
+        get_profile("huge")
+    with pytest.raises(ProfileError, match="Unknown profile field"):
+        get_profile("tiny", num_generation=4)
+
+
+def test_seed_recipe_on_accelerators():
+    for name, machine in (("gpu", H200), ("npu", NPU_32)):
+        p = TrainConfig(profile=name).resolve(machine)
+        assert p.learning_rate == 5e-6 and p.bf16 and 0 < p.vllm_gpu_memory_utilization < 1
+
+
+def test_profiles_only_fill_fields_left_open():
+    """A profile is a table of overrides: it sets exactly the fields whose default is None, all the same ones."""
+    open_fields = {f.name for f in dataclasses.fields(TrainConfig) if f.default is None}
+    for name, table in PROFILES.items():
+        assert set(table) <= open_fields, f"profile {name} overrides a field with a default: {set(table) - open_fields}"
+        assert set(table) == set(experiment.PROFILE_FIELDS), name
+
+
+def test_resolution_reads_only_the_machine_it_is_given():
+    tiny = TrainConfig(profile="tiny").resolve(CPU)
+    assert tiny.device == "cpu" and tiny.bf16 is False and tiny.is_resolved
+    assert TrainConfig(profile="tiny").resolve(H200).bf16 is True
+    assert TrainConfig(profile="tiny").resolve(Machine("cuda", bf16=False, memory_gib=16)).bf16 is False
+    with pytest.raises(ConfigError, match="device='npu'.*cuda machine"):
+        TrainConfig(profile="tiny", device="npu").resolve(H200)
+    assert tiny.output_dir is None  # the run folder is named when a run starts (grpo_lab.runs)
+
+
+def test_auto_memory_share_is_the_planners_recommendation():
+    """vllm_gpu_memory_utilization='auto' (the default) is the number notebook 04's planner recommends."""
+    for name, machine in (("gpu", H200), ("npu", NPU_32)):
+        config = TrainConfig(profile=name).resolve(machine)
+        budget = experiment.plan_memory(dataclasses.replace(config, vllm_gpu_memory_utilization="auto"), machine)
+        assert config.vllm_gpu_memory_utilization == budget.recommended.vllm_gpu_memory_utilization
+        assert experiment.plan_memory(config, machine).fits
+    given = TrainConfig(profile="gpu", vllm_gpu_memory_utilization=0.3).resolve(H200)
+    assert given.vllm_gpu_memory_utilization == 0.3  # an explicit value wins
+    server = TrainConfig(profile="gpu", vllm_mode="server").resolve(H200)
+    assert server.vllm_gpu_memory_utilization == memory.VLLM_MEMORY_FRACTION["server"]
+    cpu = TrainConfig(profile="tiny").resolve(CPU)
+    assert cpu.vllm_gpu_memory_utilization == memory.cpu_vllm_fraction(memory.model_config(cpu.model), 24)
+    assert 0 < cpu.vllm_gpu_memory_utilization <= 0.2  # vLLM-CPU reserves little: its KV cache is sized in bytes
+
+
+def test_auto_memory_share_when_nothing_fits_says_what_would():
+    with pytest.raises(memory.DoesNotFitError, match="no setting that fits.*Pass a number"):
+        TrainConfig(profile="gpu", model="Qwen/Qwen2.5-3B-Instruct").resolve(Machine("cuda", True, memory_gib=12))
+
+
+def test_each_field_is_checked_where_it_is_defined():
+    for bad, match in (({"num_generations": 1}, "at least 2"), ({"max_completion_length": 0}, "positive integer"),
+                       ({"vllm_gpu_memory_utilization": 1.5}, r"must be in \(0, 1\]"),
+                       ({"reward_errors": "ignore"}, "use 'raise'"), ({"vllm_mode": "remote"}, "colocate"),
+                       ({"beta": -1.0}, ">= 0"), ({"top_p": 0.0}, r"\(0, 1\]"), ({"profile": "huge"}, "Unknown")):
+        with pytest.raises(ConfigError, match=match):
+            TrainConfig(**bad)
+
+
+def test_everything_else_derives_from_the_config():
+    config = TrainConfig(profile="gpu").resolve(H200)
+    shape = config.training_shape()
+    assert (shape.per_device_train_batch_size, shape.num_generations, shape.prompt_length,
+            shape.max_completion_length, shape.beta) == (16, 4, 256, 256, 0.04)
+    assert shape.generation_batch_size == config.generation_batch_size
+    rollout = config.rollout_config()
+    assert (rollout.n, rollout.max_tokens, rollout.temperature, rollout.gpu_memory_utilization) == (
+        4, 256, 1.0, config.vllm_gpu_memory_utilization)
+    assert config.max_model_len == 512 and config.precision == "mixed"
+    with pytest.raises(ConfigError, match="resolved config"):
+        TrainConfig(profile="gpu").rollout_config()
+
+
+def test_a_run_record_reads_back(tmp_path):
+    config = TrainConfig(profile="tiny", learning_rate=1e-4).resolve(CPU)
+    path = tmp_path / "config.json"
+    path.write_text(__import__("json").dumps({"config": config.to_dict()}))
+    assert TrainConfig.from_file(path) == config
+    assert TrainConfig.from_file(tmp_path) == config
+    with pytest.raises(ConfigError, match="unknown TrainConfig field"):
+        TrainConfig.from_dict({"learning_rte": 1.0})
