@@ -36,6 +36,7 @@ import os
 import random
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +52,7 @@ from grpo_lab.data import load_split, write_jsonl
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError, GrpoLabError
 from grpo_lab.experiment import DEFAULT_FOR_DEVICE, TrainConfig
-from grpo_lab.memory import ModelShape, dtype_bytes
+from grpo_lab.memory import CPU_KV_CACHE_GIB, ModelShape, dtype_bytes
 from grpo_lab.models import resolve_model
 from grpo_lab.plots import plot_bench
 from grpo_lab.rollout import (
@@ -62,12 +63,20 @@ from grpo_lab.rollout import (
     open_engine,
 )
 from grpo_lab.rollout.compare import SHAPES, shaped_model_dir
+from grpo_lab.servers import free_port
 from grpo_lab.train import MetricsLogger, StepClock, build_trainer
 
 SCHEMA = "grpo-lab.bench/1"
 CONFIGS = ("hf", "vllm", "vllm+prefix")
 VARIANTS = ("fixed", "ragged")
-PARTS = ("rollout", "grpo", "roofline")
+PARTS = ("rollout", "grpo", "roofline", "engine")
+GRPO_WORKLOADS = ("fixed", "ragged")
+RAGGED_STOP_PROBABILITY = 1 / 160
+"""The ragged GRPO workload on random weights: the share of the vocabulary that ends a completion, so that each
+sampled token ends it with about this probability (lengths roughly geometric, mean ~0.5 x 256 tokens)."""
+STEP_SPLIT = ("generation_s", "vllm_generate_s", "weight_sync_s", "generation_other_s", "reward_s", "update_s",
+              "old_ref_logps_s", "backward_optimizer_s")
+"""The parts of a GRPO step the trainer times (grpo_lab.train.MetricsLogger's ``timing/*``)."""
 RAGGED_MODES = ("eos", "uniform")
 PREFIX_OFF_MODES = ("salt", "engine")
 CONFIG_MEANING = {
@@ -174,6 +183,10 @@ def get_bench_profile(name: str | None = None, **overrides) -> BenchProfile:
     step = _step(shape["num_prompts"], shape["num_generations"], shape["max_completion_length"],
                  shape["per_device_train_batch_size"])
     return replace(profile, step=step, **{k: v for k, v in overrides.items() if k not in STEP_FIELDS})
+
+
+class BenchError(GrpoLabError, RuntimeError):
+    """A part of the benchmark failed to run; the message holds the failing process's output."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -605,29 +618,67 @@ def grpo_step_config(profile: BenchProfile, model: str, dataset: str | Path, max
         save_steps=10**9, save_total_limit=None, live_plot=False, logging_steps=1, **train_overrides)
 
 
+def ragged_model_dir(model: str | Path, out_dir: str | Path,
+                     stop_probability: float = RAGGED_STOP_PROBABILITY) -> tuple[Path, dict[str, Any]]:
+    """A view of a model folder (its files linked) whose ``generation_config.json`` ends a completion at any of
+    ``round(stop_probability x vocab)`` token ids besides the end token: HF ``generate``, vLLM and TRL's completion
+    masks all read that list, so random weights (which practically never sample the end token) give GRPO-like ragged
+    completions, the same way for both backends. Returns the folder and what was set."""
+    source, out = Path(model), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        if path.is_file() and path.name != "generation_config.json":
+            (out / path.name).symlink_to(path.resolve())
+    config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    vocab = int(config["vocab_size"])
+    end = config.get("eos_token_id")
+    ends = [end] if isinstance(end, int) else list(end or [])
+    count = max(1, round(stop_probability * vocab))
+    stride = vocab // count
+    stops = [i for i in range(stride // 2, vocab, stride)][:count]
+    generation = {"eos_token_id": sorted(set(ends) | set(stops)), "pad_token_id": config.get("pad_token_id"),
+                  "bos_token_id": config.get("bos_token_id")}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=1), encoding="utf-8")
+    mean = (1 - (1 - count / vocab) ** 256) / (count / vocab)  # geometric, cut at 256, if sampling were uniform
+    return out, {"stop_token_ids": len(generation["eos_token_id"]), "vocab_size": vocab,
+                 "stop_probability": count / vocab,
+                 "lengths": f"each sampled token ends the completion with probability ~{count / vocab:.4f} "
+                            f"({count} of {vocab} ids, plus the end token): roughly geometric lengths (mean ~"
+                            f"{mean:.0f} of 256 if sampling were uniform; the measured mean is reported per step)"}
+
+
 def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, backends: Sequence[str] | None = None,
-                    workdir: str | Path | None = None, **train_overrides) -> dict[str, Any]:
+                    workdir: str | Path | None = None, workload: str = "fixed", stop_ids: bool = True,
+                    **train_overrides) -> dict[str, Any]:
     """Run ``grpo_warmup_steps + grpo_steps`` GRPO steps per backend (``"hf"`` generate, ``"vllm"`` colocate)
     with :func:`grpo_lab.train.build_trainer`, one backend after the other; report the median step and its split.
 
     Each step samples ``n`` completions for all ``num_prompts`` prompts at once (TRL's generation batch) and
     accumulates gradients over micro-batches of ``grpo_batch_size``. ``update`` is the step minus generation
-    and rewards: log-probabilities (policy and reference), loss, backward and the optimizer step.
+    and rewards: log-probabilities (policy and reference), loss, backward and the optimizer step; the trainer splits
+    both further (:data:`STEP_SPLIT`). ``workload="ragged"`` ends completions early: with random weights
+    (``stop_ids``) through :func:`ragged_model_dir`, with a real model at its own end token.
     ``train_overrides`` go to :class:`grpo_lab.train.TrainConfig` (e.g. ``beta=0.0``).
     """
     backends = tuple(backends or profile.grpo_backends)
     _check_choice("grpo backends", backends, ("hf", "vllm"))
+    _check_choice("grpo workload", [workload], GRPO_WORKLOADS)
     machine = Machine.detect()
     kind = machine.kind
     longest = max(len(p.token_ids) for p in encode_prompts(load_tokenizer(model), [r["prompt"] for r in rows]))
-    out: dict[str, Any] = {"backends": {}, "steps_timed": profile.grpo_steps,
+    lengths = ("every completion exactly max_completion_length tokens (random weights never sample the end token)"
+               if workload == "fixed" and stop_ids else "each completion ends at the model's own end token")
+    out: dict[str, Any] = {"backends": {}, "steps_timed": profile.grpo_steps, "workload": workload,
                            "warmup_steps": profile.grpo_warmup_steps,
                            "completions_per_step": profile.sequences,
                            "method": ("backends one after the other (one trainer at a time); per backend the first "
                                       f"{profile.grpo_warmup_steps} step(s) are thrown away and the median of the "
-                                      f"next {profile.grpo_steps} reported; completions end at the end token"
-                                      " (random weights: practically never, so at max_completion_length)")}
+                                      f"next {profile.grpo_steps} reported")}
     with _scratch(workdir) as scratch:
+        if workload == "ragged" and stop_ids:
+            model, out["ragged"] = ragged_model_dir(model, Path(scratch) / "ragged-model")
+            lengths = out["ragged"]["lengths"]
+        out["lengths"] = lengths
         dataset = Path(scratch) / "seed_workload.jsonl"
         write_jsonl(rows, dataset)
         step = grpo_step_config(profile, model, dataset, longest, kind, **train_overrides)
@@ -644,6 +695,10 @@ def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, bac
                 _release_trainer(trainer, kind)
                 del trainer
             out["backends"][backend] = _step_summary(timer.seconds, logger.records, profile, reason)
+            out["backends"][backend]["settings"] = {key: getattr(config, key) for key in (
+                "gradient_checkpointing", "use_liger_kernel", "bf16", "vllm_gpu_memory_utilization", "beta")}
+        out["model_dir"] = str(model)
+        out["max_prompt_length"] = longest
     if "hf" in out["backends"] and "vllm" in out["backends"]:
         out["speedup_vs_hf"] = out["backends"]["hf"]["median"]["step_s"] / out["backends"]["vllm"]["median"]["step_s"]
     return out
@@ -653,14 +708,16 @@ def _step_summary(seconds: list[float], records: list[dict], profile: BenchProfi
     skip = profile.grpo_warmup_steps
     steps = seconds[skip:]
     logged = records[skip:skip + len(steps)]
-    generation = [r.get("timing/generation_s", float("nan")) for r in logged]
-    reward = [r.get("timing/reward_s", float("nan")) for r in logged]
-    update = [s - g - w for s, g, w in zip(steps, generation, reward)]
+    split = {name: [r.get(f"timing/{name}", float("nan")) for r in logged] for name in STEP_SPLIT}
+    # the update is the step (this clock) less generation and rewards; its own split is the trainer's
+    split["update_s"] = [s - g - w for s, g, w in zip(steps, split["generation_s"], split["reward_s"])]
+    split["backward_optimizer_s"] = [u - o if o == o else u for u, o in zip(split["update_s"],
+                                                                             split["old_ref_logps_s"])]
+    split = {name: values for name, values in split.items() if any(v == v for v in values)}  # drop absent (NaN)
     lengths = [r.get("completions/mean_length", float("nan")) for r in logged]
-    return {"backend": reason, "step_s": steps, "generation_s": generation, "reward_s": reward, "update_s": update,
-            "mean_completion_tokens": lengths, "all_steps_s": seconds,
-            "median": {"step_s": median(steps), "generation_s": median(generation), "reward_s": median(reward),
-                       "update_s": median(update), "mean_completion_tokens": median(lengths)}}
+    return {"backend": reason, "step_s": steps, **split, "mean_completion_tokens": lengths, "all_steps_s": seconds,
+            "median": {"step_s": median(steps), **{name: median(values) for name, values in split.items()},
+                       "mean_completion_tokens": median(lengths)}}
 
 
 def _release_trainer(trainer, kind: str) -> None:
@@ -695,6 +752,99 @@ def bottleneck(step: dict[str, Any]) -> dict[str, float | str]:
             "training_samples_per_s": completions / m["update_s"] if m["update_s"] > 0 else float("nan"),
             "generation_share": generation_share,
             "verdict": "generation-bound" if generation_share > 0.5 else "update-bound"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Model FLOPs utilization of the update
+# --------------------------------------------------------------------------------------------------
+def sequence_flops(cost: ModelCost, prompt_tokens: float, completion_tokens: float) -> float:
+    """Model FLOPs of one forward pass over one prompt + completion: every matmul weight once per token (the LM head
+    only on completion positions, as TRL's fused head computes it) plus causal attention."""
+    head = cost.embedding_params  # the output layer: the tied embedding, or a separate matrix of the same size
+    backbone = cost.matmul_params - head
+    tokens = prompt_tokens + completion_tokens
+    return 2 * backbone * tokens + 2 * head * completion_tokens + 2 * cost.layers * cost.attention_width * tokens ** 2
+
+
+def update_mfu(step: dict[str, Any], cost: ModelCost, prompt_tokens: float, completions: int, peak_flops: float,
+               extra_forwards: int) -> dict[str, float]:
+    """Model FLOPs utilization of one backend's update (median step): the FLOPs the update needs (forward + backward
+    = 3 forwards of every sequence, plus ``extra_forwards`` no-grad forwards: old log-probs, reference) over the
+    update's time at ``peak_flops``. Recomputation (gradient checkpointing) is not model FLOPs."""
+    m = step["median"]
+    flops = completions * sequence_flops(cost, prompt_tokens, m["mean_completion_tokens"]) * (3 + extra_forwards)
+    return {"update_tflop": flops / 1e12, "update_tflop_per_s": flops / m["update_s"] / 1e12,
+            "mfu": flops / m["update_s"] / peak_flops, "peak_tflop_per_s": peak_flops / 1e12,
+            "extra_forwards": extra_forwards}
+
+
+def extra_forwards(backend: str, beta: float) -> int:
+    """No-grad forwards TRL adds before the update: old log-probs when vLLM samples (its importance-sampling
+    correction; HF generate with steps_per_generation = accumulation steps needs none) and the reference (beta > 0)."""
+    return int(backend == "vllm") + int(beta > 0)
+
+
+# --------------------------------------------------------------------------------------------------
+# The same engine in a fresh process: vLLM with TRL's colocate settings, outside the trainer
+# --------------------------------------------------------------------------------------------------
+def trl_engine_settings(config: TrainConfig, model: str) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments as TRL 1.16 builds its colocated engine (trl/generation/vllm_generation.py)."""
+    return dict(model=model, tensor_parallel_size=1, gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+                max_model_len=config.max_model_len, max_num_seqs=config.generation_batch_size,
+                enable_sleep_mode=False, model_impl="vllm", distributed_executor_backend="external_launcher",
+                seed=0, max_num_batched_tokens=4096, logprobs_mode="processed_logprobs", trust_remote_code=False)
+
+
+def engine_probe(config: TrainConfig, model: str, rows: Sequence[dict], repeats: int = 3) -> dict[str, Any]:
+    """Time ``LLM.generate`` of one step's requests (each prompt ``num_generations`` times, n=1, log-probs, no
+    detokenizing: what the trainer sends) on TRL's engine settings in a fresh process: the baseline for the
+    in-trainer ``timing/vllm_generate_s``. Median of ``repeats`` after one warm-up, prefix cache reset each time."""
+    tokenizer = load_tokenizer(model)
+    prompts = [list(p.token_ids) for p in encode_prompts(tokenizer, [r["prompt"] for r in rows])]
+    spec = {"engine": trl_engine_settings(config, model), "repeats": repeats,
+            "prompts": [ids for ids in prompts for _ in range(config.num_generations)],
+            "sampling": dict(n=1, temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_completion_length,
+                             logprobs=0, detokenize=False)}
+    with tempfile.TemporaryDirectory(prefix="grpo-lab-probe-") as scratch:
+        spec_path = Path(scratch) / "spec.json"
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        environment = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())}
+        if config.device == "cpu":
+            environment.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{CPU_KV_CACHE_GIB:g}")
+        done = subprocess.run([sys.executable, "-m", "grpo_lab.bench", "engine-probe", str(spec_path)],
+                              capture_output=True, text=True, env=environment, timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not lines:
+        raise BenchError(f"the engine probe failed (exit {done.returncode}):\n{(done.stderr or done.stdout)[-2000:]}")
+    return {**json.loads(lines[-1][7:]), "settings": {k: v for k, v in spec["engine"].items() if k != "model"},
+            "sampling": spec["sampling"], "requests": len(spec["prompts"])}
+
+
+def _run_engine_probe(spec_path: str) -> int:
+    """The probe's own process: build the engine, time the generation, print ``RESULT {json}``."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    kind = device.detect()
+    started = time.perf_counter()
+    llm = LLM(**spec["engine"])
+    load_s = time.perf_counter() - started
+    requests = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
+    params = SamplingParams(**spec["sampling"])
+    times, tokens = [], []
+    for _ in range(1 + spec["repeats"]):
+        llm.reset_prefix_cache()
+        device.synchronize(kind)
+        started = time.perf_counter()
+        outputs = llm.generate(requests, params, use_tqdm=False)
+        device.synchronize(kind)
+        times.append(time.perf_counter() - started)
+        tokens.append(sum(len(o.outputs[0].token_ids) for o in outputs))
+    print("RESULT " + json.dumps({"load_s": load_s, "generate_s": times[1:], "median_s": median(times[1:]),
+                                  "new_tokens": tokens[1:]}), flush=True)
+    return 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -764,14 +914,16 @@ def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None
               parts: Sequence[str] = PARTS, configs: Sequence[str] = CONFIGS, variants: Sequence[str] = VARIANTS,
               ragged: str | None = None, prefix_off: str = "salt", engine: dict[str, Any] | None = None,
               grpo_backends: Sequence[str] | None = None, train_overrides: dict[str, Any] | None = None,
-              command: str = "", progress: bool = True) -> dict[str, Any]:
+              command: str = "", progress: bool = True, grpo_workload: str = "fixed") -> dict[str, Any]:
     """Everything in one process: rollouts, GRPO step, roofline; returns the results dict.
 
     ``shape`` (``qwen2.5-0.5b``/``qwen2.5-1.5b``) runs random ("dummy") weights of that architecture with the
     tiny model's tokenizer; ``engine`` holds :class:`~grpo_lab.rollout.RolloutConfig` overrides for every
     engine (``max_num_seqs``, ``hf_batch_size``, ``vllm_options`` ...); ``ragged`` is ``uniform`` (drawn
     lengths, the default: random weights never end, and the tiny model answers these long prompts in ~6 tokens)
-    or ``eos`` (a real model's own lengths).
+    or ``eos`` (a real model's own lengths). ``grpo_workload`` is the GRPO step's (``fixed`` or ``ragged``, see
+    :func:`grpo_step_bench`); the ``engine`` part times the same step's generation on TRL's engine settings in a
+    fresh process (:func:`engine_probe`).
     """
     _check_choice("parts", parts, PARTS)
     load = os.getloadavg()
@@ -818,10 +970,24 @@ def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None
                 add_roofline(rollout, cost, rates)
             results["rollout"] = _public(rollout)
         if "grpo" in parts:
-            results["grpo_step"] = grpo_step_bench(path, rows, profile, grpo_backends, **(train_overrides or {}))
-            for block in results["grpo_step"]["backends"].values():
+            step = grpo_step_bench(path, rows, profile, grpo_backends, workload=grpo_workload, stop_ids=dummy,
+                                   **(train_overrides or {}))
+            results["grpo_step"] = step
+            peak = (DATASHEET_RATES["NVIDIA H200"].matmul_flops_per_s if "H200" in device.device_name(kind=kind)
+                    else rates.matmul_flops_per_s if "roofline" in parts else None)
+            for name, block in step["backends"].items():
                 block["completions_per_step"] = profile.sequences
                 block["bottleneck"] = bottleneck(block)
+                if peak:
+                    block["mfu"] = update_mfu(block, cost, step["max_prompt_length"], profile.sequences, peak,
+                                              extra_forwards(name, block["settings"]["beta"]))
+            if "engine" in parts and "vllm" in step["backends"]:
+                config = dataclasses.replace(
+                    grpo_step_config(profile, step["model_dir"], "unused", step["max_prompt_length"], kind,
+                                     **(train_overrides or {})), use_vllm=True).resolve(Machine.detect())
+                probe = engine_probe(config, step["model_dir"], rows)
+                in_trainer = step["backends"]["vllm"]["median"].get("vllm_generate_s", float("nan"))
+                step["fresh_engine"] = {**probe, "in_trainer_vs_fresh": in_trainer / probe["median_s"]}
             if "vllm" not in (grpo_backends or profile.grpo_backends):
                 notes.append("GRPO step: vLLM colocate not measured in this run (--grpo-backends hf,vllm adds it)")
         else:
@@ -878,6 +1044,21 @@ def summary(results: dict[str, Any]) -> str:
             lines.append(f"  {name:<8}{m['step_s']:>9.2f}{m['generation_s']:>12.2f}{m['reward_s']:>9.3f}"
                          f"{m['update_s']:>9.2f}{b['generation_tokens_per_s']:>11,.0f}"
                          f"{b['training_samples_per_s']:>17,.1f}  {b['verdict']}")
+        lines.append(f"  workload: {step.get('workload', 'fixed')}: {step.get('lengths', '')}")
+        lines.append("  split (median s): " + "; ".join(
+            f"{name}: " + ", ".join(f"{key.removesuffix('_s')} {value:.2f}" for key, value in block["median"].items()
+                                    if key.endswith("_s") and key != "step_s")
+            for name, block in step["backends"].items()))
+        for name, block in step["backends"].items():
+            if "mfu" in block:
+                u = block["mfu"]
+                lines.append(f"  {name} update: {u['update_tflop']:.0f} TFLOP of model FLOPs in "
+                             f"{block['median']['update_s']:.2f} s = {u['update_tflop_per_s']:.0f} TFLOP/s, MFU "
+                             f"{u['mfu']:.1%} of {u['peak_tflop_per_s']:.0f} TFLOP/s")
+        if "fresh_engine" in step:
+            f = step["fresh_engine"]
+            lines.append(f"  vLLM generate in the trainer vs the same engine in a fresh process: "
+                         f"{f['in_trainer_vs_fresh']:.2f}x (fresh {f['median_s']:.2f} s)")
         if "speedup_vs_hf" in step:
             lines.append(f"  step speed-up with vLLM colocate: {step['speedup_vs_hf']:.2f}x")
     elif step:
@@ -977,6 +1158,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in (*STEP_FIELDS, "prompt_tokens", "warmup", "repeats", "grpo_steps", "grpo_warmup_steps"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="overrides the profile")
     parser.add_argument("--grpo-backends", type=_names, help="comma-separated, of hf,vllm (default: the profile's)")
+    parser.add_argument("--grpo-workload", choices=GRPO_WORKLOADS, default="fixed",
+                        help="fixed: every completion max_completion_length long; ragged: completions end early "
+                             "(random weights: a stated share of the vocabulary ends them, see ragged_model_dir)")
     parser.add_argument("--max-num-seqs", type=int, help="vLLM (default: all sequences of the workload)")
     parser.add_argument("--hf-batch-size", type=int, help="HF generate (default: all sequences in one batch)")
     parser.add_argument("--gpu-memory-utilization", type=float)
@@ -995,6 +1179,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """``grpo-lab bench [--profile tiny] [--shape S] ...``: run, print the tables, write JSON + PNG."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["engine-probe"]:  # engine_probe's own process
+        return _run_engine_probe(argv[1])
     args = build_parser().parse_args(argv)
     sizes = {name: getattr(args, name) for name in (*STEP_FIELDS, "prompt_tokens", "warmup", "repeats", "grpo_steps",
                                                      "grpo_warmup_steps")
@@ -1012,12 +1199,13 @@ def main(argv: list[str] | None = None) -> int:
         results = run_bench(profile, model=args.model, shape=args.shape, parts=args.parts, configs=args.configs,
                             variants=args.variants, ragged=args.ragged, prefix_off=args.prefix_off, engine=engine,
                             grpo_backends=args.grpo_backends, train_overrides=dict(args.train_option),
-                            command=command.strip())
+                            command=command.strip(), grpo_workload=args.grpo_workload)
     except (GrpoLabError, ValueError, FileNotFoundError) as error:
         print(f"grpo-lab bench: {error}")
         return 2
     print(summary(results))
-    stem = args.name or f"bench_{profile.name}" + (f"_{args.shape}" if args.shape else "")
+    stem = args.name or f"bench_{profile.name}" + (f"_{args.shape}" if args.shape else "") + (
+        f"_{args.grpo_workload}" if "grpo" in args.parts else "")
     json_path, png_path = save_results(results, args.out or runs.workspace("bench"), stem)
     print(f"\nwrote {json_path} and {png_path} ({results['seconds']:.0f} s in all)")
     return 0

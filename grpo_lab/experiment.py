@@ -25,6 +25,7 @@ step, the doctor and serving all start from a ``TrainConfig``.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 from collections.abc import Sequence
@@ -151,8 +152,12 @@ class TrainConfig:
     """Port of TRL's NCCL weight-transfer group (server mode on CUDA)."""
     bf16: bool | None = None
     """bf16 autocast over fp32 weights; default where the machine supports it, except on the CPU."""
-    gradient_checkpointing: bool = True
-    """Recompute activations in the backward (TRL's default): less memory, about a third more compute."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in the backward: less memory, a third more compute. Default: only when the memory planner
+    says the step does not fit without it (TRL's own default is always on)."""
+    use_liger_kernel: bool | None = None
+    """Liger's fused RMSNorm, SwiGLU and RoPE kernels (TRL's field; needs Triton). Default: on CUDA where
+    ``liger_kernel`` is installed."""
     device: str | None = None
     """The device kind the run trains on; set by :meth:`resolve` from the machine."""
     save_steps: int | None = None
@@ -244,7 +249,11 @@ class TrainConfig:
             values["bf16"] = machine.kind != "cpu" and machine.bf16
         if config.train_types is None:
             values["train_types"] = default_train_types(config.model) or ()
+        if config.use_liger_kernel is None:
+            values["use_liger_kernel"] = machine.kind == "cuda" and importlib.util.find_spec("liger_kernel") is not None
         config = dataclasses.replace(config, **values)
+        if config.gradient_checkpointing is None:
+            config = dataclasses.replace(config, gradient_checkpointing=needs_checkpointing(config, machine))
         if config.vllm_gpu_memory_utilization == AUTO:
             config = dataclasses.replace(config, vllm_gpu_memory_utilization=choose_vllm_memory(config, machine)[0])
         return config
@@ -252,6 +261,7 @@ class TrainConfig:
     @property
     def is_resolved(self) -> bool:
         return (self.device is not None and self.vllm_gpu_memory_utilization != AUTO
+                and self.gradient_checkpointing is not None
                 and all(getattr(self, key) is not None for key in PROFILE_FIELDS))
 
     def _require_resolved(self, what: str) -> None:
@@ -285,7 +295,7 @@ class TrainConfig:
         return memory.TrainingShape(
             per_device_train_batch_size=self.per_device_train_batch_size, num_generations=self.num_generations,
             prompt_length=self.max_prompt_length, max_completion_length=self.max_completion_length,
-            gradient_checkpointing=self.gradient_checkpointing, beta=self.beta,
+            gradient_checkpointing=self.gradient_checkpointing is not False, beta=self.beta,  # open: TRL's default
             steps_per_generation=self.gradient_accumulation_steps)
 
     def rollout_config(self, **overrides: Any) -> RolloutConfig:
@@ -407,6 +417,17 @@ def choose_vllm_memory(config: TrainConfig, machine: Machine) -> tuple[float, st
                                      f"fits on {machine.memory_gib:.0f} GiB. {budget.advice} (Pass a number to try "
                                      f"anyway.)")
     return budget.recommended.vllm_gpu_memory_utilization, budget.summary().splitlines()[0]
+
+
+def needs_checkpointing(config: TrainConfig, machine: Machine) -> bool:
+    """Gradient checkpointing only where the step does not fit without it: the memory planner's verdict for the step
+    without checkpointing (at the config's vLLM share, or the best one when that is ``"auto"``). It costs a third
+    more compute in the backward, so a step that fits without it runs without it."""
+    try:
+        budget = plan_memory(dataclasses.replace(config, gradient_checkpointing=False), machine)
+    except memory.MemoryPlanError:  # the shape cannot be read: keep TRL's safe default
+        return True
+    return not budget.fits
 
 
 def default_train_types(model: str) -> tuple[str, ...] | None:

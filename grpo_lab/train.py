@@ -149,7 +149,10 @@ class MetricsLogger(TrainerCallback):
 
     Each record has ``step``, ``reward``, ``reward_std``, ``rewards/<name>/mean``, ``kl`` (with beta > 0),
     ``entropy``, ``completions/mean_length``, ``clip_ratio/region_mean``, ``step_time`` and the split
-    ``timing/generation_s`` / ``timing/reward_s`` / ``timing/update_s``.
+    ``timing/generation_s`` / ``timing/reward_s`` / ``timing/update_s``; inside generation (vLLM colocate)
+    ``timing/vllm_generate_s`` (the engine), ``timing/weight_sync_s`` and ``timing/generation_other_s`` (log-prob
+    extraction, tokenizing); inside the update ``timing/old_ref_logps_s`` (no-grad forwards for the old and reference
+    log-probs) and ``timing/backward_optimizer_s`` (the loss's forward, the backward and the optimizer step).
     """
 
     def __init__(self, run_dir: Path, live_plot: bool = True, plot_every: int = 10, resume_step: int | None = None):
@@ -178,6 +181,12 @@ class MetricsLogger(TrainerCallback):
         if "step_time" in record:
             other = record.get("timing/generation_s", 0.0) + record.get("timing/reward_s", 0.0)
             record["timing/update_s"] = max(0.0, record["step_time"] - other)
+            record["timing/backward_optimizer_s"] = max(0.0, record["timing/update_s"]
+                                                        - record.get("timing/old_ref_logps_s", 0.0))
+        if "timing/vllm_generate_s" in record:  # what _generate spent outside the engine: log-probs, tokenizing
+            record["timing/generation_other_s"] = max(0.0, record.get("timing/generation_s", 0.0)
+                                                      - record["timing/vllm_generate_s"]
+                                                      - record.get("timing/weight_sync_s", 0.0))
         self.records.append(record)
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -301,6 +310,46 @@ def _trainer_class():
             super().__init__(*args, **kwargs)
             self.weight_sync_installed = bool(self.use_vllm and weight_sync.install(self.vllm_generation))
             self._staging: Path | None = None
+            self._timers: dict[str, float] = {}
+            if self.use_vllm and self.vllm_generation.mode == "colocate":  # time vLLM's own calls inside _generate
+                self._time_calls(self.vllm_generation.llm, "generate", "timing/vllm_generate_s")
+                self._time_calls(self.vllm_generation, "sync_weights", "timing/weight_sync_s")
+
+        def _time_calls(self, owner, name: str, key: str) -> None:
+            """Add the wall time of every call of ``owner.name`` to the step's ``key`` (device synchronised)."""
+            call = getattr(owner, name)
+
+            def timed(*args, **kwargs):
+                device.synchronize(self.model.device.type)
+                start = time.perf_counter()
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    device.synchronize(self.model.device.type)
+                    self._timers[key] = self._timers.get(key, 0.0) + time.perf_counter() - start
+
+            setattr(owner, name, timed)
+
+        def _generate_and_score_completions(self, inputs):
+            """TRL's, with the step's timers reset before and logged after (one generation batch per call)."""
+            self._timers = {}
+            result = super()._generate_and_score_completions(inputs)
+            mode = "train" if self.model.training else "eval"
+            for key, seconds in self._timers.items():
+                self._metrics[mode][key].append(seconds)
+            return result
+
+        def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+            """TRL's; the no-grad calls (old and reference log-probs, before the update) are timed."""
+            if torch.is_grad_enabled():
+                return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            finally:
+                device.synchronize(self.model.device.type)
+                key = "timing/old_ref_logps_s"
+                self._timers[key] = self._timers.get(key, 0.0) + time.perf_counter() - start
 
         def _generate(self, prompts):
             start = time.perf_counter()
@@ -404,6 +453,10 @@ def grpo_args(config: TrainConfig, use_vllm: bool):
         vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         vllm_max_model_length=config.max_model_len,
         gradient_checkpointing=config.gradient_checkpointing,
+        use_liger_kernel=bool(config.use_liger_kernel),
+        # vLLM detokenizes every sampled token by default, in the decode loop's thread when colocated; TRL never reads
+        # that text (it decodes the token ids itself), so switch it off (stop strings would need it: none are set)
+        generation_kwargs={"detokenize": False} if use_vllm and config.vllm_mode == "colocate" else None,
         bf16=config.bf16,
         use_cpu=config.device == "cpu",
         logging_steps=config.logging_steps,

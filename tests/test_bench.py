@@ -219,3 +219,28 @@ def test_vllm_fixed_drawn_lengths_and_prefix_isolation_on_one_engine():
         assert rollout["variants"]["ragged"]["configs"][name]["new_tokens"] == [drawn]
     assert rollout["settings"]["vllm+prefix"]["vllm_options"] == {"block_size": 32}
     assert json.loads(json.dumps(results, default=str))["schema"] == bench.SCHEMA
+
+
+def test_ragged_view_of_a_model_ends_completions_at_a_stated_share_of_the_vocabulary(tmp_path):
+    from grpo_lab.models import TINY_MODEL_DIR
+
+    folder, info = bench.ragged_model_dir(TINY_MODEL_DIR, tmp_path / "ragged", stop_probability=1 / 160)
+    config = json.loads((TINY_MODEL_DIR / "config.json").read_text())
+    generation = json.loads((folder / "generation_config.json").read_text())
+    stops = generation["eos_token_id"]
+    assert config["eos_token_id"] in stops and len(stops) == info["stop_token_ids"]
+    assert info["stop_probability"] == pytest.approx(round(config["vocab_size"] / 160) / config["vocab_size"])
+    assert all(0 <= i < config["vocab_size"] for i in stops)
+    assert (folder / "model.safetensors").resolve() == (TINY_MODEL_DIR / "model.safetensors").resolve()  # linked
+
+
+def test_update_mfu_counts_model_flops_of_forward_backward_and_extra_forwards():
+    cost = bench.ModelCost(params=1000, embedding_params=100, tied_embeddings=True, bytes_per_param=2, layers=2,
+                           attention_width=4, kv_bytes_per_token=32)
+    # backbone 900 weights on all 10 tokens, the head (100) on the 6 completion tokens, attention 2*2*4*10^2
+    assert bench.sequence_flops(cost, 4, 6) == 2 * 900 * 10 + 2 * 100 * 6 + 2 * 2 * 4 * 100
+    step = {"median": {"update_s": 2.0, "mean_completion_tokens": 6}}
+    mfu = bench.update_mfu(step, cost, 4, completions=8, peak_flops=1e6, extra_forwards=bench.extra_forwards("vllm", 0.04))
+    flops = 8 * bench.sequence_flops(cost, 4, 6) * 5  # forward + backward (3) + old log-probs + reference
+    assert mfu["mfu"] == pytest.approx(flops / 2.0 / 1e6) and mfu["extra_forwards"] == 2
+    assert bench.extra_forwards("hf", 0.0) == 0

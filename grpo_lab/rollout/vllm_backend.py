@@ -165,7 +165,9 @@ class VLLMEngine(RolloutEngine):
                 params.append(SamplingParams(
                     n=1 if split else sampling.n, max_tokens=length or sampling.max_tokens,
                     min_tokens=length or sampling.min_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                    seed=None if seed is None else seed + (j or 0), stop=list(sampling.stop) or None))
+                    seed=None if seed is None else seed + (j or 0), stop=list(sampling.stop) or None,
+                    # we decode the ids ourselves (below); vLLM's own text is needed only for its stop strings
+                    detokenize=bool(sampling.stop)))
         outputs = self.llm.generate(requests, params, use_tqdm=progress)
         if split:
             per_prompt = [[outputs[i * sampling.n + j].outputs[0] for j in range(sampling.n)] for i in range(len(prompts))]
