@@ -12,7 +12,9 @@
 # /tmp/h200 into $OUT/h200.tgz (one file back, all calls' results so far). The jobs are listed in job() below;
 # benchmarks/README.md says which call ran which jobs and what came out.
 set -uo pipefail
-export PYTHONPATH=/tmp/grpo-gpu-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+# /tmp/grpo-extra-site: wheels carried beside the bundle (.whl/: liger-kernel), put there by the device call with
+# `python3 -m pip install -q --no-index --no-deps --target /tmp/grpo-extra-site .whl/*.whl`
+export PYTHONPATH=/tmp/grpo-extra-site:/tmp/grpo-gpu-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
        TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 R=/tmp/h200
 LIMIT=${H200_STREAM_LIMIT:-540}        # seconds a call waits for its job lists, so that packing fits in the call
@@ -33,6 +35,14 @@ job() {
                 --out "$out" ;;
     grpo05)   python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --parts grpo,roofline \
                 --grpo-backends hf,vllm --grpo-steps 2 --out "$out" --name grpo_step_seed_qwen2.5-0.5b ;;
+    # issue 16 (2026-12-01): the GRPO step after the changes, fixed and ragged, with the whole split, update MFU and
+    # (fixed) the same engine timed in a fresh process
+    grpo-fixed)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --parts grpo,roofline,engine \
+                   --grpo-backends hf,vllm --grpo-steps 2 --grpo-workload fixed --out "$out" \
+                   --name grpo_step_seed_qwen2.5-0.5b_fixed ;;
+    grpo-ragged) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --parts grpo,roofline \
+                   --grpo-backends hf,vllm --grpo-steps 2 --grpo-workload ragged --out "$out" \
+                   --name grpo_step_seed_qwen2.5-0.5b_ragged ;;
     bench15)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-1.5b --parts rollout,roofline \
                 --vllm-option async_scheduling=true --out "$out" --name bench_seed_qwen2.5-1.5b ;;
     bench05)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --parts rollout,roofline \
