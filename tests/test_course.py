@@ -55,7 +55,7 @@ def test_notebook_05_deploys_what_notebook_03_trained(tmp_path, monkeypatch):
     tensors against the run's; the course summary names the run for both."""
     monkeypatch.delenv(runs.RUN_DIR_ENV, raising=False)
     monkeypatch.setenv("GRPO_LAB_TRAIN_STEPS", "3")
-    monkeypatch.setenv("GRPO_LAB_EVAL_SIZE", "8")
+    monkeypatch.setenv("GRPO_LAB_EVAL_SIZE", "24")  # holds both trained types
     monkeypatch.setenv("GRPO_LAB_PROFILE", "tiny")
     out = tmp_path / "course"
     results = course.run_course(out, [course.NOTEBOOK_DIR / "03_grpo_training.ipynb",

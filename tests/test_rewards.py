@@ -207,9 +207,19 @@ def test_registry():
         R._REGISTRY.pop("always_one_test")
 
 
-def test_default_rewards():
-    funcs, weights = R.default_rewards()
-    assert [f.__name__ for f in funcs] == list(R.DEFAULT_REWARD_WEIGHTS) and len(weights) == len(funcs)
+def test_prepare_is_the_one_entry_point():
+    """Names and functions in, guarded functions and one weight each out (what training and verl use)."""
+    def mine(prompts, completions, **kwargs):
+        return [1.0] * len(completions)
+
+    prepared = R.prepare(["correctness", "format", mine], [1.0, 0.2, 0.5], errors="skip")
+    assert prepared.names == ["correctness", "format", "mine"] and prepared.weights == [1.0, 0.2, 0.5]
+    assert all(isinstance(f, R.ValidatedReward) and f.mode == "skip" for f in prepared.funcs)
+    assert R.prepare(["correctness"]).weights == [1.0]
+    with pytest.raises(R.RewardValidationError, match=r"2 reward_weights for 1 rewards"):
+        R.prepare(["correctness"], [1.0, 0.5])
+    with pytest.raises(ValueError, match="Unknown reward 'nope'"):
+        R.prepare(["nope"])
 
 
 # ------------------------------------------------------------------------------------------ verl adapters
@@ -284,7 +294,7 @@ def test_validate_rejects_a_signature_without_kwargs():
         expected = r"'no_kwargs' does not accept \*\*kwargs.*def no_kwargs\(prompts, completions, \*\*kwargs\)"
         with pytest.raises(R.RewardSignatureError, match=expected):
             R.validate_reward(no_kwargs, mode=mode)
-    with pytest.raises(ValueError, match="mode must be 'raise'"):
+    with pytest.raises(ValueError, match=r"reward_errors='ignore': use 'raise'"):
         R.validate_reward(good, mode="ignore")
 
 
