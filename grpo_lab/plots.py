@@ -401,3 +401,46 @@ def plot_bench(results: dict, title: str | None = None) -> Figure:
     weights = "RANDOM weights" if model["weights"] == "dummy" else "real weights"
     fig.suptitle(title or f"{model['path']} ({weights}, {model['dtype']}) on {device}", fontsize=10)
     return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# Serving under load (notebook 05)
+# --------------------------------------------------------------------------------------------------
+def plot_load_test(records: Sequence[dict], title: str | None = None) -> Figure:
+    """Throughput (left) and p99 latency (right) against concurrent clients, one line per ``label``.
+
+    ``records`` are ``grpo_lab.load_test`` rows (``LoadResult.record()`` or the ``runs`` of a results file); runs
+    with errors are marked with a red ring, since their latency counts only the requests that succeeded.
+    """
+    if not records:
+        raise ValueError("no load-test records to plot")
+    fig = Figure(figsize=(10.0, 3.6), layout="constrained")
+    ax_t, ax_l = fig.subplots(1, 2)
+    labels = list(dict.fromkeys(r.get("label") or r.get("workload", "") for r in records))
+    for label in labels:
+        rows = sorted((r for r in records if (r.get("label") or r.get("workload", "")) == label),
+                      key=lambda r: r["concurrency"])
+        x = [r["concurrency"] for r in rows]
+        line, = ax_t.plot(x, [r["output_tokens_per_s"] for r in rows], "o-", label=f"{label} tok/s")
+        ax_t.plot(x, [r["requests_per_s"] for r in rows], "s--", color=line.get_color(), alpha=0.6,
+                  label=f"{label} req/s")
+        ax_l.plot(x, [r["e2e_p99_ms"] for r in rows], "o-", color=line.get_color(), label=f"{label} end-to-end")
+        ax_l.plot(x, [r["ttft_p99_ms"] for r in rows], "^:", color=line.get_color(), label=f"{label} first token")
+        failed = [r for r in rows if r["errors"]]
+        ax_l.scatter([r["concurrency"] for r in failed], [r["e2e_p99_ms"] for r in failed], s=160,
+                     facecolors="none", edgecolors="#d1495b", label="had errors" if failed else None)
+    for ax in (ax_t, ax_l):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("throughput (output tokens/s, requests/s)")
+    ax_t.set_title("throughput")
+    ax_l.set_ylabel("p99 latency (ms)")
+    ax_l.set_title("p99 latency")
+    first = records[0]
+    server = first.get("server", {})
+    fig.suptitle(title or f"{server.get('model', '')} on {server.get('device', '')}: {first.get('workload')} "
+                          f"workload, up to {first.get('max_tokens')} tokens per answer", fontsize=10)
+    return fig
