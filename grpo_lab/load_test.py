@@ -48,8 +48,8 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ from grpo_lab import device, models
 from grpo_lab.data import load_split
 from grpo_lab.deploy import ServerDied, VLLMServer, verify_export
 from grpo_lab.errors import ConfigError
+from grpo_lab.paths import SERVING_RESULTS_DIR
 from grpo_lab.plots import plot_load_test
 
 SCHEMA = "grpo-lab.load-test/1"
@@ -259,12 +260,15 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
             f"{'TTFT p50/p99 ms':>18}{'e2e p50/p90/p99 ms':>22}")
     rows = [head, "-" * len(head)]
     for r in records:
-        kinds = ", ".join(f"{k} {n}" for k, n in r["errors_by_kind"].items())
+        notes = ", ".join(f"{k} {n}" for k, n in r["errors_by_kind"].items())
+        notes = f"   ({notes})" if notes else ""
+        if r.get("repeats", 1) > 1:  # a row of experiment_runs: the median of repeated runs
+            low, high = r["requests_per_s_range"]
+            notes += f"   [median of {r['repeats']}: {low:.1f}-{high:.1f} req/s, {r['errors_all_repeats']} errors in all]"
         rows.append(f"{r['label'] or r['workload']:<22.22}{r['concurrency']:>8}{r['requests']:>9}{r['errors']:>7}"
                     f"{r['requests_per_s']:>8.1f}{r['output_tokens_per_s']:>8.0f}"
                     f"{r['ttft_p50_ms']:>9.0f}/{r['ttft_p99_ms']:<8.0f}"
-                    f"{r['e2e_p50_ms']:>9.0f}/{r['e2e_p90_ms']:.0f}/{r['e2e_p99_ms']:.0f}"
-                    + (f"   ({kinds})" if kinds else ""))
+                    f"{r['e2e_p50_ms']:>9.0f}/{r['e2e_p90_ms']:.0f}/{r['e2e_p99_ms']:.0f}{notes}")
     return "\n".join(rows)
 
 
@@ -363,23 +367,30 @@ class _Run:
 
     async def _send(self, record: RequestRecord, messages: list[dict[str, str]]) -> str:
         config, begun = self.config, time.perf_counter()
-        request = dict(model=self.server.config.served_model_name, messages=messages, max_tokens=config.max_tokens,
-                       temperature=config.temperature)
+        request = {"model": self.server.config.served_model_name, "messages": messages,
+                   "max_tokens": config.max_tokens, "temperature": config.temperature}
         if not config.stream:
             out = await self.client.chat.completions.create(**request)
             record.prompt_tokens, record.output_tokens = out.usage.prompt_tokens, out.usage.completion_tokens
             return out.choices[0].message.content or ""
         parts: list[str] = []
-        stream = await self.client.chat.completions.create(**request, stream=True,
-                                                           stream_options={"include_usage": True})
-        async with stream:
-            async for chunk in stream:
-                if chunk.choices:
+        # the raw server-sent events, parsed with json.loads: the SDK's object per chunk cost this client half its
+        # throughput on 2 CPU cores (it shares them with the server); error statuses still raise the SDK's errors
+        async with self.client.chat.completions.with_streaming_response.create(
+                **request, stream=True, stream_options={"include_usage": True}) as response:
+            async for line in response.iter_lines():
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if "error" in chunk:  # vLLM's mid-stream error event
+                    raise openai.APIError(str(chunk["error"]), response.http_request, body=chunk)
+                if chunk.get("choices"):
                     if record.ttft_s is None:
                         record.ttft_s = time.perf_counter() - begun
-                    parts.append(chunk.choices[0].delta.content or "")
-                if chunk.usage is not None:  # the last chunk: no choices, the exact token counts
-                    record.prompt_tokens, record.output_tokens = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+                    parts.append(chunk["choices"][0].get("delta", {}).get("content") or "")
+                if chunk.get("usage"):  # the last chunk: no choices, the exact token counts
+                    record.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                    record.output_tokens = chunk["usage"]["completion_tokens"]
         return "".join(parts)
 
     async def watch(self) -> None:
@@ -454,13 +465,21 @@ def warm_up(server: VLLMServer, concurrency: int) -> None:
     run_load_test(server, LoadTest(concurrency=concurrency, requests=2 * concurrency, max_tokens=8))
 
 
-def sweep(model: str | Path, loads: Sequence[LoadTest], label: str = "", log_path: str | Path | None = None,
-          **knobs) -> list[LoadResult]:
-    """Start one server with ``knobs`` (:class:`~grpo_lab.deploy.ServeConfig` fields), warm it up, run each load,
-    stop it: one server setting measured. Compare settings by calling it once per setting."""
+def sweep(model: str | Path, loads: Mapping[str, LoadTest], log_path: str | Path | None = None,
+          then: Callable[[VLLMServer], Any] | None = None, verbose: bool = False, **knobs) -> dict[str, LoadResult]:
+    """One server setting measured: start a server with ``knobs`` (:class:`~grpo_lab.deploy.ServeConfig` fields),
+    warm it up, run each named load (the name becomes the result's label), call ``then(server)`` if given (another
+    client, say), stop it. Compare settings by calling it once per setting."""
+    results = {}
     with VLLMServer(model, log_path=log_path, **knobs) as server:
-        warm_up(server, max(load.concurrency for load in loads))
-        return [run_load_test(server, load, label=label) for load in loads]
+        warm_up(server, max(load.concurrency for load in loads.values()))
+        for label, load in loads.items():
+            results[label] = run_load_test(server, load, label=label)
+            if verbose:
+                print(format_table([results[label].record()]).splitlines()[-1], flush=True)
+        if then is not None:
+            then(server)
+    return results
 
 
 # --------------------------------------------------------------------------------------------------
@@ -480,6 +499,51 @@ def load_results(path: str | Path) -> dict[str, Any]:
     if body.get("schema") != SCHEMA:
         raise ConfigError(f"{path} is not a load-test results file (schema {body.get('schema')!r}, want {SCHEMA}).")
     return body
+
+
+def committed_results(prefix: str, folder: str | Path = SERVING_RESULTS_DIR) -> dict[str, dict[str, Any]]:
+    """The committed results files whose name starts with ``prefix`` (``"cpu"``, ``"h200"``), by file stem;
+    {} when none has been measured yet."""
+    return {path.stem: load_results(path) for path in sorted(Path(folder).glob(f"{prefix}*.json"))}
+
+
+# How a run is named in each experiment of benchmarks/serving/run.py (its records list their "experiments")
+EXPERIMENT_LABELS = {
+    "concurrency": lambda r: f"{r['concurrency']} clients",
+    "max_num_seqs": lambda r: f"max_num_seqs={r['server']['max_num_seqs']}",
+    "max_model_len": lambda r: f"max_model_len={r['server']['max_model_len']}",
+    "prefix_caching": lambda r: f"prefix caching {'on' if r['server']['enable_prefix_caching'] else 'off'}",
+    "reference": lambda r: r["label"],
+}
+
+
+def experiment_runs(body: dict[str, Any], experiment: str) -> list[dict[str, Any]]:
+    """The runs of one experiment in a results file, one row per variant (labelled by what varies): of repeated
+    runs, the one with the median requests/s, with ``repeats``, ``requests_per_s_range`` and the errors of all."""
+    label = EXPERIMENT_LABELS[experiment]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for run in body["runs"]:
+        if experiment in run.get("experiments", []):
+            groups.setdefault(label(run), []).append(run)
+    rows = []
+    for name, runs in groups.items():
+        ranked = sorted(runs, key=lambda r: r["requests_per_s"])
+        rows.append({**ranked[(len(ranked) - 1) // 2], "label": name, "repeats": len(runs),
+                     "requests_per_s_range": [ranked[0]["requests_per_s"], ranked[-1]["requests_per_s"]],
+                     "errors_all_repeats": sum(r["errors"] for r in runs)})
+    return rows
+
+
+def describe_results(body: dict[str, Any]) -> str:
+    """A results file as text: its command, then one table per experiment (or one table of all runs)."""
+    parts = [f"command: {body['command']}"]
+    for experiment in EXPERIMENT_LABELS:
+        rows = experiment_runs(body, experiment)
+        if rows:
+            parts += [f"\n{experiment}:", format_table(rows)]
+    if len(parts) == 1:
+        parts.append(format_table(body["runs"]))
+    return "\n".join(parts)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -99,6 +99,22 @@ def test_result_record_table_plot_and_file(tmp_path):
         load_test.load_results(tmp_path / "other.json")
 
 
+def test_repeated_runs_of_an_experiment_show_their_median(tmp_path):
+    def run(seqs, rate, errors=0):
+        row = {**synthetic_result().record(), "requests_per_s": rate, "errors": errors, "experiments": ["max_num_seqs"]}
+        return {**row, "server": {**row["server"], "max_num_seqs": seqs}}
+
+    runs = [run(4, 9.0), run(64, 30.0), run(4, 11.0, errors=1), run(64, 20.0), run(4, 10.0), run(64, 40.0)]
+    path = load_test.save_results(runs, tmp_path / "cpu_x.json", "python benchmarks/serving/run.py")
+    body = load_test.committed_results("cpu", tmp_path)["cpu_x"]
+    rows = load_test.experiment_runs(body, "max_num_seqs")
+    assert [(r["label"], r["requests_per_s"], r["repeats"], r["requests_per_s_range"], r["errors_all_repeats"])
+            for r in rows] == [("max_num_seqs=4", 10.0, 3, [9.0, 11.0], 1), ("max_num_seqs=64", 30.0, 3, [20.0, 40.0], 0)]
+    text = load_test.describe_results(body)
+    assert "max_num_seqs:" in text and "median of 3: 9.0-11.0 req/s, 1 errors in all" in text
+    assert load_test.committed_results("h200", tmp_path) == {} and path.is_file()
+
+
 def test_cli_has_the_subcommand():
     assert cli.SUBCOMMANDS["load-test"][0] == "grpo_lab.load_test"
     args = load_test.build_parser().parse_args(["FOLDER", "--concurrency", "1,4,16", "--requests", "128"])
