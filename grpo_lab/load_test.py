@@ -546,6 +546,38 @@ def describe_results(body: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def knob_findings(body: dict[str, Any]) -> list[str]:
+    """What each experiment of a results file measured, as sentences of numbers (medians of repeats)."""
+    found = []
+    sweep = sorted(experiment_runs(body, "concurrency"), key=lambda r: r["concurrency"])
+    if len(sweep) > 1:
+        a, b = sweep[0], sweep[-1]
+        found.append(f"{a['concurrency']} -> {b['concurrency']} clients: {a['requests_per_s']:.1f} -> "
+                     f"{b['requests_per_s']:.1f} requests/s ({b['requests_per_s'] / a['requests_per_s']:.1f}x), "
+                     f"p99 latency {a['e2e_p99_ms']:.0f} -> {b['e2e_p99_ms']:.0f} ms "
+                     f"({b['e2e_p99_ms'] / a['e2e_p99_ms']:.1f}x); at {b['concurrency']} clients the client itself "
+                     f"used {b['client_cpu_share']:.0%} of a CPU core.")
+    for experiment, knob in (("max_num_seqs", "max_num_seqs"), ("max_model_len", "max_model_len")):
+        for r in sorted(experiment_runs(body, experiment), key=lambda r: r["server"][knob]):
+            found.append(f"{r['label']} ({r['workload']}, {r['concurrency']} clients): {r['requests_per_s']:.1f} "
+                         f"requests/s, first token p50/p99 {r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} ms, "
+                         f"{r['errors']} of {r['requests']} refused" + (f" ({', '.join(r['errors_by_kind'])})"
+                                                                         if r["errors"] else "") + ".")
+    for r in experiment_runs(body, "prefix_caching"):
+        hit = r.get("prefix_cache_hit_rate")
+        found.append(f"{r['label']} ({r['workload']}, {r['mean_prompt_tokens']:.0f} prompt tokens on average): "
+                     + (f"{hit:.0%} of prompt tokens from the cache, " if hit is not None else "")
+                     + f"first token p50 {r['ttft_p50_ms']:.0f} ms, {r['requests_per_s']:.1f} requests/s.")
+    for r in experiment_runs(body, "reference"):
+        ours = next((o for o in experiment_runs(body, "max_num_seqs")
+                     if o["server"]["max_num_seqs"] == r["server"]["max_num_seqs"]), None)
+        if ours:
+            found.append(f"vLLM's own benchmark, same server and load: {r['requests_per_s']:.1f} requests/s, first "
+                         f"token p50 {r['ttft_p50_ms']:.0f} ms (this client: {ours['requests_per_s']:.1f}, "
+                         f"{ours['ttft_p50_ms']:.0f} ms).")
+    return found
+
+
 # --------------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------------

@@ -90,7 +90,7 @@ def test_result_record_table_plot_and_file(tmp_path):
     assert result.first_errors() == ["http_400: too long", "connection: refused"]
     other = LoadResult(LoadTest(concurrency=2, requests=4), result.records[:4], seconds=1.0, label="demo").record()
     fig = plot_load_test([row, other])
-    assert isinstance(fig, Figure) and len(fig.axes) == 2
+    assert isinstance(fig, Figure) and len(fig.axes) == 3  # throughput (with a requests/s axis), latency
     path = load_test.save_results([row, other], tmp_path / "r.json", "grpo-lab load-test --concurrency 2,8")
     body = load_test.load_results(path)
     assert body["command"].startswith("grpo-lab load-test") and [r["concurrency"] for r in body["runs"]] == [8, 2]
@@ -113,6 +113,8 @@ def test_repeated_runs_of_an_experiment_show_their_median(tmp_path):
     text = load_test.describe_results(body)
     assert "max_num_seqs:" in text and "median of 3: 9.0-11.0 req/s, 1 errors in all" in text
     assert load_test.committed_results("h200", tmp_path) == {} and path.is_file()
+    findings = load_test.knob_findings(body)
+    assert findings[0].startswith("max_num_seqs=4 (course, 8 clients): 10.0 requests/s") and len(findings) == 2
 
 
 def test_cli_has_the_subcommand():

@@ -144,6 +144,13 @@ def measure(args: argparse.Namespace, model: str, scratch: Path, records: list[d
         records += [{**row, "experiments": ["reference"]} for row in reference]
 
 
+def draw(body: dict, png: Path) -> None:
+    """The concurrency experiment's plot (median runs), saved beside the results."""
+    sweep = [{**r, "label": "baseline server"} for r in load_test.experiment_runs(body, "concurrency")]
+    if sweep:
+        plot_load_test(sweep).savefig(png, dpi=110)
+
+
 def build_parser() -> argparse.ArgumentParser:
     cpu = device.detect() == "cpu"
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -151,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--model", default=None, help="model folder (default: the shipped tiny model)")
     what.add_argument("--shape", choices=list(SHAPES), default=None, help="random weights of this architecture")
     what.add_argument("--show", default=None, help="print the tables of a results file and stop")
+    parser.add_argument("--replot", action="store_true", help="with --show: draw its plot again")
     parser.add_argument("--concurrency", type=numbers, default=[1, 4, 16, 32])
     parser.add_argument("--knob-concurrency", type=int, default=16, help="clients in the knob experiments")
     parser.add_argument("--requests-per-client", type=int, default=8)
@@ -171,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.show:
-        print(load_test.describe_results(load_test.load_results(args.show)))
+        body = load_test.load_results(args.show)
+        print(load_test.describe_results(body))
+        if args.replot:
+            draw(body, Path(args.show).with_suffix(".png"))
         return 0
     started, load_before = time.time(), os.getloadavg()
     out = Path(args.out)
@@ -196,8 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             path = load_test.save_results(records, out / f"{name}.json", portable(argv), machine=machine,
                                           model={"name": args.shape or Path(model).name, "weights": weights})
     body = load_test.load_results(path)
-    sweep = [{**r, "label": "baseline server"} for r in load_test.experiment_runs(body, "concurrency")]
-    plot_load_test(sweep).savefig(out / f"{name}.png", dpi=110)
+    draw(body, out / f"{name}.png")
     print("\n" + load_test.describe_results(body))
     print(f"\nwrote {path} and {out / f'{name}.png'} ({machine['minutes']} min)")
     return 1 if any(r["errors"] for r in records if "max_model_len" not in r["experiments"]) else 0
