@@ -8,6 +8,8 @@
     grpo-lab train [--profile P ...]    a GRPO run (TRL GRPOTrainer), run folder with metrics and checkpoints
     grpo-lab bench --profile tiny       HF vs vLLM vs prefix caching, ratios and roofline
     grpo-lab serve [FOLDER] [--ask MSG] serve a model folder with vLLM (127.0.0.1, optional API key)
+    grpo-lab load-test [FOLDER] --concurrency 1,4,16 --requests 128   serve on 127.0.0.1 and load it: req/s,
+                                        tok/s, TTFT and latency p50/p90/p99, errors by kind
     grpo-lab scale [--rollout-devices 0 --train-devices 1]   TRL server mode: vLLM server + accelerate trainer
     grpo-lab verl-export --out DIR      the same experiment as verl inputs: parquet, compute_score, config, launch
 """
@@ -30,6 +32,8 @@ SUBCOMMANDS = {
     "train": ("grpo_lab.train", "a GRPO run with TRL GRPOTrainer from a profile plus overrides"),
     "bench": ("grpo_lab.bench", "rollout (and GRPO step) benchmark: HF vs vLLM vs prefix caching, roofline"),
     "serve": ("grpo_lab.deploy", "verify a model folder and serve it with vLLM's OpenAI-compatible server"),
+    "load-test": ("grpo_lab.load_test", "serve a model folder on 127.0.0.1 and load-test it: N concurrent streaming "
+                                        "clients, throughput, latency percentiles, errors by kind"),
     "scale": ("grpo_lab.scale", "TRL server mode: a vLLM rollout server on its own device(s), the trainer on the "
                                 "others via accelerate launch"),
     "verl-export": ("grpo_lab.verl_export", "write verl's GRPO inputs (parquet, compute_score, Hydra overrides, "

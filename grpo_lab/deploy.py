@@ -19,6 +19,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -45,6 +46,10 @@ REQUIRED_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)
 
 class DeployError(GrpoLabError, RuntimeError):
     """An export, a folder or a server that is not usable; the message says what to do."""
+
+
+class ServerDied(DeployError):
+    """The server process is not running (it died or was stopped) while a client needed it."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -179,6 +184,11 @@ class ServeConfig:
     enable_prefix_caching: bool = True  # multi-turn chats re-send the history: cache its KV
     dtype: str = "auto"
     cpu_kvcache_gib: float = CPU_KV_CACHE_GIB  # KV cache in host RAM on the CPU (instead of gpu_memory_utilization)
+    # None: eager on the CPU (torch.compile adds minutes to a start there and no speed for small models), CUDA/ACL
+    # graphs on accelerators (they remove per-step launch overhead)
+    enforce_eager: bool | None = None
+    block_size: int | None = None  # KV block (tokens); None: vLLM's (16 on GPUs, 128 on the CPU). Only full blocks
+    # are prefix-cached, so a short prompt shares nothing with 128-token blocks: use 32 on the CPU to see reuse
     startup_timeout_s: float = 300.0
     extra_args: tuple[str, ...] = ()
 
@@ -209,9 +219,17 @@ class ServeConfig:
         else:
             cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         cmd.append("--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching")
+        if self.eager():
+            cmd.append("--enforce-eager")
+        if self.block_size is not None:
+            cmd += ["--block-size", str(self.block_size)]
         if self.api_key:
             cmd += ["--api-key", self.api_key]
         return cmd + list(self.extra_args)
+
+    def eager(self) -> bool:
+        """Whether the server runs without compiled graphs: ``enforce_eager``, or by default on the CPU only."""
+        return device.detect() == "cpu" if self.enforce_eager is None else self.enforce_eager
 
     def environment(self) -> dict[str, str]:
         """The rollout engine's per-device variables, the allocator setting, and INFO logs for the log file."""
@@ -282,8 +300,48 @@ class VLLMServer:
             raise
         return self
 
+    @property
+    def start_seconds(self) -> float | None:
+        """How long the last start took, until ``/health`` answered (None when not running)."""
+        return None if self.server is None else self.server.start_seconds
+
     def log_tail(self, lines: int = 30) -> str:
         return self.server.log_tail(lines) if self.server else "(no log)"
+
+    def alive(self) -> bool:
+        """True while the server process runs (False once it died, was killed, or was stopped)."""
+        return self.server is not None and self.server.alive()
+
+    def exit_code(self) -> int | None:
+        """The server process's exit code once it ended (negative: killed by that signal); None while it runs."""
+        return None if self.server is None else self.server.exit_code()
+
+    def death_report(self) -> str:
+        """Why requests to this server cannot succeed: its URL, how the process ended, and its log's last lines."""
+        if self.server is None:
+            return (f"the vLLM server at {self.base_url} is not running: it was stopped or never started. Start it "
+                    "again with server.start() (or open a new `with VLLMServer(...)` block).")
+        code = self.exit_code()
+        if code is None:
+            return f"the vLLM server at {self.base_url} is running (pid {self.server.process.pid})."
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+            else f"exited with code {code}"
+        # the last lines that are not one per request (uvicorn's access log): where a crash leaves its reason
+        lines = [line for line in self.log_tail(400).splitlines() if ' HTTP/1.1" ' not in line][-10:]
+        return (f"the vLLM server at {self.base_url} is not running: its process {how}. Its log is {self.log_path}; "
+                f"read it for the cause (out of memory? killed from outside?), then start it again with "
+                f"server.restart(). Last lines (without the access log):\n" + "\n".join(lines))
+
+    def check_alive(self) -> None:
+        """Raise :class:`ServerDied` (with :meth:`death_report`) unless the server process runs."""
+        if not self.alive():
+            raise ServerDied(self.death_report())
+
+    def restart(self) -> VLLMServer:
+        """Stop what is left of the server (its workers too) and start it again with the same settings (on a new
+        free port unless ``port`` was set)."""
+        self.stop()
+        return self.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """End the server's whole process group (SIGTERM, then SIGKILL after ``timeout_s``). Safe to call twice."""
@@ -319,8 +377,10 @@ class Reply:
 
 
 def _request_error(exc: Exception, server: VLLMServer) -> DeployError:
-    from openai import AuthenticationError, BadRequestError
+    from openai import APIConnectionError, AuthenticationError, BadRequestError
 
+    if isinstance(exc, APIConnectionError) and not server.alive():
+        return ServerDied(f"request failed ({type(exc).__name__}): {server.death_report()}")
     too_long = any(word in str(exc).lower() for word in ("context length", "max_model_len", "maximum context"))
     if isinstance(exc, BadRequestError) and too_long:
         return DeployError(f"the request is longer than the server's max_model_len "

@@ -401,3 +401,55 @@ def plot_bench(results: dict, title: str | None = None) -> Figure:
     weights = "RANDOM weights" if model["weights"] == "dummy" else "real weights"
     fig.suptitle(title or f"{model['path']} ({weights}, {model['dtype']}) on {device}", fontsize=10)
     return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# Serving under load (notebook 05)
+# --------------------------------------------------------------------------------------------------
+def plot_load_test(records: Sequence[dict], title: str | None = None) -> Figure:
+    """Throughput (left: output tokens/s, dashed: requests/s on the right axis) and p99 latency (right: end-to-end
+    and first token) against concurrent clients, one colour per ``label``.
+
+    ``records`` are ``grpo_lab.load_test`` rows (``LoadResult.record()`` or the ``runs`` of a results file); runs
+    with errors are ringed in red, since their latency counts only the requests that succeeded.
+    """
+    if not records:
+        raise ValueError("no load-test records to plot")
+    fig = Figure(figsize=(10.0, 3.6), layout="constrained")
+    ax_t, ax_l = fig.subplots(1, 2)
+    ax_r = ax_t.twinx()
+    labels = list(dict.fromkeys(r.get("label") or r.get("workload", "") for r in records))
+    for label in labels:
+        rows = sorted((r for r in records if (r.get("label") or r.get("workload", "")) == label),
+                      key=lambda r: r["concurrency"])
+        x = [r["concurrency"] for r in rows]
+        line, = ax_t.plot(x, [r["output_tokens_per_s"] for r in rows], "o-", label=f"{label}: tokens/s")
+        color = line.get_color()
+        ax_r.plot(x, [r["requests_per_s"] for r in rows], "s--", color=color, alpha=0.6, label=f"{label}: requests/s")
+        ax_l.plot(x, [r["e2e_p99_ms"] for r in rows], "o-", color=color, label=f"{label}: end-to-end")
+        ax_l.plot(x, [r["ttft_p99_ms"] for r in rows], "^:", color=color, label=f"{label}: first token")
+        failed = [r for r in rows if r["errors"]]
+        ax_l.scatter([r["concurrency"] for r in failed], [r["e2e_p99_ms"] for r in failed], s=160,
+                     facecolors="none", edgecolors="#d1495b", label="had errors" if failed else None)
+    clients = sorted({r["concurrency"] for r in records})
+    for ax in (ax_t, ax_l):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(clients, [str(c) for c in clients])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrent clients")
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    ax_r.set_ylim(bottom=0)
+    handles = [h for ax in (ax_t, ax_r) for h in ax.get_legend_handles_labels()[0]]
+    ax_t.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="lower right")
+    ax_l.legend(fontsize=7, loc="upper left")
+    ax_t.set_ylabel("output tokens / s")
+    ax_r.set_ylabel("requests / s")
+    ax_t.set_title("throughput")
+    ax_l.set_ylabel("p99 latency (ms)")
+    ax_l.set_title("p99 latency")
+    first = records[0]
+    server = first.get("server", {})
+    fig.suptitle(title or f"{server.get('model', '')} on {server.get('device', '')}: {first.get('workload')} "
+                          f"workload, up to {first.get('max_tokens')} tokens per answer", fontsize=10)
+    return fig

@@ -7,7 +7,7 @@ import socket
 import psutil
 import pytest
 
-from grpo_lab import deploy, models
+from grpo_lab import deploy, device, models
 from grpo_lab.errors import ConfigError
 
 
@@ -71,6 +71,21 @@ def test_bad_settings_fail_before_start(exported):
         port = s.getsockname()[1]
         with pytest.raises(ConfigError, match=f"port={port} .* already in use"):
             deploy.VLLMServer(exported, port=port).start()
+
+
+def test_eager_on_the_cpu_and_the_block_size_are_flags(exported):
+    config = deploy.ServeConfig(model=str(exported), block_size=32)
+    command = config.command(8000)
+    assert command[command.index("--block-size") + 1] == "32"
+    assert ("--enforce-eager" in command) == (device.detect() == "cpu") == config.eager()
+    assert "--enforce-eager" not in deploy.ServeConfig(model=str(exported), enforce_eager=False).command(8000)
+
+
+def test_a_server_that_never_started_is_reported_as_not_running(exported):
+    server = deploy.VLLMServer(exported)
+    assert not server.alive() and server.exit_code() is None
+    with pytest.raises(deploy.ServerDied, match="not running: it was stopped or never started"):
+        server.check_alive()
 
 
 def children():

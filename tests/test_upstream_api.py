@@ -36,6 +36,10 @@ ATTRIBUTES = [
     ("vllm.LLM", "sleep", "rollout"),
     ("vllm.LLM", "wake_up", "rollout"),
     ("vllm.LLM", "get_tokenizer", "rollout (tokenizer consistency check)"),
+    ("openai.resources.chat.completions.AsyncCompletions", "with_streaming_response", "load_test (raw stream events)"),
+    ("vllm.benchmarks.serve", "add_cli_args", "load_test's reference (benchmarks/serving/run.py --vllm-bench)"),
+    ("vllm.benchmarks.serve", "main", "load_test's reference (benchmarks/serving/run.py --vllm-bench)"),
+    ("vllm.utils.argparse_utils", "FlexibleArgumentParser", "load_test's reference (benchmarks/serving/run.py)"),
 ]
 
 
