@@ -67,7 +67,7 @@ from grpo_lab.experiment import (
     load_train_rows,
 )
 from grpo_lab.memory import VLLM_MEMORY_FRACTION
-from grpo_lab.rewards import prepare
+from grpo_lab.rewards import RewardSet, prepare
 from grpo_lab.train import build_parser as train_parser
 
 DATA_SOURCE = "grpo_lab/arithmetic"
@@ -577,6 +577,10 @@ class LoadedExport:
     overrides: dict[str, Any]
     manifest: dict[str, Any]
     compute_score: Callable[..., Any]
+
+    def reward_set(self) -> RewardSet:
+        """grpo_lab's own rewards with the export's names and weights: what ``compute_score`` scores with."""
+        return prepare(self.manifest["experiment"]["rewards"], self.manifest["reward_weights"])
 
 
 def load_export(folder: str | Path) -> LoadedExport:

@@ -181,6 +181,17 @@ def test_ascend_ray_variable_comes_from_the_device_table_and_yields_to_the_user(
     assert "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES=1" in (npu_export.folder / V.README_FILE).read_text()
 
 
+def test_loaded_export_gives_the_reward_set_compute_score_uses(tiny_export):
+    loaded = V.load_export(tiny_export.folder)
+    reward_set = loaded.reward_set()
+    assert reward_set.names == list(REWARDS) and reward_set.weights == list(WEIGHTS)
+    row = loaded.train_rows[0]
+    text = f"... #### {row['reward_model']['ground_truth']}"
+    total = reward_set.score([""], [text], answer=[row["reward_model"]["ground_truth"]]).totals[0]
+    assert loaded.compute_score(row["data_source"], text, row["reward_model"]["ground_truth"],
+                                row["extra_info"])["score"] == total
+
+
 def test_readme_says_verl_was_not_run_and_explains_each_setting(npu_export):
     readme = (npu_export.folder / V.README_FILE).read_text()
     assert "has not run verl" in readme and "NOT checked" in readme
