@@ -322,3 +322,11 @@ def test_an_archive_over_the_cap_keeps_the_tails_of_the_logs(monkeypatch, tmp_pa
         last = archive.extractfile("verl-files/tiny/verl.log.tail").read().decode().splitlines()[-1]
     assert "verl-files/tiny/verl.log" not in names and "verl-files/results.json" in names
     assert last.startswith("line 4999 ")
+
+
+def test_the_readme_names_every_forced_override_and_the_call_sequence(monkeypatch, tmp_path):
+    run = load_run_script(monkeypatch, tmp_path)
+    readme = (REPO / "benchmarks" / "verl" / "README.md").read_text()
+    for override in run.forced_overrides(Path("<work>"), steps=30, save_freq=15):
+        assert f"`{override['key']}=" in readme, override["key"]
+    assert "python3 benchmarks/verl/run.py --out $OUT" in readme and "B/verl-transformers" in readme

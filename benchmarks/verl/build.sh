@@ -3,8 +3,8 @@
 #
 # Dev machine (PyPI reachable). Builds ONE offline bundle for the lent GPU machine: the shared vLLM 0.26 + TRL +
 # datasets set (../shared/gpu/wheels.txt) plus verl 0.9.1 and its extras (wheels.txt here), with the shared
-# ../shared/gpu/build-bundle (its WHEELS_TXT and PIP_FIND_LINKS knobs; nothing of it is copied). The same
-# split-archive scheme: 53 MiB part_NN, SHA256, MANIFEST, stage, assemble. Default OUTDIR: <repo>/.wheels/gpu-verl-bundle
+# ../shared/gpu/build-bundle (its WHEELS_TXT, PIP_FIND_LINKS and PART_SIZE knobs; nothing of it is copied). The same
+# split-archive scheme: part_NN, SHA256, MANIFEST, stage, assemble. Default OUTDIR: <repo>/.wheels/gpu-verl-bundle
 # (git-ignored; the device runner only carries it when a call names it in `carry`).
 #
 # Before build-bundle runs, two local wheels go into OUTDIR/.verl/links, which pip prefers over PyPI:
@@ -15,8 +15,11 @@
 # Afterwards it checks the unpacked site (verl, ray binaries and their executable bits, no jars), and downloads
 # transformers.txt's wheels into OUTDIR/verl-transformers/ (carried by the run call, see README.md).
 #
-# Knobs: PYTHON (default python3), GRPO_GPU_SHARED (default <repo>/../shared/gpu), FORCE=1 (passed to build-bundle),
-# KEEP_SITE=1 (keep OUTDIR/.work/site for inspection).
+# Parts are 48 MiB, not build-bundle's 53: a device call carries at most 64 MiB INCLUDING the repository that travels
+# with it (11 MiB on 2026-12-01), so 53 MiB parts left 0.2 MiB of room; 48 MiB parts leave 16 MiB and still make 5.
+#
+# Knobs: PYTHON (default python3), GRPO_GPU_SHARED (default <repo>/../shared/gpu), PART_SIZE (default 48M),
+# FORCE=1 (passed to build-bundle), KEEP_SITE=1 (keep OUTDIR/.work/site for inspection).
 set -euo pipefail
 
 die() { echo "verl build: ERROR: $*" >&2; exit 1; }
@@ -85,7 +88,7 @@ find "$OUTDIR/.work/wheels" -maxdepth 1 -name 'ray-2.55.1-cp312-*.whl' -print -d
 
 # 4. The shared builder, unchanged.
 log "running $SHARED/build-bundle $OUTDIR"
-WHEELS_TXT="$VERL/wheels.txt" PIP_FIND_LINKS="$LINKS" KEEP_SITE=1 PYTHON="$PY" \
+WHEELS_TXT="$VERL/wheels.txt" PIP_FIND_LINKS="$LINKS" KEEP_SITE=1 PYTHON="$PY" PART_SIZE="${PART_SIZE:-48M}" \
   "$SHARED/build-bundle" "$OUTDIR" | tee "$VERL/build-bundle.out"
 
 # 5. Check what verl needs in the site (only when build-bundle just built it; it keeps the site with KEEP_SITE=1).

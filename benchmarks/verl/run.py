@@ -3,7 +3,7 @@
 Runs on the lent GPU machine once the combined bundle (``build.sh``) is assembled into ``/tmp/grpo-gpu-site``:
 
     PYTHONPATH=/tmp/grpo-gpu-site:$PWD python3 benchmarks/verl/run.py --out $OUT
-    PYTHONPATH=/tmp/grpo-gpu-site:$PWD python3 benchmarks/verl/run.py trl smollm2 --out $OUT   # optional, a 2nd call
+    PYTHONPATH=/tmp/grpo-gpu-site:$PWD python3 benchmarks/verl/run.py trl --out $OUT --budget-s 400   # optional
 
 Phases (default ``env tiny merge deploy``; ``report`` always runs last). Each is recorded in ``results.json`` with
 its status, seconds and, on failure, the error and the log's tail; a failed phase does not stop the phases that do
@@ -510,7 +510,7 @@ def verl_attempt(run: Run, name: str, export_dir: Path, model: Path, steps: int,
 def train_with_verl(run: Run, name: str, config: TrainConfig, model: Path, steps: int, save_freq: int,
                     reserve_s: float) -> dict[str, Any]:
     """Export ``config`` for one GPU, run verl on it (a second attempt if the first fails before any step), read
-    back metrics, rollouts and parity. Everything lands in run.results[name] and $OUT/<name>/."""
+    back metrics, rollouts and parity. Everything lands in run.results[name] and run.files/<name>/."""
     section: dict[str, Any] = {"model": str(model), "steps_asked": steps, "save_freq": save_freq, "attempts": []}
     run.results[name] = section
     export_dir = WORK / name / "export"
@@ -561,7 +561,7 @@ def train_with_verl(run: Run, name: str, config: TrainConfig, model: Path, steps
 
 
 def read_back(run: Run, name: str, work: Path, out: Path) -> None:
-    """Metrics, rollouts, checkpoint and parity of a verl run, into run.results[name] and $OUT/<name>/."""
+    """Metrics, rollouts, checkpoint and parity of a verl run, into run.results[name] and ``out`` (archived)."""
     section = run.results[name]
     metrics = P.read_metrics(work / "metrics.jsonl")
     if (work / "metrics.jsonl").is_file():
