@@ -16,6 +16,14 @@ TRL (``GRPOTrainer._generate_and_score_completions``) works in float32 and:
 * with ``multi_objective_aggregation="normalize_then_sum"`` (GDPO) normalizes each reward function within its
   group first, sums with the weights, then normalizes the sum over the batch.
 
+verl's GRPO (``verl.trainer.ppo.core_algos.compute_grpo_outcome_advantage``, verl 0.9.1) computes the same thing
+with three differences: its epsilon is ``1e-6`` (:data:`VERL_EPSILON`; pass ``epsilon=VERL_EPSILON`` to reproduce it);
+a group of one completion keeps its raw score (verl uses mean 0 and std 1 there, TRL gives 0; unreachable with
+``num_generations >= 2``); and verl has no "not applicable": the export's ``compute_score`` turns a completion no
+reward applies to into 0.0, which then counts in its group's mean and std, while TRL leaves it out.
+``norm_adv_by_std_in_grpo=False`` is ``scale_rewards="none"``. :mod:`grpo_lab.verl_parity` checks a verl run's
+logged batches against this module.
+
 >>> result = group_advantages([0.6, 0.5, 0.5, 0.2], num_generations=4)
 >>> round(result.group_mean[0], 4), [round(a, 4) for a in result.advantages]
 (0.45, [0.8655, 0.2885, 0.2885, -1.4425])
@@ -35,6 +43,8 @@ Aggregation = Literal["sum_then_normalize", "normalize_then_sum"]
 
 EPSILON = 1e-4
 """Added to the std before dividing, as in TRL (a constant there, not a config field)."""
+VERL_EPSILON = 1e-6
+"""verl's ``compute_grpo_outcome_advantage`` default (no verl caller passes another value)."""
 
 SEED_EXAMPLE_REWARDS = (0.6, 0.5, 0.5, 0.2)
 """The seed write-up's worked example: one prompt, four completions with these rewards."""

@@ -28,6 +28,10 @@ VISIBLE_DEVICES_VAR = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE
 DIST_BACKEND = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 ALLOC_CONF_VAR = {"npu": "PYTORCH_NPU_ALLOC_CONF", "cuda": "PYTORCH_CUDA_ALLOC_CONF", "cpu": None}
 ALLOC_CONF_VALUE = "expandable_segments:True"
+# Ray sets the visible-devices variable of every worker it starts, unless told not to. verl's Ascend docs (the NPU
+# quick-start script and the FAQ) tell it not to, because verl places its workers on the NPUs itself; on NVIDIA GPUs
+# verl lets Ray set CUDA_VISIBLE_DEVICES.
+RAY_WORKER_ENV = {"npu": {"RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1"}, "cuda": {}, "cpu": {}}
 
 
 class DeviceError(GrpoLabError, RuntimeError):
@@ -234,6 +238,11 @@ def reset_peak_memory(index: int = 0, kind: str | None = None) -> None:
 def visible_devices_var(kind: str | None = None) -> str | None:
     """``ASCEND_RT_VISIBLE_DEVICES`` on Ascend, ``CUDA_VISIBLE_DEVICES`` on NVIDIA, None on CPU."""
     return VISIBLE_DEVICES_VAR[kind or detect()]
+
+
+def ray_worker_env(kind: str | None = None) -> dict[str, str]:
+    """Variables a Ray-launched trainer (verl) needs on this device kind, as ``{VAR: value}``."""
+    return dict(RAY_WORKER_ENV[kind or detect()])
 
 
 def dist_backend(kind: str | None = None) -> str:

@@ -67,7 +67,7 @@ from grpo_lab.experiment import (
     load_train_rows,
 )
 from grpo_lab.memory import VLLM_MEMORY_FRACTION
-from grpo_lab.rewards import prepare
+from grpo_lab.rewards import RewardSet, prepare
 from grpo_lab.train import build_parser as train_parser
 
 DATA_SOURCE = "grpo_lab/arithmetic"
@@ -398,6 +398,11 @@ def launch_script(overrides: dict[str, Any], target: VerlTarget) -> str:
                   "# HCCL connection timeout in seconds, as in verl's NPU example scripts."
                   " verl sets HCCL_*_SOCKET_PORT_RANGE=auto itself.",
                   'export HCCL_CONNECT_TIMEOUT="${HCCL_CONNECT_TIMEOUT:-1500}"']
+    ray_env = device_module.ray_worker_env(target.device)
+    if ray_env:
+        lines.append(f"# Ray must not rewrite {visible_var} for each worker: verl places its workers itself"
+                     " (verl's Ascend quick start and FAQ).")
+        lines += [f'export {var}="${{{var}:-{value}}}"' for var, value in ray_env.items()]
     lines += [f'export {visible_var}="${{{visible_var}:-{devices}}}"', "",
               "python3 -m verl.trainer.main_ppo \\"]
     for key, value in overrides.items():
@@ -426,9 +431,11 @@ def _readme(export: VerlExport, settings: Sequence[Setting], check: SchemaCheck)
     config, target = export.train_config, export.target
     table = "\n".join(f"| `{s.key}` | `{hydra_value(s.value)}` | {s.source} |" for s in settings)
     rewards = f"rewards {list(config.rewards)} with weights {list(export.reward_weights)}"
+    ray_env = " and ".join(f"`{k}={v}`" for k, v in device_module.ray_worker_env("npu").items())
     ascend = ("" if target.device != "npu" else f"""
-Ascend: `{LAUNCH_FILE}` sources the CANN and ATB environment scripts, sets `ASCEND_RT_VISIBLE_DEVICES` and
-`HCCL_CONNECT_TIMEOUT`, passes `trainer.device=npu` (verl detects the NPU itself when torch_npu is installed) and
+Ascend: `{LAUNCH_FILE}` sources the CANN and ATB environment scripts, sets `ASCEND_RT_VISIBLE_DEVICES`,
+`HCCL_CONNECT_TIMEOUT` and {ray_env} (so that Ray leaves the visible NPUs to verl), passes
+`trainer.device=npu` (verl detects the NPU itself when torch_npu is installed) and
 `rollout.enable_chunked_prefill=False`. It never sets `PYTORCH_NPU_ALLOC_CONF=expandable_segments:True`:
 vllm-ascend's sleep-mode allocator refuses it. verl's Ascend docs list optional performance switches
 (`TASK_QUEUE_ENABLE`, `CPU_AFFINITY_CONF`, jemalloc).
@@ -570,6 +577,10 @@ class LoadedExport:
     overrides: dict[str, Any]
     manifest: dict[str, Any]
     compute_score: Callable[..., Any]
+
+    def reward_set(self) -> RewardSet:
+        """grpo_lab's own rewards with the export's names and weights: what ``compute_score`` scores with."""
+        return prepare(self.manifest["experiment"]["rewards"], self.manifest["reward_weights"])
 
 
 def load_export(folder: str | Path) -> LoadedExport:

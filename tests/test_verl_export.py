@@ -157,6 +157,7 @@ def test_launch_script_passes_every_override_and_the_ascend_variables(npu_export
     assert passed["trainer.device"] == "npu" and passed["actor_rollout_ref.rollout.enable_chunked_prefill"] == "False"
     assert passed["actor_rollout_ref.rollout.tensor_model_parallel_size"] == "2"
     assert env["ASCEND_RT_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7" and env["HCCL_CONNECT_TIMEOUT"] == "1500"
+    assert env["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] == "1"  # verl's Ascend quick start and FAQ
     assert "PYTORCH_NPU_ALLOC_CONF" not in env  # vllm-ascend's sleep mode refuses expandable segments
     assert V.parse_launch_overrides((npu_export.folder / V.LAUNCH_FILE).read_text()).keys() == absolute.keys()
 
@@ -165,8 +166,30 @@ def test_launch_script_takes_model_path_and_cuda_devices_from_the_environment(gp
     args, env = _run_launch_script(gpu_export, tmp_path, env={"MODEL_PATH_UNUSED": "1"})
     assert f"{V.MODEL_KEY}='Qwen/Qwen2.5-0.5B-Instruct'" in args
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7" and "ASCEND_RT_VISIBLE_DEVICES" not in env
+    assert "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES" not in env  # Ray sets CUDA_VISIBLE_DEVICES per worker
     script = (gpu_export.folder / V.LAUNCH_FILE).read_text()
     assert 'MODEL_PATH="${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}"' in script and "Ascend" not in script
+
+
+def test_ascend_ray_variable_comes_from_the_device_table_and_yields_to_the_user(npu_export, tmp_path):
+    from grpo_lab import device
+
+    assert device.ray_worker_env("npu") == {"RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1"}
+    assert device.ray_worker_env("cuda") == {} == device.ray_worker_env("cpu")
+    _, env = _run_launch_script(npu_export, tmp_path, env={"RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "0"})
+    assert env["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] == "0"
+    assert "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES=1" in (npu_export.folder / V.README_FILE).read_text()
+
+
+def test_loaded_export_gives_the_reward_set_compute_score_uses(tiny_export):
+    loaded = V.load_export(tiny_export.folder)
+    reward_set = loaded.reward_set()
+    assert reward_set.names == list(REWARDS) and reward_set.weights == list(WEIGHTS)
+    row = loaded.train_rows[0]
+    text = f"... #### {row['reward_model']['ground_truth']}"
+    total = reward_set.score([""], [text], answer=[row["reward_model"]["ground_truth"]]).totals[0]
+    assert loaded.compute_score(row["data_source"], text, row["reward_model"]["ground_truth"],
+                                row["extra_info"])["score"] == total
 
 
 def test_readme_says_verl_was_not_run_and_explains_each_setting(npu_export):
