@@ -9,6 +9,7 @@
     grpo-lab bench --profile tiny       HF vs vLLM vs prefix caching, ratios and roofline
     grpo-lab serve [FOLDER] [--ask MSG] serve a model folder with vLLM (127.0.0.1, optional API key)
     grpo-lab scale [--rollout-devices 0 --train-devices 1]   TRL server mode: vLLM server + accelerate trainer
+    grpo-lab async-grpo [--max-staleness 2]  asynchronous GRPO: generation overlapped with training
     grpo-lab verl-export --out DIR      the same experiment as verl inputs: parquet, compute_score, config, launch
 """
 
@@ -32,6 +33,8 @@ SUBCOMMANDS = {
     "serve": ("grpo_lab.deploy", "verify a model folder and serve it with vLLM's OpenAI-compatible server"),
     "scale": ("grpo_lab.scale", "TRL server mode: a vLLM rollout server on its own device(s), the trainer on the "
                                 "others via accelerate launch"),
+    "async-grpo": ("grpo_lab.async_grpo", "asynchronous GRPO (TRL's AsyncGRPOTrainer): the vLLM server keeps "
+                                          "generating while the trainer updates, staleness bounded"),
     "verl-export": ("grpo_lab.verl_export", "write verl's GRPO inputs (parquet, compute_score, Hydra overrides, "
                                             "launch script) from a training config"),
 }
