@@ -650,6 +650,76 @@ def lag_histogram(path: str | Path) -> Counter[int]:
 
 
 # --------------------------------------------------------------------------------------------------
+# Measured steps, laid out for notebook 07 (grpo_lab.plots draws them)
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Span:
+    """One bar of a step timeline: ``seconds`` of ``label`` on ``lane`` (rollout server or trainer) of ``panel``."""
+
+    panel: str
+    lane: str
+    label: str
+    start: float
+    seconds: float
+
+
+ROLLOUT, TRAINER = "rollout server", "trainer"
+
+
+def step_timeline(sync_records: Sequence[dict], async_records: Sequence[dict], steps: int = 3, skip: int = 1,
+                  names: tuple[str, str] = ("synchronous (TRL server mode)", "asynchronous (AsyncGRPOTrainer)")
+                  ) -> list[Span]:
+    """Consecutive steps of a synchronous and an asynchronous run as :class:`Span` bars, from their ``metrics.jsonl``
+    records (after ``skip`` warm-up steps): :func:`grpo_lab.plots.plot_timeline` draws them.
+
+    Synchronous (``grpo_lab.train``'s records): the server generates (TRL pushes the weights first) while the trainer
+    waits, then the trainer scores and updates while the server idles. Asynchronous (TRL's ``perf/*`` records): the
+    trainer waits for completions (``perf/rollout_wait_s``), updates (``perf/fwd_bwd_s`` + ``perf/optimizer_s``),
+    batches and logs, and syncs the weights (``perf/weight_sync_s``), while the server generates throughout, paused only
+    for the sync (and waiting when the queue is full, ``rollout/backpressure_s``). Each step's parts are measured; their
+    order inside the asynchronous step is the loop's, not timestamps.
+    """
+    spans: list[Span] = []
+    start = 0.0
+    for r in list(sync_records)[skip:skip + steps]:
+        generate = r["timing/generation_s"]
+        rest = r["step_time"] - generate
+        spans += [Span(names[0], f"step {r['step']}", "step", start, 0.0),
+                  Span(names[0], ROLLOUT, "generate (weights pushed meanwhile)", start, generate),
+                  Span(names[0], ROLLOUT, "idle", start + generate, rest),
+                  Span(names[0], TRAINER, "wait for completions", start, generate),
+                  Span(names[0], TRAINER, "update", start + generate, rest)]
+        start += r["step_time"]
+    start = 0.0
+    for r in [r for r in async_records if "perf/step_s" in r][skip:skip + steps]:
+        step = r["perf/step_s"]
+        wait, sync = r.get("perf/rollout_wait_s", 0.0), r.get("perf/weight_sync_s", 0.0)
+        update = r.get("perf/fwd_bwd_s", 0.0) + r.get("perf/optimizer_s", 0.0)
+        other = max(0.0, step - wait - update - sync)
+        full = min(r.get("rollout/backpressure_s", 0.0), step - sync)
+        spans += [Span(names[1], f"step {r['step']}", "step", start, 0.0),
+                  Span(names[1], ROLLOUT, "generate", start, step - sync - full),
+                  Span(names[1], ROLLOUT, "queue full: generation waits", start + step - sync - full, full),
+                  Span(names[1], ROLLOUT, "paused for the weight sync", start + step - sync, sync)]
+        t = start
+        for label, seconds in (("wait for completions", wait), ("update", update),
+                               ("rewards, batching, logging", other), ("weight sync", sync)):
+            spans.append(Span(names[1], TRAINER, label, t, seconds))
+            t += seconds
+        start += step
+    return [s for s in spans if s.seconds > 0 or s.label == "step"]
+
+
+def tradeoff_entry(records: Sequence[dict], completions_per_step: int, completions_per_second: float,
+                   lag_counts: dict | None = None) -> dict[str, Any]:
+    """One run for :func:`grpo_lab.plots.plot_async_tradeoff`: its throughput, and its reward against the completions
+    trained so far."""
+    steps = [r for r in records if "reward" in r]
+    return {"completions_per_second": completions_per_second, "reward": [r["reward"] for r in steps],
+            "completions": [r["step"] * completions_per_step for r in steps], "lag_counts": lag_counts or {}}
+
+
+# --------------------------------------------------------------------------------------------------
 # `grpo-lab async-grpo` (python -m grpo_lab.async_grpo)
 # --------------------------------------------------------------------------------------------------
 def build_parser():
