@@ -669,8 +669,9 @@ ROLLOUT, TRAINER = "rollout server", "trainer"
 def step_timeline(sync_records: Sequence[dict], async_records: Sequence[dict], steps: int = 3, skip: int = 1,
                   names: tuple[str, str] = ("synchronous (TRL server mode)", "asynchronous (AsyncGRPOTrainer)")
                   ) -> list[Span]:
-    """Consecutive steps of a synchronous and an asynchronous run as :class:`Span` bars, from their ``metrics.jsonl``
-    records (after ``skip`` warm-up steps): :func:`grpo_lab.plots.plot_timeline` draws them.
+    """``steps`` consecutive steps of a synchronous and an asynchronous run as :class:`Span` bars, from their
+    ``metrics.jsonl`` records (the steps after step ``skip``, the warm-up): :func:`grpo_lab.plots.plot_timeline` draws
+    them.
 
     Synchronous (``grpo_lab.train``'s records): the server generates (TRL pushes the weights first) while the trainer
     waits, then the trainer scores and updates while the server idles. Asynchronous (TRL's ``perf/*`` records): the
@@ -681,7 +682,7 @@ def step_timeline(sync_records: Sequence[dict], async_records: Sequence[dict], s
     """
     spans: list[Span] = []
     start = 0.0
-    for r in list(sync_records)[skip:skip + steps]:
+    for r in [r for r in sync_records if r["step"] > skip and "step_time" in r][:steps]:
         generate = r["timing/generation_s"]
         rest = r["step_time"] - generate
         spans += [Span(names[0], f"step {r['step']}", "step", start, 0.0),
@@ -691,7 +692,7 @@ def step_timeline(sync_records: Sequence[dict], async_records: Sequence[dict], s
                   Span(names[0], TRAINER, "update", start + generate, rest)]
         start += r["step_time"]
     start = 0.0
-    for r in [r for r in async_records if "perf/step_s" in r][skip:skip + steps]:
+    for r in [r for r in async_records if r["step"] > skip and "perf/step_s" in r][:steps]:
         step = r["perf/step_s"]
         wait, sync = r.get("perf/rollout_wait_s", 0.0), r.get("perf/weight_sync_s", 0.0)
         update = r.get("perf/fwd_bwd_s", 0.0) + r.get("perf/optimizer_s", 0.0)

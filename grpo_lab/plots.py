@@ -477,6 +477,7 @@ def plot_async_tradeoff(runs: dict, title: str | None = None) -> Figure:
         lags = sorted(counts)
         ax_lag.bar([lag + j * width for lag in lags], [counts[lag] / total for lag in lags], width,
                    color=colors[names.index(name)], label=name)
+    ax_lag.set_xticks(sorted({int(k) for n in with_lags for k in runs[n]["lag_counts"]}))
     ax_lag.set_xlabel("policy versions behind the trainer")
     ax_lag.set_title("staleness of trained completions")
     ax_lag.set_ylabel("share")
