@@ -342,7 +342,8 @@ class TorchTreeAttention:
 
 
 def attention_backend(kind: str) -> tuple[str, str]:
-    """``("fa3" | "torch", why)``: TRL's FlashAttention-3 kernel where it loads (CUDA), else :class:`TorchTreeAttention`."""
+    """``("fa3" | "torch", why)``: TRL's FlashAttention-3 kernel where it loads (CUDA), else
+    :class:`TorchTreeAttention`."""
     if kind != "cuda":
         return "torch", f"FlashAttention-3 is a CUDA (Hopper) kernel; on {kind} the packed attention runs in torch"
     from trl.experimental.async_grpo import packing
@@ -410,7 +411,8 @@ def _trainer_class():
 
     class GrpoLabAsyncTrainer(AsyncGRPOTrainer):
         """TRL's ``AsyncGRPOTrainer``, unchanged in what it computes; the gate drops completions that would train too
-        stale, and each micro-batch records the lag it trains with (``staleness/*`` metrics, ``trained_samples.jsonl``)."""
+        stale, and each micro-batch records the lag it trains with (``staleness/*`` metrics,
+        ``trained_samples.jsonl``)."""
 
         def __init__(self, *args, samples_file: Path | None = None, **kwargs):
             super().__init__(*args, **kwargs)
@@ -504,9 +506,10 @@ def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_d
     dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows]).shuffle(seed=config.seed)
     transfer = (FileWeightTransfer(base_url, sync_dir, server_timeout=config.vllm_server_timeout)
                 if sync_dir else None)
-    return _trainer_class()(model=config.model, reward_funcs=fold_reward_weights(reward_set), args=async_grpo_args(config, knobs, base_url),
-                            train_dataset=dataset, processing_class=tokenizer, callbacks=list(callbacks),
-                            weight_transfer=transfer, samples_file=Path(config.output_dir) / SAMPLES_FILE)
+    return _trainer_class()(model=config.model, reward_funcs=fold_reward_weights(reward_set),
+                            args=async_grpo_args(config, knobs, base_url), train_dataset=dataset,
+                            processing_class=tokenizer, callbacks=list(callbacks), weight_transfer=transfer,
+                            samples_file=Path(config.output_dir) / SAMPLES_FILE)
 
 
 def run_trainer(spec_path: str | Path) -> int:
@@ -524,9 +527,9 @@ def run_trainer(spec_path: str | Path) -> int:
         main_process = trainer.accelerator.is_main_process
         knobs = dataclasses.replace(knobs, max_inflight_tasks=trainer.args.max_inflight_tasks)  # as TRL resolved it
         if main_process:
-            train.write_run_record(run_dir, config, backend=f"AsyncGRPOTrainer against the vLLM server at "
-                                                            f"{spec['base_url']}", async_config=dataclasses.asdict(knobs),
-                                   trl_workarounds=workarounds,
+            train.write_run_record(run_dir, config,
+                                   backend=f"AsyncGRPOTrainer against the vLLM server at {spec['base_url']}",
+                                   async_config=dataclasses.asdict(knobs), trl_workarounds=workarounds,
                                    weight_transfer="file (grpo_lab.weight_sync.FileWeightTransfer)"
                                    if spec["sync_dir"] else "nccl (TRL's WeightTransferClient)")
         start = time.perf_counter()
@@ -604,11 +607,7 @@ def train_async(server: scale.RolloutServer, config: scale.ServerModeConfig, tra
                                    sync_dir=sync_dir)
     outcome = trainer.outcome
     result = AsyncResult(
-        run_dir=run_dir, final_model_dir=Path(outcome["final_model_dir"]), global_step=outcome["global_step"],
-        step_seconds=outcome["step_seconds"], train_seconds=outcome["seconds"],
-        server_start_seconds=server.start_seconds, server_stats=server.stats(), metrics=runs.read_metrics(run_dir),
-        server_log=server.log_path, trainer_log=trainer.log_path, trainer_pid=trainer.pid, plan=server.plan,
-        weight_sync=server.weight_sync, server_command=server.command, trainer_command=trainer.command,
+        **scale.result_fields(server, trainer, run_dir),
         async_config=AsyncConfig(**outcome["async_config"]), completions_per_step=per_step,
         lag_counts={int(k): v for k, v in outcome["lag_counts"].items()}, dropped_stale=outcome["dropped_stale"],
         policy_version=outcome["policy_version"], trl_workarounds=outcome["trl_workarounds"])

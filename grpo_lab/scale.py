@@ -647,6 +647,18 @@ def launch_trainer(server: RolloutServer, config: ServerModeConfig, run_dir: Pat
     return TrainerProcess(outcome, command, trainer.pid, log_path)
 
 
+def result_fields(server: RolloutServer, trainer: TrainerProcess, run_dir: Path) -> dict[str, Any]:
+    """The :class:`ServerModeResult` fields of a finished trainer (its outcome: ``global_step``, ``seconds``,
+    ``step_seconds``, ``final_model_dir``) against ``server``, the run's metrics and the server's counts."""
+    outcome = trainer.outcome
+    return dict(
+        run_dir=run_dir, final_model_dir=Path(outcome["final_model_dir"]), global_step=outcome["global_step"],
+        step_seconds=outcome["step_seconds"], train_seconds=outcome["seconds"],
+        server_start_seconds=server.start_seconds, server_stats=server.stats(), metrics=runs.read_metrics(run_dir),
+        server_log=server.log_path, trainer_log=trainer.log_path, trainer_pid=trainer.pid, plan=server.plan,
+        weight_sync=server.weight_sync, server_command=server.command, trainer_command=trainer.command)
+
+
 def train_with_server(server: RolloutServer, config: ServerModeConfig, train_config: TrainConfig) -> ServerModeResult:
     """Run :func:`grpo_lab.train.train` with ``vllm_mode="server"`` under ``accelerate launch`` on the training
     devices, against a running ``server``; return the run folder, step times and the server's counts.
@@ -668,13 +680,7 @@ def train_with_server(server: RolloutServer, config: ServerModeConfig, train_con
     spec = {"train_config": train_config.to_dict(), "sync_dir": str(sync_dir) if sync_dir else None,
             "result_path": str(run_dir / "trainer_result.json")}
     trainer = launch_trainer(server, config, run_dir, spec, bool(train_config.bf16), sync_dir=sync_dir)
-    outcome = trainer.outcome
-    result = ServerModeResult(
-        run_dir=run_dir, final_model_dir=Path(outcome["final_model_dir"]), global_step=outcome["global_step"],
-        step_seconds=outcome["step_seconds"], train_seconds=outcome["seconds"],
-        server_start_seconds=server.start_seconds, server_stats=server.stats(), metrics=runs.read_metrics(run_dir),
-        server_log=server.log_path, trainer_log=trainer.log_path, trainer_pid=trainer.pid, plan=server.plan,
-        weight_sync=server.weight_sync, server_command=server.command, trainer_command=trainer.command)
+    result = ServerModeResult(**result_fields(server, trainer, run_dir))
     (run_dir / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return result
 

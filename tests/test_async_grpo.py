@@ -198,9 +198,8 @@ def test_gate_records_what_each_completion_was():
 def _causal(q, k, v):
     """Plain causal attention over one sequence, (T, H, D) layout, GQA by repetition."""
     repeat = q.shape[1] // k.shape[1]
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1), k.repeat_interleave(repeat, 1).transpose(0, 1), v.repeat_interleave(repeat, 1).transpose(0, 1),
-        is_causal=True)
+    k, v = (x.repeat_interleave(repeat, 1).transpose(0, 1) for x in (k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k, v, is_causal=True)
     return out.transpose(0, 1)
 
 
@@ -223,6 +222,18 @@ def test_torch_tree_attention_matches_causal_attention_on_each_path():
 # --------------------------------------------------------------------------------------------------
 # The file weight transfer, against a stand-in for the vLLM server's endpoints
 # --------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def serving(handler):
+    """An HTTP server on a free local port, in a thread, for the duration of the block."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @contextlib.contextmanager
 def stand_in_server(extension=weight_sync.WORKER_EXTENSION):
     calls = []
@@ -249,13 +260,8 @@ def stand_in_server(extension=weight_sync.WORKER_EXTENSION):
             calls.append(("POST", self.path, json.loads(body) if body else None))
             self._answer({})
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", calls
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url, calls
 
 
 def test_file_weight_transfer_speaks_trls_protocol(tmp_path):
@@ -335,13 +341,8 @@ def recording_proxy(upstream: str):
         def do_POST(self):
             self._forward("POST")
 
-    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{proxy.server_address[1]}", replies
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
+    with serving(Handler) as url:
+        yield url, replies
 
 
 @pytest.fixture(scope="module")
