@@ -125,9 +125,10 @@ class AsyncConfig:
         if self.max_staleness < 1:
             raise ConfigError(
                 f"max_staleness={self.max_staleness}: must be at least 1. The trainer's dataloader takes one "
-                f"micro-batch ahead, before the weight sync that ends the current step, so even the freshest "
-                f"completion is trained one version after it was sampled; 0 could never be met and would stall "
-                f"training. Use 1 (generation waits for each new policy) or 2 (generation overlaps the update).")
+                f"micro-batch ahead, before the weight sync that ends the current step, so that micro-batch trains "
+                f"on a policy no completion could have been sampled with yet: a lag of 0 cannot be met there and "
+                f"training would stall. Use 1 (generation waits for each new policy) or 2 (generation overlaps the "
+                f"update).")
         if self.max_inflight_tasks != -1 and self.max_inflight_tasks < 1:
             raise ConfigError(f"max_inflight_tasks={self.max_inflight_tasks}: give a positive number of concurrent "
                               f"requests, or -1 for TRL's rule (max(max_staleness, 1) x completions per step).")

@@ -325,6 +325,8 @@ def recording_proxy(upstream: str):
                     status, data = response.status, response.read()
             except urllib.error.HTTPError as error:
                 status, data = error.code, error.read()
+            except urllib.error.URLError:  # the server is still starting: the trainer polls /health until it is up
+                status, data = 502, b"{}"
             if self.path.startswith("/v1/completions") and status == 200:
                 choice = json.loads(data)["choices"][0]
                 replies.append({"digest": async_grpo.completion_digest(choice["token_ids"]),
