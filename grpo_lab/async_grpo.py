@@ -764,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{result.completions_per_second():.1f} completions trained per second (server start "
           f"{result.server_start_seconds:.0f} s); trained completions by policy lag {{{lags}}}, "
           f"{result.dropped_stale} dropped as too stale")
-    scale.print_commands(result)
+    scale.print_commands(result, RESULT_FILE)
     return 0
 
 

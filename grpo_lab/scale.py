@@ -783,8 +783,8 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]
     return args, config, TrainConfig(**overrides) if not args.help else TrainConfig()
 
 
-def print_commands(result: ServerModeResult) -> None:
-    print(f"run folder {result.run_dir} ({RESULT_FILE}, {SERVER_LOG}, {TRAINER_LOG})")
+def print_commands(result: ServerModeResult, result_file: str = RESULT_FILE) -> None:
+    print(f"run folder {result.run_dir} ({result_file}, {SERVER_LOG}, {TRAINER_LOG})")
     print("server:  " + shlex.join(result.server_command))
     print("trainer: " + shlex.join(result.trainer_command))
 
