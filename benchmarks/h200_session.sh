@@ -20,6 +20,8 @@ R=/tmp/h200
 LIMIT=${H200_STREAM_LIMIT:-540}        # seconds a call waits for its job lists, so that packing fits in the call
 DETACHED_LIMIT=${H200_DETACHED_LIMIT:-1500}   # seconds a detached job list may run in all
 SCALE="benchmarks/scale_out/run.py --out $R/scale-out --profile seed --shape qwen2.5-0.5b --grpo-steps 2"
+ASYNC="benchmarks/async_grpo/run.py --out $R/async"
+ASYNC_SEED="--shape qwen2.5-0.5b --rollout-devices 0 --train-devices 1 --grpo-steps 4 --grpo-warmup-steps 2"
 mkdir -p "$R/logs"
 
 job() {
@@ -55,6 +57,13 @@ job() {
     scale-colocate) CUDA_VISIBLE_DEVICES=0,1 python3 $SCALE --parts colocate \
                       --rollout-devices "$GPU" --train-devices "$((1 - GPU))" ;;
     scale-server)   CUDA_VISIBLE_DEVICES=0,1 python3 $SCALE --parts server --rollout-devices 0 --train-devices 1 ;;
+    # issue 19: asynchronous GRPO vs synchronous server mode vs colocate (benchmarks/async_grpo/README.md); the async
+    # and server jobs take both GPUs, so they run in one list, one after the other
+    async-speed)    CUDA_VISIBLE_DEVICES=0,1 python3 $ASYNC speed --layouts async $ASYNC_SEED ;;
+    async-server)   CUDA_VISIBLE_DEVICES=0,1 python3 $ASYNC speed --layouts server $ASYNC_SEED ;;
+    async-colocate) CUDA_VISIBLE_DEVICES=0,1 python3 $ASYNC speed --layouts colocate $ASYNC_SEED ;;
+    async-curve)    CUDA_VISIBLE_DEVICES=0,1 python3 $ASYNC curve --model /tmp/grpo-smollm2/model \
+                      --rollout-devices 0 --train-devices 1 --steps "${ASYNC_CURVE_STEPS:-60}" ;;
     *)        echo "unknown job $1"; return 2 ;;
   esac
 }

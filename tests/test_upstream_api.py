@@ -40,6 +40,16 @@ ATTRIBUTES = [
     ("vllm.benchmarks.serve", "add_cli_args", "load_test's reference (benchmarks/serving/run.py --vllm-bench)"),
     ("vllm.benchmarks.serve", "main", "load_test's reference (benchmarks/serving/run.py --vllm-bench)"),
     ("vllm.utils.argparse_utils", "FlexibleArgumentParser", "load_test's reference (benchmarks/serving/run.py)"),
+    ("trl.experimental.async_grpo.packing", "_flash_attn", "async_grpo (replaced where FA3 does not load)"),
+    ("trl.experimental.async_grpo.async_grpo_trainer", "get_peak_flops_per_device", "async_grpo (off CUDA: None)"),
+    ("trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer", "training_step", "async_grpo (lag records)"),
+    ("trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer", "get_train_dataloader",
+     "async_grpo (reads rollout_queue, which the staleness gate replaces)"),
+    ("trl.experimental.async_grpo.vllm_client.VLLMClient", "pause", "weight_sync.FileWeightTransfer"),
+    ("trl.experimental.async_grpo.vllm_client.VLLMClient", "resume", "weight_sync.FileWeightTransfer"),
+    ("trl.experimental.async_grpo.vllm_client.VLLMClient", "get_server_info", "weight_sync.FileWeightTransfer"),
+    ("trl.chat_template_utils", "add_response_schema", "async_grpo (response template)"),
+    ("trl.chat_template_utils", "qwen3_template", "async_grpo (ChatML response template)"),
 ]
 
 
@@ -108,3 +118,22 @@ def test_vllm_cpu_gemm_dispatch_exists():
     from vllm.model_executor.layers import utils
 
     assert hasattr(utils, "dispatch_cpu_unquantized_gemm")
+
+
+def test_async_grpo_names_exist():
+    """grpo_lab.async_grpo passes these AsyncGRPOConfig fields and reads these trainer and sample attributes (TRL
+    1.16's experimental names; TRL 1.18 renames them)."""
+    from dataclasses import fields
+
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    config_fields = {f.name for f in fields(AsyncGRPOConfig)}
+    used = {"max_staleness", "max_inflight_tasks", "weight_sync_steps", "queue_maxsize", "token_budget", "dtype",
+            "vllm_server_base_url", "vllm_server_timeout", "num_generations", "max_completion_length", "temperature",
+            "top_p", "log_completions"}
+    assert used <= config_fields, f"AsyncGRPOConfig lost {sorted(used - config_fields)}"
+    assert {"weight_transfer", "rollout_worker"} <= set(parameters(AsyncGRPOTrainer.__init__))
+    assert {"model_version", "group_id", "input_ids", "completion_mask", "old_log_probs"} <= {
+        f.name for f in fields(RolloutSample)}
+    assert parameters(AsyncGRPOTrainer.training_step) == ["self", "model", "inputs", "num_items_in_batch"]

@@ -10,6 +10,8 @@ of ~128 tokens, 256 new tokens, micro-batches of 32, 1 warm-up + 2 timed steps, 
     python benchmarks/scale_out/run.py --out OUT --profile seed --shape qwen2.5-0.5b   # 2 GPUs (README.md)
     python benchmarks/scale_out/run.py --out OUT --profile tiny                        # CPU smoke run
 
+``--train-option beta=0.0`` changes the experiment of both parts (benchmarks/async_grpo compares without the KL term).
+
 Writes ``OUT/scale_out_<profile>.json`` (both medians, their split and the ratio) and prints a table.
 """
 
@@ -43,13 +45,14 @@ def portable(command: list[str]) -> str:
 
 
 def server_part(model: str, rows: list[dict], profile: bench.BenchProfile, scratch: Path,
-                config: scale.ServerModeConfig, out: Path) -> dict:
+                config: scale.ServerModeConfig, out: Path, train_overrides: dict | None = None) -> dict:
     """The same TrainConfig as grpo_lab.bench.grpo_step_bench builds, with rollouts from the server."""
     dataset = scratch / "seed_workload.jsonl"
     write_jsonl(rows, dataset)
     longest = max(len(p.token_ids) for p in encode_prompts(load_tokenizer(model), [r["prompt"] for r in rows]))
     train_config = dataclasses.replace(
-        bench.grpo_step_config(profile, model, dataset, longest, config.device or device.detect()),
+        bench.grpo_step_config(profile, model, dataset, longest, config.device or device.detect(),
+                               **(train_overrides or {})),
         output_dir=str(scratch / "run-server"))
     try:
         result = scale.run_server_mode(config, train_config)
@@ -83,6 +86,8 @@ def colocate_part(args: argparse.Namespace, out: Path, first_device: int | None)
     for name in SIZES:
         if getattr(args, name) is not None:
             command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    for key, value in args.train_option:
+        command += ["--train-option", f"{key}={json.dumps(value)}"]
     env = dict(os.environ)
     if first_device is not None:
         env.update(device.visible_devices_env([first_device]))
@@ -91,7 +96,7 @@ def colocate_part(args: argparse.Namespace, out: Path, first_device: int | None)
     return {"command": portable(command), **step}
 
 
-def earlier_parts(path: Path, profile: dict, shape: str | None, running: str) -> dict:
+def earlier_parts(path: Path, profile: dict, shape: str | None, running: str, train_overrides: dict) -> dict:
     """The parts an earlier run of the same workload left in ``path`` and this run does not repeat (so the two
     parts can run in separate calls, each on a device of its own).
 
@@ -100,7 +105,8 @@ def earlier_parts(path: Path, profile: dict, shape: str | None, running: str) ->
     if not path.is_file():
         return {}
     earlier = json.loads(path.read_text(encoding="utf-8"))
-    if earlier.get("profile") != json.loads(json.dumps(profile)) or earlier.get("shape") != shape:  # as stored
+    if (earlier.get("profile") != json.loads(json.dumps(profile)) or earlier.get("shape") != shape
+            or earlier.get("train_overrides", {}) != train_overrides):  # as stored
         raise SystemExit(f"{path} holds another workload ({earlier.get('profile')}, shape {earlier.get('shape')}); "
                          f"use another --out for this one")
     kept = {name: earlier[name] for name in ("server", "colocate") if name in earlier and name not in running}
@@ -118,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-devices", type=scale._indices, default=None)
     for name in SIZES:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
+    parser.add_argument("--train-option", type=bench._key_value, action="append", default=[], metavar="KEY=VALUE",
+                        help="TrainConfig override for both parts, e.g. beta=0.0")
     args = parser.parse_args(argv)
     scale.exit_on_sigterm()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -128,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     plan = scale.plan_devices(config.device, rollout_devices=config.rollout_devices,
                               train_devices=config.train_devices)
     path = args.out / f"scale_out_{profile.name}.json"
-    results = earlier_parts(path, profile.as_dict(), args.shape, args.parts)
+    results = earlier_parts(path, profile.as_dict(), args.shape, args.parts, dict(args.train_option))
     results.update({"command": "python benchmarks/scale_out/run.py " + shlex.join(argv or sys.argv[1:]),
                     "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "profile": profile.as_dict(),
-                    "shape": args.shape, "device": {"kind": plan.kind, "name": device.device_name(kind=plan.kind),
+                    "shape": args.shape, "train_overrides": dict(args.train_option), "device": {"kind": plan.kind, "name": device.device_name(kind=plan.kind),
                                                     "count": device.device_count(plan.kind)},
                     "weights": "random (speed only)" if args.shape else "real"})
     started = time.perf_counter()
@@ -141,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                  else str(Path(scale.__file__).resolve().parent.parent / "data" / "models" / "tiny-qwen2"))
         rows = bench.seed_workload(load_tokenizer(model), profile.num_prompts, profile.prompt_tokens)
         if "server" in args.parts:
-            results["server"] = server_part(model, rows, profile, scratch, config, args.out)
+            results["server"] = server_part(model, rows, profile, scratch, config, args.out, dict(args.train_option))
     if "colocate" in args.parts:
         results["colocate"] = colocate_part(args, args.out, plan.rollout_devices[0] if plan.rollout_devices else None)
     if "server" in results and "colocate" in results:

