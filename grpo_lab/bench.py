@@ -329,7 +329,7 @@ class _Contenders:
 
 def rollout_bench(model: str, rows: Sequence[dict], profile: BenchProfile, config, configs: Sequence[str] = CONFIGS,
                   variants: Sequence[str] = VARIANTS, ragged: str = "uniform", prefix_off: str = "salt",
-                  progress: bool = True) -> dict[str, Any]:
+                  progress: bool | None = None) -> dict[str, Any]:
     """Time each config on each variant, alternating, ``profile.warmup`` rounds thrown away, then
     ``profile.repeats`` timed rounds. ``config`` is the :class:`~grpo_lab.rollout.RolloutConfig` for every engine.
 
@@ -355,7 +355,8 @@ def rollout_bench(model: str, rows: Sequence[dict], profile: BenchProfile, confi
         prompt_lengths = [len(p.token_ids) for p in next(iter(contenders.engines.values())).encode(prompts)]
         calls = [(r, variant, name) for r, order in enumerate(alternating_orders(configs, rounds))
                  for variant in variants for name in order]
-        for r, variant, name in tqdm(calls, desc="rollout bench", disable=not progress):
+        show = env.show_progress() if progress is None else progress  # a bar in a terminal, none in a notebook
+        for r, variant, name in tqdm(calls, desc="rollout bench", disable=not show):
             sampling, lengths = plans[variant]
             result = contenders.run(name, prompts, sampling, lengths)
             if r >= profile.warmup:
@@ -764,7 +765,7 @@ def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None
               parts: Sequence[str] = PARTS, configs: Sequence[str] = CONFIGS, variants: Sequence[str] = VARIANTS,
               ragged: str | None = None, prefix_off: str = "salt", engine: dict[str, Any] | None = None,
               grpo_backends: Sequence[str] | None = None, train_overrides: dict[str, Any] | None = None,
-              command: str = "", progress: bool = True) -> dict[str, Any]:
+              command: str = "", progress: bool | None = None) -> dict[str, Any]:
     """Everything in one process: rollouts, GRPO step, roofline; returns the results dict.
 
     ``shape`` (``qwen2.5-0.5b``/``qwen2.5-1.5b``) runs random ("dummy") weights of that architecture with the
