@@ -207,9 +207,14 @@ def test_registry():
         R._REGISTRY.pop("always_one_test")
 
 
-def test_default_rewards():
-    funcs, weights = R.default_rewards()
-    assert [f.__name__ for f in funcs] == list(R.DEFAULT_REWARD_WEIGHTS) and len(weights) == len(funcs)
+def test_a_registered_reward_is_prepared_by_name_next_to_the_shipped_ones():
+    R.register_reward("always_half_test", lambda: (lambda prompts, completions, **kw: [0.5] * len(completions)))
+    try:
+        prepared = R.prepare(["always_half_test", "correctness"], [1.0, 0.2])
+        assert prepared.names == ["<lambda>", "correctness"] and prepared.weights == [1.0, 0.2]
+        assert prepared.score([""], ["#### 3"], answer=["3"]).totals == [0.7]
+    finally:
+        R._REGISTRY.pop("always_half_test")
 
 
 # ------------------------------------------------------------------------------------------ verl adapters
@@ -284,7 +289,7 @@ def test_validate_rejects_a_signature_without_kwargs():
         expected = r"'no_kwargs' does not accept \*\*kwargs.*def no_kwargs\(prompts, completions, \*\*kwargs\)"
         with pytest.raises(R.RewardSignatureError, match=expected):
             R.validate_reward(no_kwargs, mode=mode)
-    with pytest.raises(ValueError, match="mode must be 'raise'"):
+    with pytest.raises(ValueError, match="use 'raise'"):
         R.validate_reward(good, mode="ignore")
 
 
