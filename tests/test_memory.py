@@ -6,6 +6,7 @@ import math
 import pytest
 
 from grpo_lab import memory
+from grpo_lab.paths import REPO_ROOT
 from grpo_lab.memory import (GIB, DoesNotFitError, MemoryPlanError, ModelShape, TrainingShape, course_configs,
                              get_precision, plan_memory, recommendation_table, training_phases)
 
@@ -169,7 +170,7 @@ def _benchmark(name):
     """A script of benchmarks/memory as a module (it puts its folder on sys.path itself)."""
     import importlib.util
 
-    path = memory.REPO_ROOT / "benchmarks" / "memory" / f"{name}.py"
+    path = REPO_ROOT / "benchmarks" / "memory" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"benchmarks_memory_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -334,7 +335,7 @@ def test_recommendation_table_covers_devices_and_models():
 
 
 def test_tiny_config_matches_shipped_model():
-    shipped = memory.REPO_ROOT / "data" / "models" / "tiny-qwen2" / "config.json"
+    shipped = REPO_ROOT / "data" / "models" / "tiny-qwen2" / "config.json"
     if not shipped.is_file():
         pytest.skip("the tiny model is not built in this checkout")
     assert ModelShape.from_config(shipped, name="t") == ModelShape.from_config(CONFIGS["tiny-qwen2"], name="t")
