@@ -219,3 +219,19 @@ def test_vllm_fixed_drawn_lengths_and_prefix_isolation_on_one_engine():
         assert rollout["variants"]["ragged"]["configs"][name]["new_tokens"] == [drawn]
     assert rollout["settings"]["vllm+prefix"]["vllm_options"] == {"block_size": 32}
     assert json.loads(json.dumps(results, default=str))["schema"] == bench.SCHEMA
+
+
+def test_committed_numbers_are_read_from_their_files():
+    """Notebooks 03 and 06 quote the committed GPU results through these, never from prose."""
+    from grpo_lab.paths import BENCHMARKS_DIR, RESULTS_DIR
+
+    smollm2 = bench.committed_smollm2_steps(BENCHMARKS_DIR / "grpo_smollm2")
+    assert smollm2["steps"] == (3, 6) and smollm2["hf_step_s"] == 7.607
+    assert 1.8 < smollm2["vllm_step_s"] < 2.0 and smollm2["speedup"] == pytest.approx(7.607 / smollm2["vllm_step_s"])
+    headlines = {(r["model"], r["variant"]): r for r in bench.committed_rollout_headlines(RESULTS_DIR / "h200")}
+    assert headlines[("qwen2.5-1.5b", "ragged")]["best"] == "vllm"
+    assert headlines[("qwen2.5-1.5b", "ragged")]["speedup"] == pytest.approx(5.833, abs=1e-3)
+    targets = bench.committed_targets(RESULTS_DIR / "h200", BENCHMARKS_DIR / "grpo_smollm2")
+    assert [t["target"] for t in targets] == [t[0] for t in bench.PERFORMANCE_TARGETS]
+    assert all(t["verdict"] in ("met", "missed") or t["verdict"].startswith("met on") for t in targets)
+    assert "5.83x" in targets[0]["measured"] and "0.98x" in targets[1]["measured"]
