@@ -185,11 +185,13 @@ class MetricsLogger(TrainerCallback):
             self.draw(final=True)
 
     def draw(self, final: bool = False):
-        """Redraw the curves: in place in a notebook, and to ``curves.png`` in the run folder."""
+        """Redraw the curves: in place in a notebook, and to ``curves.png`` in the run folder (at the end, or at every
+        redraw when no notebook shows them: writing the PNG costs about a second on a small CPU)."""
         figure = plot_training_curves(self.records)
-        if final or self.live_plot:
+        shown = self.live_plot and env.in_notebook()
+        if final or (self.live_plot and not shown):
             figure.savefig(self.figure_path, dpi=100)
-        if self.live_plot and env.in_notebook():
+        if shown:
             from IPython.display import display
 
             if self._handle is None:
