@@ -218,7 +218,8 @@ def describe_change(what: str, old: float, new: float, percent: bool = True, ste
 
 def conclusions(before: AccuracyReport, after: AccuracyReport, trained_types: Sequence[str]) -> list[str]:
     """What training did to held-out accuracy, as sentences computed from the two reports: each metric on the trained
-    types, on the untrained ones and on all problems, and the types whose pass@k or greedy accuracy moved most."""
+    types, on the untrained ones and on all problems, each of a few trained types on its own, and the types whose
+    greedy accuracy or pass@k moved most."""
     k = before.k
     labels = {**METRIC_LABELS, "pass_at_k": f"pass@{k}"}
     where = {"trained": f"the trained types ({', '.join(trained_types)})", "untrained": "the untrained types",
@@ -226,6 +227,11 @@ def conclusions(before: AccuracyReport, after: AccuracyReport, trained_types: Se
     found = changes(before, after, trained_types)
     lines = [describe_change(f"{labels[key]} on {where[group]}", found[group][key]["before"], found[group][key]["after"])
              for group in ("trained", "untrained", "all") if group in found for key in METRICS]
+    if "untrained" in found and len(trained_types) <= 4:  # a few trained types: each one, since they can part ways
+        lines += [describe_change(f"{labels[key]} on {name} (trained)", before.per_type[name][key],
+                                  after.per_type[name][key])
+                  for name in trained_types if name in before.per_type and name in after.per_type
+                  for key in ("greedy", "sampled_pass_at_1")]
     for key in ("greedy", "pass_at_k"):
         moves = {t: after.per_type[t][key] - before.per_type[t][key] for t in before.per_type if t in after.per_type}
         if moves:

@@ -60,6 +60,7 @@ def test_conclusions_are_computed_from_the_reports_in_both_directions():
     assert "pass@1 on the trained types (a) rose 18.8 points (22.8% → 41.6%)" in lines
     assert "greedy accuracy on the untrained types fell 7.0 points (22.5% → 15.5%)" in lines
     assert "pass@8 on b fell 25.0 points (55.0% → 30.0%)" in lines  # the type that lost most
+    assert "greedy accuracy on a (trained) rose 12.5 points (30.0% → 42.5%)" in lines  # each of a few trained types
     assert evaluation.describe_change("x", 0.30, 0.305) == "x did not move (30.0% → 30.5%)"
     assert evaluation.describe_change("entropy", 0.2, 0.1, percent=False) == "entropy fell from 0.2 to 0.1"
     assert evaluation.describe_change("entropy", 0.2, 0.205, percent=False) == "entropy stayed near 0.2 (0.2 → 0.205)"
