@@ -332,3 +332,11 @@ def test_harmless_warnings_are_named_one_by_one():
     for item in env.HARMLESS_WARNINGS:
         assert item.message and item.module and item.category is not Warning and len(item.why) > 40, item
     assert json.dumps([item.as_option() for item in env.HARMLESS_WARNINGS])
+
+
+def test_source_shown_in_a_notebook_is_folded_under_a_summary():
+    from grpo_lab import evaluation, widgets
+
+    shown = widgets.folded_source(evaluation.describe_change, summary="how a sentence gets its direction")
+    assert shown.startswith("<details><summary>how a sentence gets its direction")
+    assert "def describe_change(" in shown and shown.endswith("</pre></details>")
