@@ -123,8 +123,9 @@ def compare(before: Evaluation, after: Evaluation, types: Sequence[str] | None =
     for name in names:
         marker = "*" if types and name in types else ""
         lines.append(row(name + marker, before.report.per_type[name], after.report.per_type[name]))
-    if types:
-        lines.append(row("trained types*", pooled(before, types), pooled(after, types)))
+    evaluated = [t for t in types or () if t in before.report.per_type and t in after.report.per_type]
+    if evaluated:  # a small evaluation (GRPO_LAB_EVAL_SIZE) may hold none of them
+        lines.append(row("trained types*", pooled(before, evaluated), pooled(after, evaluated)))
     lines.append(row("all", before.report.to_dict(), after.report.to_dict()))
     return "\n".join(lines)
 
