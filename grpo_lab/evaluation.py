@@ -228,13 +228,15 @@ def conclusions(before: AccuracyReport, after: AccuracyReport, trained_types: Se
     found = changes(before, after, trained_types)
     lines = [describe_change(f"{labels[key]} on {where[group]}", found[group][key]["before"], found[group][key]["after"])
              for group in ("trained", "untrained", "all") if group in found for key in METRICS]
-    if "untrained" in found and len(trained_types) <= 4:  # a few trained types: each one, since they can part ways
+    each_trained = "untrained" in found and len(trained_types) <= 4  # a few trained types: each one, they can part ways
+    if each_trained:
         lines += [describe_change(f"{labels[key]} on {name} (trained)", before.per_type[name][key],
                                   after.per_type[name][key])
                   for name in trained_types if name in before.per_type and name in after.per_type
                   for key in ("greedy", "sampled_pass_at_1")]
-    for key in ("greedy", "pass_at_k"):
-        moves = {t: after.per_type[t][key] - before.per_type[t][key] for t in before.per_type if t in after.per_type}
+    for key in ("greedy", "pass_at_k"):  # the types that moved most (the untrained ones, when each trained one is told)
+        moves = {t: after.per_type[t][key] - before.per_type[t][key] for t in before.per_type
+                 if t in after.per_type and not (each_trained and t in trained_types)}
         if moves:
             worst, best = min(moves, key=moves.get), max(moves, key=moves.get)
             for name in dict.fromkeys((best, worst)):
