@@ -1,4 +1,4 @@
-# grpo-lab: `make course` runs the whole course, `make test` runs every test and notebook.
+# grpo-lab: `make course` runs the whole course, `make test` runs every notebook once and then every test.
 # Both create .venv and install the stack for this machine's hardware first (skipped when nothing
 # changed). Override the detected hardware with STACK=cpu|cuda|npu.
 SHELL := /bin/bash
@@ -57,11 +57,16 @@ course: export GRPO_LAB_TRAIN_STEPS ?= 600
 course: install
 	$(PY) -m grpo_lab.course --out $(RUN_DIR)
 
+# The notebooks run once, as copies in $(EXECUTED_DIR) that keep their outputs (--overwrite), and before the tests:
+# tests/test_notebook_outputs.py then reads those outputs (no warnings, no progress bars, a check at the end, ...).
 # --reruns 1: a headless kernel has been seen (once in CI, in a widget cell) to stop answering nbclient, which then
 # waits out the per-cell timeout; the notebook then runs once more in a fresh kernel. A real failure fails twice.
+EXECUTED_DIR ?= runs/executed
 test: install browser $(VERL_WHEEL)
-	GRPO_LAB_VERL_SOURCE=$$(test -f $(VERL_WHEEL) && echo $(abspath $(VERL_WHEEL))) $(PY) -m pytest -q --nbmake \
-	  --nbmake-timeout=900 --reruns 1 tests notebooks
+	rm -rf $(EXECUTED_DIR) && mkdir -p $(EXECUTED_DIR) && cp notebooks/[0-9][0-9]_*.ipynb $(EXECUTED_DIR)/
+	GRPO_LAB_VERL_SOURCE=$$(test -f $(VERL_WHEEL) && echo $(abspath $(VERL_WHEEL))) \
+	  GRPO_LAB_EXECUTED_DIR=$(abspath $(EXECUTED_DIR)) $(PY) -m pytest -q --nbmake \
+	  --nbmake-timeout=900 --reruns 1 --overwrite $(EXECUTED_DIR) tests
 
 # verl's own config schema, to check the verl export against (notebook 07, tests/test_verl_export.py): the wheel
 # is downloaded, never installed. Best effort: without it those checks skip and say so.

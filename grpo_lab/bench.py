@@ -89,7 +89,7 @@ PREFIX_OFF_MEANING = {
              "block is reused (one engine start; the cache's hashing cost stays in)"),
     "engine": "a second vLLM engine opened with enable_prefix_caching=False",
 }
-SEED_REFERENCE = ("seeds: one Ascend NPU, 2B model, 128 prompts x n=4 x 256 tokens: HF generate 16 s -> vLLM + "
+SEED_REFERENCE = ("the write-up: one Ascend NPU, 2B model, 128 prompts x n=4 x 256 tokens: HF generate 16 s -> vLLM + "
                   "prefix caching 3.9 s (4.1x); GRPO step 22 s -> 6.7 s (3.3x). Qwen2.5-0.5B on an A100: 312 -> "
                   "1280 tok/s at batch 32 (4.1x)")
 
@@ -149,8 +149,8 @@ BENCH_PROFILES = {
         name="tiny", step=_step(16, 4, 64, 16), prompt_tokens=128, warmup=1, repeats=3,
         grpo_backends=("hf",), grpo_steps=2, grpo_warmup_steps=1,
         why=("CPU CI on 2 cores in ~3 minutes with one vLLM engine start: fewer prompts and shorter completions "
-             "than the seed; the GRPO step runs with HF generate only (vLLM colocate would start a second engine, "
-             "~40 s more; pass --grpo-backends hf,vllm to run it)")),
+             "than the write-up's workload (the seed profile); the GRPO step runs with HF generate only (vLLM "
+             "colocate would start a second engine, ~40 s more; pass --grpo-backends hf,vllm to run it)")),
     "seed": BenchProfile(
         name="seed", step=_step(128, 4, 256, 32), prompt_tokens=128, warmup=1, repeats=3,
         grpo_backends=("hf", "vllm"), grpo_steps=3, grpo_warmup_steps=1,
@@ -342,7 +342,7 @@ class _Contenders:
 
 def rollout_bench(model: str, rows: Sequence[dict], profile: BenchProfile, config, configs: Sequence[str] = CONFIGS,
                   variants: Sequence[str] = VARIANTS, ragged: str = "uniform", prefix_off: str = "salt",
-                  progress: bool = True) -> dict[str, Any]:
+                  progress: bool | None = None) -> dict[str, Any]:
     """Time each config on each variant, alternating, ``profile.warmup`` rounds thrown away, then
     ``profile.repeats`` timed rounds. ``config`` is the :class:`~grpo_lab.rollout.RolloutConfig` for every engine.
 
@@ -368,7 +368,8 @@ def rollout_bench(model: str, rows: Sequence[dict], profile: BenchProfile, confi
         prompt_lengths = [len(p.token_ids) for p in next(iter(contenders.engines.values())).encode(prompts)]
         calls = [(r, variant, name) for r, order in enumerate(alternating_orders(configs, rounds))
                  for variant in variants for name in order]
-        for r, variant, name in tqdm(calls, desc="rollout bench", disable=not progress):
+        show = env.show_progress() if progress is None else progress  # a bar in a terminal, none in a notebook
+        for r, variant, name in tqdm(calls, desc="rollout bench", disable=not show):
             sampling, lengths = plans[variant]
             result = contenders.run(name, prompts, sampling, lengths)
             if r >= profile.warmup:
@@ -914,7 +915,7 @@ def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None
               parts: Sequence[str] = PARTS, configs: Sequence[str] = CONFIGS, variants: Sequence[str] = VARIANTS,
               ragged: str | None = None, prefix_off: str = "salt", engine: dict[str, Any] | None = None,
               grpo_backends: Sequence[str] | None = None, train_overrides: dict[str, Any] | None = None,
-              command: str = "", progress: bool = True, grpo_workload: str = "fixed") -> dict[str, Any]:
+              command: str = "", progress: bool | None = None, grpo_workload: str = "fixed") -> dict[str, Any]:
     """Everything in one process: rollouts, GRPO step, roofline; returns the results dict.
 
     ``shape`` (``qwen2.5-0.5b``/``qwen2.5-1.5b``) runs random ("dummy") weights of that architecture with the
@@ -1118,6 +1119,90 @@ def committed_grpo_table(folder: str | Path) -> str:
             lines.append(f"{path.name:<36}{data['model']['path']:<31}{name:<9}{m['step_s']:>8.2f}"
                          f"{m['generation_s']:>8.2f}{m['update_s']:>9.2f}{ratio}")
     return "\n".join(lines)
+
+
+def committed_rollout_headlines(folder: str | Path) -> list[dict[str, Any]]:
+    """One row per committed bench file (this module's schema) and length variant: HF's tokens/s, the fastest vLLM
+    config and its tokens/s, its speed-up over HF, its distance from the roofline time, what prefix caching changed
+    (``vllm+prefix`` over ``vllm`` tokens/s), and the bytes of weights each decode step reads."""
+    rows = []
+    for path in sorted(Path(folder).glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("schema") != SCHEMA or not data.get("rollout"):
+            continue
+        for variant, block in data["rollout"]["variants"].items():
+            configs = block["configs"]
+            best = max((name for name in configs if name != "hf"), key=lambda name: configs[name]["tokens_per_s"])
+            rows.append({
+                "file": path.name, "model": data["model"].get("shape") or data["model"]["path"], "variant": variant,
+                "param_bytes": data.get("roofline", {}).get("model_cost", {}).get("param_bytes"),
+                "hf_tokens_per_s": configs["hf"]["tokens_per_s"], "best": best,
+                "best_tokens_per_s": configs[best]["tokens_per_s"], "speedup": block["speedup_vs_hf"][best],
+                "x_roofline": configs[best].get("x_roofline_time"),
+                "vllm_tokens_per_s": {n: c["tokens_per_s"] for n, c in configs.items() if n != "hf"},
+                "vllm_median_s": {n: c["median_s"] for n, c in configs.items() if n != "hf"},
+                "prefix_gain": (configs["vllm+prefix"]["tokens_per_s"] / configs["vllm"]["tokens_per_s"]
+                                if {"vllm", "vllm+prefix"} <= set(configs) else None)})
+    return rows
+
+
+PERFORMANCE_TARGETS = (
+    ("ragged rollout: vLLM at least 6x HF generate", 6.0, "x"),
+    ("GRPO step at least 4x faster with vLLM colocate", 4.0, "x"),
+    ("1.5B rollout within 3x of the roofline time", 3.0, "x roofline"),
+)
+"""The targets the project set itself for the H200 runs: (what, threshold, unit)."""
+
+
+def committed_targets(results_dir: str | Path, smollm2_dir: str | Path) -> list[dict[str, str]]:
+    """Each of :data:`PERFORMANCE_TARGETS` with what the committed files measured and a verdict computed from it."""
+    headlines = committed_rollout_headlines(results_dir)
+    ragged = {row["model"]: row for row in headlines if row["variant"] == "ragged"}
+    rollout, step, roofline = PERFORMANCE_TARGETS
+    rows = [{"target": rollout[0], "measured": ", ".join(f"{r['speedup']:.2f}x ({m}, {r['best']})" for m, r in
+                                                        ragged.items()),
+             "verdict": "met" if any(r["speedup"] >= rollout[1] for r in ragged.values()) else "missed"}]
+    steps = []
+    for path in sorted(Path(results_dir).glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        backends = (data.get("grpo_step") or {}).get("backends", {}) if data.get("schema") == SCHEMA else {}
+        if {"hf", "vllm"} <= set(backends):
+            steps.append((f"{data['model'].get('shape') or data['model']['path']}, the write-up's workload",
+                          backends["hf"]["median"]["step_s"] / backends["vllm"]["median"]["step_s"]))
+    smollm2 = committed_smollm2_steps(smollm2_dir)
+    steps.append((f"SmolLM2-135M, steps {smollm2['steps'][0]}-{smollm2['steps'][1]}", smollm2["speedup"]))
+    met = [what.split(",")[0] for what, ratio in steps if ratio >= step[1]]
+    missed = [what.split(",")[0] for what, ratio in steps if ratio < step[1]]
+    rows.append({"target": step[0], "measured": "; ".join(f"{ratio:.2f}x ({what})" for what, ratio in steps),
+                 "verdict": "met" if not missed else "missed" if not met else
+                 f"met on {', '.join(met)}; missed on {', '.join(missed)}"})
+    large = [r for m, r in ragged.items() if "1.5b" in m]
+    rows.append({"target": roofline[0],
+                 "measured": ", ".join(f"{r['x_roofline']:.1f}x the roofline time ({r['best']})" for r in large) or "-",
+                 "verdict": ("met" if any(r["x_roofline"] <= roofline[1] for r in large) else "missed") if large
+                 else "not measured"})
+    return rows
+
+
+def committed_smollm2_steps(folder: str | Path, first: int = 3, last: int = 6) -> dict[str, Any]:
+    """The committed SmolLM2-135M GRPO step on the H200 (``benchmarks/grpo_smollm2``), vLLM colocate against HF
+    ``generate`` over the same steps: ``run.py`` times HF's steps ``first``-``last`` (``results.json``,
+    ``hf_generate``); the vLLM run's steps ``first``-``last`` are read from its ``metrics.jsonl``, so both columns
+    cover the same steps (the vLLM mean over the whole run, with completions that shorten as it learns, is
+    ``vllm_run_step_s``)."""
+    folder = Path(folder)
+    results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    records = runs.read_metrics(folder / "metrics.jsonl")
+    window = [r for r in records if first <= r["step"] <= last]
+    if not window or "hf_generate" not in results:
+        raise ConfigError(f"{folder}: no steps {first}-{last} in metrics.jsonl or no hf_generate in results.json")
+    vllm = {key: statistics.mean(r[key] for r in window) for key in ("step_time", "timing/generation_s")}
+    hf = results["hf_generate"]
+    return {"steps": (first, last), "vllm_step_s": vllm["step_time"], "vllm_generation_s": vllm["timing/generation_s"],
+            "hf_step_s": hf["step_s"], "hf_generation_s": hf["generation_s"],
+            "speedup": hf["step_s"] / vllm["step_time"],
+            "vllm_run_step_s": results["vllm_colocate"]["step_s"], "vllm_run_steps": results["vllm_colocate"]["steps"],
+            "device": results.get("device", "")}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""`grpo-lab doctor`: one check per row of the seeds' troubleshooting tables, each with its fix.
+"""`grpo-lab doctor`: one check per row of the write-up's troubleshooting section, each with its fix.
 
 Rows covered: device mismatch, operator errors from unverified versions, OOM at step N (memory plan),
 garbled output from a tokenizer mismatch, NaN loss (fp16), slow vLLM without prefix caching,
 fragmentation (allocator setting), vLLM missing for this device, slow serving (concurrency).
 Each check returns pass / warn / fail and never raises: a doctor that crashes helps nobody.
+
+:data:`SYMPTOMS` goes the other way, from what you see in a run to its usual causes, the fix, and the checks that look
+at it (``grpo-lab doctor --symptoms``, notebook 08).
 
 >>> from grpo_lab.doctor import run_checks
 >>> all(c.status in ("pass", "warn", "fail") for c in run_checks())   # doctest: +SKIP
@@ -16,7 +19,7 @@ import argparse
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -209,12 +212,81 @@ def run_checks(config: DoctorConfig | None = None) -> list[Check]:
     return [_guard(name, fn) for name, fn in checks]
 
 
+@dataclass(frozen=True)
+class Symptom:
+    """What a run shows, why it usually happens, what to do, and which checks of :func:`run_checks` look at it."""
+
+    symptom: str
+    causes: str
+    fix: str
+    checks: tuple[str, ...] = ()
+
+
+SYMPTOMS: tuple[Symptom, ...] = (
+    Symptom("reward flat (stays near 0, or near 1)",
+            "every completion of a group scores the same, so every advantage is 0 (TRL logs frac_reward_zero_std near "
+            "1): the task is out of the model's reach, or already solved; or the reward reads the wrong thing (another "
+            "column, another answer format)",
+            "measure pass@k before training and train where it is well above greedy (notebook 03); print rewards.why() "
+            "on a few samples; raise the temperature or change the data"),
+    Symptom("loss zero (or near zero) every step",
+            "normal in GRPO: with one update per generation the policy being updated is the one that sampled, so each "
+            "probability ratio is 1 and the loss is minus the mean advantage, about 0 since advantages average 0 in "
+            "each group; its gradient is not 0. A problem only when grad_norm is 0 too: no group has any signal (see "
+            "'reward flat')",
+            "read reward, reward_std, frac_reward_zero_std and grad_norm rather than the loss"),
+    Symptom("out of memory at step N, not at step 1",
+            "vLLM reserved its share at start; AdamW's states appear at the first optimizer step and activations grow "
+            "with the longest completion, so the trainer's peak comes a few steps in; allocating and freeing in turns "
+            "fragments memory",
+            "take the memory planner's vllm_gpu_memory_utilization (leave it 'auto', notebook 04); then gradient "
+            "checkpointing and a smaller per_device_train_batch_size; set the allocator's expandable_segments",
+            ("memory plan", "allocator")),
+    Symptom("vLLM will not start",
+            "a vLLM built for another torch or device, no vLLM for this device, or less free memory than "
+            "vllm_gpu_memory_utilization x total memory when it starts (the trainer already holds some)",
+            "install the verified stack (make install STACK=...); lower vllm_gpu_memory_utilization; on the CPU the KV "
+            "cache is sized in bytes (VLLM_CPU_KVCACHE_SPACE)",
+            ("versions", "vllm", "memory plan")),
+    Symptom("server unreachable (TRL server mode, or a deployed model)",
+            "the server is still loading and compiling (a minute or more), listens on another host or port, or died at "
+            "start; a request without the server's API key is refused",
+            "wait for GET /health before sending requests (TRL waits vllm_server_timeout seconds); check host and port; "
+            "read the server's log; send the key the server was started with (notebook 05)"),
+    Symptom("garbled completions, rewards computed on nonsense",
+            "vLLM and the trainer loaded different tokenizers or chat templates",
+            "load both from the model's own folder", ("tokenizer",)),
+    Symptom("NaN loss",
+            "fp16 overflow, or a reward that returned NaN or inf",
+            "train in bf16 rather than fp16; wrap rewards with rewards.validate_reward; lower the learning rate",
+            ("dtype",)),
+    Symptom("slow rollouts",
+            "HF generate where vLLM could run, or prefix caching off", "use vLLM with enable_prefix_caching=True "
+            "(notebooks 01 and 06)", ("vllm", "prefix caching")),
+    Symptom("the run uses the wrong device, or none",
+            "a profile made for another device, or the other vendor's visible-devices variable",
+            "set GRPO_LAB_PROFILE for this device; select devices with ASCEND_RT_VISIBLE_DEVICES or "
+            "CUDA_VISIBLE_DEVICES", ("device",)),
+)
+"""The troubleshooting table, from symptom to fix (the checks named must exist in :func:`run_checks`)."""
+
+
+def symptom_table(checks: Sequence[Check]) -> list[dict[str, str]]:
+    """:data:`SYMPTOMS` as rows, each with the verdicts of the checks that look at it (``"-"``: nothing to check before
+    a run; read the run's metrics or the server's log)."""
+    found = {check.name: check.status for check in checks}
+    return [{"symptom": s.symptom, "usual causes": s.causes, "fix": s.fix,
+             "checks here": ", ".join(f"{name}: {SYMBOL[found[name]]}" if name in found else f"{name}: not run"
+                                      for name in s.checks) or "-"} for s in SYMPTOMS]
+
+
 def main(argv: list[str] | None = None) -> int:
     """`grpo-lab doctor [--config FILE] [--profile P] [--json]`; exit 1 when any check fails."""
     parser = argparse.ArgumentParser(prog="grpo-lab doctor", description="Diagnose the environment and a config.")
     parser.add_argument("--config", help="JSON file with TrainConfig and DoctorConfig fields, or a run folder")
     parser.add_argument("--profile", help="tiny | gpu | npu (default: GRPO_LAB_PROFILE or the device's)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--symptoms", action="store_true", help="also print the symptom -> fix table")
     args = parser.parse_args(argv)
     config = DoctorConfig.from_file(args.config) if args.config else DoctorConfig()
     if args.profile:
@@ -226,4 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(str(c) for c in checks))
         counts = {s: sum(c.status == s for c in checks) for s in SYMBOL}
         print(f"\ndoctor: {counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail")
+        if args.symptoms:
+            for row in symptom_table(checks):
+                print(f"\n{row['symptom']}\n  causes: {row['usual causes']}\n  fix:    {row['fix']}\n"
+                      f"  checks: {row['checks here']}")
     return 1 if any(c.status == "fail" for c in checks) else 0

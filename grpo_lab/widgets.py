@@ -1,4 +1,5 @@
-"""The memory calculator of notebook 04: pick a model, precision, device, batch and lengths; the budget redraws.
+"""The memory calculator of notebook 04 (pick a model, precision, device, batch and lengths; the budget redraws), and
+small HTML helpers for the notebooks (:func:`html_table`, :func:`folded_source`).
 
 >>> from grpo_lab.widgets import MemoryCalculator
 >>> calc = MemoryCalculator()          # doctest: +SKIP
@@ -12,6 +13,7 @@ also what runs when the notebook executes headless).
 from __future__ import annotations
 
 import html
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +39,15 @@ def html_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None 
     body = "".join("<tr>" + "".join(f"<td>{html.escape('' if r.get(c) is None else str(r.get(c)))}</td>"
                                     for c in columns) + "</tr>" for r in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def folded_source(*objects: Any, summary: str) -> str:
+    """The source of functions or classes as HTML, folded under a one-line ``summary`` (a ``<details>`` element): the
+    learner reads the summary, and the code is one click away."""
+    names = ", ".join(f"<code>{html.escape(obj.__module__)}.{html.escape(obj.__qualname__)}</code>" for obj in objects)
+    code = "\n\n".join(inspect.getsource(obj) for obj in objects)
+    return (f"<details><summary>{html.escape(summary)} (click for the source of {names})</summary>"
+            f"<pre>{html.escape(code)}</pre></details>")
 
 
 def budget_summary_html(budget: MemoryBudget) -> str:

@@ -244,3 +244,19 @@ def test_update_mfu_counts_model_flops_of_forward_backward_and_extra_forwards():
     flops = 8 * bench.sequence_flops(cost, 4, 6) * 5  # forward + backward (3) + old log-probs + reference
     assert mfu["mfu"] == pytest.approx(flops / 2.0 / 1e6) and mfu["extra_forwards"] == 2
     assert bench.extra_forwards("hf", 0.0) == 0
+
+
+def test_committed_numbers_are_read_from_their_files():
+    """Notebooks 03 and 06 quote the committed GPU results through these, never from prose."""
+    from grpo_lab.paths import BENCHMARKS_DIR, RESULTS_DIR
+
+    smollm2 = bench.committed_smollm2_steps(BENCHMARKS_DIR / "grpo_smollm2")
+    assert smollm2["steps"] == (3, 6) and smollm2["hf_step_s"] == 7.607
+    assert 1.8 < smollm2["vllm_step_s"] < 2.0 and smollm2["speedup"] == pytest.approx(7.607 / smollm2["vllm_step_s"])
+    headlines = {(r["model"], r["variant"]): r for r in bench.committed_rollout_headlines(RESULTS_DIR / "h200")}
+    assert headlines[("qwen2.5-1.5b", "ragged")]["best"] == "vllm"
+    assert headlines[("qwen2.5-1.5b", "ragged")]["speedup"] == pytest.approx(5.833, abs=1e-3)
+    targets = bench.committed_targets(RESULTS_DIR / "h200", BENCHMARKS_DIR / "grpo_smollm2")
+    assert [t["target"] for t in targets] == [t[0] for t in bench.PERFORMANCE_TARGETS]
+    assert all(t["verdict"] in ("met", "missed") or t["verdict"].startswith("met on") for t in targets)
+    assert "5.83x" in targets[0]["measured"] and "0.98x" in targets[1]["measured"]

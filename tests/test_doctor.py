@@ -86,3 +86,18 @@ def test_cli_exit_code(tmp_path, capsys):
     assert doctor.main(["--config", str(config)]) == 1
     out = capsys.readouterr().out
     assert "[FAIL] device" in out and "doctor:" in out
+
+
+def test_the_symptom_table_covers_the_write_ups_rows_and_names_real_checks():
+    checks = doctor.run_checks()
+    names = {c.name for c in checks}
+    for symptom in doctor.SYMPTOMS:
+        assert set(symptom.checks) <= names, symptom
+        assert symptom.causes and symptom.fix
+    seen = " ".join(s.symptom for s in doctor.SYMPTOMS)
+    for row in ("reward flat", "loss zero", "out of memory at step N", "vLLM will not start", "server unreachable"):
+        assert row in seen
+    table = doctor.symptom_table(checks)
+    assert len(table) == len(doctor.SYMPTOMS)
+    memory_row = next(r for r in table if r["symptom"].startswith("out of memory"))
+    assert "memory plan: " in memory_row["checks here"]

@@ -102,3 +102,42 @@ def test_cli_env_json(capsys):
 def test_cli_unknown_command(capsys):
     assert cli.main(["frobnicate"]) == 2
     assert "unknown command 'frobnicate'" in capsys.readouterr().err
+
+
+@pytest.fixture
+def restore_quiet_state():
+    import logging
+
+    from transformers.utils import logging as transformers_logging
+
+    own = logging.getLogger("grpo_lab")
+    handlers, propagate = list(own.handlers), own.propagate
+    yield
+    own.handlers[:] = handlers
+    own.propagate = propagate
+    transformers_logging.enable_progress_bar()
+
+
+def test_quiet_notebook_filters_each_named_warning_and_nothing_else(monkeypatch, restore_quiet_state):
+    import warnings
+
+    for name in ("PYTHONWARNINGS", *env.QUIET_ENVIRONMENT):
+        monkeypatch.delenv(name, raising=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        env.quiet_notebook()
+        for item in env.HARMLESS_WARNINGS:
+            warnings.warn_explicit(item.message + " (rest of the message)", item.category, "x.py", 1,
+                                   module=item.module)
+            warnings.warn_explicit(item.message, item.category, "x.py", 1, module="someone.else")
+        warnings.warn("an unknown warning", UserWarning)
+    shown = [str(w.message) for w in seen]
+    assert shown == [item.message for item in env.HARMLESS_WARNINGS] + ["an unknown warning"]
+    import os
+
+    assert all(item.as_option() in os.environ["PYTHONWARNINGS"] for item in env.HARMLESS_WARNINGS)
+    for name, (value, why) in env.QUIET_ENVIRONMENT.items():
+        assert os.environ[name] == value and why
+    env.quiet_notebook()  # twice: no duplicate handler, no duplicate filter option
+    assert os.environ["PYTHONWARNINGS"].count(env.HARMLESS_WARNINGS[0].as_option()) == 1
+    assert env.in_notebook() is False and env.show_progress() is True  # a test is not a notebook

@@ -114,3 +114,13 @@ def test_a_run_record_reads_back(tmp_path):
     assert TrainConfig.from_file(tmp_path) == config
     with pytest.raises(ConfigError, match="unknown TrainConfig field"):
         TrainConfig.from_dict({"learning_rte": 1.0})
+
+
+def test_planning_an_auto_share_plans_what_resolve_would_train_with():
+    """experiment.plan_memory on an unresolved config (notebook 08's 'plan before you load') uses the share resolve()
+    picks: on the CPU vLLM-CPU's small one, not an accelerator's colocated recommendation."""
+    unresolved = TrainConfig(profile="tiny")
+    assert experiment.plan_memory(unresolved, CPU).vllm_gpu_memory_utilization == \
+        unresolved.resolve(CPU).vllm_gpu_memory_utilization
+    gpu = TrainConfig(profile="gpu")
+    assert experiment.plan_memory(gpu, H200).vllm_gpu_memory_utilization == gpu.resolve(H200).vllm_gpu_memory_utilization

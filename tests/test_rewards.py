@@ -222,6 +222,16 @@ def test_prepare_is_the_one_entry_point():
         R.prepare(["nope"])
 
 
+def test_a_registered_reward_is_prepared_by_name_next_to_the_shipped_ones():
+    R.register_reward("always_half_test", lambda: (lambda prompts, completions, **kw: [0.5] * len(completions)))
+    try:
+        prepared = R.prepare(["always_half_test", "correctness"], [1.0, 0.2])
+        assert prepared.names == ["<lambda>", "correctness"] and prepared.weights == [1.0, 0.2]
+        assert prepared.score([""], ["#### 3"], answer=["3"]).totals == [0.7]
+    finally:
+        R._REGISTRY.pop("always_half_test")
+
+
 # ------------------------------------------------------------------------------------------ verl adapters
 
 

@@ -26,7 +26,7 @@ from grpo_lab.memory import (
     check_vllm_memory_fraction,
 )
 
-# The seed's rule for the context window: room for the longest prompt plus the completion, and 10 % spare.
+# The write-up's rule for the context window: room for the longest prompt plus the completion, and 10 % spare.
 MAX_MODEL_LEN_MARGIN = 1.1
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_HF_BATCH_SIZE = 256
@@ -190,8 +190,9 @@ class RolloutConfig:
         if self.max_model_len is None:
             if prompt_tokens is not None:
                 value = math.ceil(round(MAX_MODEL_LEN_MARGIN * (prompt_tokens + self.max_tokens), 6))
-                reasons["max_model_len"] = (f"seed rule: ceil(1.1 x (longest prompt {prompt_tokens} + max_tokens "
-                                            f"{self.max_tokens})); a smaller window leaves more KV cache for sequences")
+                reasons["max_model_len"] = (f"the write-up's rule: ceil(1.1 x (longest prompt {prompt_tokens} + "
+                                            f"max_tokens {self.max_tokens})); a smaller window leaves more KV cache "
+                                            f"for sequences")
             elif model.get("max_position_embeddings"):
                 value = int(model["max_position_embeddings"])
                 reasons["max_model_len"] = ("the model's own context length (no prompt length known; pass "

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from grpo_lab import device
+from grpo_lab import device, env
 from grpo_lab.errors import ConfigError
 from grpo_lab.paths import CACHE_DIR
 from grpo_lab.rollout.config import RolloutConfig, Sampling
@@ -67,6 +67,7 @@ def engine_arguments(config: RolloutConfig, model_path: str) -> dict:
         "trust_remote_code": False,
         "seed": 0 if config.seed is None else config.seed,
         "disable_log_stats": True,
+        "use_tqdm_on_load": env.show_progress(),  # the weight-loading bar: in a terminal, not in a notebook
     }
     if kind == "cpu":  # vLLM-CPU sizes its KV cache in bytes of host RAM (VLLM_CPU_KVCACHE_SPACE's successor)
         arguments["kv_cache_memory_bytes"] = int(config.cpu_kvcache_gib * 2**30)

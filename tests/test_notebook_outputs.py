@@ -1,0 +1,342 @@
+"""Every notebook tells the truth of its own run (issue 20): rules checked on the *executed* notebooks of a course run.
+
+`make test` copies notebooks/ to runs/executed/, executes the copies there with nbmake (`--overwrite` keeps their
+outputs; each notebook runs once) and then runs this file over them. After `make course`, check that run instead:
+``GRPO_LAB_EXECUTED_DIR=runs/course pytest tests/test_notebook_outputs.py``. Without executed copies the tests over them
+are skipped, saying so; the tests of the rules themselves (on small made-up notebooks) always run.
+
+The rules, for every course notebook (05 and 07 included):
+
+1. **Quiet from the start.** The first code cell calls ``grpo_lab.env.quiet_notebook()`` before anything else imports
+   torch, transformers or vLLM. A library warning that is known to be harmless is added to
+   ``grpo_lab.env.HARMLESS_WARNINGS`` (message, category, module, and why it is harmless), never filtered wholesale.
+2. **No warnings.** No cell writes to stderr, and no output contains warning text: a ``...Warning`` class name,
+   ``Warning:``, ``WARNING`` or a glog line (``W1201 06:06:23.3 123 file.py:53]``).
+3. **No progress bars.** No tqdm bar (``42%|``, ``it/s]``, ``s/it]``) in any text or widget output and no HTML
+   ``<progress>`` (the trainer's notebook table): bars belong in a terminal.
+4. **No long reprs.** No output's ``text/plain`` is an object repr (``Name(field=...``) longer than 1,500 characters,
+   and no result shown only as ``text/plain`` is that long: show a table or a summary instead.
+5. **A check at the end.** The last code cell contains an ``assert`` statement on what the notebook exists to show, and
+   the words "you should see" (in its source or its output) tell the learner what a good run looks like.
+6. **Conclusions agree with their numbers.** A printed sentence in the form of
+   ``grpo_lab.evaluation.describe_change`` ("pass@1 on the trained types rose 18.8 points (30.1% → 48.9%)",
+   "... did not move (30.1% → 30.6%)", "entropy rose from 0.137 to 0.228") has the direction and the size that its
+   own numbers give.
+7. **Prose quotes no run results.** Markdown states no percentage-point changes ("+12 points", "by 15–19 points"):
+   a result of the run is printed by the code that computed it, and prose keeps the why.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grpo_lab.evaluation import STEADY_POINTS
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXECUTED_ENV = "GRPO_LAB_EXECUTED_DIR"
+MAX_REPR_CHARS = 1500
+
+WARNING_TEXT = re.compile(r"\b[A-Z]\w*Warning\b|\bWarning:|\bWARNING\b|^[WE]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]",
+                          re.MULTILINE)
+PROGRESS_BAR = re.compile(r"\d+%\|| \d+/\d+ \[\d\d:\d\d|it/s\]|s/it\]|<progress\b")
+POINTS_IN_PROSE = re.compile(r"(?:[+−-]\s?\d+(?:\.\d+)?|\bby \d+(?:\.\d+)?(?:\s?[–-]\s?\d+(?:\.\d+)?)?)\s+"
+                             r"(?:percentage\s+)?points?\b")
+PERCENT_CHANGE = re.compile(r"\b(rose|fell) (\d+(?:\.\d+)?) points \((-?\d+(?:\.\d+)?)% → (-?\d+(?:\.\d+)?)%\)")
+PERCENT_STEADY = re.compile(r"\bdid not move \((-?\d+(?:\.\d+)?)% → (-?\d+(?:\.\d+)?)%\)")
+VALUE_CHANGE = re.compile(r"\b(rose|fell) from (-?\d+(?:\.\d+)?(?:e[+-]?\d+)?) to (-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)\b")
+REPR = re.compile(r"\w+\((\w+=|\))")  # SomeClass(field=... : a dataclass or object repr
+QUIET_CALL = re.compile(r"\bquiet_notebook\(\)")
+NOT_YET_COMPLIANT = ("05_deployment.ipynb", "07_scale_out.ipynb")
+"""Notebooks being rewritten elsewhere when these rules arrived: their problems are reported as an expected failure
+(run with ``-rx`` to read them) instead of failing the suite. Empty this tuple once they follow the rules."""
+
+
+# --------------------------------------------------------------------------------------------------
+# The rules, as functions of one notebook: each returns the problems it finds
+# --------------------------------------------------------------------------------------------------
+def _code_cells(nb) -> list:
+    return [cell for cell in nb.cells if cell.cell_type == "code"]
+
+
+def _output_texts(cell) -> list[tuple[str, str]]:
+    """``(kind, text)`` for every output of a cell: stream name or output type, and its text forms."""
+    texts = []
+    for output in cell.get("outputs", []):
+        if output.output_type == "stream":
+            texts.append((output.name, output.text))
+        elif output.output_type in ("display_data", "execute_result"):
+            data = output.get("data", {})
+            for mime in ("text/plain", "text/html", "text/markdown"):
+                if mime in data:
+                    texts.append((f"{output.output_type} {mime}", "".join(data[mime])))
+        elif output.output_type == "error":
+            texts.append(("error", "\n".join(output.get("traceback", []))))
+    return texts
+
+
+def _where(index: int, text: str) -> str:
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    return f"cell {index}: {first.strip()[:160]!r}"
+
+
+def quiet_start_problems(nb) -> list[str]:
+    cells = _code_cells(nb)
+    if not cells or not QUIET_CALL.search(cells[0].source):
+        return ["the first code cell does not call grpo_lab.env.quiet_notebook()"]
+    source = cells[0].source
+    heavy = re.search(r"^\s*(?:import|from)\s+(torch|transformers|trl|vllm)\b", source, re.MULTILINE)
+    if heavy and heavy.start() < QUIET_CALL.search(source).start():
+        return [f"the first code cell imports {heavy.group(1)} before calling quiet_notebook()"]
+    return []
+
+
+def warning_problems(nb) -> list[str]:
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        for kind, text in _output_texts(cell) if cell.cell_type == "code" else []:
+            if kind == "stderr":
+                problems.append(f"stderr in {_where(index, text)}")
+            elif kind != "error" and WARNING_TEXT.search(text):
+                line = next(line for line in text.splitlines() if WARNING_TEXT.search(line))
+                problems.append(f"warning text in cell {index}: {line.strip()[:200]!r}")
+    return problems
+
+
+def progress_bar_problems(nb) -> list[str]:
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        for _kind, text in _output_texts(cell) if cell.cell_type == "code" else []:
+            match = PROGRESS_BAR.search(text)
+            if match:
+                problems.append(f"progress bar in cell {index}: {text[max(0, match.start() - 60):match.end() + 20]!r}")
+    return problems
+
+
+def long_repr_problems(nb) -> list[str]:
+    problems = []
+    for index, cell in enumerate(_code_cells(nb)):
+        for output in cell.get("outputs", []):
+            text = "".join(output.get("data", {}).get("text/plain", "")) if "data" in output else ""
+            if len(text) > MAX_REPR_CHARS and (set(output.data) == {"text/plain"} or REPR.match(text)):
+                problems.append(f"a {len(text):,}-character repr in code cell {index}: {text[:60]!r}")
+    return problems
+
+
+def final_check_problems(nb) -> list[str]:
+    cells = _code_cells(nb)
+    if not cells:
+        return ["no code cells"]
+    last = cells[-1]
+    problems = []
+    try:
+        tree = ast.parse("\n".join(line for line in last.source.splitlines() if not line.lstrip().startswith(("%", "!"))))
+    except SyntaxError as error:
+        return [f"the last code cell does not parse: {error}"]
+    if not any(isinstance(node, ast.Assert) for node in ast.walk(tree)):
+        problems.append("the last code cell has no assert: end with a check of what the notebook shows")
+    shown = last.source + "".join(text for _kind, text in _output_texts(last))
+    if "you should see" not in shown.lower():
+        problems.append("the last code cell does not say what 'you should see'")
+    return problems
+
+
+def _close(a: float, b: float, tolerance: float) -> bool:
+    return abs(a - b) <= tolerance
+
+
+def conclusion_problems(nb) -> list[str]:
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        for _kind, text in _output_texts(cell) if cell.cell_type == "code" else []:
+            for m in PERCENT_CHANGE.finditer(text):
+                verb, points, old, new = m.group(1), float(m.group(2)), float(m.group(3)), float(m.group(4))
+                change = new - old
+                if (verb == "rose") != (change > 0) or not _close(points, abs(change), 0.15):
+                    problems.append(f"cell {index} says {m.group(0)!r}, but its numbers change by {change:+.1f}")
+            for m in PERCENT_STEADY.finditer(text):
+                old, new = float(m.group(1)), float(m.group(2))
+                if abs(new - old) >= STEADY_POINTS + 0.15:
+                    problems.append(f"cell {index} says {m.group(0)!r}, but its numbers change by {new - old:+.1f}")
+            for m in VALUE_CHANGE.finditer(text):
+                verb, old, new = m.group(1), float(m.group(2)), float(m.group(3))
+                if (verb == "rose") != (new > old):
+                    problems.append(f"cell {index} says {m.group(0)!r}")
+    return problems
+
+
+def prose_problems(nb) -> list[str]:
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            for m in POINTS_IN_PROSE.finditer(cell.source):
+                problems.append(f"markdown cell {index} states a result in prose: {m.group(0)!r} (print it from the run)")
+    return problems
+
+
+RULES = {
+    "quiet start": quiet_start_problems,
+    "no warnings": warning_problems,
+    "no progress bars": progress_bar_problems,
+    "no long reprs": long_repr_problems,
+    "a check at the end": final_check_problems,
+    "conclusions agree with their numbers": conclusion_problems,
+    "prose quotes no run results": prose_problems,
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# The executed course
+# --------------------------------------------------------------------------------------------------
+def executed_dir() -> Path:
+    return Path(os.environ.get(EXECUTED_ENV) or REPO_ROOT / "runs" / "executed")
+
+
+def executed_notebooks() -> list[Path]:
+    return sorted(executed_dir().glob("[0-9][0-9]_*.ipynb"))
+
+
+def _was_executed(nb) -> bool:
+    return any(cell.get("execution_count") for cell in _code_cells(nb))
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_executed_notebooks_follow_the_rule(rule):
+    paths = executed_notebooks()
+    if not paths:
+        pytest.skip(f"no executed notebooks in {executed_dir()}: `make test` makes them (or set {EXECUTED_ENV} to a "
+                    f"`make course` run folder such as runs/course)")
+    notebooks = {path.name: nbformat.read(path, as_version=4) for path in paths}
+    executed = {name: nb for name, nb in notebooks.items() if _was_executed(nb)}
+    if not executed:
+        pytest.skip(f"the notebooks in {executed_dir()} have not been executed yet")
+    found = {name: RULES[rule](nb) for name, nb in executed.items()}
+    _report(f"rule '{rule}' (see this file's docstring)", found)
+
+
+def _report(what: str, found: dict[str, list[str]]) -> None:
+    """Fail on the problems of compliant notebooks; an expected failure when only NOT_YET_COMPLIANT ones have any."""
+    problems = [f"{name}: {problem}" for name, items in found.items() if name not in NOT_YET_COMPLIANT
+                for problem in items]
+    assert not problems, f"{what}:\n" + "\n".join(problems)
+    pending = [f"{name}: {problem}" for name, items in found.items() if name in NOT_YET_COMPLIANT for problem in items]
+    if pending:
+        pytest.xfail(f"{what}, in notebooks not yet made compliant:\n" + "\n".join(pending))
+
+
+def test_every_copied_notebook_was_executed():
+    """`make test` copies every course notebook into the folder before running them: a copy without outputs means a
+    notebook that nbmake never ran."""
+    paths = executed_notebooks()
+    if not paths:
+        pytest.skip(f"no executed notebooks in {executed_dir()}")
+    not_run = [p.name for p in paths if not _was_executed(nbformat.read(p, as_version=4))]
+    if len(not_run) == len(paths):
+        pytest.skip(f"the notebooks in {executed_dir()} have not been executed yet")
+    assert not not_run, f"copied but not executed: {not_run}"
+
+
+# --------------------------------------------------------------------------------------------------
+# The rules themselves, on made-up notebooks (always run)
+# --------------------------------------------------------------------------------------------------
+def _notebook(*cells):
+    nb = nbformat.v4.new_notebook()
+    for cell in cells:
+        nb.cells.append(cell)
+    return nb
+
+
+def _code(source, *outputs):
+    cell = nbformat.v4.new_code_cell(source)
+    cell.execution_count = 1
+    cell.outputs = list(outputs)
+    return cell
+
+
+def _stream(text, name="stdout"):
+    return nbformat.v4.new_output("stream", name=name, text=text)
+
+
+def _display(text, kind="display_data", **more):
+    return nbformat.v4.new_output(kind, data={"text/plain": text, **more}, **({"execution_count": 1}
+                                                                                if kind == "execute_result" else {}))
+
+
+GOOD = _notebook(
+    _code("from grpo_lab.env import quiet_notebook\nquiet_notebook()\nimport torch"),
+    nbformat.v4.new_markdown_cell("GRPO sharpens what the model samples; the cell below says by how much."),
+    _code("print(summary)", _stream("pass@1 on the trained types rose 18.8 points (30.1% → 48.9%)\n"
+                                    "greedy accuracy on all problems did not move (24.7% → 25.1%)\n"
+                                    "entropy rose from 0.137 to 0.228\n")),
+    _code("df", _display("   a  b\n0  1  2", "execute_result", **{"text/html": "<table>...</table>"})),
+    _code("assert after > before\nprint('You should see rewards rise.')", _stream("You should see rewards rise.\n")),
+)
+
+
+def test_a_good_notebook_passes_every_rule():
+    assert {rule: check(GOOD) for rule, check in RULES.items()} == {rule: [] for rule in RULES}
+
+
+@pytest.mark.parametrize("rule, cell", [
+    ("no warnings", _code("x", _stream("W1201 06:06:23.323000 13390 torch/_library/triton.py:53] Triton not available",
+                                       "stderr"))),
+    ("no warnings", _code("x", _stream("/site-packages/vllm/x.py:138: FutureWarning: `reduce_op` is deprecated\n"))),
+    ("no warnings", _code("x", _stream("[W1201 utils.cpp:68] Warning: NUMA binding\n"))),
+    ("no progress bars", _code("x", _display("Loading weights:   0%|          | 0/38 [00:00<?, ?it/s]"))),
+    ("no progress bars", _code("x", _display("", **{"text/html": "<progress value='12' max='12'></progress>"}))),
+    ("no long reprs", _code("plan", _display("MemoryBudget(" + "x" * 3000 + ")", "execute_result"))),
+    ("no long reprs", _code("plan", _display("MemoryBudget(model=" + "x" * 3000 + ")", "execute_result",
+                                             **{"text/html": "<table></table>"}))),
+    ("conclusions agree with their numbers", _code("x", _stream("untrained greedy rose 9.6 points (23.4% → 13.8%)"))),
+    ("conclusions agree with their numbers", _code("x", _stream("pass@8 rose 5.0 points (58.0% → 68.0%)"))),
+    ("conclusions agree with their numbers", _code("x", _stream("pass@8 did not move (58.0% → 38.0%)"))),
+    ("conclusions agree with their numbers", _code("x", _stream("entropy fell from 0.137 to 0.228"))),
+    ("prose quotes no run results", nbformat.v4.new_markdown_cell("pass@1 rises (by 15–19 points), greedy +12 points")),
+])
+def test_each_rule_catches_what_it_names(rule, cell):
+    bad = _notebook(*GOOD.cells[:-1], cell, GOOD.cells[-1])
+    assert RULES[rule](bad), f"rule '{rule}' missed it"
+    assert not RULES[rule](GOOD)
+
+
+def test_the_end_check_and_the_quiet_start_are_required():
+    no_assert = _notebook(*GOOD.cells[:-1], _code("print('You should see a curve')"))
+    assert final_check_problems(no_assert) == ["the last code cell has no assert: end with a check of what the "
+                                               "notebook shows"]
+    no_words = _notebook(*GOOD.cells[:-1], _code("assert True"))
+    assert final_check_problems(no_words) == ["the last code cell does not say what 'you should see'"]
+    loud = _notebook(_code("import torch\nfrom grpo_lab.env import quiet_notebook\nquiet_notebook()"), *GOOD.cells[1:])
+    assert quiet_start_problems(loud) == ["the first code cell imports torch before calling quiet_notebook()"]
+    assert quiet_start_problems(_notebook(*GOOD.cells[1:]))
+
+
+def test_the_course_notebooks_start_quiet_and_end_with_a_check():
+    """Checked on the committed notebooks too (source only), so a notebook that forgets either fails before a run."""
+    found = {}
+    for path in sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        found[path.name] = (quiet_start_problems(nb) + [p for p in final_check_problems(nb) if "assert" in p]
+                            + prose_problems(nb))
+    _report("the committed notebooks", found)
+
+
+def test_harmless_warnings_are_named_one_by_one():
+    from grpo_lab import env
+
+    for item in env.HARMLESS_WARNINGS:
+        assert item.message and item.module and item.category is not Warning and len(item.why) > 40, item
+    assert json.dumps([item.as_option() for item in env.HARMLESS_WARNINGS])
+
+
+def test_source_shown_in_a_notebook_is_folded_under_a_summary():
+    from grpo_lab import evaluation, widgets
+
+    shown = widgets.folded_source(evaluation.describe_change, summary="how a sentence gets its direction")
+    assert shown.startswith("<details><summary>how a sentence gets its direction")
+    assert "def describe_change(" in shown and shown.endswith("</pre></details>")
