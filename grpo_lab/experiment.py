@@ -385,6 +385,8 @@ def plan_memory(config: TrainConfig, machine: Machine) -> memory.MemoryBudget:
     ``vllm_gpu_memory_utilization`` when it is a number, and for ``"auto"`` the share :meth:`TrainConfig.resolve` would
     choose (:func:`choose_vllm_memory`: on an accelerator, colocated, the planner's recommendation)."""
     config = config.with_profile(machine)
+    if config.gradient_checkpointing is None:  # as resolve() decides it
+        config = dataclasses.replace(config, gradient_checkpointing=needs_checkpointing(config, machine))
     fraction = config.vllm_gpu_memory_utilization
     if fraction == AUTO and (machine.kind == "cpu" or config.vllm_mode == "server"):
         fraction = choose_vllm_memory(config, machine)[0]  # the share resolve() gives: not the planner's colocate one

@@ -30,10 +30,28 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab import data, deploy, device, env, experiment, memory, models, rewards, runs, servers, train
+from grpo_lab import (
+    data,
+    deploy,
+    device,
+    env,
+    experiment,
+    memory,
+    models,
+    rewards,
+    runs,
+    servers,
+    train,
+)
 from grpo_lab.errors import ConfigError
-from grpo_lab.rollout import (RolloutConfig, Sampling, TokenizerMismatchError, check_tokenizers, encode_prompts,
-                              open_engine)
+from grpo_lab.rollout import (
+    RolloutConfig,
+    Sampling,
+    TokenizerMismatchError,
+    check_tokenizers,
+    encode_prompts,
+    open_engine,
+)
 from grpo_lab.rollout.engine import RolloutEngine
 from grpo_lab.rollout.vllm_backend import child_processes, engine_arguments
 

@@ -146,7 +146,7 @@ def test_step_split_and_bottleneck():
     step = bench._step_summary([20.0, 5.0, 6.0], records, profile, "HF generate")
     assert step["step_s"] == [5.0, 6.0] and step["update_s"] == [1.5, 1.5]
     assert step["median"] == {"step_s": 5.5, "generation_s": 3.5, "reward_s": 0.5, "update_s": 1.5,
-                              "mean_completion_tokens": 32.0}
+                              "backward_optimizer_s": 1.5, "mean_completion_tokens": 32.0}  # no old/ref forwards
     verdict = bench.bottleneck({**step, "completions_per_step": 64})
     assert verdict["generation_tokens_per_s"] == pytest.approx(64 * 32 / 3.5)
     assert verdict["training_samples_per_s"] == pytest.approx(64 / 1.5)

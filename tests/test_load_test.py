@@ -17,7 +17,13 @@ from matplotlib.figure import Figure
 
 from grpo_lab import cli, deploy, load_test, models
 from grpo_lab.errors import ConfigError
-from grpo_lab.load_test import LoadResult, LoadTest, RequestRecord, run_load_test, run_load_test_async
+from grpo_lab.load_test import (
+    LoadResult,
+    LoadTest,
+    RequestRecord,
+    run_load_test,
+    run_load_test_async,
+)
 from grpo_lab.plots import plot_load_test
 
 API_KEY = "load-test-key"

@@ -11,9 +11,9 @@ import pytest
 
 from grpo_lab import experiment, runs
 from grpo_lab import train as T
+from grpo_lab.data import load_split, write_jsonl
 from grpo_lab.device import Machine
 from grpo_lab.rewards import prepare
-from grpo_lab.data import load_split, write_jsonl
 
 CPU = Machine("cpu", bf16=True, memory_gib=24)
 SMALL = dict(profile="tiny", per_device_train_batch_size=8, num_generations=4, live_plot=False, save_steps=100)
