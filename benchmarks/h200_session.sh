@@ -45,6 +45,10 @@ job() {
     grpo-ragged) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --parts grpo,roofline \
                    --grpo-backends hf,vllm --grpo-steps 2 --grpo-workload ragged --out "$out" \
                    --name grpo_step_seed_qwen2.5-0.5b_ragged ;;
+    # issue 18: the served 0.5B shape under load, 64 and 256 clients (one server, plus one without prefix caching)
+    serving)     python3 benchmarks/serving/run.py --shape qwen2.5-0.5b --concurrency 64,256 --knob-concurrency 256 \
+                   --max-num-seqs 256 --max-model-len 2048 --max-tokens 128 --repeats 1 --requests-per-client 2 \
+                   --max-seconds 120 --out "$out" --name h200_qwen2.5-0.5b ;;
     bench15)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-1.5b --parts rollout,roofline \
                 --vllm-option async_scheduling=true --out "$out" --name bench_seed_qwen2.5-1.5b ;;
     bench05)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --parts rollout,roofline \
