@@ -970,6 +970,16 @@ def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None
             if "roofline" in parts:
                 add_roofline(rollout, cost, rates)
             results["rollout"] = _public(rollout)
+        probe = None
+        if "engine" in parts:  # first, on an empty device: the trainers' colocated engines hold memory until exit
+            if grpo_workload == "ragged" and dummy:
+                raise ConfigError("--parts engine times the fixed workload (the ragged one changes the model's end "
+                                  "tokens inside grpo_step_bench); run it with --grpo-workload fixed")
+            longest = max(len(p.token_ids) for p in encode_prompts(tokenizer, [r["prompt"] for r in rows]))
+            probe_config = dataclasses.replace(
+                grpo_step_config(profile, path, "unused", longest, kind, **(train_overrides or {})),
+                use_vllm=True).resolve(Machine.detect())
+            probe = engine_probe(probe_config, path, rows)
         if "grpo" in parts:
             step = grpo_step_bench(path, rows, profile, grpo_backends, workload=grpo_workload, stop_ids=dummy,
                                    **(train_overrides or {}))
@@ -982,15 +992,9 @@ def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None
                 if peak:
                     block["mfu"] = update_mfu(block, cost, step["max_prompt_length"], profile.sequences, peak,
                                               extra_forwards(name, block["settings"]["beta"]))
-            if "engine" in parts and "vllm" in step["backends"]:
-                config = dataclasses.replace(
-                    grpo_step_config(profile, step["model_dir"], "unused", step["max_prompt_length"], kind,
-                                     **(train_overrides or {})), use_vllm=True).resolve(Machine.detect())
-                probe = engine_probe(config, step["model_dir"], rows)
+            if probe is not None and "vllm" in step["backends"]:
                 in_trainer = step["backends"]["vllm"]["median"].get("vllm_generate_s", float("nan"))
                 step["fresh_engine"] = {**probe, "in_trainer_vs_fresh": in_trainer / probe["median_s"]}
-            if "vllm" not in (grpo_backends or profile.grpo_backends):
-                notes.append("GRPO step: vLLM colocate not measured in this run (--grpo-backends hf,vllm adds it)")
         else:
             results["grpo_step"] = {"skipped": "not in --parts"}
     results["load_average"]["end"] = list(os.getloadavg())
