@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -465,12 +466,12 @@ def measure_device(kind: str | None = None, dtype: str | None = None, copy_bytes
     gemm_size = gemm_size or (8192 if kind != "cpu" else 1024)
     source = torch.ones(copy_bytes // 4, dtype=torch.float32, device=target)
     destination = torch.empty_like(source)
-    copy_s = _timed(lambda: destination.copy_(source), kind, repeats)
+    copy_s = _timed(functools.partial(destination.copy_, source), kind, repeats)
     del source, destination
     a = torch.randn(gemm_size, gemm_size, device=target).to(getattr(torch, dtype))
     b = torch.randn(gemm_size, gemm_size, device=target).to(getattr(torch, dtype))
     c = torch.empty_like(a)
-    gemm_s = _timed(lambda: torch.mm(a, b, out=c), kind, repeats)
+    gemm_s = _timed(functools.partial(torch.mm, a, b, out=c), kind, repeats)
     del a, b, c
     device.empty_cache(kind)
     return DeviceRates(kind=kind, name=device.device_name(kind=kind), dtype=dtype,
@@ -971,7 +972,8 @@ def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None
                 add_roofline(rollout, cost, rates)
             results["rollout"] = _public(rollout)
         probe = None
-        if "engine" in parts:  # first, on an empty device: the trainers' colocated engines hold memory until exit
+        backends = grpo_backends or profile.grpo_backends
+        if "engine" in parts and "vllm" in backends:  # first, on an empty device: the trainers' engines hold memory
             if grpo_workload == "ragged" and dummy:
                 raise ConfigError("--parts engine times the fixed workload (the ragged one changes the model's end "
                                   "tokens inside grpo_step_bench); run it with --grpo-workload fixed")
@@ -995,6 +997,8 @@ def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None
             if probe is not None and "vllm" in step["backends"]:
                 in_trainer = step["backends"]["vllm"]["median"].get("vllm_generate_s", float("nan"))
                 step["fresh_engine"] = {**probe, "in_trainer_vs_fresh": in_trainer / probe["median_s"]}
+            if "vllm" not in backends:
+                notes.append("GRPO step: vLLM colocate not measured in this run (--grpo-backends hf,vllm adds it)")
         else:
             results["grpo_step"] = {"skipped": "not in --parts"}
     results["load_average"]["end"] = list(os.getloadavg())
@@ -1125,6 +1129,63 @@ def committed_grpo_table(folder: str | Path) -> str:
     return "\n".join(lines)
 
 
+def committed_grpo_split(folder: str | Path) -> list[dict[str, Any]]:
+    """One row per committed GRPO-step result and backend: the median step, its split (what the trainer timed; the
+    files written before the split existed have only generation / reward / update), and the update's MFU against the
+    H200's dense bf16 peak, computed the same way for every file (:func:`update_mfu`, the gpu profile's beta)."""
+    rows = []
+    peak = DATASHEET_RATES["NVIDIA H200"].matmul_flops_per_s
+    for path in sorted(Path(folder).glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        step = data.get("grpo_step") if data.get("schema") == SCHEMA else None
+        if not step or "backends" not in step or not data["model"].get("shape"):
+            continue
+        cost = model_cost(SHAPES[data["model"]["shape"]] | {"model_type": "qwen2"}, data["model"]["dtype"])
+        prompt = step.get("max_prompt_length") or data["profile"].get("prompt_tokens")
+        hf = step["backends"].get("hf", {}).get("median", {}).get("step_s")
+        for name, block in step["backends"].items():
+            m = block["median"]
+            beta = block.get("settings", {}).get("beta", 0.04)
+            row = {"file": path.name, "workload": step.get("workload", "fixed"), "backend": name,
+                   **{key.removesuffix("_s"): round(value, 2) for key, value in m.items() if key.endswith("_s")},
+                   "tokens": round(m["mean_completion_tokens"]),
+                   "vs hf": round(hf / m["step_s"], 2) if hf else None,
+                   "update MFU": round(update_mfu(block, cost, prompt, step["completions_per_step"], peak,
+                                                  extra_forwards(name, beta))["mfu"], 3)}
+            rows.append(row)
+    return rows
+
+
+GRPO_STEP_TARGETS = (
+    ("vLLM generate inside the trainer at most 1.2x the same engine in a fresh process", 1.2),
+    ("GRPO step, fixed lengths: vLLM colocate at least 2x HF generate", 2.0),
+    ("GRPO step, ragged lengths: vLLM colocate at least 3.3x HF generate (the write-up's ratio)", 3.3),
+    ("update MFU at least 35 %", 0.35),
+)
+"""The targets set for the colocated GRPO step on one H200 (threshold each)."""
+
+
+def committed_grpo_step_targets(folder: str | Path) -> list[dict[str, str]]:
+    """Each of :data:`GRPO_STEP_TARGETS` with what the newest committed step files measured and a computed verdict."""
+    files = {w: json.loads((Path(folder) / f"grpo_step_seed_qwen2.5-0.5b_{w}.json").read_text(encoding="utf-8"))
+             ["grpo_step"] for w in ("fixed", "ragged")}
+    fresh = files["fixed"]["fresh_engine"]
+    split = [r for r in committed_grpo_split(folder) if r["file"].endswith(("_fixed.json", "_ragged.json"))]
+    mfu = max(r["update MFU"] for r in split)
+    in_trainer = files["fixed"]["backends"]["vllm"]["median"]["vllm_generate_s"]
+    measured = [
+        (fresh["in_trainer_vs_fresh"], f"{fresh['in_trainer_vs_fresh']:.2f}x ({in_trainer:.2f} s vs "
+                                       f"{fresh['median_s']:.2f} s)", "<="),
+        (files["fixed"]["speedup_vs_hf"], f"{files['fixed']['speedup_vs_hf']:.2f}x", ">="),
+        (files["ragged"]["speedup_vs_hf"], f"{files['ragged']['speedup_vs_hf']:.2f}x", ">="),
+        (mfu, f"{mfu:.1%} at best (" + ", ".join(f"{r['workload']} {r['backend']} {r['update MFU']:.1%}"
+                                                 for r in split) + ")", ">="),
+    ]
+    return [{"target": what, "measured": text,
+             "verdict": "met" if (value <= threshold if how == "<=" else value >= threshold) else "missed"}
+            for (what, threshold), (value, text, how) in zip(GRPO_STEP_TARGETS, measured)]
+
+
 def committed_rollout_headlines(folder: str | Path) -> list[dict[str, Any]]:
     """One row per committed bench file (this module's schema) and length variant: HF's tokens/s, the fastest vLLM
     config and its tokens/s, its speed-up over HF, its distance from the roofline time, what prefix caching changed
@@ -1171,7 +1232,9 @@ def committed_targets(results_dir: str | Path, smollm2_dir: str | Path) -> list[
         data = json.loads(path.read_text(encoding="utf-8"))
         backends = (data.get("grpo_step") or {}).get("backends", {}) if data.get("schema") == SCHEMA else {}
         if {"hf", "vllm"} <= set(backends):
-            steps.append((f"{data['model'].get('shape') or data['model']['path']}, the write-up's workload",
+            workload = data["grpo_step"].get("workload")
+            steps.append((f"{data['model'].get('shape') or data['model']['path']}"
+                          f"{' ' + workload if workload else ''}, the write-up's workload",
                           backends["hf"]["median"]["step_s"] / backends["vllm"]["median"]["step_s"]))
     smollm2 = committed_smollm2_steps(smollm2_dir)
     steps.append((f"SmolLM2-135M, steps {smollm2['steps'][0]}-{smollm2['steps'][1]}", smollm2["speedup"]))

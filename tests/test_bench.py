@@ -260,3 +260,28 @@ def test_committed_numbers_are_read_from_their_files():
     assert [t["target"] for t in targets] == [t[0] for t in bench.PERFORMANCE_TARGETS]
     assert all(t["verdict"] in ("met", "missed") or t["verdict"].startswith("met on") for t in targets)
     assert "5.83x" in targets[0]["measured"] and "0.98x" in targets[1]["measured"]
+
+
+def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_files(tmp_path):
+    """Notebook 06's table of the step and its verdicts: every number from the files, every verdict from a number."""
+    import shutil
+
+    from grpo_lab.paths import RESULTS_DIR
+
+    rows = bench.committed_grpo_split(RESULTS_DIR / "h200")
+    fixed = {r["backend"]: r for r in rows if r["file"].endswith("_fixed.json")}
+    data = json.loads((RESULTS_DIR / "h200" / "grpo_step_seed_qwen2.5-0.5b_fixed.json").read_text())["grpo_step"]
+    assert fixed["vllm"]["step"] == round(data["backends"]["vllm"]["median"]["step_s"], 2)
+    assert fixed["vllm"]["vs hf"] == round(data["speedup_vs_hf"], 2) and fixed["hf"]["vs hf"] == 1.0
+    assert {"vllm_generate", "weight_sync", "old_ref_logps", "backward_optimizer"} <= set(fixed["vllm"])
+    assert all(0 < r["update MFU"] < 1 for r in rows)
+    targets = bench.committed_grpo_step_targets(RESULTS_DIR / "h200")
+    assert [t["target"] for t in targets] == [t[0] for t in bench.GRPO_STEP_TARGETS]
+    assert targets[1]["verdict"] == ("met" if data["speedup_vs_hf"] >= 2.0 else "missed")
+    # a verdict follows its number: the same files with a faster vLLM step meet the 2x target
+    for path in (RESULTS_DIR / "h200").glob("grpo_step_seed_qwen2.5-0.5b_*.json"):
+        shutil.copy(path, tmp_path / path.name)
+    changed = json.loads((tmp_path / "grpo_step_seed_qwen2.5-0.5b_fixed.json").read_text())
+    changed["grpo_step"]["speedup_vs_hf"] = 2.5
+    (tmp_path / "grpo_step_seed_qwen2.5-0.5b_fixed.json").write_text(json.dumps(changed))
+    assert bench.committed_grpo_step_targets(tmp_path)[1] == {**targets[1], "measured": "2.50x", "verdict": "met"}
