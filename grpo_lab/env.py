@@ -368,6 +368,8 @@ QUIET_ENVIRONMENT: dict[str, tuple[str, str]] = {
                                     "rollout engine sets the same for the engines it starts"),
     "TORCH_LOGS": ("-torch._library.triton", "the 'Triton not available' line above, in processes started later "
                                               "(vLLM's engine core and workers)"),
+    "TRL_EXPERIMENTAL_SILENCE": ("1", "TRL's notice that anything under trl.experimental may change without notice; "
+                                      "notebook 07 uses its AsyncGRPOTrainer knowingly, pins TRL and says so"),
     "TORCH_CPP_LOG_LEVEL": ("ERROR", "vLLM-CPU's worker binds its memory to the machine's NUMA node and torch's C++ "
                                      "layer announces it as a warning ('NUMA binding: Using MEMBIND policy'); C++ "
                                      "errors still show"),

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from grpo_lab.advantages import VERL_EPSILON, group_advantages
-from grpo_lab.rewards import RewardSet
+from grpo_lab.rewards import RewardSet, prepare
 
 TIMING_PREFIX = "timing_s/"
 SCORE_KEY = "critic/score/mean"
@@ -336,3 +336,80 @@ def step_timings(metrics: Sequence[dict[str, Any]], skip_first: int = 2) -> dict
     medians = {k: statistics.median(r[k] for r in timed if k in r) for k in keys}
     return {"per_step": rows, "median": medians, "steps_in_median": [r["step"] for r in timed],
             "skipped_warmup_steps": skip_first if len(rows) > skip_first else 0}
+
+
+# --------------------------------------------------------------------------------------------------
+# A finished run, checked again and named the course's way
+# --------------------------------------------------------------------------------------------------
+COURSE_METRIC_NAMES = {
+    "critic/score/mean": "reward", "actor/entropy": "entropy", "actor/kl_loss": "kl",
+    "response_length/mean": "completions/mean_length", "response_length/clip_ratio": "completions/clipped_ratio",
+    "actor/pg_clipfrac": "clip_ratio/region_mean", "actor/pg_loss": "loss", "timing_s/gen": "timing/generation_s",
+    "timing_s/reward": "timing/reward_s", "timing_s/step": "timing/step_s",
+}
+"""verl's metric -> the name a course run logs it under (``grpo_lab.runs.read_metrics``)."""
+
+
+def as_course_records(metrics: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """verl's training records under the course's metric names, so :func:`grpo_lab.plots.plot_training_curves` draws
+    a verl run as it draws a TRL one; ``timing/update_s`` is :func:`step_timings`' ``update_like``."""
+    update = {row["step"]: row["update_like"] for row in step_timings(metrics, skip_first=0)["per_step"]
+              if "update_like" in row}
+    records = []
+    for m in training_records(metrics):
+        record: dict[str, Any] = {"step": int(m["step"])}
+        record.update({ours: float(m[theirs]) for theirs, ours in COURSE_METRIC_NAMES.items() if theirs in m})
+        if record["step"] in update:
+            record["timing/update_s"] = update[record["step"]]
+        records.append(record)
+    return records
+
+
+@dataclass
+class RunCheck:
+    """A verl run of an export, read from its files and checked again with grpo_lab (no verl needed)."""
+
+    records: list[dict[str, Any]]
+    """Per training step, under the course's names (:func:`as_course_records`)."""
+    validation: dict[int, dict[str, float]]
+    rewards: RewardParity
+    advantages: dict[int, AdvantageParity]
+    """Per dumped step: the course's advantages against the range verl logged for the step."""
+
+    def accuracy(self) -> dict[int, float]:
+        """step -> verl's greedy validation accuracy (``val-core/<data source>/acc/mean@1``; step 0: before training)."""
+        return {step: value for step, scores in self.validation.items() for key, value in scores.items()
+                if key.startswith("val-core/") and key.endswith("/acc/mean@1")}
+
+    @property
+    def advantage_max_abs_diff(self) -> float | None:
+        """The largest difference from verl's logged advantage range over all steps (None: nothing to compare)."""
+        diffs = [a.max_abs_diff_vs_logged_range for a in self.advantages.values()
+                 if a.max_abs_diff_vs_logged_range is not None]
+        return max(diffs) if diffs else None
+
+
+def check_run(folder: str | Path, export_manifest: str | Path, export_overrides: str | Path) -> RunCheck:
+    """Check a finished verl run again: every dumped completion re-scored with the export's reward set, every dumped
+    batch's advantages recomputed against what verl logged.
+
+    ``folder`` holds verl's ``metrics.jsonl`` and ``rollouts/`` (``benchmarks/verl/run.py`` keeps both);
+    ``export_manifest`` is the export's ``export.json`` (the rewards and their weights), ``export_overrides`` its
+    ``verl_overrides.yaml`` (``algorithm.norm_adv_by_std_in_grpo``).
+    """
+    import yaml
+
+    folder = Path(folder)
+    metrics, rollouts = read_metrics(folder / "metrics.jsonl"), read_rollouts(folder / "rollouts")
+    if not metrics or not rollouts:
+        raise FileNotFoundError(f"{folder} has no verl metrics.jsonl or rollouts/ to check; a verl run writes them "
+                                "with trainer.logger=[console,file] and trainer.rollout_data_dir=<folder>/rollouts")
+    manifest = json.loads(Path(export_manifest).read_text(encoding="utf-8"))
+    reward_set = prepare(manifest["experiment"]["rewards"], manifest["reward_weights"])
+    every = [record for step in sorted(rollouts) for record in rollouts[step]]
+    by_step = {int(m["step"]): m for m in metrics}
+    norm = bool(yaml.safe_load(Path(export_overrides).read_text(encoding="utf-8"))["algorithm.norm_adv_by_std_in_grpo"])
+    return RunCheck(records=as_course_records(metrics), validation=validation_scores(metrics),
+                    rewards=reward_parity(every, reward_set),
+                    advantages={step: advantage_parity(records, None, by_step.get(step), norm_by_std=norm)
+                                for step, records in sorted(rollouts.items())})

@@ -5,7 +5,7 @@ outputs; each notebook runs once) and then runs this file over them. After `make
 ``GRPO_LAB_EXECUTED_DIR=runs/course pytest tests/test_notebook_outputs.py``. Without executed copies the tests over them
 are skipped, saying so; the tests of the rules themselves (on small made-up notebooks) always run.
 
-The rules, for every course notebook (05 and 07 included):
+The rules, for every course notebook:
 
 1. **Quiet from the start.** The first code cell calls ``grpo_lab.env.quiet_notebook()`` before anything else imports
    torch, transformers or vLLM. A library warning that is known to be harmless is added to
@@ -53,9 +53,6 @@ PERCENT_STEADY = re.compile(r"\bdid not move \((-?\d+(?:\.\d+)?)% → (-?\d+(?:\
 VALUE_CHANGE = re.compile(r"\b(rose|fell) from (-?\d+(?:\.\d+)?(?:e[+-]?\d+)?) to (-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)\b")
 REPR = re.compile(r"\w+\((\w+=|\))")  # SomeClass(field=... : a dataclass or object repr
 QUIET_CALL = re.compile(r"\bquiet_notebook\(\)")
-NOT_YET_COMPLIANT = ("05_deployment.ipynb", "07_scale_out.ipynb")
-"""Notebooks being rewritten elsewhere when these rules arrived: their problems are reported as an expected failure
-(run with ``-rx`` to read them) instead of failing the suite. Empty this tuple once they follow the rules."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -221,13 +218,9 @@ def test_executed_notebooks_follow_the_rule(rule):
 
 
 def _report(what: str, found: dict[str, list[str]]) -> None:
-    """Fail on the problems of compliant notebooks; an expected failure when only NOT_YET_COMPLIANT ones have any."""
-    problems = [f"{name}: {problem}" for name, items in found.items() if name not in NOT_YET_COMPLIANT
-                for problem in items]
+    """Fail with every problem found, named by notebook."""
+    problems = [f"{name}: {problem}" for name, items in found.items() for problem in items]
     assert not problems, f"{what}:\n" + "\n".join(problems)
-    pending = [f"{name}: {problem}" for name, items in found.items() if name in NOT_YET_COMPLIANT for problem in items]
-    if pending:
-        pytest.xfail(f"{what}, in notebooks not yet made compliant:\n" + "\n".join(pending))
 
 
 def test_every_copied_notebook_was_executed():

@@ -282,3 +282,30 @@ def test_verls_function_loads_from_a_checkout_folder_and_says_why_not(tmp_path):
     scores = torch.tensor([[1.0], [0.0]])
     advantages, _ = fn(scores, torch.ones_like(scores), np.array(["a", "a"], dtype=object))
     assert advantages[:, 0].tolist() == pytest.approx([0.7071, -0.7071], abs=1e-4)
+
+
+def test_the_committed_h200_run_checks_again_and_a_changed_score_is_caught(tmp_path):
+    """Notebook 07 re-checks verl's H200 run from its committed files; one score changed in a dump must show."""
+    import shutil
+
+    from grpo_lab.paths import BENCHMARKS_DIR
+
+    files = BENCHMARKS_DIR / "verl" / "results" / "tiny"
+    manifest, overrides = files / "export_export.json", files / "export_verl_overrides.yaml"
+    check = P.check_run(files, manifest, overrides)
+    assert check.rewards.equal and check.rewards.max_abs_diff == 0.0 and check.rewards.completions == 640
+    assert check.advantage_max_abs_diff < 1e-5 and sorted(check.advantages) == list(range(1, 21))
+    assert set(check.accuracy()) == {0, 20} and [r["step"] for r in check.records] == list(range(1, 21))
+    assert all({"reward", "timing/generation_s", "timing/update_s", "completions/mean_length"} <= set(r)
+               for r in check.records)
+
+    changed = tmp_path / "run"
+    shutil.copytree(files, changed)
+    dump = changed / "rollouts" / "7.jsonl"
+    lines = [json.loads(line) for line in dump.read_text().splitlines()]
+    lines[3]["score"] = 1.0 - float(lines[3]["score"])
+    dump.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    again = P.check_run(changed, manifest, overrides)
+    assert not again.rewards.equal and again.rewards.max_abs_diff == 1.0
+    with pytest.raises(FileNotFoundError, match="no verl metrics"):
+        P.check_run(tmp_path / "nothing", manifest, overrides)

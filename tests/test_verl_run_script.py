@@ -330,3 +330,12 @@ def test_the_readme_names_every_forced_override_and_the_call_sequence(monkeypatc
     for override in run.forced_overrides(Path("<work>"), steps=30, save_freq=15):
         assert f"`{override['key']}=" in readme, override["key"]
     assert "python3 benchmarks/verl/run.py --out $OUT" in readme and "B/verl-transformers" in readme
+
+
+def test_no_phases_named_runs_the_default_ones(monkeypatch, tmp_path):
+    run = load_run_script(monkeypatch, tmp_path)
+    ran = []
+    for name in run.DEFAULT_PHASES:
+        monkeypatch.setattr(run, f"phase_{name}", lambda r, args, name=name: ran.append(name))
+    code = run.main(["--out", str(tmp_path / "out")])
+    assert ran == list(run.DEFAULT_PHASES) and code == 0

@@ -813,7 +813,8 @@ def summarise(run: Run) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("phases", nargs="*", choices=PHASES, default=list(DEFAULT_PHASES))
+    parser.add_argument("phases", nargs="*", metavar="PHASE",
+                        help=f"any of {' '.join(PHASES)} (default: {' '.join(DEFAULT_PHASES)})")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "verl-out")))
     parser.add_argument("--budget-s", type=float, default=530.0, help="the whole call's time (device calls: 600 s)")
     parser.add_argument("--steps", type=int, default=30, help="verl steps on the tiny model")
@@ -826,7 +827,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder with the transformers/tokenizers wheels verl runs with")
     parser.add_argument("--fresh", action="store_true", help="forget the results of earlier calls on this machine")
     args = parser.parse_args(argv)
-    phases = [p for p in PHASES if p in args.phases and p != "report"]
+    unknown = sorted(set(args.phases) - set(PHASES))  # not argparse's choices: it rejects an empty list on 3.12
+    if unknown:
+        parser.error(f"unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}")
+    asked = args.phases or DEFAULT_PHASES
+    phases = [p for p in PHASES if p in asked and p != "report"]
     args.out.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, _terminate)
