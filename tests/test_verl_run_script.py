@@ -165,9 +165,8 @@ FAKE_MERGER = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.slow
-def test_every_phase_around_verl_runs_and_reports(monkeypatch, tmp_path):
-    run = load_run_script(monkeypatch, tmp_path)
+def install_stand_ins(monkeypatch, tmp_path, run) -> None:
+    """The stand-ins for verl (a ``python3`` first on PATH) and for its model merger."""
     stubs = tmp_path / "bin"
     stubs.mkdir()
     (stubs / "fake_verl.py").write_text(FAKE_VERL)
@@ -179,6 +178,12 @@ def test_every_phase_around_verl_runs_and_reports(monkeypatch, tmp_path):
     base = REPO / "data" / "models" / "tiny-qwen2"
     monkeypatch.setattr(run, "merge_command", lambda actor, target: [
         sys.executable, str(stubs / "fake_merger.py"), str(actor), str(target), str(base)])
+
+
+@pytest.mark.slow
+def test_every_phase_around_verl_runs_and_reports(monkeypatch, tmp_path):
+    run = load_run_script(monkeypatch, tmp_path)
+    install_stand_ins(monkeypatch, tmp_path, run)
     out = tmp_path / "out"
 
     code = run.main(["tiny", "merge", "deploy", "--out", str(out), "--steps", "4", "--budget-s", "900"])
@@ -207,6 +212,34 @@ def test_every_phase_around_verl_runs_and_reports(monkeypatch, tmp_path):
     assert "manifest.json" in deploy["verify_merged_as_written"]  # verl's merger writes no manifest: export first
     assert deploy["change_from_base"]["tensors_changed_beyond_bf16_rounding"] > 0
     assert (files / "deploy" / "server.log").is_file() and (files / "results.json").is_file()
+
+
+
+def test_smollm2_runs_the_trl_recipe_through_the_export(monkeypatch, tmp_path):
+    import shutil
+
+    state = tmp_path / "smollm2"
+    shutil.copytree(REPO / "data" / "models" / "tiny-qwen2", state / "model")  # stands in for the converted SmolLM2
+    (state / "model" / "manifest.json").unlink()  # which, like any outside model, has no course manifest
+    monkeypatch.setenv("GRPO_SMOLLM2_STATE", str(state))
+    run = load_run_script(monkeypatch, tmp_path)
+    install_stand_ins(monkeypatch, tmp_path, run)
+    out = tmp_path / "out"
+
+    code = run.main(["smollm2", "--out", str(out), "--smollm2-steps", "2", "--budget-s", "900"])
+
+    results = json.loads((out / "results.json").read_text())
+    assert code == 0 and results["phases"]["smollm2"]["status"] == "ok", results["phases"]
+    smollm2 = results["smollm2"]
+    assert smollm2["steps_completed"] == 2 and smollm2["checkpoint"]["step"] == 2
+    assert smollm2["reward_parity_max_abs_diff"] == 0.0 and smollm2["parity"]["reward"]["completions"] == 2 * 16 * 8
+    overrides = smollm2["export"]["overrides"]
+    assert overrides["data.train_batch_size"] == 16 and overrides["actor_rollout_ref.rollout.n"] == 8
+    assert overrides["data.max_response_length"] == 256 and overrides["actor_rollout_ref.actor.optim.lr"] == 2e-5
+    rows = [json.loads(line) for line in (state / "train_en.jsonl").read_text().splitlines()]
+    assert rows and {row["lang"] for row in rows} == {"en"}
+    assert smollm2["export"]["train_rows"] == len(rows)
+    assert (run.SITE / "trl").is_dir() and not (run.SITE / "trl.off").exists()
 
 
 def test_a_failing_verl_is_recorded_with_its_log_and_the_call_goes_on(monkeypatch, tmp_path):
@@ -339,3 +372,20 @@ def test_no_phases_named_runs_the_default_ones(monkeypatch, tmp_path):
         monkeypatch.setattr(run, f"phase_{name}", lambda r, args, name=name: ran.append(name))
     code = run.main(["--out", str(tmp_path / "out")])
     assert ran == list(run.DEFAULT_PHASES) and code == 0
+
+
+def test_a_fresh_machine_continues_from_the_committed_results(monkeypatch, tmp_path):
+    run = load_run_script(monkeypatch, tmp_path)
+    committed = REPO / "benchmarks" / "verl" / "results.json"
+    state = run.Run(tmp_path / "out", 60, fresh=False, earlier=committed)
+    assert state.results["tiny"] == json.loads(committed.read_text())["tiny"]
+    assert len(state.results["calls"]) == len(json.loads(committed.read_text())["calls"]) + 1
+    state.results["trl"] = {"median_after_2_warmup_steps": {"step_s": 1.0, "generation_s": 0.5, "reward_s": 0.01,
+                                                            "update_s": 0.4}}
+    run.summarise(state)
+    rows = state.results["comparison"]["rows"]
+    assert rows["step"]["trl_colocate_s"] == 1.0 and rows["step"]["verl_s"] == state.results["tiny"]["timings"][
+        "median"]["step_s"]
+    state.save()
+    again = run.Run(tmp_path / "out", 60, fresh=False, earlier=None)  # the same machine: its own file wins
+    assert again.results["comparison"] == state.results["comparison"]

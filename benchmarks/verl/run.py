@@ -153,7 +153,7 @@ REMEDIES = (
 class Run:
     """The call's deadline, its results (kept in WORK/results.json across calls on one machine) and $OUT."""
 
-    def __init__(self, out: Path, budget_s: float, fresh: bool):
+    def __init__(self, out: Path, budget_s: float, fresh: bool, earlier: Path | None = None):
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
         self.files = WORK / "files"  # logs, metrics, rollouts, export files: packed into $OUT/FILES_ARCHIVE
@@ -163,7 +163,8 @@ class Run:
         self.start = time.monotonic()
         self.deadline = self.start + budget_s
         self.path = WORK / "results.json"
-        previous = {} if fresh or not self.path.is_file() else json.loads(self.path.read_text())
+        source = self.path if self.path.is_file() else earlier  # this machine's earlier calls, else another's
+        previous = {} if fresh or source is None else json.loads(source.read_text())
         self.results: dict[str, Any] = {**previous, "phases": previous.get("phases", {})}
         self.results.setdefault("calls", []).append({"started": now(), "argv": sys.argv[1:]})
 
@@ -826,6 +827,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verl-transformers", default=str(CARRIED_TRANSFORMERS),
                         help="folder with the transformers/tokenizers wheels verl runs with")
     parser.add_argument("--fresh", action="store_true", help="forget the results of earlier calls on this machine")
+    parser.add_argument("--continue-from", type=Path, default=None,
+                        help="on a fresh machine, start from this results.json (the committed one: `trl` is then "
+                             "compared with the verl run it holds)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.phases) - set(PHASES))  # not argparse's choices: it rejects an empty list on 3.12
     if unknown:
@@ -836,7 +840,7 @@ def main(argv: list[str] | None = None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, _terminate)
     restore_trl()  # a call stopped while verl ran may have left TRL aside
-    run = Run(args.out, args.budget_s, args.fresh)
+    run = Run(args.out, args.budget_s, args.fresh, args.continue_from)
     run.results.update(issue=17, verl_pin="0.9.1", updated=now())
     needs = {"env": 60, "tiny": 240, "merge": 40, "deploy": 90, "trl": 150, "smollm2": 240}
     functions = {"env": phase_env, "tiny": phase_tiny, "merge": phase_merge, "deploy": phase_deploy,
