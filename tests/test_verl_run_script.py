@@ -226,13 +226,16 @@ def test_smollm2_runs_the_trl_recipe_through_the_export(monkeypatch, tmp_path):
     install_stand_ins(monkeypatch, tmp_path, run)
     out = tmp_path / "out"
 
-    code = run.main(["smollm2", "--out", str(out), "--smollm2-steps", "2", "--budget-s", "900"])
+    code = run.main(["smollm2", "--out", str(out), "--smollm2-steps", "2", "--budget-s", "900", "--skip-val-before"])
 
     results = json.loads((out / "results.json").read_text())
     assert code == 0 and results["phases"]["smollm2"]["status"] == "ok", results["phases"]
     smollm2 = results["smollm2"]
     assert smollm2["steps_completed"] == 2 and smollm2["checkpoint"]["step"] == 2
     assert smollm2["reward_parity_max_abs_diff"] == 0.0 and smollm2["parity"]["reward"]["completions"] == 2 * 16 * 8
+    assert smollm2["attempts"][0]["forced_overrides"][-1] == {
+        "key": "trainer.val_before_train", "value": False,
+        "reason": "time: the validation before training was measured in an earlier call"}
     overrides = smollm2["export"]["overrides"]
     assert overrides["data.train_batch_size"] == 16 and overrides["actor_rollout_ref.rollout.n"] == 8
     assert overrides["data.max_response_length"] == 256 and overrides["actor_rollout_ref.actor.optim.lr"] == 2e-5

@@ -509,7 +509,7 @@ def verl_attempt(run: Run, name: str, export_dir: Path, model: Path, steps: int,
 
 
 def train_with_verl(run: Run, name: str, config: TrainConfig, model: Path, steps: int, save_freq: int,
-                    reserve_s: float) -> dict[str, Any]:
+                    reserve_s: float, extra: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Export ``config`` for one GPU, run verl on it (a second attempt if the first fails before any step), read
     back metrics, rollouts and parity. Everything lands in run.results[name] and run.files/<name>/."""
     section: dict[str, Any] = {"model": str(model), "steps_asked": steps, "save_freq": save_freq, "attempts": []}
@@ -520,14 +520,14 @@ def train_with_verl(run: Run, name: str, config: TrainConfig, model: Path, steps
     out.mkdir(parents=True, exist_ok=True)
     for file in (V.OVERRIDES_FILE, V.LAUNCH_FILE, V.README_FILE, V.MANIFEST_FILE, V.REWARD_FILE):
         shutil.copyfile(export_dir / file, out / f"export_{file}")
-    extra: list[dict[str, Any]] = []
+    extra = list(extra or [])
     for attempt in (1, 2):
         budget = run.left() - reserve_s
         if budget < 150:
             section["attempts"].append({"attempt": attempt, "skipped": f"{run.left():.0f} s left, {reserve_s:.0f} s "
                                                                        "kept for the phases after it"})
             break
-        done = verl_attempt(run, name, export_dir, model, steps, save_freq, attempt, extra, min(budget, 480.0))
+        done = verl_attempt(run, name, export_dir, model, steps, save_freq, attempt, extra, budget)
         section["attempts"].append(done)
         run.save()
         copy_log(Path(done["log"]), out / f"verl_attempt{attempt}.log")
@@ -629,10 +629,19 @@ def latest_checkpoint(root: Path) -> dict[str, Any] | None:
             "bytes": sum((path / f).stat().st_size for f in files)}
 
 
+def skip_validation_before(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--skip-val-before``: validation after the last step only (the "before" comes from an earlier call)."""
+    if not args.skip_val_before:
+        return []
+    return [dict(key="trainer.val_before_train", value=False,
+                 reason="time: the validation before training was measured in an earlier call")]
+
+
 def phase_tiny(run: Run, args: argparse.Namespace) -> None:
     config = TrainConfig(profile="tiny")
     section = train_with_verl(run, "tiny", config, TINY_MODEL, args.steps,
-                              args.save_freq or max(1, args.steps // 2), reserve_s=args.reserve_s)
+                              args.save_freq or max(1, args.steps // 2), reserve_s=args.reserve_s,
+                              extra=skip_validation_before(args))
     summarise(run)
     return section
 
@@ -779,7 +788,8 @@ def phase_smollm2(run: Run, args: argparse.Namespace) -> None:
     config = TrainConfig(**{**smollm2.RECIPE, "max_steps": args.smollm2_steps, "save_steps": args.smollm2_steps},
                          model=str(SMOLLM2_MODEL), dataset=str(smollm2.training_rows()),
                          rewards=("correctness", "format"), reward_weights=(1.0, 0.2))
-    train_with_verl(run, "smollm2", config, SMOLLM2_MODEL, args.smollm2_steps, args.smollm2_steps, reserve_s=20)
+    train_with_verl(run, "smollm2", config, SMOLLM2_MODEL, args.smollm2_steps,
+                    args.smollm2_save_freq or args.smollm2_steps, reserve_s=20, extra=skip_validation_before(args))
     run.results["smollm2"]["recipe_note"] = (
         "the TRL SmolLM2 recipe (../grpo_smollm2/run.py RECIPE, English rows) through the export; its correctness "
         "reward is the registry's (the last number counts without '####'), where the TRL run required the marker")
@@ -824,6 +834,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds the tiny phase leaves for merge, deploy and the report")
     parser.add_argument("--trl-steps", type=int, default=30)
     parser.add_argument("--smollm2-steps", type=int, default=20)
+    parser.add_argument("--smollm2-save-freq", type=int, default=None, help="default: --smollm2-steps")
+    parser.add_argument("--skip-val-before", action="store_true",
+                        help="no validation before training (verl's val_before_train=False), to save a call's time")
     parser.add_argument("--verl-transformers", default=str(CARRIED_TRANSFORMERS),
                         help="folder with the transformers/tokenizers wheels verl runs with")
     parser.add_argument("--fresh", action="store_true", help="forget the results of earlier calls on this machine")
