@@ -338,6 +338,51 @@ def step_timings(metrics: Sequence[dict[str, Any]], skip_first: int = 2) -> dict
             "skipped_warmup_steps": skip_first if len(rows) > skip_first else 0}
 
 
+def validation_metric(validation: dict[int, dict[str, float]], name: str = "acc") -> dict[int, float]:
+    """step -> one validation mean from :func:`validation_scores`: ``acc`` (verl's greedy accuracy) or a reward's
+    name (its mean, e.g. ``format``); keys ``val-core|val-aux/<data source>/<name>/mean@1``."""
+    return {step: value for step, scores in validation.items() for key, value in scores.items()
+            if key.startswith(("val-core/", "val-aux/")) and key.endswith(f"/{name}/mean@1")}
+
+
+STEP_PARTS = {"step": ("step_s", "step_time"), "generation": ("gen", "timing/generation_s"),
+              "update": ("update_like", "timing/update_s"), "reward": ("reward", "timing/reward_s")}
+"""A step's parts: verl's name (:func:`step_timings`) and a grpo_lab (TRL) run's metric name for each."""
+
+
+def side_by_side(verl_metrics: Sequence[dict[str, Any]], trl_records: Sequence[dict[str, Any]],
+                 skip_first: int = 2) -> dict[str, Any]:
+    """Median seconds per step part of a verl run and a grpo_lab (TRL) run of the same experiment, over the steps
+    both logged after ``skip_first`` warm-up steps. ``update`` is everything after the rollout in both."""
+    timings = step_timings(verl_metrics, skip_first)
+    verl_rows = {row["step"]: row for row in timings["per_step"]}
+    trl_rows = {int(r["step"]): r for r in trl_records}
+    steps = [step for step in timings["steps_in_median"] if step in trl_rows]
+    if not steps:
+        raise ValueError("the two runs share no step after the warm-up steps; nothing to compare")
+
+    def median(rows: list[dict[str, Any]], key: str) -> float | None:
+        values = [row[key] for row in rows if isinstance(row.get(key), (int, float))]
+        return statistics.median(values) if values else None
+
+    parts = {part: {"verl_s": median([verl_rows[s] for s in steps], verl_key),
+                    "trl_s": median([trl_rows[s] for s in steps], trl_key)}
+             for part, (verl_key, trl_key) in STEP_PARTS.items()}
+    return {"steps": steps, "parts": parts}
+
+
+def side_by_side_table(comparison: dict[str, Any]) -> str:
+    """:func:`side_by_side` as a Markdown table (seconds, and verl's time as a multiple of TRL's)."""
+    steps = comparison["steps"]
+    lines = [f"| median of steps {steps[0]}–{steps[-1]} | verl | TRL colocate | verl ÷ TRL |", "|---|---|---|---|"]
+    for part, value in comparison["parts"].items():
+        verl, trl = value["verl_s"], value["trl_s"]
+        cells = [f"{x:.2f} s" if x is not None else "not logged" for x in (verl, trl)]
+        ratio = f"{verl / trl:.1f}×" if verl is not None and trl else "–"
+        lines.append(f"| {part} | {cells[0]} | {cells[1]} | {ratio} |")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------------
 # A finished run, checked again and named the course's way
 # --------------------------------------------------------------------------------------------------
@@ -378,8 +423,7 @@ class RunCheck:
 
     def accuracy(self) -> dict[int, float]:
         """step -> verl's greedy validation accuracy (``val-core/<data source>/acc/mean@1``; step 0: before training)."""
-        return {step: value for step, scores in self.validation.items() for key, value in scores.items()
-                if key.startswith("val-core/") and key.endswith("/acc/mean@1")}
+        return validation_metric(self.validation, "acc")
 
     @property
     def advantage_max_abs_diff(self) -> float | None:

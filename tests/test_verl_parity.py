@@ -309,3 +309,23 @@ def test_the_committed_h200_run_checks_again_and_a_changed_score_is_caught(tmp_p
     assert not again.rewards.equal and again.rewards.max_abs_diff == 1.0
     with pytest.raises(FileNotFoundError, match="no verl metrics"):
         P.check_run(tmp_path / "nothing", manifest, overrides)
+
+
+def test_side_by_side_compares_the_steps_both_runs_logged_after_the_warmup():
+    verl = [{"step": 0, "val-core/s/acc/mean@1": 0.1, "val-aux/s/format/mean@1": 0.2}] + [  # as read_metrics gives
+        {"step": step, "timing_s/step": 10.0 + step, "timing_s/gen": 4.0, "timing_s/testing": 1.0,
+         "critic/score/mean": 0.5} for step in range(1, 6)]
+    trl = [{"step": step, "step_time": 1.0 * step, "timing/generation_s": 0.5, "timing/update_s": 0.25,
+            "timing/reward_s": 0.01} for step in range(1, 5)]  # no step 5: only steps 3 and 4 compare
+    comparison = P.side_by_side(verl, trl)
+    assert comparison["steps"] == [3, 4]
+    parts = comparison["parts"]
+    assert parts["step"] == {"verl_s": 13.5, "trl_s": 3.5} and parts["generation"] == {"verl_s": 4.0, "trl_s": 0.5}
+    assert parts["update"] == {"verl_s": 8.5, "trl_s": 0.25} and parts["reward"]["verl_s"] is None
+    table = P.side_by_side_table(comparison).splitlines()
+    assert table[0].startswith("| median of steps 3–4 |") and "| step | 13.50 s | 3.50 s | 3.9× |" in table
+    assert "| reward | not logged | 0.01 s | – |" in table
+    validation = P.validation_scores(verl)
+    assert P.validation_metric(validation, "acc") == {0: 0.1} and P.validation_metric(validation, "format") == {0: 0.2}
+    with pytest.raises(ValueError, match="share no step"):
+        P.side_by_side(verl, trl[:2])
