@@ -494,8 +494,7 @@ def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_d
     input is checked first. ``sync_dir``: push weights through files there (:class:`FileWeightTransfer`), else TRL's
     NCCL transfer. Build and train inside :func:`trl_workarounds`."""
     check_experiment(config)
-    reward_set = prepare(reward_funcs if reward_funcs is not None else config.rewards, config.reward_weights,
-                         config.reward_errors)
+    reward_set = prepare(*experiment.reward_spec(config, reward_funcs), config.reward_errors)
     rows = experiment.load_train_rows(config)
     train.check_dataset(rows, reward_set.funcs, source=config.dataset or "data/train.jsonl")
     tokenizer = with_response_template(load_tokenizer(config.model))

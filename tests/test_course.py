@@ -40,6 +40,13 @@ def test_runs_in_order_and_stops_after_a_failure(tmp_path, monkeypatch):
     assert "00_ok.ipynb" in table and "failed" in table
     assert results[0].runs == ["used grpo-x"] and "used grpo-x" in table  # the summary names the run it used
 
+    # a course in parts (one GPU call each): --keep-going runs past the failure, the summary keeps the earlier rows
+    again = course.run_course(out, [second, third], keep_going=True)
+    assert [r.status for r in again] == ["failed", "ok"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(s["notebook"], s["status"]) for s in summary] == [
+        ("00_ok.ipynb", "ok"), ("01_fail.ipynb", "failed"), ("02_later.ipynb", "ok")]
+
 
 def test_every_course_notebook_is_committed_without_outputs():
     for path in course.course_notebooks():

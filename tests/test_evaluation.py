@@ -10,7 +10,7 @@ from grpo_lab.rewards import extract_answer
 @pytest.fixture(scope="module")
 def small_eval():
     rows = data.load_split("eval")[:4]
-    return rows, evaluation.evaluate(models.TINY_MODEL_DIR, rows, num_samples=2, max_tokens=32)
+    return rows, evaluation.evaluate(models.TINY_MODEL_DIR, rows, num_samples=2, max_tokens=32, backend="hf")
 
 
 def test_tiny_model_greedy_generates_a_final_answer(small_eval):

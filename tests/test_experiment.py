@@ -38,10 +38,49 @@ def test_unknown_profile_and_field():
         get_profile("tiny", num_generation=4)
 
 
-def test_seed_recipe_on_accelerators():
+def test_accelerator_recipe_is_the_one_that_learned_on_a_small_real_model():
+    """16 prompts x 8 completions, T 0.7, lr 2e-5, correctness + 0.2 x format (benchmarks/grpo_smollm2)."""
     for name, machine in (("gpu", H200), ("npu", NPU_32)):
         p = TrainConfig(profile=name).resolve(machine)
-        assert p.learning_rate == 5e-6 and p.bf16 and 0 < p.vllm_gpu_memory_utilization < 1
+        assert p.learning_rate == 2e-5 and p.bf16 and 0 < p.vllm_gpu_memory_utilization < 1
+        assert (p.num_prompts_per_step, p.num_generations, p.temperature) == (16, 8, 0.7)
+        assert p.rewards == ("correctness", "format") and p.reward_weights == (1.0, 0.2)
+        assert p.rollout_backend == "vllm"
+    assert TrainConfig(profile="tiny").resolve(CPU).rollout_backend == "hf"
+
+
+def test_the_planner_sizes_the_micro_batch_and_keeps_the_step():
+    """An H200 takes the 128 completions as one micro-batch; a smaller device accumulates micro-batches of the same
+    step; a size the user gives is kept."""
+    big = TrainConfig(profile="gpu", model="Qwen/Qwen2.5-1.5B-Instruct").resolve(H200)
+    small = TrainConfig(profile="gpu", model="Qwen/Qwen2.5-1.5B-Instruct").resolve(Machine("cuda", True, 48))
+    assert (big.per_device_train_batch_size, big.gradient_accumulation_steps) == (128, 1)
+    assert small.gradient_accumulation_steps > 1 and small.generation_batch_size == 128
+    assert experiment.plan_memory(small, Machine("cuda", True, 48)).fits
+    given = TrainConfig(profile="gpu", per_device_train_batch_size=32).resolve(Machine("cuda", True, 48))
+    assert (given.per_device_train_batch_size, given.gradient_accumulation_steps) == (32, 1)
+
+
+def test_rewards_and_their_weights():
+    assert TrainConfig(profile="gpu", rewards=("correctness",)).with_profile().reward_weights == (1.0,)
+    with pytest.raises(ConfigError, match="one weight per reward"):
+        TrainConfig(rewards=("correctness", "format"), reward_weights=(1.0,))
+    gpu = TrainConfig(profile="gpu").with_profile()
+    assert experiment.reward_spec(gpu) == (("correctness", "format"), (1.0, 0.2))
+    assert experiment.reward_spec(gpu, ["mine"]) == (("mine",), None)  # the profile's weights were for its rewards
+    assert experiment.reward_spec(gpu, ["a", "b"]) == (("a", "b"), (1.0, 0.2))
+
+
+def test_the_model_manifest_names_the_languages_it_trains_on(tmp_path):
+    (tmp_path / "config.json").write_text((experiment.TINY_MODEL_DIR / "config.json").read_text())
+    (tmp_path / "manifest.json").write_text('{"languages": ["en"], "files": {}}')
+    config = TrainConfig(profile="tiny", model=str(tmp_path)).resolve(CPU)
+    assert config.train_languages == ("en",)
+    rows = experiment.load_train_rows(config)
+    assert rows and {row["lang"] for row in rows} == {"en"}
+    assert {row["lang"] for row in experiment.load_train_rows(TrainConfig(profile="tiny").resolve(CPU))} == {"en", "zh"}
+    with pytest.raises(ConfigError, match="train_languages.*do not occur"):
+        experiment.load_train_rows(dataclasses.replace(config, train_languages=("fr",)))
 
 
 def test_profiles_only_fill_fields_left_open():
@@ -96,11 +135,11 @@ def test_everything_else_derives_from_the_config():
     config = TrainConfig(profile="gpu").resolve(H200)
     shape = config.training_shape()
     assert (shape.per_device_train_batch_size, shape.num_generations, shape.prompt_length,
-            shape.max_completion_length, shape.beta) == (16, 4, 256, 256, 0.04)
+            shape.max_completion_length, shape.beta) == (128, 8, 256, 256, 0.04)
     assert shape.generation_batch_size == config.generation_batch_size
     rollout = config.rollout_config()
     assert (rollout.n, rollout.max_tokens, rollout.temperature, rollout.gpu_memory_utilization) == (
-        4, 256, 1.0, config.vllm_gpu_memory_utilization)
+        8, 256, 0.7, config.vllm_gpu_memory_utilization)
     assert config.max_model_len == 512 and config.precision == "mixed"
     with pytest.raises(ConfigError, match="resolved config"):
         TrainConfig(profile="gpu").rollout_config()

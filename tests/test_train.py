@@ -33,9 +33,10 @@ def test_resolved_config_takes_sizes_from_the_profile_and_keeps_overrides(tmp_pa
     assert args.output_dir.endswith("checkpoints")
 
 
-def test_gpu_profile_follows_the_seed_recipe():
+def test_gpu_profile_follows_the_recipe_that_learned_on_smollm2():
     config = T.TrainConfig(profile="gpu", output_dir="unused").resolve(Machine("cuda", bf16=True, memory_gib=80))
-    assert config.learning_rate == 5e-6 and config.beta > 0 and config.warmup_steps > 0 and config.use_vllm
+    assert config.learning_rate == 2e-5 and config.beta > 0 and config.warmup_steps > 0 and config.use_vllm
+    assert (config.temperature, config.reward_weights, config.generation_batch_size) == (0.7, (1.0, 0.2), 128)
 
 
 def test_cli_options_mirror_the_config_fields():

@@ -31,6 +31,7 @@ ATTRIBUTES = [
     ("transformers.trainer_utils", "rotate_checkpoints", "train"),
     ("trl.generation.vllm_generation.VLLMGeneration", "sync_weights", "weight_sync (replaced on the CPU)"),
     ("trl.generation.vllm_generation.VLLMGeneration", "_iter_named_params", "weight_sync"),
+    ("trl.generation.vllm_generation", "LLM", "train (the colocated engine starts without load/capture bars)"),
     ("vllm.LLM", "collective_rpc", "weight_sync, rollout"),
     ("vllm.LLM", "reset_prefix_cache", "rollout, bench"),
     ("vllm.LLM", "sleep", "rollout"),

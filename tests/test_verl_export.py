@@ -69,18 +69,18 @@ def test_overrides_read_back_with_the_grpo_settings(gpu_export):
     assert o["actor_rollout_ref.actor.use_kl_loss"] is True
     assert o["actor_rollout_ref.actor.kl_loss_type"] == "low_var_kl"
     assert o["actor_rollout_ref.actor.kl_loss_coef"] == 0.04
-    assert o["actor_rollout_ref.rollout.n"] == 4
+    assert o["actor_rollout_ref.rollout.n"] == 8
     assert o["actor_rollout_ref.rollout.tensor_model_parallel_size"] == 1
     assert o["actor_rollout_ref.rollout.gpu_memory_utilization"] == 0.3
     assert (o["trainer.n_gpus_per_node"], o["trainer.nnodes"], o["trainer.device"]) == (8, 1, "cuda")
-    assert o["data.train_batch_size"] == 16 * 8 // 4 == o["actor_rollout_ref.actor.ppo_mini_batch_size"]
-    assert o["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == 16
-    assert o["actor_rollout_ref.actor.optim.lr"] == 5e-6 and o["trainer.total_training_steps"] == 300
+    assert o["data.train_batch_size"] == 128 * 8 // 8 == o["actor_rollout_ref.actor.ppo_mini_batch_size"]
+    assert o["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == 128
+    assert o["actor_rollout_ref.actor.optim.lr"] == 2e-5 and o["trainer.total_training_steps"] == 300
     assert o["actor_rollout_ref.model.path"] == "Qwen/Qwen2.5-0.5B-Instruct"
     for key in V.PATH_KEYS:
         assert os.path.isabs(o[key]) and os.path.isfile(o[key])
     manifest = loaded.manifest
-    assert manifest["experiment"]["num_generations"] == 4 and manifest["verl_run"] == "not run by grpo_lab"
+    assert manifest["experiment"]["num_generations"] == 8 and manifest["verl_run"] == "not run by grpo_lab"
     assert manifest["schema_check"]["ok"] is None  # validate=False
 
 
@@ -313,5 +313,5 @@ def test_launch_script_arguments_compose_in_verls_hydra(npu_export, tmp_path):
     with initialize_config_dir(config_dir=str(verl_config.config_dir), version_base=None):
         config = compose(config_name="ppo_trainer", overrides=args[2:])
     assert config.data.train_files == str(npu_export.folder.resolve() / V.TRAIN_FILE)
-    assert config.actor_rollout_ref.rollout.n == 4 and config.actor_rollout_ref.actor.optim.lr == 5e-6
+    assert config.actor_rollout_ref.rollout.n == 8 and config.actor_rollout_ref.actor.optim.lr == 2e-5
     assert list(config.trainer.logger) == ["console"] and config.trainer.device == "npu"

@@ -19,6 +19,7 @@ is an error, never a silent fallback.
 
 from grpo_lab.rollout.backends import (
     BACKENDS,
+    borrow_engine,
     choose_backend,
     load_tokenizer,
     open_engine,
@@ -54,7 +55,7 @@ from grpo_lab.rollout.prompts import (
 __all__ = [
     "BACKENDS", "BackendChoice", "BackendUnavailableError", "Completion", "EncodedPrompt", "PrefixCacheEffect",
     "PromptRollout", "RolloutConfig", "RolloutEngine", "RolloutError", "RolloutResult", "Sampling",
-    "TokenizerMismatchError", "check_prompt_lengths", "check_tokenizers", "choose_backend", "comparison_table",
+    "TokenizerMismatchError", "borrow_engine", "check_prompt_lengths", "check_tokenizers", "choose_backend", "comparison_table",
     "encode_prompts", "eval_prompts", "load_tokenizer", "main", "open_engine", "prefix_cache_effect",
     "few_shot_prompts", "side_by_side", "tokenizer_differences",
 ]

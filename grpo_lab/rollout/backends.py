@@ -27,7 +27,7 @@ from grpo_lab.rollout.engine import (
 )
 from grpo_lab.rollout.hf_backend import HFEngine
 from grpo_lab.rollout.prompts import Prompt, encode_prompts
-from grpo_lab.rollout.vllm_backend import VLLMEngine, vllm_usable
+from grpo_lab.rollout.vllm_backend import BorrowedVLLMEngine, VLLMEngine, vllm_usable
 
 BACKENDS = ("auto", "vllm", "hf")
 
@@ -91,6 +91,20 @@ def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConf
     engine: RolloutEngine = engine_class(model_path, tokenizer, config, choice)
     engine.check_settings()
     return engine.start()
+
+
+def borrow_engine(llm, model_path: str | os.PathLike[str], config: RolloutConfig | None = None,
+                  **overrides) -> RolloutEngine:
+    """The rollout interface over a running ``vllm.LLM`` that something else owns (a trainer's colocated engine):
+    ``generate`` works as on any engine; ``stop()`` leaves the engine running. ``config`` / ``overrides`` set the
+    sampling (the engine's own sizes stay as its owner started it)."""
+    config = replace(config or RolloutConfig(), **overrides)
+    model_path = str(model_path)
+    kind = device.check_kind(config.device_kind) if config.device_kind else device.detect()
+    max_model_len = llm.llm_engine.model_config.max_model_len
+    config = replace(config, max_model_len=max_model_len).resolve(kind, None, model_path)
+    choice = BackendChoice("vllm", "the trainer's own colocated vLLM engine, with the trained weights")
+    return BorrowedVLLMEngine(llm, model_path, load_tokenizer(model_path), config, choice).start()
 
 
 def load_tokenizer(model_path: str):

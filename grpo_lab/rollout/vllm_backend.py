@@ -235,6 +235,22 @@ class VLLMEngine(RolloutEngine):
         device.empty_cache(self.config.device_kind)
 
 
+class BorrowedVLLMEngine(VLLMEngine):
+    """A ``vllm.LLM`` someone else started and owns (TRL's colocated engine inside a trainer), used through the rollout
+    interface: :meth:`stop` lets go of it without shutting it down; its memory stays with its owner."""
+
+    def __init__(self, llm, model_path: str, tokenizer, config: RolloutConfig, choice):
+        super().__init__(model_path, tokenizer, config, choice)
+        self._borrowed = llm
+
+    def _start(self) -> None:
+        self.llm = self._borrowed
+        self._check_engine_tokenizer()
+
+    def _stop(self) -> None:
+        self.llm = self._borrowed = None
+
+
 # ---- child processes ------------------------------------------------------------------------------------
 def _is_resource_tracker(pid: int) -> bool:
     """Python's multiprocessing resource tracker: one per interpreter, shared, ends with it. Not the engine's."""

