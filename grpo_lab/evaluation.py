@@ -245,6 +245,31 @@ def conclusions(before: AccuracyReport, after: AccuracyReport, trained_types: Se
     return lines
 
 
+def greedy_followed(before: AccuracyReport, after: AccuracyReport, trained_types: Sequence[str]) -> list[str]:
+    """Whether greedy accuracy went the way pass@1 went, on each trained type: greedy picks the single most likely
+    answer, so it can stay or turn wrong while the share of right samples rises. A change within
+    :data:`STEADY_POINTS` counts as no move; "followed" means the same direction (or both steady)."""
+    def direction(old: float, new: float) -> int:
+        points = 100 * (new - old)
+        return 0 if abs(points) < STEADY_POINTS else (1 if points > 0 else -1)
+
+    followed, parted = [], []
+    for name in trained_types:
+        if name not in before.per_type or name not in after.per_type:
+            continue
+        old, new = before.per_type[name], after.per_type[name]
+        same = (direction(old["greedy"], new["greedy"]) ==
+                direction(old["sampled_pass_at_1"], new["sampled_pass_at_1"]))
+        (followed if same else parted).append(name)
+    lines = [f"greedy accuracy followed pass@1 on {len(followed)} of {len(followed) + len(parted)} trained types"
+             + (f" ({', '.join(followed)})" if followed else "")]
+    lines += [describe_change(f"on {name} it did not: pass@1", before.per_type[name]["sampled_pass_at_1"],
+                              after.per_type[name]["sampled_pass_at_1"])
+              + ", " + describe_change("greedy accuracy", before.per_type[name]["greedy"], after.per_type[name]["greedy"])
+              for name in parted]
+    return lines
+
+
 def verdict_counts(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation) -> dict[str, int]:
     """How many problems' greedy answers went wrong → right, right → wrong, stayed right, stayed wrong."""
     counts = {"wrong → right": 0, "right → wrong": 0, "right → right": 0, "wrong → wrong": 0}
