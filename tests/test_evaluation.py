@@ -88,3 +88,11 @@ def test_greedy_followed_names_the_types_where_it_did_not():
                         "(35.0% → 20.0%)")
     assert evaluation.greedy_followed(before, before, ["a"]) == ["greedy accuracy followed pass@1 on 1 of 1 trained "
                                                                  "types (a)"]
+
+
+def test_describe_reward_gap_gives_the_reasons_that_apply():
+    seen = evaluation.describe_reward_gap(0.602, 0.228, True, True, 1.0, 1.0)
+    assert seen.startswith("training reward at the start 0.602") and "fine-tuned on exactly these" in seen
+    other = evaluation.describe_reward_gap(0.1, 0.05, False, False, 0.7, 1.0)
+    assert "not a share of right answers" in other and "T=0.7" in other and "fine-tuned" not in other
+    assert "should be close" in evaluation.describe_reward_gap(0.2, 0.2, False, True, 1.0, 1.0)
