@@ -243,3 +243,43 @@ def explain_group(rewards: Sequence[float] = SEED_EXAMPLE_REWARDS, epsilon: floa
             f"{fmt([d / population_std for d in deviations], '+.4g')})"
         )
     return "\n".join(lines)
+
+
+def all_right_share(mean_reward: float, frac_reward_zero_std: float, group_size: int) -> tuple[float, float]:
+    """Bounds on the share of groups whose completions were *all* right, from two numbers TRL logs, for a reward that
+    is 1 (right) or 0 (wrong): ``frac_reward_zero_std`` = z (groups that all scored the same: all right or all
+    wrong) and the mean reward r. The other groups hold between 1 and G − 1 right answers of G, so
+    r = a + (1 − z)·m with m in [1/G, (G − 1)/G]: the all-right share a lies in
+    [r − (1 − z)(G − 1)/G, r − (1 − z)/G], within [0, z]. Both are linear, so means over steps keep the bounds.
+
+    >>> [round(x, 3) for x in all_right_share(0.8, 0.63, 8)]
+    [0.476, 0.63]
+    """
+    if group_size < 2:
+        raise ValueError(f"group_size={group_size}: a group needs at least 2 completions")
+    rest = 1.0 - frac_reward_zero_std
+    low = mean_reward - rest * (group_size - 1) / group_size
+    high = mean_reward - rest / group_size
+    return max(0.0, min(low, frac_reward_zero_std)), max(0.0, min(high, frac_reward_zero_std))
+
+
+def describe_zero_std(mean_reward: float, frac_reward_zero_std: float, group_size: int, binary: bool) -> str:
+    """One sentence on what ``frac_reward_zero_std`` means for a stretch of training: for a right/wrong reward
+    (``binary``), how many of the silent groups were all right (solved every time) and how many all wrong
+    (:func:`all_right_share`); otherwise only that they scored the same."""
+    z = frac_reward_zero_std
+    if not binary:
+        return (f"{z:.0%} of groups gave every completion the same total reward (no signal); with several rewards "
+                f"combined the logs do not say whether those were all right or all wrong")
+    low, high = all_right_share(mean_reward, z, group_size)
+    wrong_low, wrong_high = z - high, z - low
+    if low == 0 and high == z:
+        return (f"{z:.0%} of groups had one reward for all {group_size} completions (no signal); at a mean reward of "
+                f"{mean_reward:.3f} they may be all right or all wrong (the logs do not tell)")
+    return (f"{z:.0%} of groups had one reward for all {group_size} completions (no signal): by the mean reward "
+            f"{mean_reward:.3f}, {_share(low, high)} of all groups were all right (solved every time) and "
+            f"{_share(wrong_low, wrong_high)} all wrong")
+
+
+def _share(low: float, high: float) -> str:
+    return f"{low:.0%}" if round(100 * low) == round(100 * high) else f"between {low:.0%} and {high:.0%}"

@@ -91,6 +91,9 @@ RESULT_FILE = "async_grpo.json"
 SAMPLES_FILE = "trained_samples.jsonl"
 """One line per trained completion: step, group, its version tag, the version it trained at, the lag, a digest."""
 DEFAULT_MAX_STALENESS = 2
+TRL_SCORE_QUEUE_GROUPS = 16
+"""Whole groups TRL 1.16's rollout worker holds between generation and the queue (its ``score_queue_maxsize``, not an
+``AsyncGRPOConfig`` field)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -573,6 +576,39 @@ class AsyncResult(scale.ServerModeResult):
         values = super().to_dict()
         values["completions_per_second"] = self.completions_per_second()
         return values
+
+
+def completion_accounting(result: AsyncResult, num_generations: int) -> dict[str, int]:
+    """Where the completions the server generated went: ``generated`` (the server's finished requests; the worker asks
+    for one completion per request) = ``trained`` + ``dropped`` (too stale) + ``left`` (still between the server and
+    the trainer when training stopped). ``queue``, ``scoring`` and ``inflight`` are the most each stage of the pipeline
+    holds: the queue (``queue_maxsize``), TRL's scoring queue (:data:`TRL_SCORE_QUEUE_GROUPS` whole groups) and the
+    requests in flight (``max_inflight_tasks``)."""
+    generated = round(result.server_stats.get("requests", 0))
+    trained = result.global_step * result.completions_per_step
+    return {"generated": generated, "trained": trained, "dropped": result.dropped_stale,
+            "left": generated - trained - result.dropped_stale,
+            "queue": int(result.async_config.queue_maxsize or 0), "scoring": TRL_SCORE_QUEUE_GROUPS * num_generations,
+            "inflight": int(result.async_config.max_inflight_tasks)}
+
+
+def describe_accounting(counts: dict[str, int]) -> str:
+    """:func:`completion_accounting` as sentences: the sum, and where the untrained rest can be.
+
+    >>> print(describe_accounting({"generated": 630, "trained": 128, "dropped": 160, "left": 342, "queue": 96,
+    ...                            "scoring": 128, "inflight": 64}))  # doctest: +NORMALIZE_WHITESPACE
+    the server generated 630 completions = 128 trained + 160 dropped as too stale + 342 not yet trained when training
+    stopped. The worker runs ahead of the trainer by design: those were in the queue (at most 96, queue_maxsize), in
+    TRL's scoring queue (at most 128: 16 whole groups), in flight (at most 64, max_inflight_tasks), or in groups
+    still waiting for their last completion (a group is scored only when it is whole).
+    """
+    c = counts
+    return (f"the server generated {c['generated']} completions = {c['trained']} trained + {c['dropped']} dropped as "
+            f"too stale + {c['left']} not yet trained when training stopped. The worker runs ahead of the trainer by "
+            f"design: those were in the queue (at most {c['queue']}, queue_maxsize), in TRL's scoring queue (at most "
+            f"{c['scoring']}: {TRL_SCORE_QUEUE_GROUPS} whole groups), in flight (at most {c['inflight']}, "
+            f"max_inflight_tasks), or in groups still waiting for their last completion (a group is scored only when "
+            f"it is whole).")
 
 
 def async_train_config(train_config: TrainConfig, machine: Any = None) -> TrainConfig:

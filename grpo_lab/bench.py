@@ -72,6 +72,8 @@ CONFIGS = ("hf", "vllm", "vllm+prefix")
 VARIANTS = ("fixed", "ragged")
 PARTS = ("rollout", "grpo", "roofline", "engine")
 GRPO_WORKLOADS = ("fixed", "ragged")
+OWN_LENGTHS = "the model's own lengths"
+"""The GRPO step's workload with real weights: neither fixed nor drawn, whatever the model samples."""
 RAGGED_STOP_PROBABILITY = 1 / 160
 """The ragged GRPO workload on random weights: the share of the vocabulary that ends a completion, so that each
 sampled token ends it with about this probability (lengths roughly geometric, mean ~0.5 x 256 tokens)."""
@@ -668,8 +670,11 @@ def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, bac
     machine = Machine.detect()
     kind = machine.kind
     longest = max(len(p.token_ids) for p in encode_prompts(load_tokenizer(model), [r["prompt"] for r in rows]))
-    lengths = ("every completion exactly max_completion_length tokens (random weights never sample the end token)"
-               if workload == "fixed" and stop_ids else "each completion ends at the model's own end token")
+    if not stop_ids:  # real weights: the bench sets no lengths, so "fixed" and "ragged" are the same workload
+        workload, lengths = OWN_LENGTHS, ("each completion ends where the model samples its end token, or at "
+                                          "max_completion_length: the lengths are the model's, not set by the bench")
+    else:
+        lengths = "every completion exactly max_completion_length tokens (random weights never sample the end token)"
     out: dict[str, Any] = {"backends": {}, "steps_timed": profile.grpo_steps, "workload": workload,
                            "warmup_steps": profile.grpo_warmup_steps,
                            "completions_per_step": profile.sequences,

@@ -23,9 +23,52 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from grpo_lab import runs
+from grpo_lab.experiment import PROFILE_DEVICE, PROFILES
+from grpo_lab.models import MODEL_ENV_VAR
 from grpo_lab.paths import REPO_ROOT
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+
+# Where next (notebook 09): which notebook to reopen for which goal, and what to run on a GPU or NPU of your own.
+# Every notebook and `grpo-lab` subcommand named here exists (tests/test_course.py checks).
+REOPEN: tuple[tuple[str, str, str], ...] = (
+    ("train a real model on your GPU or NPU", "03_grpo_training",
+     "set GRPO_LAB_PROFILE and GRPO_LAB_MODEL before starting Jupyter: the same cells train it, plot the curves and "
+     "evaluate before and after"),
+    ("fit a larger model, or more completions per step", "04_memory_budget",
+     "the planner with your model and device memory: vLLM's share, the micro-batch, gradient checkpointing"),
+    ("your own problems or your own reward", "08_bring_your_own",
+     "JSONL rows in the course's format, register_reward, and grpo-lab doctor on the experiment"),
+    ("a reward that cannot be gamed", "02_reward_design",
+     "score the completions your model really writes; watch for a reward that outvotes correctness"),
+    ("pick the sampling settings (temperature, n, lengths)", "01_vllm_smoke",
+     "sample your model's answers at a few temperatures: GRPO needs groups that disagree"),
+    ("serve what you trained", "05_deployment", "export, verify, serve and load-test the run's final model"),
+    ("find out what limits your step", "06_performance", "generation or update: the measured split and the roofline"),
+    ("more than one device", "07_scale_out", "server mode, asynchronous GRPO, or an export to verl"),
+    ("a new machine or a new version stack", "00_environment", "the environment report and the smoke test"),
+)
+"""(goal, notebook, what to change there)."""
+
+
+def next_commands(kind: str) -> list[tuple[str, str]]:
+    """``(command, why)`` to run on a machine of device ``kind`` after the course, in order; on a CPU, what to run on a
+    GPU or an NPU (the course's ``gpu`` and ``npu`` profiles). On an accelerator the model is the one this run used
+    (``GRPO_LAB_MODEL`` when set), elsewhere the profile's default."""
+    here = kind != "cpu"
+    commands = []
+    for name in [name for name, device in PROFILE_DEVICE.items() if device == kind] if here else ["gpu", "npu"]:
+        model = (os.environ.get(MODEL_ENV_VAR) if here else None) or PROFILES[name]["model"]
+        commands += [
+            (f"grpo-lab doctor --profile {name}", f"{name}: the stack, the device and the profile checked before a "
+                                                  "long run"),
+            (f"GRPO_LAB_PROFILE={name} GRPO_LAB_MODEL={model} make course",
+             f"{name}: the whole course on that device with a real model (any local folder or hub id)"),
+            (f"grpo-lab train --profile {name} --model {model} --max-steps 300",
+             f"{name}: a longer run of notebook 03's recipe; `--output-dir RUN --resume-from-checkpoint true` "
+             "continues it"),
+        ]
+    return commands
 
 
 @dataclass

@@ -135,7 +135,9 @@ def verify_export(folder: str | Path, load_weights: bool = True) -> VerifyReport
         report.checked.append("manifest checksums match")
     except models.ModelIntegrityError as exc:
         listed = [line[4:] for line in str(exc).splitlines() if line.startswith("  - ")]
-        report.problems.extend(listed or [str(exc).splitlines()[0]])
+        # a required file reported missing above is one problem, not two
+        already = {f"missing file: {name}" for name in REQUIRED_FILES if f"missing {name}" in report.problems}
+        report.problems.extend([p for p in listed if p not in already] if listed else [str(exc).splitlines()[0]])
     if report.problems or not load_weights:
         return report
     try:

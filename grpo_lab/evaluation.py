@@ -309,6 +309,59 @@ def greedy_gain(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evalu
     return Gain(label, sum(p[0] for p in pairs) / n, sum(p[1] for p in pairs) / n, n, 100 * (variance / n) ** 0.5)
 
 
+def greedy_followed(before: AccuracyReport, after: AccuracyReport, trained_types: Sequence[str]) -> list[str]:
+    """Whether greedy accuracy went the way pass@1 went, on each trained type: greedy picks the single most likely
+    answer, so it can stay or turn wrong while the share of right samples rises. A change within
+    :data:`STEADY_POINTS` counts as no move; "followed" means the same direction (or both steady)."""
+    def direction(old: float, new: float) -> int:
+        points = 100 * (new - old)
+        return 0 if abs(points) < STEADY_POINTS else (1 if points > 0 else -1)
+
+    followed, parted = [], []
+    for name in trained_types:
+        if name not in before.per_type or name not in after.per_type:
+            continue
+        old, new = before.per_type[name], after.per_type[name]
+        same = (direction(old["greedy"], new["greedy"]) ==
+                direction(old["sampled_pass_at_1"], new["sampled_pass_at_1"]))
+        (followed if same else parted).append(name)
+    lines = [f"greedy accuracy followed pass@1 on {len(followed)} of {len(followed) + len(parted)} trained types"
+             + (f" ({', '.join(followed)})" if followed else "")]
+    lines += [describe_change(f"on {name} it did not: pass@1", before.per_type[name]["sampled_pass_at_1"],
+                              after.per_type[name]["sampled_pass_at_1"])
+              + ", " + describe_change("greedy accuracy", before.per_type[name]["greedy"], after.per_type[name]["greedy"])
+              for name in parted]
+    return lines
+
+
+def describe_reward_gap(first_reward: float, held_out_pass_at_1: float, fine_tuned_on_rows: bool, binary: bool,
+                        train_temperature: float, eval_temperature: float) -> str:
+    """Why the training reward at the start differs from held-out pass@1 on the same types, as a sentence: the reward
+    is measured on the training rows (which a model fine-tuned on them has seen with their answers), at the trainer's
+    temperature, and with every reward of the set (``binary``: correctness alone, so it is a share of right answers).
+
+    >>> print(describe_reward_gap(0.602, 0.228, True, True, 1.0, 1.0))  # doctest: +NORMALIZE_WHITESPACE
+    training reward at the start 0.602 (a share of right answers on the training rows) vs held-out pass@1 on the same
+    types 22.8% before training: the model was fine-tuned on exactly these training rows (its manifest records the
+    file's checksum), so it recalls many of their answers; the held-out problems are new to it.
+    """
+    what = "a share of right answers on the training rows" if binary else "every reward of the set, on the training rows"
+    head = (f"training reward at the start {first_reward:.3f} ({what}) vs held-out pass@1 on the same types "
+            f"{held_out_pass_at_1:.1%} before training")
+    reasons = []
+    if fine_tuned_on_rows:
+        reasons.append("the model was fine-tuned on exactly these training rows (its manifest records the file's "
+                       "checksum), so it recalls many of their answers; the held-out problems are new to it")
+    if not binary:
+        reasons.append("the reward adds more than correctness, so it is not a share of right answers")
+    if train_temperature != eval_temperature:
+        reasons.append(f"the trainer samples at T={train_temperature:g}, the evaluation at T={eval_temperature:g}")
+    if not reasons:
+        reasons.append("the same measure on different problems of the same types, so they should be close; a large "
+                       "gap means the training rows are easier or harder for this model than the held-out ones")
+    return head + ": " + "; ".join(reasons) + "."
+
+
 def verdict_counts(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation) -> dict[str, int]:
     """How many problems' greedy answers went wrong → right, right → wrong, stayed right, stayed wrong."""
     counts = {"wrong → right": 0, "right → wrong": 0, "right → right": 0, "wrong → wrong": 0}

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import memory, models
-from grpo_lab.data import load_jsonl, load_split
+from grpo_lab.data import SplitConfig, load_jsonl, load_split
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
 from grpo_lab.paths import TINY_MODEL_DIR
@@ -512,6 +512,18 @@ def default_train_types(model: str) -> tuple[str, ...] | None:
     """The types with a deliberate slip in the model's manifest (the shipped tiny model), else None (all)."""
     slip_types = _manifest(model).get("recipe", {}).get("slip_types") or None
     return tuple(slip_types) if slip_types else None
+
+
+def fine_tuned_on_training_rows(config: TrainConfig) -> bool:
+    """True when the model's manifest records supervised fine-tuning on this experiment's training file, byte for byte
+    (the shipped tiny model was fine-tuned on ``data/train.jsonl``). Its training reward then starts above its
+    held-out accuracy: it has seen these very problems with their answers."""
+    manifest = Path(config.model or "") / models.MANIFEST_NAME
+    if not manifest.is_file():
+        return False
+    recorded = (json.loads(manifest.read_text(encoding="utf-8")).get("data") or {}).get("train", {}).get("sha256")
+    dataset = Path(config.dataset) if config.dataset else SplitConfig().path("train")
+    return bool(recorded) and dataset.is_file() and models.file_sha256(dataset) == recorded
 
 
 def load_train_rows(config: TrainConfig) -> list[dict[str, Any]]:

@@ -536,12 +536,30 @@ def experiment_runs(body: dict[str, Any], experiment: str) -> list[dict[str, Any
     return rows
 
 
+COMPARED_KNOBS = ("max_num_seqs", "max_model_len", "prefix_caching")
+"""Experiments that compare settings of one knob: with a single setting they measured that setting, nothing more."""
+
+
+def single_setting(body: dict[str, Any], experiment: str, row: dict[str, Any]) -> str:
+    """One sentence for an experiment that ran at a single setting: what ran, and in which table its numbers are."""
+    def key(r: dict[str, Any]) -> tuple:
+        return r.get("experiments"), r["concurrency"], r["requests_per_s"], r["workload"]
+
+    same = next((f"the '{other['label']}' row of the {name} table" for name in row.get("experiments", [])
+                 if name != experiment and len(experiment_runs(body, name)) > 1
+                 for other in experiment_runs(body, name) if key(other) == key(row)), None)
+    return (f"only {row['label']} was run (one setting, so nothing to compare); its numbers are "
+            + (same or f"{row['requests_per_s']:.1f} requests/s, first token p50 {row['ttft_p50_ms']:.0f} ms") + ".")
+
+
 def describe_results(body: dict[str, Any]) -> str:
     """A results file as text: its command, then one table per experiment (or one table of all runs)."""
     parts = [f"command: {body['command']}"]
     for experiment in EXPERIMENT_LABELS:
         rows = experiment_runs(body, experiment)
-        if rows:
+        if len(rows) == 1 and experiment in COMPARED_KNOBS:  # one setting: nothing compared, say so, no table
+            parts.append(f"\n{experiment}: {single_setting(body, experiment, rows[0])}")
+        elif rows:
             parts += [f"\n{experiment}:", format_table(rows)]
     if len(parts) == 1:
         parts.append(format_table(body["runs"]))
@@ -560,7 +578,11 @@ def knob_findings(body: dict[str, Any]) -> list[str]:
                      f"({b['e2e_p99_ms'] / a['e2e_p99_ms']:.1f}x); at {b['concurrency']} clients the client itself "
                      f"used {b['client_cpu_share']:.0%} of a CPU core.")
     for experiment, knob in (("max_num_seqs", "max_num_seqs"), ("max_model_len", "max_model_len")):
-        for r in sorted(experiment_runs(body, experiment), key=lambda r: r["server"][knob]):
+        settings = experiment_runs(body, experiment)
+        if len(settings) == 1:
+            found.append(f"{experiment}: {single_setting(body, experiment, settings[0])}")
+            continue
+        for r in sorted(settings, key=lambda r: r["server"][knob]):
             found.append(f"{r['label']} ({r['workload']}, {r['concurrency']} clients): {r['requests_per_s']:.1f} "
                          f"requests/s, first token p50/p99 {r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} ms, "
                          f"{r['errors']} of {r['requests']} refused" + (f" ({', '.join(r['errors_by_kind'])})"

@@ -269,20 +269,24 @@ def plan_resources(num_devices: int = 8, layout: str = "server", kind: str = "cu
                  RoleAssignment("rollout", r, "vLLM inside each training process (`vllm_mode='colocate'`), "
                                               "`vllm_gpu_memory_utilization` of each device"),
                  RoleAssignment("reference", *reference), RoleAssignment("reward", *reward_row))
-        launch = (f"{var}={','.join(map(str, everything))} accelerate launch --num_processes {num_devices} "
-                  "train_grpo.py   # GRPOConfig(use_vllm=True, vllm_mode='colocate')",)
+        launch = (f"{var}=0 python -m grpo_lab.train --use-vllm true --vllm-mode colocate   # one device, as in "
+                  "notebook 03",)
+        if num_devices > 1:
+            launch += (f"# on {num_devices} devices this layout is TRL's `accelerate launch --num_processes "
+                       f"{num_devices}` of that trainer; grpo_lab.train writes its run folder from one process, so it "
+                       "trains on one device for now",)
         note = ("Every device does everything in turn: no device idles, but generation and training share memory "
                 "(vLLM gets a fraction) and vLLM runs in the trainer's process, without its own scheduler process.")
     elif layout == "server":
         roles = (RoleAssignment("actor", t, f"TRL GRPOTrainer, {len(train)} process(es) via accelerate"),
                  RoleAssignment("rollout", r, f"TRL's vLLM server (`trl vllm-serve`), tensor parallel {len(rollout)}"),
                  RoleAssignment("reference", *reference), RoleAssignment("reward", *reward_row))
-        launch = (f"{var}={','.join(map(str, rollout))} trl vllm-serve --model MODEL --tensor-parallel-size "
-                  f"{len(rollout)} --port 8000 &",
-                  f"{var}={','.join(map(str, train))} accelerate launch --num_processes {len(train)} "
-                  "train_grpo.py   # GRPOConfig(use_vllm=True, vllm_mode='server')",
-                  f"# or both at once: python -m grpo_lab.scale --rollout-devices {','.join(map(str, rollout))} "
-                  f"--train-devices {','.join(map(str, train))}")
+        launch = (f"python -m grpo_lab.scale --rollout-devices {','.join(map(str, rollout))} --train-devices {train[0]}",
+                  f"# starts TRL's vLLM server ({var}={','.join(map(str, rollout))} trl vllm-serve --model MODEL "
+                  f"--tensor-parallel-size {len(rollout)}), then the trainer under accelerate launch, and stops both",
+                  *((f"# it trains on one device for now (grpo_lab.train writes its run folder from one process): the "
+                     f"plan's other training devices ({_span(train[1:])}) wait for data-parallel training",)
+                    if len(train) > 1 else ()))
         note = ("vLLM gets whole devices and its own engine process; the trainer gets the memory of the rest. TRL's "
                 "server mode is synchronous: the server idles during the update and the trainer waits during "
                 "generation, so it pays off when generation dominates the step and the split follows the times.")

@@ -173,3 +173,20 @@ def test_rewards_weighted_sum_matches_trl_combination(trl_trainer, table_name):
     theirs = trl_advantages(trl_trainer, table, "group", "sum_then_normalize")
     ours = A.group_advantages([weighted_sum(row, [1.0, 0.5]) for row in table], num_generations=4).advantages
     assert ours == pytest.approx(theirs, rel=1e-6, abs=1e-6)
+
+
+def test_zero_std_groups_are_split_into_all_right_and_all_wrong():
+    low, high = A.all_right_share(0.8, 0.63, 8)
+    assert math.isclose(low, 0.8 - 0.37 * 7 / 8) and high == 0.63
+    # a made-up batch: 5 groups all right, 2 all wrong, 3 mixed; the bounds hold the true all-right share
+    rng = random.Random(0)
+    groups = [[1.0] * 8] * 5 + [[0.0] * 8] * 2 + [[1.0] * k + [0.0] * (8 - k) for k in (1, 3, 7)]
+    rewards = [r for group in rng.sample(groups, len(groups)) for r in group]
+    result = A.group_advantages(rewards, num_generations=8)
+    low, high = A.all_right_share(sum(rewards) / len(rewards), result.frac_reward_zero_std, 8)
+    assert math.isclose(result.frac_reward_zero_std, 0.7) and low <= 0.5 <= high
+    assert "between 48% and 63% of all groups were all right" in A.describe_zero_std(0.8, 0.63, 8, binary=True)
+    assert "may be all right or all wrong" in A.describe_zero_std(0.5, 0.2, 8, binary=True)
+    assert "do not say" in A.describe_zero_std(0.5, 0.2, 8, binary=False)
+    with pytest.raises(ValueError):
+        A.all_right_share(0.5, 0.5, 1)

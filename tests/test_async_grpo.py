@@ -422,3 +422,17 @@ class TestAsyncGRPOOnCPU:
         assert servers.port_is_free(server.port)
         assert not [p for p in psutil.Process().children(recursive=True) if p.pid not in async_run["children_before"]]
         assert not (result.run_dir / weight_sync.SYNC_FOLDER).exists()
+
+
+def test_completion_accounting_adds_up():
+    from types import SimpleNamespace
+
+    knobs = async_grpo.AsyncConfig().resolved(32)
+    result = SimpleNamespace(server_stats={"requests": 630.0}, global_step=4, completions_per_step=32,
+                             dropped_stale=160, async_config=knobs)
+    counts = async_grpo.completion_accounting(result, num_generations=8)
+    assert counts["trained"] + counts["dropped"] + counts["left"] == counts["generated"] == 630
+    assert (counts["trained"], counts["left"], counts["queue"], counts["inflight"]) == (128, 342, 96, 64)
+    assert counts["scoring"] == async_grpo.TRL_SCORE_QUEUE_GROUPS * 8
+    text = async_grpo.describe_accounting(counts)
+    assert "630 completions = 128 trained + 160 dropped as too stale + 342 not yet trained" in text

@@ -76,3 +76,18 @@ def test_notebook_05_deploys_what_notebook_03_trained(tmp_path, monkeypatch):
     executed = nbformat.read(out / "05_deployment.ipynb", as_version=4)
     shown = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
     assert f"served = the trained run {trained.name}" in shown
+
+
+def test_where_next_names_notebooks_and_commands_that_exist():
+    from grpo_lab import cli
+
+    names = {path.stem for path in course.course_notebooks()}
+    assert {notebook for _, notebook, _ in course.REOPEN} <= names
+    for kind in ("cpu", "cuda", "npu"):
+        commands = course.next_commands(kind)
+        assert commands and all(why for _, why in commands)
+        for command, _ in commands:
+            words = command.split()
+            if "grpo-lab" in words:
+                assert words[words.index("grpo-lab") + 1] in cli.SUBCOMMANDS, command
+    assert any("--profile npu" in c for c, _ in course.next_commands("cpu"))

@@ -58,6 +58,15 @@ def test_verify_names_each_broken_case(exported, tmp_path, damage, expected):
         report.raise_if_bad()
 
 
+def test_verify_reports_a_missing_file_once(exported, tmp_path):
+    folder = broken_copy(exported, tmp_path)
+    (folder / "tokenizer.json").unlink()  # missing, and listed in the manifest: one problem
+    (folder / "config.json").write_text((folder / "config.json").read_text().replace("silu", "gelu"))
+    report = deploy.verify_export(folder)
+    assert report.problems == ["missing tokenizer.json", "altered file (sha256 differs from the manifest): config.json"]
+    assert str(report).splitlines()[0].endswith("2 problem(s)")
+
+
 def test_verify_missing_folder(tmp_path):
     assert deploy.verify_export(tmp_path / "nope").problems == ["folder does not exist"]
 

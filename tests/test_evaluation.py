@@ -73,3 +73,26 @@ def test_verdict_counts(small_eval):
     after = evaluation.Evaluation("m", result.report, ["#### -1", right[1], right[2], "#### -1"], 0.0, "hf", [])
     assert evaluation.verdict_counts(rows, before, after) == {"wrong → right": 1, "right → wrong": 1,
                                                               "right → right": 1, "wrong → wrong": 1}
+
+
+def test_greedy_followed_names_the_types_where_it_did_not():
+    def report(greedy_a, pass_a, greedy_b, pass_b):
+        per_type = {"a": {"count": 40, "greedy": greedy_a, "sampled_pass_at_1": pass_a, "pass_at_k": 0.5},
+                    "b": {"count": 40, "greedy": greedy_b, "sampled_pass_at_1": pass_b, "pass_at_k": 0.5}}
+        return evaluation.AccuracyReport(0.0, 0.0, 0.0, 8, 1.0, 80, per_type)
+
+    before, after = report(0.2, 0.2, 0.35, 0.3), report(0.4, 0.5, 0.2, 0.4)
+    lines = evaluation.greedy_followed(before, after, ["a", "b"])
+    assert lines[0] == "greedy accuracy followed pass@1 on 1 of 2 trained types (a)"
+    assert lines[1] == ("on b it did not: pass@1 rose 10.0 points (30.0% → 40.0%), greedy accuracy fell 15.0 points "
+                        "(35.0% → 20.0%)")
+    assert evaluation.greedy_followed(before, before, ["a"]) == ["greedy accuracy followed pass@1 on 1 of 1 trained "
+                                                                 "types (a)"]
+
+
+def test_describe_reward_gap_gives_the_reasons_that_apply():
+    seen = evaluation.describe_reward_gap(0.602, 0.228, True, True, 1.0, 1.0)
+    assert seen.startswith("training reward at the start 0.602") and "fine-tuned on exactly these" in seen
+    other = evaluation.describe_reward_gap(0.1, 0.05, False, False, 0.7, 1.0)
+    assert "not a share of right answers" in other and "T=0.7" in other and "fine-tuned" not in other
+    assert "should be close" in evaluation.describe_reward_gap(0.2, 0.2, False, True, 1.0, 1.0)

@@ -163,3 +163,11 @@ def test_planning_an_auto_share_plans_what_resolve_would_train_with():
         unresolved.resolve(CPU).vllm_gpu_memory_utilization
     gpu = TrainConfig(profile="gpu")
     assert experiment.plan_memory(gpu, H200).vllm_gpu_memory_utilization == gpu.resolve(H200).vllm_gpu_memory_utilization
+
+
+def test_fine_tuned_on_training_rows_reads_the_manifest(tmp_path):
+    assert experiment.fine_tuned_on_training_rows(get_profile("tiny"))  # the shipped tiny model: SFT on train.jsonl
+    other = tmp_path / "rows.jsonl"
+    other.write_text("{}\n")
+    assert not experiment.fine_tuned_on_training_rows(get_profile("tiny", dataset=str(other)))
+    assert not experiment.fine_tuned_on_training_rows(get_profile("tiny", model=str(tmp_path)))  # no manifest

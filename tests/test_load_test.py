@@ -123,6 +123,21 @@ def test_repeated_runs_of_an_experiment_show_their_median(tmp_path):
     assert findings[0].startswith("max_num_seqs=4 (course, 8 clients): 10.0 requests/s") and len(findings) == 2
 
 
+def test_a_knob_run_at_one_setting_is_not_shown_as_a_comparison(tmp_path):
+    def run(concurrency, rate, experiments):
+        row = {**synthetic_result().record(), "requests_per_s": rate, "concurrency": concurrency,
+               "experiments": experiments}
+        return {**row, "server": {**row["server"], "max_num_seqs": 256}}
+
+    runs = [run(64, 80.0, ["concurrency"]), run(256, 93.0, ["concurrency", "max_num_seqs"])]
+    load_test.save_results(runs, tmp_path / "h200_x.json", "python benchmarks/serving/run.py")
+    body = load_test.committed_results("h200", tmp_path)["h200_x"]
+    expected = ("only max_num_seqs=256 was run (one setting, so nothing to compare); its numbers are the '256 clients' "
+                "row of the concurrency table.")
+    assert f"max_num_seqs: {expected}" in load_test.describe_results(body)
+    assert load_test.knob_findings(body)[1] == f"max_num_seqs: {expected}"
+
+
 def test_cli_has_the_subcommand():
     assert cli.SUBCOMMANDS["load-test"][0] == "grpo_lab.load_test"
     args = load_test.build_parser().parse_args(["FOLDER", "--concurrency", "1,4,16", "--requests", "128"])

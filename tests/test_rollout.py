@@ -244,3 +244,12 @@ def test_an_exception_inside_the_with_block_stops_the_engine():
             raise KeyError("boom")
     assert engine.stopped
     assert set(child_processes()) <= before
+
+
+def test_ratio_context_depends_on_the_machine_and_the_model_size():
+    from grpo_lab.rollout import ratio_context
+
+    assert "CPU cores with a model of 2.0 M parameters" in ratio_context(device.Machine("cpu", False, 8), 2_021_632)
+    h200 = device.Machine("cuda", True, 140, "NVIDIA H200")
+    assert ratio_context(h200, 134_515_008).startswith("On one NVIDIA H200 a model of 135 M parameters is too small")
+    assert "CUDA graphs" in ratio_context(h200, 134_515_008) and "1.5 B" in ratio_context(h200, 1_500_000_000)

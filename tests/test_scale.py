@@ -81,6 +81,17 @@ def test_resource_plans_name_every_role():
         scale.plan_resources(8, "pipeline")
 
 
+def test_resource_plan_commands_exist():
+    import importlib.util
+
+    for layout, smallest in (("colocate", 1), ("server", 2)):
+        for devices in (smallest, 8):
+            commands = [line.split("#")[0] for line in scale.plan_resources(devices, layout).launch]
+            assert not any(".py" in command for command in commands), commands  # no script that does not exist
+            modules = [command.split("python -m ")[1].split()[0] for command in commands if "python -m " in command]
+            assert modules and all(importlib.util.find_spec(module) for module in modules), commands
+
+
 def test_memory_by_layout_splits_the_budget():
     from grpo_lab.memory import course_configs
 

@@ -31,6 +31,7 @@ from grpo_lab.rollout.compare import (
     few_shot_prompts,
     main,
     prefix_cache_effect,
+    ratio_context,
     side_by_side,
 )
 from grpo_lab.rollout.config import RolloutConfig, Sampling
@@ -55,7 +56,8 @@ from grpo_lab.rollout.prompts import (
 __all__ = [
     "BACKENDS", "BackendChoice", "BackendUnavailableError", "Completion", "EncodedPrompt", "PrefixCacheEffect",
     "PromptRollout", "RolloutConfig", "RolloutEngine", "RolloutError", "RolloutResult", "Sampling",
-    "TokenizerMismatchError", "borrow_engine", "check_prompt_lengths", "check_tokenizers", "choose_backend", "comparison_table",
-    "encode_prompts", "eval_prompts", "load_tokenizer", "main", "open_engine", "prefix_cache_effect",
+    "TokenizerMismatchError", "borrow_engine", "check_prompt_lengths", "check_tokenizers", "choose_backend",
+    "comparison_table", "encode_prompts", "eval_prompts", "load_tokenizer", "main", "open_engine",
+    "prefix_cache_effect", "ratio_context",
     "few_shot_prompts", "side_by_side", "tokenizer_differences",
 ]

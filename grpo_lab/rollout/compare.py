@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from grpo_lab.data import load_split
 from grpo_lab.models import resolve_model
@@ -132,6 +134,26 @@ class PrefixCacheEffect:
     @property
     def speedup(self) -> float:
         return self.cold_s / self.warm_s
+
+
+GRAPHS = {"cuda": "CUDA", "npu": "ACL"}
+"""What vLLM replays its decode step as, per accelerator (captured once at engine start)."""
+
+
+def ratio_context(machine: Any, params: int) -> str:
+    """Why the vLLM / HF ``generate`` ratio of a run looks as it does, from the machine (a
+    :class:`grpo_lab.device.Machine`) and the model's parameter count: the sentence notebook 01 prints."""
+    size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.{1 if params < 1e7 else 0}f} M"
+    if machine.kind == "cpu":
+        return (f"On {os.cpu_count()} CPU cores with a model of {size} parameters, both backends are bound by Python "
+                f"overhead rather than arithmetic, so the ratio says little about an accelerator.")
+    where = f"one {machine.name or machine.kind}"
+    if params < 1e9:
+        return (f"On {where} a model of {size} parameters is too small to keep the device busy: HF generate launches "
+                f"its kernels one decode step at a time while vLLM replays them as {GRAPHS[machine.kind]} graphs, so "
+                f"the ratio measures overhead more than arithmetic.")
+    return (f"On {where} a model of {size} parameters gives the device real arithmetic to do, so the ratio is less "
+            f"about launch overhead than with a smaller model.")
 
 
 def prefix_cache_effect(engine, prompts: Sequence[Prompt], sampling: Sampling, repeats: int = 3) -> PrefixCacheEffect:
