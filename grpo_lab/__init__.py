@@ -2,6 +2,72 @@
 
 One experiment (``experiment.TrainConfig``, TRL's names) flows from the memory plan (``memory``) through training
 (``train``) to deployment (``deploy``); README.md's "Architecture" lists every module and what it owns.
+
+**What user code may import** is :data:`__all__`: the names below at the top level and the modules listed there
+(with their public, documented names). Anything else is the course's own plumbing and may change without notice.
+A public name that moves keeps a shim for one minor version that warns (``DeprecationWarning``) and names its new
+place; CHANGELOG.md says what changed in each version.
+
+``import grpo_lab`` is cheap: the names load on first use (torch, transformers, TRL and vLLM are not imported).
+
+>>> import grpo_lab
+>>> config = grpo_lab.TrainConfig(profile="tiny", max_steps=4)      # doctest: +SKIP
+>>> result = grpo_lab.train.train(config)                           # doctest: +SKIP
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.2.0"  # kept equal to pyproject.toml's version by tests/test_public_api.py
+
+# Top-level names: the calls a notebook of your own makes (README "Use grpo_lab in your own notebook"; notebook 08).
+_NAMES: dict[str, str] = {
+    # the experiment and the machine it runs on
+    "TrainConfig": "grpo_lab.experiment",
+    "get_profile": "grpo_lab.experiment",
+    "plan_memory": "grpo_lab.experiment",  # the experiment's plan; memory.plan_memory is the planner beneath it
+    "Machine": "grpo_lab.device",
+    # training and evaluating (the function ``train`` lives in the module ``grpo_lab.train``)
+    "TrainResult": "grpo_lab.train",
+    "evaluate": "grpo_lab.evaluation",
+    # your data and your rewards
+    "load_jsonl": "grpo_lab.data",
+    "write_jsonl": "grpo_lab.data",
+    "load_split": "grpo_lab.data",
+    "register_reward": "grpo_lab.rewards",
+    "list_rewards": "grpo_lab.rewards",
+    "get_reward": "grpo_lab.rewards",
+    # runs, notebooks, errors
+    "find_run": "grpo_lab.runs",
+    "workspace": "grpo_lab.runs",
+    "quiet_notebook": "grpo_lab.env",
+    "GrpoLabError": "grpo_lab.errors",
+    "ConfigError": "grpo_lab.errors",
+}
+
+# Public modules: what the notebooks import (`from grpo_lab import data, rewards, ...`).
+_MODULES: tuple[str, ...] = (
+    "advantages", "async_grpo", "bench", "data", "deploy", "device", "doctor", "env", "errors", "evaluation",
+    "experiment", "load_test", "memory", "models", "paths", "plots", "rewards", "rollout", "runs", "scale", "train",
+    "verl_export", "verl_parity", "weight_sync", "widgets",
+)
+
+__all__ = ["__version__", *_NAMES, *_MODULES]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name or module on first access (PEP 562), so ``import grpo_lab`` imports nothing heavy."""
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+    elif name in _MODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -155,5 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r.status == "ok" for r in results) else 1
 
 
+# --------------------------------------------------------------------------------------------------
+# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
+# --------------------------------------------------------------------------------------------------
+from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
+
+__getattr__ = moved_names(__name__, moved={
+    "run_dir": ("grpo_lab.runs:workspace", "a notebook's output folder, now under the runs root without 'latest/'"),
+    "RUN_DIR_VAR": "grpo_lab.runs:RUN_DIR_ENV",
+})
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -503,3 +503,12 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("stopping")
         return 0 if server.process is None or server.process.poll() in (None, 0) else 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
+# --------------------------------------------------------------------------------------------------
+from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
+
+__getattr__ = moved_names(__name__, moved={
+    name: f"grpo_lab.servers:{name}" for name in ("LOG_TAIL_LINES", "port_is_free", "wait_until_healthy")})

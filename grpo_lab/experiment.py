@@ -569,3 +569,19 @@ def check_prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, max_pro
                           f"{max_prompt_length}. Raise max_prompt_length (and keep it + max_completion_length within "
                           f"the model's max length) or drop the long rows.")
     return longest
+
+
+# --------------------------------------------------------------------------------------------------
+# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
+# --------------------------------------------------------------------------------------------------
+from grpo_lab.deprecation import warn_moved  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
+
+
+def _resolved(self: TrainConfig) -> TrainConfig:
+    """0.1.0's ``TrainConfig.resolved()``: every field filled in for the detected machine."""
+    warn_moved("TrainConfig.resolved()", "TrainConfig.resolve(machine)",
+               "resolved() resolves for Machine.detect(); pass the machine explicitly", stacklevel=3)
+    return self.resolve(Machine.detect())
+
+
+TrainConfig.resolved = _resolved  # type: ignore[attr-defined]

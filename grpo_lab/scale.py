@@ -820,5 +820,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------------------------
+# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
+# --------------------------------------------------------------------------------------------------
+from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
+
+__getattr__ = moved_names(__name__, moved={
+    **{name: f"grpo_lab.servers:{name}" for name in ("LOG_TAIL_LINES", "group_alive", "port_is_free")},
+    **{name: f"grpo_lab.weight_sync:{name}" for name in ("RELOAD_METHOD", "ReloadWeightsExtension")},
+})
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -692,5 +692,45 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------------------------
+# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
+# --------------------------------------------------------------------------------------------------
+from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
+
+_OLD_TRAINING_KNOBS = ("max_steps", "lr_scheduler_type", "warmup_steps", "beta", "loss_type", "scale_rewards",
+                       "temperature", "use_vllm", "save_steps")
+
+
+def _training_defaults() -> dict[str, dict[str, Any]]:
+    """0.1.0's ``TRAINING_DEFAULTS``, rebuilt from today's profiles (a knob no profile sets: TrainConfig's default)."""
+    defaults = {item.name: item.default for item in fields(TrainConfig)}
+    return {name: {key: values.get(key, defaults[key]) for key in _OLD_TRAINING_KNOBS}
+            for name, values in experiment.PROFILES.items()}
+
+
+__getattr__ = moved_names(__name__, moved={
+    "evaluate": ("grpo_lab.evaluation:evaluate", "its backend now defaults to 'auto', was 'hf'"),
+    **{name: f"grpo_lab.evaluation:{name}" for name in ("Evaluation", "compare", "pooled", "side_by_side")},
+    **{name: f"grpo_lab.runs:{name}" for name in (
+        "CHECKPOINTS", "CHECKPOINT_FILES", "CONFIG_FILE", "CURVES_FILE", "FINAL", "METRICS_FILE", "PARTIAL",
+        "RUN_DIR_ENV", "CheckpointError", "check_checkpoint", "checkpoint_step", "discard_interrupted_saves",
+        "list_checkpoints", "publish_folder", "read_metrics", "resolve_resume")},
+    **{name: f"grpo_lab.experiment:{name}" for name in ("CPU_BACKEND_REASON", "check_lengths", "check_prompt_lengths",
+                                                        "default_train_types", "load_train_rows")},
+    "REPO_ROOT": "grpo_lab.paths:REPO_ROOT",
+    "REWARD_ERROR_MODES": "grpo_lab.rewards:REWARD_ERROR_MODES",
+}, computed={
+    "TRAINING_DEFAULTS": ("grpo_lab.experiment.PROFILES", "each profile's TrainConfig values; this dict is rebuilt "
+                          "from them", _training_defaults),
+    "RUNS_DIR": ("grpo_lab.runs.root()", "it follows GRPO_LAB_RUN_DIR", lambda: runs.root()),
+}, removed={
+    "build_reward_funcs": "use grpo_lab.rewards.prepare(names, weights, errors=...)",
+    "guard_reward_funcs": "use grpo_lab.rewards.prepare(funcs, weights, errors=...)",
+    "check_reward_errors": "TrainConfig(reward_errors=...) is checked when the config is made",
+    "check_batch_shape": "TrainConfig checks its step's shape when it is made",
+    "model_max_length": "use TrainConfig.resolve(machine).max_model_len",
+})
+
+
 if __name__ == "__main__":
     raise SystemExit(main())
