@@ -66,6 +66,9 @@ class MemoryBudget:
     recommended: Recommendation | None
     advice: str
     assumptions: list[str] = field(default_factory=list)
+    rollout_bytes: int = 0
+    """With sleep mode: the device memory in use while vLLM is awake (waking, generating) — the trainer's weights
+    and optimizer states next to vLLM's whole share; ``rows`` then show the update, with vLLM asleep. 0 without."""
 
     @property
     def training_peak_bytes(self) -> int:
@@ -105,11 +108,16 @@ class MemoryBudget:
         verdict = "fits" if self.fits else "does NOT fit"
         count = self.model.num_parameters
         size = f"{count / 1e9:.2f} B" if count >= 1e8 else f"{count / 1e6:.2f} M"
-        lines = [f"{self.model.name} ({size} parameters, {self.precision.name}) on "
+        lora = f", LoRA r={self.shape.lora_r}" if self.shape.lora else ""
+        lines = [f"{self.model.name} ({size} parameters, {self.precision.name}{lora}) on "
                  f"{self.device_bytes / GIB:.0f} GiB, vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization:.2f}"
                  f": {verdict}; training peak {self.training_peak_bytes / GIB:.2f} GiB ({self.peak_phase}), "
                  f"vLLM {self.vllm_bytes / GIB:.2f} GiB, KV cache holds {self.sequences_in_kv_cache} sequences of "
                  f"{self.shape.sequence_length} tokens."]
+        if self.rollout_bytes:
+            lines.append(f"sleep mode: vLLM sleeps during the update; awake (waking, generating) the device holds "
+                         f"{self.rollout_bytes / GIB:.2f} GiB (vLLM's share next to the trainer's weights and "
+                         f"optimizer states).")
         if self.recommended:
             lines.append("recommended: " + ", ".join(f"{k}={v}" for k, v in self.recommended.as_dict().items()))
         if self.advice:

@@ -46,6 +46,28 @@ def activation_bytes_per_token_per_layer(model: ModelShape, precision: Precision
     return norms + 4 * e * q + 4 * model.num_attention_heads + 4 * e * i
 
 
+# LoRA's linears fed by an RMSNorm (their input is the residual stream's dtype); o_proj and down_proj take activations
+NORM_FED_LINEARS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+
+
+def lora_activation_bytes_per_token_per_layer(model: ModelShape, precision: Precision, shape: TrainingShape) -> int:
+    """What LoRA adds per token in one decoder layer: lora_A's output (``r`` values) kept for lora_B's backward and,
+    with ``lora_dropout > 0``, each adapted linear's own dropped copy of its input and dropout's boolean mask. (The
+    frozen base linears keep nothing for their weights; their inputs are kept as in full fine-tuning, by lora_A.)
+    An estimate from the saved tensors, not yet checked against a measured step."""
+    if not shape.lora:
+        return 0
+    linears = model.linear_layers()
+    extra = 0
+    for name in shape.lora_target_modules:
+        in_features = linears[name][0]
+        if shape.lora_dropout > 0:
+            input_bytes = precision.residual_bytes if name in NORM_FED_LINEARS else precision.activation_bytes
+            extra += in_features * (input_bytes + 1)
+        extra += shape.lora_r * precision.activation_bytes
+    return extra
+
+
 def training_phases(model: ModelShape, precision: Precision, shape: TrainingShape, device_kind: str
                     ) -> dict[str, dict[str, int]]:
     """Training-side components alive at the peak of each phase of one optimizer step.
@@ -78,15 +100,23 @@ def training_phases(model: ModelShape, precision: Precision, shape: TrainingShap
     cuda = device_kind == "cuda"
     lm_tokens = b * c if cuda else b * (t - 1)  # Triton scores the completion tokens only
 
-    static = {"policy weights": p * precision.weight_bytes, "AdamW states": p * precision.adamw_bytes}
-    if shape.beta > 0:
+    # LoRA: the base is frozen (no gradients, no AdamW states) and, with beta > 0, TRL's reference is the base with the
+    # adapter switched off: no copy. Only the adapters train.
+    lora_layer = model.lora_layer_parameters(shape.lora_r, shape.lora_target_modules) if shape.lora else 0
+    trainable = layers * lora_layer if shape.lora else p
+    static = {"policy weights": p * precision.weight_bytes, "AdamW states": trainable * precision.adamw_bytes}
+    if shape.lora:
+        static["LoRA adapters"] = trainable * precision.weight_bytes
+    if shape.beta > 0 and not shape.lora:
         static["reference model"] = p * precision.weight_bytes
     if cuda:
         static["cuBLAS workspaces"] = CUBLAS_WORKSPACE_THREADS * CUBLAS_WORKSPACE_BYTES
-    grads = p * g
-    head_grad = v * h * g  # the LM head's gradient, made first (tied: waits for the embedding's to be added)
+    grads = trainable * g
+    # the LM head's gradient, made first (tied: waits for the embedding's to be added); none when it is frozen
+    head_grad = 0 if shape.lora else v * h * g
 
-    per_layer = tokens * activation_bytes_per_token_per_layer(model, precision) + b * t * t * e  # + SDPA's mask
+    per_layer = tokens * (activation_bytes_per_token_per_layer(model, precision)
+                          + lora_activation_bytes_per_token_per_layer(model, precision, shape)) + b * t * t * e  # + mask
     layer_copies = model.layer_linear_parameters * precision.autocast_copy_bytes  # one layer's bf16 weights
     final_norm_and_head_input = tokens * (4 * h + r * h) + lm_tokens * r * h
     # Checkpointing keeps each layer's input and the boolean padding mask (in the recompute closure);
@@ -98,8 +128,9 @@ def training_phases(model: ModelShape, precision: Precision, shape: TrainingShap
         saved_layers, kept_copies = layers * per_layer, layers * layer_copies
 
     tile_rows = min(lm_tokens, TOKEN_TILE)
-    fp32_accumulators = v * h * 4 + lm_tokens * h * 4  # weight and input gradients, accumulated in fp32
-    casts = v * h * _cast_bytes(g) + lm_tokens * h * _cast_bytes(r)  # to the model dtype, at the end
+    head_weight_grad = 0 if shape.lora else v * h  # a frozen LM head: TRL's kernel skips the weight gradient
+    fp32_accumulators = head_weight_grad * 4 + lm_tokens * h * 4  # weight and input gradients, accumulated in fp32
+    casts = head_weight_grad * _cast_bytes(g) + lm_tokens * h * _cast_bytes(r)  # to the model dtype, at the end
     fold = 0 if cuda else int(TORCH_FOLD_FP32_TILES * tile_rows * min(v, VOCAB_TILE) * 4)
     # Under autocast each vocabulary chunk of the weight and each token chunk of the input is cast to bf16
     autocast_chunks = (min(v, VOCAB_TILE) + tile_rows) * h * precision.autocast_copy_bytes
@@ -111,12 +142,14 @@ def training_phases(model: ModelShape, precision: Precision, shape: TrainingShap
 
     # The MLP backward of one layer: gradients of gate, up and act(gate)·up, and the gradient flowing in
     mlp_backward = tokens * (2 * e * i + r * h)
-    first_layer_done_grads = head_grad + h * g + h * i * g  # LM head, final norm, the top layer's down_proj
+    # LM head, final norm, the top layer's down_proj (LoRA: the top layer's adapters)
+    first_layer_done_grads = lora_layer * g if shape.lora else head_grad + h * g + h * i * g
     if shape.gradient_checkpointing:
         # With an fp32 residual the first RMSNorm's upcast is the layer's input itself, already kept
         recomputed = per_layer - (tokens * 4 * h if r == 4 else 0)
         # At the last layer (layer 0) its other gradients and, untied, the embedding's are not made yet
-        last_grads = grads - (model.layer_parameters - h * i) * g - (0 if model.tie_word_embeddings else head_grad)
+        last_grads = grads if shape.lora else (
+            grads - (model.layer_parameters - h * i) * g - (0 if model.tie_word_embeddings else head_grad))
         first = layers * tokens * r * h + first_layer_done_grads
         last = tokens * r * h + last_grads
         inputs, layer_grads = (layers * tokens * r * h, first_layer_done_grads) if first > last else (
@@ -134,7 +167,9 @@ def training_phases(model: ModelShape, precision: Precision, shape: TrainingShap
     # becomes the embedding's .grad. CUDA also sums the rows of each token id in fp32 partial sums sized for
     # the worst case.
     embedding = tokens * r * h + (head_grad if model.tie_word_embeddings else 0)
-    if cuda:
+    if shape.lora:  # a frozen embedding: only the gradient of its output, which TRL asks for under checkpointing
+        embedding = tokens * r * h if shape.gradient_checkpointing else 0
+    elif cuda:
         embedding += (tokens // EMBEDDING_ROWS_PER_SEGMENT + min(tokens, v)) * h * 4
     phases["embedding backward"] = {**static, "gradients": grads, "embedding backward buffers": embedding}
     phases["optimizer step"] = {**static, "gradients": grads}

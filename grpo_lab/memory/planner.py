@@ -33,6 +33,10 @@ from grpo_lab.memory.shapes import (
 )
 
 UTILIZATION_STEP = 0.05
+VLLM_ASLEEP_BYTES = VLLM_RUNTIME_BYTES
+"""What a sleeping vLLM keeps on the device: its runtime allowance (non-torch memory, the CUDA-graph pool)."""
+LORA_R_TRIAL = 16
+"""The LoRA rank the advice tries (TRL's default)."""
 
 
 def plan_memory(model: Any, *, precision: str | Precision = "bf16", optimizer: str = "adamw",
@@ -120,16 +124,28 @@ class _Setting:
         tokens = math.ceil(shape.sequence_length / KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
         return shape.num_generations * tokens * self.model.kv_cache_bytes_per_token(self.vllm_bytes_per_element)
 
+    def held_beside_vllm(self, shape: TrainingShape) -> int:
+        """What the trainer holds while vLLM's whole share is in use: its training peak; with sleep mode only its
+        weights and optimizer states (vLLM wakes and generates between updates, when gradients are freed)."""
+        peak_phase, peak, phases = self.training_peak(shape)
+        if not shape.vllm_enable_sleep_mode:
+            return peak
+        return sum(size for name, size in phases["optimizer step"].items() if name != "gradients")
+
+    def update_fits(self, shape: TrainingShape) -> bool:
+        """Sleep mode: the training peak next to what vLLM keeps asleep (its runtime allowance) fits."""
+        _, peak, _ = self.training_peak(shape)
+        return not shape.vllm_enable_sleep_mode or peak + VLLM_ASLEEP_BYTES + self.margin <= self.device_bytes
+
     def utilization_range(self, shape: TrainingShape) -> tuple[float, float]:
         """(least vLLM needs for one group of sequences, most the trainer leaves), in steps of 0.01."""
-        _, peak, _ = self.training_peak(shape)
-        room = self.device_bytes - peak - self.margin
+        room = self.device_bytes - self.held_beside_vllm(shape) - self.margin
         need = sum(self.vllm_fixed(shape).values()) + self.kv_for_one_group(shape)
         return math.ceil(need / self.device_bytes * 100) / 100, math.floor(room / self.device_bytes * 100) / 100
 
     def fits(self, shape: TrainingShape) -> bool:
         low, high = self.utilization_range(shape)
-        return low <= high
+        return low <= high and self.update_fits(shape)
 
 
 def _budget(setting: _Setting, shape: TrainingShape, utilization: float | None) -> MemoryBudget:
@@ -146,7 +162,9 @@ def _budget(setting: _Setting, shape: TrainingShape, utilization: float | None) 
     kv_bytes = max(vllm_total - non_kv, 0)
     kv_per_token = model.kv_cache_bytes_per_token(setting.vllm_bytes_per_element)
     sequences = kv_cache_sequences(kv_bytes, kv_per_token, shape.sequence_length)
-    fits = training_peak + vllm_total + setting.margin <= device_bytes and sequences >= shape.num_generations
+    held = setting.held_beside_vllm(shape)
+    fits = (held + vllm_total + setting.margin <= device_bytes and setting.update_fits(shape)
+            and sequences >= shape.num_generations)
     recommended = None
     if fits:
         recommended = Recommendation(vllm_gpu_memory_utilization=chosen, vllm_max_model_length=shape.sequence_length,
@@ -159,9 +177,15 @@ def _budget(setting: _Setting, shape: TrainingShape, utilization: float | None) 
 
     rows = [BudgetRow(name, "training", size, _TRAINING_NOTES.get(name, ""))
             for name, size in phases[peak_phase].items() if size]
-    rows += [BudgetRow(name, "vllm", size, _VLLM_NOTES[name]) for name, size in vllm_fixed.items()]
-    rows.append(BudgetRow("vLLM KV cache", "vllm", kv_bytes, f"{kv_per_token / 1024:.1f} KiB/token; holds "
-                                                             f"{sequences} sequences of {shape.sequence_length} tokens"))
+    if shape.vllm_enable_sleep_mode:  # the update's picture: vLLM asleep; its awake share is `rollout_bytes`
+        rows.append(BudgetRow("vLLM asleep (runtime, CUDA graphs)", "vllm", VLLM_ASLEEP_BYTES,
+                              f"weights and KV cache released; awake it takes {vllm_total / GIB:.1f} GiB "
+                              f"(KV cache for {sequences} sequences of {shape.sequence_length} tokens)"))
+    else:
+        rows += [BudgetRow(name, "vllm", size, _VLLM_NOTES[name]) for name, size in vllm_fixed.items()]
+        rows.append(BudgetRow("vLLM KV cache", "vllm", kv_bytes, f"{kv_per_token / 1024:.1f} KiB/token; holds "
+                                                                 f"{sequences} sequences of {shape.sequence_length} "
+                                                                 f"tokens"))
     rows.append(BudgetRow("runtime margin", "runtime", setting.margin,
                           "device context, fragmentation, collective buffers"))
     totals = {name: sum(parts.values()) for name, parts in phases.items()}
@@ -169,12 +193,14 @@ def _budget(setting: _Setting, shape: TrainingShape, utilization: float | None) 
                         device_kind=setting.kind, vllm_gpu_memory_utilization=chosen, rows=rows, phases=totals,
                         peak_phase=peak_phase, kv_cache_bytes=kv_bytes, kv_bytes_per_token=kv_per_token,
                         sequences_in_kv_cache=sequences, fits=fits, recommended=recommended, advice=advice,
-                        assumptions=_assumptions(setting))
+                        assumptions=_assumptions(setting, shape),
+                        rollout_bytes=held + vllm_total if shape.vllm_enable_sleep_mode else 0)
 
 
 _TRAINING_NOTES = {
     "policy weights": "the model being trained",
-    "AdamW states": "exp_avg + exp_avg_sq",
+    "AdamW states": "exp_avg + exp_avg_sq (LoRA: of the adapters only)",
+    "LoRA adapters": "A and B of each adapted linear layer; they alone get gradients",
     "reference model": "beta > 0: a frozen copy for the KL term",
     "cuBLAS workspaces": "cuBLAS + cuBLASLt workspace of the forward and of the backward thread",
     "activations saved for backward": "kept from forward until backward",
@@ -192,7 +218,7 @@ _VLLM_NOTES = {
 }
 
 
-def _assumptions(setting: _Setting) -> list[str]:
+def _assumptions(setting: _Setting, shape: TrainingShape) -> list[str]:
     kernel = "Triton" if setting.kind == "cuda" else "torch ops, no Triton"
     return [
         f"precision {setting.precision.name}: {setting.precision.description}",
@@ -204,6 +230,13 @@ def _assumptions(setting: _Setting) -> list[str]:
         f"vLLM: requested = utilization × total memory; runtime allowance {VLLM_RUNTIME_BYTES / GIB:.1f} GiB",
         f"runtime margin {setting.margin / GIB:.2f} GiB = max({MARGIN_MIN_BYTES / GIB:.0f} GiB, "
         f"{MARGIN_FRACTION:.0%} of the device)",
+        *([f"LoRA r={shape.lora_r} on {', '.join(shape.lora_target_modules)}: frozen base (no gradients or AdamW "
+           "states), adapters train; the reference is the base with the adapter off (no copy); not yet measured"]
+          if shape.lora else []),
+        *([f"sleep mode (TRL: level 2): vLLM's weights and KV cache are released after each rollout and "
+           f"{VLLM_ASLEEP_BYTES / GIB:.1f} GiB (runtime, CUDA graphs) stays; waking re-allocates vLLM's whole share "
+           "next to the trainer's weights and optimizer states (gradients freed) and the sync sends the weights "
+           "again; not yet measured"] if shape.vllm_enable_sleep_mode else []),
     ]
 
 
@@ -225,7 +258,7 @@ def _advice(setting: _Setting, shape: TrainingShape, utilization: float, peak_ph
             low: float, high: float) -> str:
     """Which knob to turn first, and by how much; or, when nothing fits, what would."""
     device_gib = setting.device_bytes / GIB
-    if low <= high:  # the fraction alone is the problem
+    if setting.fits(shape):  # the fraction alone is the problem
         return (f"Turn vllm_gpu_memory_utilization down first: {utilization:.2f} leaves the trainer "
                 f"{(1 - utilization) * device_gib:.1f} GiB but its peak ({peak_phase}) is {training_peak / GIB:.1f} "
                 f"GiB + {setting.margin / GIB:.1f} GiB margin; use at most {high:.2f} (vLLM needs at least {low:.2f} "
@@ -252,10 +285,12 @@ def _what_would_fit(setting: _Setting, shape: TrainingShape) -> str:
     smallest = replace(shape, per_device_train_batch_size=1, steps_per_generation=None, gradient_checkpointing=True)
     phases = training_phases(model, prec, smallest, setting.kind)
     static = sum(v for k, v in phases["optimizer step"].items()
-                 if k in ("policy weights", "AdamW states", "reference model"))
+                 if k in ("policy weights", "LoRA adapters", "AdamW states", "reference model"))
     _, peak, _ = setting.training_peak(smallest)
     vllm_least = sum(setting.vllm_fixed(smallest).values()) + setting.kv_for_one_group(smallest)
     needed = peak + vllm_least
+    if shape.vllm_enable_sleep_mode:  # the update beside a sleeping vLLM, or the rollout beside the trainer's states
+        needed = max(peak + VLLM_ASLEEP_BYTES, setting.held_beside_vllm(smallest) + vllm_least)
     device_needed = math.ceil(max(needed + MARGIN_MIN_BYTES, needed / (1 - MARGIN_FRACTION)) / GIB)
     options = [f"a device with at least {device_needed} GiB"]
     # each further option only where it alone makes micro-batch 1 with checkpointing fit this device
@@ -269,7 +304,12 @@ def _what_would_fit(setting: _Setting, shape: TrainingShape) -> str:
         options.append(f"vLLM in server mode on another device (frees at least {vllm_least / GIB:.1f} GiB here)")
     not_enough = "" if trainer_alone_fits else (
         f" vLLM in server mode alone would not be enough: the trainer by itself peaks at {peak / GIB:.1f} GiB.")
-    options.append("LoRA or an 8-bit optimizer (fewer trainable states; not modelled here)")
+    if not shape.lora and setting.fits(replace(smallest, lora_r=LORA_R_TRIAL)):
+        options.append(f"LoRA (use_peft=True, lora_r={LORA_R_TRIAL}: no gradients or AdamW states for the base)")
+    if (not shape.vllm_enable_sleep_mode and setting.kind == "cuda"
+            and setting.fits(replace(smallest, vllm_enable_sleep_mode=True))):
+        options.append("vllm_enable_sleep_mode=True (vLLM's weights and KV cache released during the update)")
+    options.append("an 8-bit optimizer (fewer bytes of optimizer state; not modelled here)")
     reference = " and the reference model" if shape.beta > 0 else ""
     return (f"Cannot fit at any batch size on {setting.device_bytes / GIB:.0f} GiB: weights, AdamW states{reference} "
             f"alone take {static / GIB:.1f} GiB, the step at micro-batch 1 with checkpointing peaks at "

@@ -150,6 +150,21 @@ class ModelShape:
         """K and V of one token in every layer: layers × KV heads × head dim × 2 × bytes."""
         return self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 2 * dtype_bytes
 
+    def linear_layers(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of one decoder layer, by its Qwen2/Llama module name."""
+        h, i = self.hidden_size, self.intermediate_size
+        return {"q_proj": (h, self.q_dim), "k_proj": (h, self.kv_dim), "v_proj": (h, self.kv_dim),
+                "o_proj": (self.q_dim, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def lora_layer_parameters(self, r: int, target_modules: tuple[str, ...]) -> int:
+        """LoRA parameters of one decoder layer: ``r × (in + out)`` (A and B) for each targeted linear layer."""
+        layers = self.linear_layers()
+        unknown = sorted(set(target_modules) - set(layers))
+        if unknown:
+            raise MemoryPlanError(f"{self.name}: the planner knows the linear layers {', '.join(layers)}; cannot plan "
+                                  f"LoRA on {', '.join(unknown)}.")
+        return sum(r * (layers[m][0] + layers[m][1]) for m in target_modules)
+
 
 def _config_dict(config: Any) -> tuple[dict, str]:
     if isinstance(config, (str, Path)):
@@ -276,6 +291,13 @@ class TrainingShape:
     gradient_checkpointing: bool = True
     beta: float = 0.0
     steps_per_generation: int | None = None
+    lora_r: int = 0
+    """LoRA rank (TRL's ``lora_r`` with ``use_peft``); 0: full fine-tuning."""
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                            "down_proj")
+    lora_dropout: float = 0.0
+    vllm_enable_sleep_mode: bool = False
+    """vLLM releases its weights and KV cache during the update (TRL's sleep level 2) and wakes for the rollout."""
 
     def __post_init__(self) -> None:
         for f in ("per_device_train_batch_size", "num_generations", "prompt_length", "max_completion_length"):
@@ -286,6 +308,9 @@ class TrainingShape:
             raise MemoryPlanError("num_generations must be at least 2: GRPO compares completions within a group.")
         if not isinstance(self.beta, (int, float)) or self.beta < 0:
             raise MemoryPlanError(f"beta must be >= 0 (0 drops the reference model), got {self.beta!r}.")
+        if not isinstance(self.lora_r, int) or isinstance(self.lora_r, bool) or self.lora_r < 0:
+            raise MemoryPlanError(f"lora_r must be a non-negative integer (0: full fine-tuning), got {self.lora_r!r}.")
+        object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
         steps = self.steps_per_generation
         if steps is None:
             b, n = self.per_device_train_batch_size, self.num_generations
@@ -305,4 +330,8 @@ class TrainingShape:
     def generation_batch_size(self) -> int:
         """Completions generated at once (one device): micro-batch × steps_per_generation."""
         return self.per_device_train_batch_size * self.steps_per_generation
+
+    @property
+    def lora(self) -> bool:
+        return self.lora_r > 0
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.memory.planner import largest_fitting_batch
-from grpo_lab.memory.shapes import GIB
+from grpo_lab.memory.planner import largest_fitting_batch, plan_memory
+from grpo_lab.memory.shapes import GIB, ModelShape
 from grpo_lab.paths import BENCHMARKS_DIR
 
 MEASUREMENTS_DIR = BENCHMARKS_DIR / "memory" / "results"
@@ -76,4 +76,60 @@ def measured_vs_predicted(results_dir: str | Path = MEASUREMENTS_DIR) -> list[di
                          "measured GiB": round(r["measured"] * to_gib, 3),
                          "predicted GiB": round(r["predicted"] * to_gib, 3), "error": f"{r['error']:+.1%}",
                          "note": note})
+    return rows
+
+
+LEVERS: dict[str, dict[str, Any]] = {
+    "full fine-tuning at 0.6": {"vllm_gpu_memory_utilization": 0.6},
+    "full fine-tuning at the planner's share": {},
+    "LoRA (r=16)": {"lora_r": 16},
+    "LoRA (r=16) + sleep mode": {"lora_r": 16, "vllm_enable_sleep_mode": True},
+}
+"""The levers notebook 04 compares, as planner overrides, in the order the plan suggests turning them."""
+
+
+@dataclass(frozen=True)
+class LeverPlan:
+    """One lever's plan on one device: does it fit, at which vLLM share, and with how much to spare."""
+
+    setting: str
+    fits: bool
+    vllm_gpu_memory_utilization: float
+    training_peak_gib: float
+    headroom_gib: float
+    """Memory left at the tightest moment of the step (the update, or with sleep mode the rollout); < 0: short."""
+    advice: str
+
+    def line(self) -> str:
+        verdict = "fits" if self.fits else "OOM"
+        return (f"{self.setting:<42} {verdict:<5} vLLM {self.vllm_gpu_memory_utilization:.2f}  training peak "
+                f"{self.training_peak_gib:5.1f} GiB  headroom {self.headroom_gib:+6.1f} GiB")
+
+
+def lever_plans(model: Any, levers: Mapping[str, Mapping[str, Any]] = LEVERS, **plan_kwargs: Any) -> list[LeverPlan]:
+    """Each lever's plan of one model and step (``plan_kwargs`` as for :func:`plan_memory`)."""
+    plans = []
+    for setting, overrides in levers.items():
+        budget = plan_memory(model, **{**plan_kwargs, **overrides})
+        tightest = max(budget.used_bytes, budget.rollout_bytes + budget.side_bytes("runtime"))
+        plans.append(LeverPlan(setting=setting, fits=budget.fits,
+                               vllm_gpu_memory_utilization=budget.vllm_gpu_memory_utilization,
+                               training_peak_gib=round(budget.training_peak_bytes / GIB, 2),
+                               headroom_gib=round((budget.device_bytes - tightest) / GIB, 2), advice=budget.advice))
+    return plans
+
+
+def largest_models(models: Mapping[str, Any], device_gibs: tuple[float, ...] = (32, 64, 80),
+                   levers: Mapping[str, Mapping[str, Any]] = LEVERS, **plan_kwargs: Any) -> list[dict[str, Any]]:
+    """For each lever, the largest of ``models`` whose step fits at some micro-batch (:func:`largest_fitting_batch`)
+    on a device of each size: one row per lever, a column per size (``"-"`` where none fits)."""
+    by_size = sorted(models.items(), key=lambda item: ModelShape.from_config(item[1]).num_parameters, reverse=True)
+    rows = []
+    for setting, overrides in levers.items():
+        row: dict[str, Any] = {"setting": setting}
+        for gib in device_gibs:
+            row[f"{gib:g} GiB"] = next(
+                (name for name, config in by_size
+                 if largest_fitting_batch(config, device_memory_gib=gib, **{**plan_kwargs, **overrides}).fits), "-")
+        rows.append(row)
     return rows
