@@ -35,7 +35,7 @@ from typing import Any
 
 from grpo_lab import memory, models
 from grpo_lab.data import load_jsonl, load_split
-from grpo_lab.device import Machine
+from grpo_lab.device import VLLM_SLEEP_MODE_MISSING, Machine
 from grpo_lab.errors import ConfigError
 from grpo_lab.paths import TINY_MODEL_DIR
 from grpo_lab.rewards import REWARD_ERROR_MODES
@@ -45,6 +45,10 @@ PROFILE_ENV = "GRPO_LAB_PROFILE"
 QWEN_SMALL = "Qwen/Qwen2.5-0.5B-Instruct"
 AUTO = "auto"
 VLLM_MODES = ("colocate", "server")
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every linear layer of a Qwen2/Llama decoder layer (PEFT's ``"all-linear"`` there; the LM head stays frozen)."""
+SMALLER_STEP_LEVERS = ("lower vllm_gpu_memory_utilization to the planner's share (vllm_gpu_memory_utilization='auto')",
+                       "LoRA (use_peft=True)", "vLLM in server mode on other devices (grpo_lab.scale)")
 
 # The course's starting points, as overrides of TrainConfig's fields (only fields whose default is None).
 # `tiny` is tuned to learn fast on a CPU (notebook 03); `gpu`/`npu` follow the source write-up's recipe:
@@ -174,9 +178,25 @@ class TrainConfig:
     """Redraw the live plot every this many logged steps."""
     max_minutes: float | None = None
     """Stop after this much training time, saving a checkpoint; resume later to the same ``max_steps``."""
+    use_peft: bool = False
+    """Train a LoRA adapter instead of every weight (TRL's ``ModelConfig`` names, PEFT's ``LoraConfig``): the base
+    weights stay frozen, with no gradients or AdamW states; with ``beta > 0`` the reference is the base model with
+    the adapter switched off, so no second copy is loaded. ``final/`` holds the adapter merged into plain weights."""
+    lora_r: int = 16
+    """The adapter's rank (TRL's default)."""
+    lora_alpha: int = 32
+    """The adapter's scale is ``lora_alpha / lora_r`` (TRL's default)."""
+    lora_dropout: float = 0.05
+    """Dropout on the adapter's input (TRL's default)."""
+    lora_target_modules: tuple[str, ...] = LORA_TARGET_MODULES
+    """Module names that get an adapter (default: every linear layer of each decoder layer)."""
+    vllm_enable_sleep_mode: bool = False
+    """Release the colocated vLLM engine's weights and KV cache while the trainer updates (TRL's name), woken for
+    the next rollout: the update gets vLLM's share of the device, at the cost of re-allocating it every step.
+    CUDA only (``device.VLLM_SLEEP_MODE_MISSING`` says why not elsewhere)."""
 
     def __post_init__(self) -> None:
-        for name in ("train_types", "rewards", "reward_weights"):
+        for name in ("train_types", "rewards", "reward_weights", "lora_target_modules"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
@@ -184,7 +204,7 @@ class TrainConfig:
             profile_name(self.profile)  # raises with the known names
         for name in ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                      "max_prompt_length", "max_completion_length", "max_steps", "save_steps", "logging_steps",
-                     "plot_every", "train_size", "eval_size"):
+                     "plot_every", "train_size", "eval_size", "lora_r", "lora_alpha"):
             _check_positive_int(name, getattr(self, name))
         if self.num_generations is not None and self.num_generations < 2:
             raise ConfigError(f"num_generations={self.num_generations}: GRPO compares completions of the same prompt, "
@@ -220,6 +240,26 @@ class TrainConfig:
         if not self.rewards or not all(isinstance(name, str) and name for name in self.rewards):
             raise ConfigError(f"rewards={self.rewards!r}: name at least one reward of grpo_lab.rewards.list_rewards() "
                               f"(pass your own functions to train(..., reward_funcs=[...]) instead).")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"lora_dropout={self.lora_dropout!r}: must be in [0, 1) (TRL's default is 0.05).")
+        if not self.lora_target_modules or not all(isinstance(m, str) and m for m in self.lora_target_modules):
+            raise ConfigError(f"lora_target_modules={self.lora_target_modules!r}: name the modules that get an adapter "
+                              f"(default: {', '.join(LORA_TARGET_MODULES)}).")
+        self.check_sleep_mode()
+
+    def check_sleep_mode(self) -> None:
+        """``vllm_enable_sleep_mode`` needs the colocated vLLM engine on a device whose vLLM has sleep mode; checked
+        when made (with ``device`` known) and again in :meth:`resolve`, before anything loads."""
+        if not self.vllm_enable_sleep_mode:
+            return
+        if self.use_vllm is False or self.vllm_mode != "colocate":
+            raise ConfigError("vllm_enable_sleep_mode=True puts the colocated vLLM engine to sleep during the update: "
+                              "it needs use_vllm=True and vllm_mode='colocate' (HF generate and a vLLM server have "
+                              "nothing to release on the training device).")
+        missing = VLLM_SLEEP_MODE_MISSING.get(self.device) if self.device else None
+        if missing:
+            raise ConfigError(f"vllm_enable_sleep_mode=True on {self.device}: {missing}. Leave it off and give the "
+                              f"update room another way: {'; or '.join(SMALLER_STEP_LEVERS)} (notebook 04 plans each).")
 
     # ---- filling in -------------------------------------------------------------------------------------
     def with_profile(self, machine: Machine | None = None) -> TrainConfig:
@@ -252,6 +292,7 @@ class TrainConfig:
         if config.use_liger_kernel is None:
             values["use_liger_kernel"] = machine.kind == "cuda" and importlib.util.find_spec("liger_kernel") is not None
         config = dataclasses.replace(config, **values)
+        config.check_sleep_mode()
         if config.gradient_checkpointing is None:
             config = dataclasses.replace(config, gradient_checkpointing=needs_checkpointing(config, machine))
         if config.vllm_gpu_memory_utilization == AUTO:
@@ -296,7 +337,9 @@ class TrainConfig:
             per_device_train_batch_size=self.per_device_train_batch_size, num_generations=self.num_generations,
             prompt_length=self.max_prompt_length, max_completion_length=self.max_completion_length,
             gradient_checkpointing=self.gradient_checkpointing is not False, beta=self.beta,  # open: TRL's default
-            steps_per_generation=self.gradient_accumulation_steps)
+            steps_per_generation=self.gradient_accumulation_steps, lora_r=self.lora_r if self.use_peft else 0,
+            lora_target_modules=self.lora_target_modules, lora_dropout=self.lora_dropout,
+            vllm_enable_sleep_mode=self.vllm_enable_sleep_mode)
 
     def rollout_config(self, **overrides: Any) -> RolloutConfig:
         """A rollout engine that samples as the trainer does (group size, lengths, temperature, seed); on an
@@ -353,6 +396,8 @@ class TrainConfig:
             "use_vllm": f"rollouts with vLLM (vllm_mode={self.vllm_mode!r}) instead of HF generate",
             "vllm_gpu_memory_utilization": "vLLM's share of the device (planned in notebook 04)",
             "bf16": "bf16 autocast (weights stay fp32)",
+            "use_peft": f"LoRA adapters (r={self.lora_r}, alpha={self.lora_alpha}) instead of every weight",
+            "vllm_enable_sleep_mode": "vLLM releases its weights and KV cache while the trainer updates",
             "save_steps": "checkpoint every N steps (safetensors)",
         }
         width = max(map(len, meaning))

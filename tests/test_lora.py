@@ -1,0 +1,91 @@
+"""LoRA GRPO on the tiny model (CPU, HF generate): only the adapter trains, the base stays bit-identical, the run
+keeps the adapter and a merged plain model that verifies like any export, and resume continues the adapter. Also
+vLLM sleep mode's clear refusal where the platform lacks it."""
+
+import json
+
+import pytest
+from transformers import TrainerCallback
+
+from grpo_lab import deploy, lora, models, runs
+from grpo_lab import train as T
+from grpo_lab.device import Machine
+from grpo_lab.errors import ConfigError
+from grpo_lab.paths import TINY_MODEL_DIR
+
+CPU = Machine("cpu", bf16=True, memory_gib=24)
+LORA = dict(profile="tiny", per_device_train_batch_size=8, num_generations=4, live_plot=False, use_peft=True,
+            lora_r=4, lora_alpha=8, learning_rate=1e-3, train_size=16)
+
+
+class Snapshot(TrainerCallback):
+    """The model's tensors when training starts (after PEFT wrapped it)."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.before = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def load_folder(folder):
+    from safetensors.torch import load_file
+
+    return {name: tensor for path in sorted(folder.glob("*.safetensors")) for name, tensor in load_file(path).items()}
+
+
+def test_lora_trains_only_the_adapter_and_deploys_merged(tmp_path):
+    snapshot = Snapshot()
+    result = T.train(T.TrainConfig(**LORA, output_dir=str(tmp_path / "run"), max_steps=2, save_steps=100),
+                     callbacks=[snapshot], machine=CPU)
+    assert result.global_step == 2
+    after = {name: tensor.detach() for name, tensor in result.trainer.model.state_dict().items()}
+    change = lora.compare(snapshot.before, after)
+    adapters = lora.adapter_names(after)
+    assert adapters and set(change.changed) == adapters  # every adapter tensor changed, nothing else
+    base = load_folder(TINY_MODEL_DIR)
+    frozen = {name: tensor for name, tensor in lora.base_of(result.trainer.model).items() if name in base}
+    assert set(frozen) == set(base)  # (the tied lm_head.weight is the embedding, not saved twice)
+    assert lora.compare(base, frozen).changed == ()  # bit-identical to the shipped weights
+
+    run = runs.Run(result.run_dir)
+    assert run.adapter_dir is not None and (run.adapter_dir / "adapter_config.json").is_file()
+    assert run.record["config"]["use_peft"] is True and run.record["config"]["lora_r"] == 4
+    merged = load_folder(run.final_dir)
+    assert set(merged) == set(base)  # a plain model: no adapter tensors left
+    moved = {name.split(".")[-2] for name in lora.compare(base, merged).changed}
+    assert moved <= set(T.TrainConfig().lora_target_modules) and moved  # only the adapted linears differ
+    folder = deploy.export_model(run.final_dir, tmp_path / "export")
+    assert deploy.verify_export(folder).ok
+    models.load_model_and_tokenizer(run.final_dir)  # final/'s manifest verifies
+
+
+def test_lora_run_resumes_its_adapter(tmp_path):
+    run = tmp_path / "run"
+    first = T.train(T.TrainConfig(**LORA, output_dir=str(run), max_steps=2, save_steps=1), machine=CPU)
+    checkpoint = run / runs.CHECKPOINTS / "checkpoint-1"
+    assert (checkpoint / "adapter_model.safetensors").is_file() and runs.check_checkpoint(checkpoint)
+    resumed = T.train(T.TrainConfig(**LORA, output_dir=str(run), max_steps=2, save_steps=1,
+                                    resume_from_checkpoint=str(checkpoint)), machine=CPU)
+    assert first.global_step == resumed.global_step == 2
+    assert [r["step"] for r in runs.read_metrics(run)] == [1, 2]
+    assert json.loads((run / runs.CONFIG_FILE).read_text())["resumed_from"].endswith("checkpoint-1")
+
+
+def test_lora_fields_are_checked():
+    with pytest.raises(ConfigError, match="lora_r=0 must be a positive integer"):
+        T.TrainConfig(use_peft=True, lora_r=0)
+    with pytest.raises(ConfigError, match="lora_dropout=1.5"):
+        T.TrainConfig(lora_dropout=1.5)
+    with pytest.raises(ConfigError, match="lora_target_modules"):
+        T.TrainConfig(lora_target_modules=())
+    assert T.TrainConfig(lora_target_modules="q_proj").lora_target_modules == ("q_proj",)
+    peft_config = lora.lora_config(8, 16, 0.0, ("q_proj", "v_proj"))
+    assert (peft_config.r, peft_config.lora_alpha, set(peft_config.target_modules)) == (8, 16, {"q_proj", "v_proj"})
+
+
+@pytest.mark.parametrize("kind", ["cpu", "npu"])
+def test_sleep_mode_where_vllm_lacks_it_stops_before_anything_loads(kind):
+    config = T.TrainConfig(profile="gpu", use_vllm=True, vllm_enable_sleep_mode=True, output_dir="unused")
+    with pytest.raises(ConfigError, match=rf"vllm_enable_sleep_mode=True on {kind}: .*LoRA \(use_peft=True\)"):
+        config.resolve(Machine(kind, bf16=True, memory_gib=32))
+    with pytest.raises(ConfigError, match="needs use_vllm=True and vllm_mode='colocate'"):
+        T.TrainConfig(use_vllm=False, vllm_enable_sleep_mode=True)
+    assert config.resolve(Machine("cuda", bf16=True, memory_gib=80)).vllm_enable_sleep_mode is True
