@@ -341,6 +341,16 @@ class TrainConfig:
             lora_target_modules=self.lora_target_modules, lora_dropout=self.lora_dropout,
             vllm_enable_sleep_mode=self.vllm_enable_sleep_mode)
 
+    def planner_recipe(self) -> dict[str, Any]:
+        """This step as the memory planner's keyword arguments, all but the micro-batch (precision, ``beta``, group
+        size, lengths, LoRA, sleep mode): what notebook 04's tables plan, so they plan what training runs."""
+        self._require_resolved("planner_recipe()")
+        shape = self.training_shape()
+        return {"precision": self.precision, "beta": shape.beta, "num_generations": shape.num_generations,
+                "prompt_length": shape.prompt_length, "max_completion_length": shape.max_completion_length,
+                "lora_r": shape.lora_r, "lora_target_modules": shape.lora_target_modules,
+                "lora_dropout": shape.lora_dropout, "vllm_enable_sleep_mode": shape.vllm_enable_sleep_mode}
+
     def rollout_config(self, **overrides: Any) -> RolloutConfig:
         """A rollout engine that samples as the trainer does (group size, lengths, temperature, seed); on an
         accelerator it takes the experiment's ``vllm_gpu_memory_utilization``. ``overrides`` are RolloutConfig
