@@ -71,6 +71,7 @@ from grpo_lab.memory.components import (
     vllm_non_kv_bytes,
 )
 from grpo_lab.memory.planner import (
+    KNOBS_IN_ORDER,
     LORA_R_TRIAL,
     UTILIZATION_STEP,
     VLLM_ASLEEP_BYTES,
@@ -120,6 +121,7 @@ __all__ = [
     "DoesNotFitError",
     "EMBEDDING_ROWS_PER_SEGMENT",
     "GIB",
+    "KNOBS_IN_ORDER",
     "KV_BLOCK_TOKENS",
     "LEVERS",
     "LORA_R_TRIAL",

@@ -37,6 +37,17 @@ VLLM_ASLEEP_BYTES = VLLM_RUNTIME_BYTES
 """What a sleeping vLLM keeps on the device: its runtime allowance (non-torch memory, the CUDA-graph pool)."""
 LORA_R_TRIAL = 16
 """The LoRA rank the advice tries (TRL's default)."""
+KNOBS_IN_ORDER = (
+    "vLLM's share: leave vllm_gpu_memory_utilization='auto' (the planner's)",
+    "gradient_checkpointing=True",
+    "a smaller per_device_train_batch_size (steps_per_generation keeps whole groups)",
+    "LoRA (use_peft=True: no gradients or AdamW states for the base)",
+    "vllm_enable_sleep_mode=True (CUDA: vLLM's weights and KV cache released during the update)",
+    "beta=0 (no reference model) or bf16 weights",
+    "vLLM in server mode on another device (grpo_lab.scale)",
+    "a larger device",
+)
+"""The knobs in the order the planner's advice turns them (the doctor's "out of memory at step N" row lists them)."""
 
 
 def plan_memory(model: Any, *, precision: str | Precision = "bf16", optimizer: str = "adamw",
@@ -293,8 +304,14 @@ def _what_would_fit(setting: _Setting, shape: TrainingShape) -> str:
         needed = max(peak + VLLM_ASLEEP_BYTES, setting.held_beside_vllm(smallest) + vllm_least)
     device_needed = math.ceil(max(needed + MARGIN_MIN_BYTES, needed / (1 - MARGIN_FRACTION)) / GIB)
     options = [f"a device with at least {device_needed} GiB"]
-    # each further option only where it alone makes micro-batch 1 with checkpointing fit this device
-    if shape.beta > 0 and setting.fits(replace(smallest, beta=0.0)):
+    # each further option only where it alone makes micro-batch 1 with checkpointing fit this device, in the order
+    # of KNOBS_IN_ORDER
+    if not shape.lora and setting.fits(replace(smallest, lora_r=LORA_R_TRIAL)):
+        options.append(f"LoRA (use_peft=True, lora_r={LORA_R_TRIAL}: no gradients or AdamW states for the base)")
+    if (not shape.vllm_enable_sleep_mode and setting.kind == "cuda"
+            and setting.fits(replace(smallest, vllm_enable_sleep_mode=True))):
+        options.append("vllm_enable_sleep_mode=True (vLLM's weights and KV cache released during the update)")
+    if shape.beta > 0 and not shape.lora and setting.fits(replace(smallest, beta=0.0)):
         options.append(f"beta=0 (drops the {phases['optimizer step']['reference model'] / GIB:.1f} GiB reference model)")
     if prec.name != "bf16" and replace(setting, precision=PRECISIONS["bf16"]).fits(smallest):
         per_param = prec.weight_bytes + prec.grad_bytes + prec.adamw_bytes
@@ -304,11 +321,6 @@ def _what_would_fit(setting: _Setting, shape: TrainingShape) -> str:
         options.append(f"vLLM in server mode on another device (frees at least {vllm_least / GIB:.1f} GiB here)")
     not_enough = "" if trainer_alone_fits else (
         f" vLLM in server mode alone would not be enough: the trainer by itself peaks at {peak / GIB:.1f} GiB.")
-    if not shape.lora and setting.fits(replace(smallest, lora_r=LORA_R_TRIAL)):
-        options.append(f"LoRA (use_peft=True, lora_r={LORA_R_TRIAL}: no gradients or AdamW states for the base)")
-    if (not shape.vllm_enable_sleep_mode and setting.kind == "cuda"
-            and setting.fits(replace(smallest, vllm_enable_sleep_mode=True))):
-        options.append("vllm_enable_sleep_mode=True (vLLM's weights and KV cache released during the update)")
     options.append("an 8-bit optimizer (fewer bytes of optimizer state; not modelled here)")
     reference = " and the reference model" if shape.beta > 0 else ""
     return (f"Cannot fit at any batch size on {setting.device_bytes / GIB:.0f} GiB: weights, AdamW states{reference} "
