@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from grpo_lab.errors import ConfigError
 from grpo_lab.models import load_model_and_tokenizer
 
@@ -80,7 +82,31 @@ def adapter_names(names: Any) -> set[str]:
     return {name for name in names if ADAPTER_MARK in name}
 
 
-def base_of(model: Any) -> dict[str, Any]:
-    """The frozen base tensors of a PEFT model under the base model's names (adapters left out)."""
-    return {peft_name_to_base(name): tensor.detach() for name, tensor in model.state_dict().items()
-            if ADAPTER_MARK not in name}
+def tensors(model: Any) -> dict[str, Any]:
+    """A model's tensors by name (detached; views of the live weights, not copies)."""
+    return {name: tensor.detach() for name, tensor in model.state_dict().items()}
+
+
+def folder_tensors(folder: str | Path) -> dict[str, Any]:
+    """The tensors of a model folder's ``*.safetensors`` files, by name."""
+    from safetensors.torch import load_file
+
+    return {name: tensor for path in sorted(Path(folder).glob("*.safetensors")) for name, tensor in
+            load_file(path).items()}
+
+
+class StartSnapshot(TrainerCallback):
+    """Pass to ``train(callbacks=[...])``: keeps a copy of the model's tensors as training starts (after PEFT wrapped
+    it), to :func:`compare` with the trained model."""
+
+    tensors: dict[str, Any]
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.tensors = {name: tensor.clone() for name, tensor in tensors(model).items()}
+
+
+def base_of(model: Any, names: Any = None) -> dict[str, Any]:
+    """The frozen base tensors of a PEFT model under the base model's names (adapters left out); only ``names``
+    when given (a checkpoint's: a tied ``lm_head.weight`` is the embedding and is not saved twice)."""
+    base = {peft_name_to_base(name): tensor for name, tensor in tensors(model).items() if ADAPTER_MARK not in name}
+    return base if names is None else {name: base[name] for name in names}

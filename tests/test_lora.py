@@ -5,8 +5,6 @@ vLLM sleep mode's clear refusal where the platform lacks it."""
 import json
 
 import pytest
-from transformers import TrainerCallback
-
 from grpo_lab import deploy, lora, models, runs, weight_sync
 from grpo_lab import train as T
 from grpo_lab.device import Machine
@@ -18,23 +16,10 @@ LORA = dict(profile="tiny", per_device_train_batch_size=8, num_generations=4, li
             lora_r=4, lora_alpha=8, learning_rate=1e-3, train_size=16)
 
 
-class Snapshot(TrainerCallback):
-    """The model's tensors when training starts (after PEFT wrapped it)."""
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.before = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-
-
-def load_folder(folder):
-    from safetensors.torch import load_file
-
-    return {name: tensor for path in sorted(folder.glob("*.safetensors")) for name, tensor in load_file(path).items()}
-
-
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory):
     """Two LoRA steps of the tiny model, with the tensors as they were when training started."""
-    snapshot = Snapshot()
+    snapshot = lora.StartSnapshot()
     result = T.train(T.TrainConfig(**LORA, output_dir=str(tmp_path_factory.mktemp("lora") / "run"), max_steps=2,
                                    save_steps=100), callbacks=[snapshot], machine=CPU)
     return result, snapshot
@@ -43,19 +28,17 @@ def lora_run(tmp_path_factory):
 def test_lora_trains_only_the_adapter_and_deploys_merged(lora_run, tmp_path):
     result, snapshot = lora_run
     assert result.global_step == 2
-    after = {name: tensor.detach() for name, tensor in result.trainer.model.state_dict().items()}
-    change = lora.compare(snapshot.before, after)
+    after = lora.tensors(result.trainer.model)
+    change = lora.compare(snapshot.tensors, after)
     adapters = lora.adapter_names(after)
     assert adapters and set(change.changed) == adapters  # every adapter tensor changed, nothing else
-    base = load_folder(TINY_MODEL_DIR)
-    frozen = {name: tensor for name, tensor in lora.base_of(result.trainer.model).items() if name in base}
-    assert set(frozen) == set(base)  # (the tied lm_head.weight is the embedding, not saved twice)
-    assert lora.compare(base, frozen).changed == ()  # bit-identical to the shipped weights
+    base = lora.folder_tensors(TINY_MODEL_DIR)
+    assert lora.compare(base, lora.base_of(result.trainer.model, base)).changed == ()  # bit-identical to the shipped
 
     run = runs.Run(result.run_dir)
     assert run.adapter_dir is not None and (run.adapter_dir / "adapter_config.json").is_file()
     assert run.record["config"]["use_peft"] is True and run.record["config"]["lora_r"] == 4
-    merged = load_folder(run.final_dir)
+    merged = lora.folder_tensors(run.final_dir)
     assert set(merged) == set(base)  # a plain model: no adapter tensors left
     moved = {name.split(".")[-2] for name in lora.compare(base, merged).changed}
     assert moved <= set(T.TrainConfig().lora_target_modules) and moved  # only the adapted linears differ
