@@ -257,13 +257,21 @@ class ServeConfig:
         return env
 
 
+def _is_training_run(path: Path) -> bool:
+    """A run folder of grpo_lab.train: its ``config.json`` holds the experiment (a model's holds its shape)."""
+    try:
+        return runs.is_run(path) and "config" in json.loads((path / runs.CONFIG_FILE).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+
+
 def served_weights(folder: str | Path, adapter: bool = False) -> tuple[str, str | None]:
     """``(model folder, LoRA adapter folder or None)`` to serve for ``folder``: a model folder as it is; a training
     run's ``final/`` (for a LoRA run: the adapter merged into plain weights, the default: it serves anywhere, with
     no LoRA overhead per request); with ``adapter=True`` a LoRA run's (or an adapter folder's) base model and
     adapter, for vLLM's LoRA serving (several adapters can share one base)."""
     path = Path(folder)
-    if runs.is_run(path) and not any(path.glob("*.safetensors")):  # a run folder (a model folder has config.json too)
+    if _is_training_run(path):
         run = runs.Run(path)
         if adapter:
             if run.adapter_dir is None:

@@ -51,7 +51,7 @@ def merge_into(base_model: str | Path, adapter_dir: str | Path, out_dir: str | P
     from peft import PeftModel
 
     base, _ = load_model_and_tokenizer(str(base_model), device="cpu", dtype="float32")
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged = PeftModel.from_pretrained(base, str(adapter_dir), trust_remote_code=False).merge_and_unload()
     merged.save_pretrained(str(out_dir))
     return Path(out_dir)
 
