@@ -131,7 +131,8 @@ class Run:
     def describe(self) -> str:
         step = self.global_step
         state = f"finished at step {step}" if step is not None else "not finished (no final/)"
-        return f"run {self.name} ({self.profile} profile), {state}: {self.path}"
+        lora = ", LoRA" if self.record.get("config", {}).get("use_peft") else ""
+        return f"run {self.name} ({self.profile} profile{lora}), {state}: {self.path}"
 
 
 def is_run(path: Path) -> bool:

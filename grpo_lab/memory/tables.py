@@ -94,7 +94,8 @@ class LeverPlan:
 
     setting: str
     fits: bool
-    vllm_gpu_memory_utilization: float
+    vllm_gpu_memory_utilization: float | None
+    """The share given, or the planner's where it fits; None where the planner found none."""
     training_peak_gib: float
     headroom_gib: float
     """Memory left at the tightest moment of the step (the update, or with sleep mode the rollout); < 0: short."""
@@ -102,7 +103,8 @@ class LeverPlan:
 
     def line(self) -> str:
         verdict = "fits" if self.fits else "OOM"
-        return (f"{self.setting:<42} {verdict:<5} vLLM {self.vllm_gpu_memory_utilization:.2f}  training peak "
+        share = "none" if self.vllm_gpu_memory_utilization is None else f"{self.vllm_gpu_memory_utilization:.2f}"
+        return (f"{self.setting:<42} {verdict:<5} vLLM {share:>4}  training peak "
                 f"{self.training_peak_gib:5.1f} GiB  headroom {self.headroom_gib:+6.1f} GiB")
 
 
@@ -110,10 +112,13 @@ def lever_plans(model: Any, levers: Mapping[str, Mapping[str, Any]] = LEVERS, **
     """Each lever's plan of one model and step (``plan_kwargs`` as for :func:`plan_memory`)."""
     plans = []
     for setting, overrides in levers.items():
-        budget = plan_memory(model, **{**plan_kwargs, **overrides})
+        kwargs = {**plan_kwargs, **overrides}
+        budget = plan_memory(model, **kwargs)
         tightest = max(budget.used_bytes, budget.rollout_bytes + budget.side_bytes("runtime"))
+        given = kwargs.get("vllm_gpu_memory_utilization") is not None
         plans.append(LeverPlan(setting=setting, fits=budget.fits,
-                               vllm_gpu_memory_utilization=budget.vllm_gpu_memory_utilization,
+                               vllm_gpu_memory_utilization=budget.vllm_gpu_memory_utilization
+                               if budget.fits or given else None,
                                training_peak_gib=round(budget.training_peak_bytes / GIB, 2),
                                headroom_gib=round((budget.device_bytes - tightest) / GIB, 2), advice=budget.advice))
     return plans
