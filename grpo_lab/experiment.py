@@ -196,10 +196,13 @@ class TrainConfig:
     CUDA only (``device.VLLM_SLEEP_MODE_MISSING`` says why not elsewhere)."""
 
     def __post_init__(self) -> None:
-        for name in ("train_types", "rewards", "reward_weights", "lora_target_modules"):
+        for name in ("train_types", "rewards", "reward_weights"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+        if not isinstance(self.lora_target_modules, tuple):
+            modules = self.lora_target_modules
+            object.__setattr__(self, "lora_target_modules", (modules,) if isinstance(modules, str) else tuple(modules))
         if self.profile is not None and str(self.profile).strip().lower() not in PROFILES:
             profile_name(self.profile)  # raises with the known names
         for name in ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
@@ -247,18 +250,19 @@ class TrainConfig:
                               f"(default: {', '.join(LORA_TARGET_MODULES)}).")
         self.check_sleep_mode()
 
-    def check_sleep_mode(self) -> None:
-        """``vllm_enable_sleep_mode`` needs the colocated vLLM engine on a device whose vLLM has sleep mode; checked
-        when made (with ``device`` known) and again in :meth:`resolve`, before anything loads."""
+    def check_sleep_mode(self, kind: str | None = None) -> None:
+        """``vllm_enable_sleep_mode`` needs the colocated vLLM engine on a device (``kind``, default ``device``) whose
+        vLLM has sleep mode; checked when made (with ``device`` known) and in :meth:`resolve`, before anything loads."""
         if not self.vllm_enable_sleep_mode:
             return
         if self.use_vllm is False or self.vllm_mode != "colocate":
             raise ConfigError("vllm_enable_sleep_mode=True puts the colocated vLLM engine to sleep during the update: "
                               "it needs use_vllm=True and vllm_mode='colocate' (HF generate and a vLLM server have "
                               "nothing to release on the training device).")
-        missing = VLLM_SLEEP_MODE_MISSING.get(self.device) if self.device else None
+        kind = kind or self.device
+        missing = VLLM_SLEEP_MODE_MISSING.get(kind) if kind else None
         if missing:
-            raise ConfigError(f"vllm_enable_sleep_mode=True on {self.device}: {missing}. Leave it off and give the "
+            raise ConfigError(f"vllm_enable_sleep_mode=True on {kind}: {missing}. Leave it off and give the "
                               f"update room another way: {'; or '.join(SMALLER_STEP_LEVERS)} (notebook 04 plans each).")
 
     # ---- filling in -------------------------------------------------------------------------------------
@@ -284,6 +288,7 @@ class TrainConfig:
         if config.device not in (None, machine.kind):
             raise ConfigError(f"device={config.device!r}, but the machine given is a {machine.kind} machine: "
                               f"resolve against a Machine of that kind (device.Machine('{config.device}', ...)).")
+        config.check_sleep_mode(machine.kind)
         values: dict[str, Any] = {"device": machine.kind}
         if config.bf16 is None:
             values["bf16"] = machine.kind != "cpu" and machine.bf16
@@ -292,7 +297,6 @@ class TrainConfig:
         if config.use_liger_kernel is None:
             values["use_liger_kernel"] = machine.kind == "cuda" and importlib.util.find_spec("liger_kernel") is not None
         config = dataclasses.replace(config, **values)
-        config.check_sleep_mode()
         if config.gradient_checkpointing is None:
             config = dataclasses.replace(config, gradient_checkpointing=needs_checkpointing(config, machine))
         if config.vllm_gpu_memory_utilization == AUTO:
