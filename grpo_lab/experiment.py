@@ -35,7 +35,7 @@ from typing import Any
 
 from grpo_lab import memory, models
 from grpo_lab.data import SplitConfig, load_jsonl, load_split
-from grpo_lab.device import Machine
+from grpo_lab.device import VLLM_SLEEP_MODE_MISSING, Machine
 from grpo_lab.errors import ConfigError
 from grpo_lab.paths import TINY_MODEL_DIR
 from grpo_lab.rewards import REWARD_ERROR_MODES
@@ -45,6 +45,10 @@ PROFILE_ENV = "GRPO_LAB_PROFILE"
 QWEN_SMALL = "Qwen/Qwen2.5-0.5B-Instruct"
 AUTO = "auto"
 VLLM_MODES = ("colocate", "server")
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every linear layer of a Qwen2/Llama decoder layer (PEFT's ``"all-linear"`` there; the LM head stays frozen)."""
+SMALLER_STEP_LEVERS = ("lower vllm_gpu_memory_utilization to the planner's share (vllm_gpu_memory_utilization='auto')",
+                       "LoRA (use_peft=True)", "vLLM in server mode on other devices (grpo_lab.scale)")
 
 # The course's starting points, as overrides of TrainConfig's fields (only fields whose default is None).
 # `tiny` is tuned to learn fast on a CPU (notebook 03). `gpu`/`npu` are the recipe that learned on a small real
@@ -187,17 +191,36 @@ class TrainConfig:
     """Redraw the live plot every this many logged steps."""
     max_minutes: float | None = None
     """Stop after this much training time, saving a checkpoint; resume later to the same ``max_steps``."""
+    use_peft: bool = False
+    """Train a LoRA adapter instead of every weight (TRL's ``ModelConfig`` names, PEFT's ``LoraConfig``): the base
+    weights stay frozen, with no gradients or AdamW states; with ``beta > 0`` the reference is the base model with
+    the adapter switched off, so no second copy is loaded. ``final/`` holds the adapter merged into plain weights."""
+    lora_r: int = 16
+    """The adapter's rank (TRL's default)."""
+    lora_alpha: int = 32
+    """The adapter's scale is ``lora_alpha / lora_r`` (TRL's default)."""
+    lora_dropout: float = 0.05
+    """Dropout on the adapter's input (TRL's default)."""
+    lora_target_modules: tuple[str, ...] = LORA_TARGET_MODULES
+    """Module names that get an adapter (default: every linear layer of each decoder layer)."""
+    vllm_enable_sleep_mode: bool = False
+    """Release the colocated vLLM engine's weights and KV cache while the trainer updates (TRL's name), woken for
+    the next rollout: the update gets vLLM's share of the device, at the cost of re-allocating it every step.
+    CUDA only (``device.VLLM_SLEEP_MODE_MISSING`` says why not elsewhere)."""
 
     def __post_init__(self) -> None:
         for name in ("train_types", "train_languages", "rewards", "reward_weights"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+        if not isinstance(self.lora_target_modules, tuple):
+            modules = self.lora_target_modules
+            object.__setattr__(self, "lora_target_modules", (modules,) if isinstance(modules, str) else tuple(modules))
         if self.profile is not None and str(self.profile).strip().lower() not in PROFILES:
             profile_name(self.profile)  # raises with the known names
         for name in ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                      "max_prompt_length", "max_completion_length", "max_steps", "save_steps", "logging_steps",
-                     "plot_every", "train_size", "eval_size"):
+                     "plot_every", "train_size", "eval_size", "lora_r", "lora_alpha"):
             _check_positive_int(name, getattr(self, name))
         if self.num_generations is not None and self.num_generations < 2:
             raise ConfigError(f"num_generations={self.num_generations}: GRPO compares completions of the same prompt, "
@@ -238,6 +261,27 @@ class TrainConfig:
                                                                      for name in self.rewards)):
             raise ConfigError(f"rewards={self.rewards!r}: name at least one reward of grpo_lab.rewards.list_rewards() "
                               f"(pass your own functions to train(..., reward_funcs=[...]) instead).")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"lora_dropout={self.lora_dropout!r}: must be in [0, 1) (TRL's default is 0.05).")
+        if not self.lora_target_modules or not all(isinstance(m, str) and m for m in self.lora_target_modules):
+            raise ConfigError(f"lora_target_modules={self.lora_target_modules!r}: name the modules that get an adapter "
+                              f"(default: {', '.join(LORA_TARGET_MODULES)}).")
+        self.check_sleep_mode()
+
+    def check_sleep_mode(self, kind: str | None = None) -> None:
+        """``vllm_enable_sleep_mode`` needs the colocated vLLM engine on a device (``kind``, default ``device``) whose
+        vLLM has sleep mode; checked when made (with ``device`` known) and in :meth:`resolve`, before anything loads."""
+        if not self.vllm_enable_sleep_mode:
+            return
+        if self.use_vllm is False or self.vllm_mode != "colocate":
+            raise ConfigError("vllm_enable_sleep_mode=True puts the colocated vLLM engine to sleep during the update: "
+                              "it needs use_vllm=True and vllm_mode='colocate' (HF generate and a vLLM server have "
+                              "nothing to release on the training device).")
+        kind = kind or self.device
+        missing = VLLM_SLEEP_MODE_MISSING.get(kind) if kind else None
+        if missing:
+            raise ConfigError(f"vllm_enable_sleep_mode=True on {kind}: {missing}. Leave it off and give the "
+                              f"update room another way: {'; or '.join(SMALLER_STEP_LEVERS)} (notebook 04 plans each).")
 
     # ---- filling in -------------------------------------------------------------------------------------
     def with_profile(self, machine: Machine | None = None) -> TrainConfig:
@@ -264,6 +308,7 @@ class TrainConfig:
         if config.device not in (None, machine.kind):
             raise ConfigError(f"device={config.device!r}, but the machine given is a {machine.kind} machine: "
                               f"resolve against a Machine of that kind (device.Machine('{config.device}', ...)).")
+        config.check_sleep_mode(machine.kind)
         values: dict[str, Any] = {"device": machine.kind}
         if config.bf16 is None:
             values["bf16"] = machine.kind != "cpu" and machine.bf16
@@ -327,7 +372,19 @@ class TrainConfig:
             per_device_train_batch_size=self.per_device_train_batch_size, num_generations=self.num_generations,
             prompt_length=self.max_prompt_length, max_completion_length=self.max_completion_length,
             gradient_checkpointing=self.gradient_checkpointing is not False, beta=self.beta,  # open: TRL's default
-            steps_per_generation=self.gradient_accumulation_steps)
+            steps_per_generation=self.gradient_accumulation_steps, lora_r=self.lora_r if self.use_peft else 0,
+            lora_target_modules=self.lora_target_modules, lora_dropout=self.lora_dropout,
+            vllm_enable_sleep_mode=self.vllm_enable_sleep_mode)
+
+    def planner_recipe(self) -> dict[str, Any]:
+        """This step as the memory planner's keyword arguments, all but the micro-batch (precision, ``beta``, group
+        size, lengths, LoRA, sleep mode): what notebook 04's tables plan, so they plan what training runs."""
+        self._require_resolved("planner_recipe()")
+        shape = self.training_shape()
+        return {"precision": self.precision, "beta": shape.beta, "num_generations": shape.num_generations,
+                "prompt_length": shape.prompt_length, "max_completion_length": shape.max_completion_length,
+                "lora_r": shape.lora_r, "lora_target_modules": shape.lora_target_modules,
+                "lora_dropout": shape.lora_dropout, "vllm_enable_sleep_mode": shape.vllm_enable_sleep_mode}
 
     def rollout_config(self, **overrides: Any) -> RolloutConfig:
         """A rollout engine that samples as the trainer does (group size, lengths, temperature, seed); on an
@@ -386,6 +443,8 @@ class TrainConfig:
             "use_vllm": f"rollouts with vLLM (vllm_mode={self.vllm_mode!r}) instead of HF generate",
             "vllm_gpu_memory_utilization": "vLLM's share of the device (planned in notebook 04)",
             "bf16": "bf16 autocast (weights stay fp32)",
+            "use_peft": f"LoRA adapters (r={self.lora_r}, alpha={self.lora_alpha}) instead of every weight",
+            "vllm_enable_sleep_mode": "vLLM releases its weights and KV cache while the trainer updates",
             "save_steps": "checkpoint every N steps (safetensors)",
         }
         width = max(map(len, meaning))

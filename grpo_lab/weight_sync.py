@@ -98,10 +98,14 @@ def repack_tied_lm_head(worker: Any) -> bool:
 
 
 def _named_weights(vllm_generation: Any) -> list[tuple[str, torch.Tensor]]:
-    """The trainer's weights under the names vLLM expects (TRL's own iterator: handles PEFT merging)."""
+    """The trainer's weights under the names vLLM expects (TRL's own iterator: handles PEFT merging).
+
+    With PEFT, TRL merges the adapter into the base weights in place while it iterates and unmerges them when it
+    ends; the list outlives the iteration, so the merged tensors are copied, or vLLM would get the bare base."""
     iterate = getattr(vllm_generation, "_iter_named_params", None)
     if iterate is not None:
-        return [(name, tensor.detach()) for name, tensor in iterate()]
+        merged = hasattr(vllm_generation.model, "peft_config")
+        return [(name, tensor.detach().clone() if merged else tensor.detach()) for name, tensor in iterate()]
     return [(name, p.detach()) for name, p in vllm_generation.model.named_parameters()]
 
 

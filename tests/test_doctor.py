@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from grpo_lab import doctor, models
+from grpo_lab import doctor, memory, models
 from grpo_lab.experiment import TrainConfig
 
 
@@ -101,3 +101,6 @@ def test_the_symptom_table_covers_the_write_ups_rows_and_names_real_checks():
     assert len(table) == len(doctor.SYMPTOMS)
     memory_row = next(r for r in table if r["symptom"].startswith("out of memory"))
     assert "memory plan: " in memory_row["checks here"]
+    oom = next(s for s in doctor.SYMPTOMS if s.symptom.startswith("out of memory"))
+    positions = [oom.fix.index(knob) for knob in memory.KNOBS_IN_ORDER]  # the levers, in the planner's order
+    assert positions == sorted(positions) and "LoRA (use_peft=True" in oom.fix

@@ -171,3 +171,25 @@ def test_fine_tuned_on_training_rows_reads_the_manifest(tmp_path):
     other.write_text("{}\n")
     assert not experiment.fine_tuned_on_training_rows(get_profile("tiny", dataset=str(other)))
     assert not experiment.fine_tuned_on_training_rows(get_profile("tiny", model=str(tmp_path)))  # no manifest
+
+
+def test_auto_share_plans_lora_and_sleep_mode():
+    machine = Machine("cuda", bf16=True, memory_gib=32)
+    same = dict(profile="gpu", output_dir="unused", gradient_checkpointing=True)
+    full = experiment.TrainConfig(**same)
+    lora = experiment.TrainConfig(**same, use_peft=True)
+    asleep = experiment.TrainConfig(**same, use_peft=True, vllm_enable_sleep_mode=True)
+    shares = [experiment.choose_vllm_memory(c.with_profile(), machine)[0] for c in (full, lora, asleep)]
+    assert shares[0] < shares[1] <= shares[2]
+    budget = experiment.plan_memory(lora, machine)
+    assert budget.shape.lora_r == 16 and "reference model" not in budget.phases and budget.fits
+    assert experiment.plan_memory(asleep, machine).rollout_bytes > 0
+
+
+def test_planner_recipe_is_what_the_profile_trains():
+    recipe = experiment.TrainConfig(profile="gpu", output_dir="unused").resolve(
+        Machine("cuda", bf16=True, memory_gib=80)).planner_recipe()
+    assert (recipe["precision"], recipe["beta"], recipe["lora_r"]) == ("mixed", 0.04, 0)
+    budget = memory.largest_fitting_batch(memory.course_configs()["qwen2.5-1.5b"], device_memory_gib=24,
+                                          device_kind="cuda", **recipe)
+    assert not budget.fits  # the example: Qwen2.5-1.5B does not fit on 24 GiB with the course's recipe

@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -349,3 +350,65 @@ def test_tiny_config_matches_shipped_model():
     if not shipped.is_file():
         pytest.skip("the tiny model is not built in this checkout")
     assert ModelShape.from_config(shipped, name="t") == ModelShape.from_config(CONFIGS["tiny-qwen2"], name="t")
+
+
+def test_lora_trains_only_the_adapters():
+    shape = ModelShape.from_config(QWEN_05B)
+    h, i, q, kv, layers = 896, 4864, 896, 128, 24
+    r = 16
+    adapter = layers * r * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h))  # A and B of all seven linears
+    assert shape.lora_layer_parameters(r, TrainingShape().lora_target_modules) * layers == adapter
+    lora = TrainingShape(per_device_train_batch_size=4, num_generations=4, beta=0.04, lora_r=r)
+    for precision, (w, g, s) in {"bf16": (2, 2, 4), "mixed": (4, 4, 8)}.items():
+        step = training_phases(shape, get_precision(precision), lora, "npu")["optimizer step"]
+        # frozen base (weights only), adapters with gradients and AdamW states, no reference copy (adapter off)
+        assert step == {"policy weights": P_05B * w, "LoRA adapters": adapter * w, "AdamW states": adapter * s,
+                        "gradients": adapter * g}
+    phases = training_phases(shape, get_precision("mixed"), lora, "cuda")
+    full = training_phases(shape, get_precision("mixed"), replace(lora, lora_r=0), "cuda")
+    assert phases["embedding backward"]["embedding backward buffers"] < full["embedding backward"][
+        "embedding backward buffers"]  # a frozen embedding: no vocab × hidden gradient
+    assert max(sum(p.values()) for p in phases.values()) < max(sum(p.values()) for p in full.values()) / 2
+    with pytest.raises(MemoryPlanError, match="cannot plan LoRA on lm_head"):
+        shape.lora_layer_parameters(8, ("q_proj", "lm_head"))
+
+
+def test_lora_dropout_keeps_each_adapters_input():
+    shape = ModelShape.from_config(QWEN_05B)
+    bf16 = get_precision("bf16")
+    no_dropout = TrainingShape(lora_r=8, lora_target_modules=("q_proj", "down_proj"))
+    with_dropout = TrainingShape(lora_r=8, lora_target_modules=("q_proj", "down_proj"), lora_dropout=0.05)
+    assert memory.lora_activation_bytes_per_token_per_layer(shape, bf16, no_dropout) == 2 * 8 * 2
+    assert memory.lora_activation_bytes_per_token_per_layer(shape, bf16, with_dropout) == (
+        2 * 8 * 2 + 896 * (2 + 1) + 4864 * (2 + 1))
+
+
+def test_sleep_mode_frees_vllm_during_the_update():
+    kwargs = dict(device_memory_gib=32, device_kind="npu", precision="mixed", beta=0.04, lora_r=16,
+                  per_device_train_batch_size=8, num_generations=8)
+    awake = plan(CONFIGS["seed-2b-shaped"], **kwargs)
+    asleep = plan(CONFIGS["seed-2b-shaped"], vllm_enable_sleep_mode=True, **kwargs)
+    assert awake.fits and asleep.fits
+    assert asleep.vllm_gpu_memory_utilization > awake.vllm_gpu_memory_utilization
+    # the update: training peak + what a sleeping vLLM keeps + margin; the rollout: states + vLLM's whole share
+    assert asleep.side_bytes("vllm") == memory.VLLM_ASLEEP_BYTES
+    step = asleep.phases["optimizer step"]
+    grads = training_phases(ModelShape.from_config(CONFIGS["seed-2b-shaped"]), get_precision("mixed"), asleep.shape,
+                            "npu")["optimizer step"]["gradients"]
+    assert asleep.rollout_bytes == step - grads + asleep.vllm_bytes
+    assert asleep.rollout_bytes + asleep.side_bytes("runtime") <= asleep.device_bytes
+    assert "sleep mode" in asleep.summary() and not awake.rollout_bytes
+
+
+def test_seed_2b_levers_on_32_gib_with_the_course_recipe():
+    plans = {p.setting: p for p in memory.lever_plans(
+        CONFIGS["seed-2b-shaped"], device_memory_gib=32, device_kind="npu", precision="mixed", beta=0.04,
+        per_device_train_batch_size=8, num_generations=8, prompt_length=256, max_completion_length=256)}
+    assert [p.fits for p in plans.values()] == [False, False, True, True]
+    assert plans["full fine-tuning at 0.6"].headroom_gib < 0 < plans["LoRA (r=16)"].headroom_gib
+    assert "LoRA (use_peft=True" in plans["full fine-tuning at the planner's share"].advice
+    rows = memory.largest_models({n: CONFIGS[n] for n in ("qwen2.5-0.5b", "qwen2.5-3b", "qwen2.5-7b")},
+                                 device_gibs=(32, 80), device_kind="npu", precision="mixed", beta=0.04,
+                                 num_generations=8, prompt_length=256, max_completion_length=256)
+    assert rows[0] == {"setting": "full fine-tuning at 0.6", "32 GiB": "qwen2.5-0.5b", "80 GiB": "qwen2.5-0.5b"}
+    assert rows[2]["80 GiB"] == "qwen2.5-7b"

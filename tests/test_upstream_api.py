@@ -95,11 +95,30 @@ def test_grpo_config_has_the_fields_train_config_uses():
     mirrored = ["num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                 "max_completion_length", "learning_rate", "beta", "loss_type", "scale_rewards", "temperature",
                 "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "save_steps", "warmup_steps",
-                "lr_scheduler_type", "vllm_server_base_url", "vllm_server_host", "vllm_server_port"]
+                "lr_scheduler_type", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
+                "vllm_enable_sleep_mode"]
     ours = {f.name for f in fields(TrainConfig)}
     missing = [name for name in mirrored if name in ours and name not in trl_fields]
     assert not missing, f"TrainConfig fields without a GRPOConfig counterpart: {missing}"
     assert {"num_generations", "beta", "loss_type", "vllm_gpu_memory_utilization"} <= ours
+
+
+def test_lora_names_are_trl_and_peft_names():
+    """TrainConfig's LoRA fields are TRL ModelConfig's; PEFT's LoraConfig takes what grpo_lab.lora passes, and
+    GRPOTrainer takes ``peft_config``."""
+    from dataclasses import fields
+
+    from peft import LoraConfig, LoraModel, PeftModel
+    from trl import GRPOTrainer, ModelConfig
+
+    from grpo_lab.experiment import TrainConfig
+
+    lora_fields = {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"}
+    assert lora_fields <= {f.name for f in fields(ModelConfig)} & {f.name for f in fields(TrainConfig)}
+    assert {"task_type", "r", "lora_alpha", "lora_dropout", "target_modules", "bias"} <= {
+        f.name for f in fields(LoraConfig)}
+    assert "peft_config" in parameters(GRPOTrainer.__init__)
+    assert hasattr(LoraModel, "merge_and_unload") and hasattr(PeftModel, "from_pretrained")  # PeftModel forwards
 
 
 @pytest.mark.parametrize("module", [

@@ -10,6 +10,11 @@ Parts (``--part``, several allowed):
 * ``colocate``: TRL ``GRPOTrainer`` with ``vllm_mode="colocate"`` on a 0.5B-shaped model (random weights,
   the course's tiny tokenizer); the training-side peak (allocated during loss, backward and optimizer step,
   minus what vLLM keeps resident) against the planner, with the precision the trainer loaded the model in.
+* ``sleep``: the same run twice, vLLM awake and with ``vllm_enable_sleep_mode=True``: the training peak, the device
+  memory sleep mode frees during the update (device used at the first loss of each step, awake − asleep) against
+  the planner's ``vLLM share − VLLM_ASLEEP_BYTES``, and the step time of each (what waking costs).
+* ``lora``: the same run with a LoRA adapter (``peft_config``, TRL's default r=16 / alpha 32 / dropout 0.05 on every
+  linear layer), awake and asleep: the training peak against the planner's LoRA plan, the memory sleep frees.
 
 No network and no model hub: configs come from ``data/configs``. The result files keep what was measured and
 each case's parameters; ``--render`` recomputes every prediction with the current ``grpo_lab.memory`` and
@@ -18,6 +23,8 @@ under ten minutes; parts measured in separate calls land in separate files)::
 
     PYTHONPATH=/tmp/grpo-gpu-site:$PWD python3 benchmarks/memory/measure_gpu.py --part train-step vllm --out DIR
     PYTHONPATH=/tmp/grpo-gpu-site:$PWD python3 benchmarks/memory/measure_gpu.py --part colocate --out DIR
+    PYTHONPATH=/tmp/grpo-gpu-site:$PWD python3 benchmarks/memory/measure_gpu.py --part sleep --out DIR
+    PYTHONPATH=/tmp/grpo-gpu-site:$PWD python3 benchmarks/memory/measure_gpu.py --part lora --out DIR
     python benchmarks/memory/measure_gpu.py --render --out benchmarks/memory/results   # after copying them
 """
 
@@ -42,9 +49,11 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1])]
 
 from grpo_step import PHASES, grpo_step, padded_batch, random_model  # noqa: E402
 
+from grpo_lab.experiment import LORA_TARGET_MODULES  # noqa: E402
 from grpo_lab.memory import (  # noqa: E402
     CONFIG_DIR,
     GIB,
+    VLLM_ASLEEP_BYTES,
     ModelShape,
     TrainingShape,
     get_precision,
@@ -74,6 +83,12 @@ VLLM_CONFIG = COLOCATE_CONFIG = "qwen2.5-0.5b"
 COLOCATE = {"vllm_gpu_memory_utilization": 0.3, "per_device_train_batch_size": 16, "num_generations": 4,
             "max_completion_length": 256, "steps": 3}
 DTYPES = {"bf16": torch.bfloat16, "mixed": torch.float32}
+LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05}  # TRL's ModelConfig defaults
+# The colocate run's variants: (LoRA, sleep mode), and the parts that measure them (awake first: its sleeping twin is
+# compared with it). A child process each, under COLOCATE_CHILD_TIMEOUT_S so that a part stays within one call.
+VARIANTS = {"full": (False, False), "sleep": (False, True), "lora": (True, False), "lora+sleep": (True, True)}
+PART_VARIANTS = {"colocate": ("full",), "sleep": ("full", "sleep"), "lora": ("lora", "lora+sleep")}
+COLOCATE_CHILD_TIMEOUT_S = 280
 
 
 def train_step_case(config_name, precision, batch, prompt, completion, checkpointing) -> dict:
@@ -159,11 +174,14 @@ def vllm_case(utilization: float, model_dir: Path, shape: ModelShape) -> dict:
             "init_seconds": child["init_seconds"]}
 
 
-def colocate_child(model_dir: str) -> None:
-    """TRL GRPOTrainer with colocated vLLM; prints a JSON line with the measured peaks."""
+def colocate_child(model_dir: str, variant: str = "full") -> None:
+    """TRL GRPOTrainer with colocated vLLM (``variant``: LoRA and/or sleep mode); prints a JSON line with the measured
+    peaks, the device memory in use at the first loss of each step (vLLM asleep with sleep mode) and step times."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+
+    use_lora, sleep = VARIANTS[variant]
 
     rows = [json.loads(line) for line in (HERE.parents[1] / "data" / "train.jsonl").read_text().splitlines()[:512]]
     steps = COLOCATE["steps"]
@@ -176,13 +194,16 @@ def colocate_child(model_dir: str) -> None:
             self.in_loss = False
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            self.started = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
             torch.cuda.synchronize()
             free, total = torch.cuda.mem_get_info()
             record["steps"].append({"train_peak": torch.cuda.max_memory_allocated(),
                                     "generation_peak": record.pop("generation_peak", None),
-                                    "reserved_peak": torch.cuda.max_memory_reserved(), "device_used": total - free})
+                                    "device_used_in_update": record.pop("device_used_in_update", None),
+                                    "reserved_peak": torch.cuda.max_memory_reserved(), "device_used": total - free,
+                                    "seconds": time.perf_counter() - self.started})
 
     callback = Peaks()
 
@@ -192,6 +213,8 @@ def colocate_child(model_dir: str) -> None:
                 callback.in_loss = True
                 torch.cuda.synchronize()
                 record["generation_peak"] = torch.cuda.max_memory_allocated()
+                free, total = torch.cuda.mem_get_info()  # vLLM asleep here with sleep mode
+                record["device_used_in_update"] = total - free
                 torch.cuda.reset_peak_memory_stats()
             return super().compute_loss(*args, **kwargs)
 
@@ -201,9 +224,15 @@ def colocate_child(model_dir: str) -> None:
                       num_generations=COLOCATE["num_generations"],
                       max_completion_length=COLOCATE["max_completion_length"],
                       vllm_max_model_length=512, generation_kwargs={"ignore_eos": True}, max_steps=steps,
-                      learning_rate=1e-6, logging_steps=1, report_to=[], save_strategy="no", seed=0)
+                      learning_rate=1e-6, logging_steps=1, report_to=[], save_strategy="no", seed=0,
+                      vllm_enable_sleep_mode=sleep)
+    peft_config = None
+    if use_lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(task_type="CAUSAL_LM", target_modules=list(LORA_TARGET_MODULES), bias="none", **LORA)
     allocated_before = torch.cuda.memory_allocated()
-    trainer = MeasuredTrainer(model=model_dir, args=args, callbacks=[callback],
+    trainer = MeasuredTrainer(model=model_dir, args=args, callbacks=[callback], peft_config=peft_config,
                               reward_funcs=lambda completions, **_: [float(len(str(c)) % 3) for c in completions],
                               train_dataset=Dataset.from_list([{"prompt": r["prompt"]} for r in rows]))
     torch.cuda.synchronize()
@@ -216,27 +245,40 @@ def colocate_child(model_dir: str) -> None:
                                   for r in rows)
     record["gradient_checkpointing"] = args.gradient_checkpointing
     record["steps_per_generation"] = args.steps_per_generation
+    record["variant"] = variant
     free, total = torch.cuda.mem_get_info()
     record["device_total"], record["device_used_after_init"] = total, total - free
     trainer.train()
     print("RESULT " + json.dumps(record), flush=True)
 
 
-def colocate_case(model_dir: Path) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--colocate-child", str(model_dir)], capture_output=True,
-                          text=True, timeout=560)
+def colocate_case(model_dir: Path, part: str = "colocate", variant: str = "full") -> dict:
+    timeout = 560 if part == "colocate" else COLOCATE_CHILD_TIMEOUT_S
+    try:
+        done = subprocess.run([sys.executable, __file__, "--colocate-child", str(model_dir), variant],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        return {"part": part, "case": f"TRL GRPOTrainer colocate, {variant}", "variant": variant,
+                "error_log": f"timed out after {timeout} s: {str(expired.stdout or '')[-2000:]}"}
     log = done.stdout + done.stderr
     result_line = [line for line in log.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not result_line:
-        return {"part": "colocate", "case": "TRL GRPOTrainer, colocated vLLM", "error_log": log[-3000:]}
+        return {"part": part, "case": f"TRL GRPOTrainer colocate, {variant}", "variant": variant,
+                "error_log": log[-3000:]}
     r = json.loads(result_line[-1][len("RESULT "):])
+    # With sleep mode vLLM's weights and KV cache are unmapped, not freed through torch: the allocator's count of what
+    # vLLM holds stays as it was after init, so the subtraction is the same in both variants.
     vllm_resident = r["allocated_after_init"] - r["policy_weight_bytes"]
     later = r["steps"][1:] or r["steps"]  # from step 2 on the AdamW states exist
     measured_training = max(s["train_peak"] for s in later) - vllm_resident
-    return {"part": "colocate",
-            "case": f"TRL GRPOTrainer colocate, 0.5B-shaped, utilization {COLOCATE['vllm_gpu_memory_utilization']}, "
-                    f"B={COLOCATE['per_device_train_batch_size']}, n={COLOCATE['num_generations']}, "
-                    f"{r['prompt_length']}+{COLOCATE['max_completion_length']}",
+    use_lora, sleep = VARIANTS[variant]
+    label = (", LoRA r=16" if use_lora else "") + (", sleep mode" if sleep else "")
+    return {"part": part, "variant": variant,
+            "case": f"TRL GRPOTrainer colocate{label}, 0.5B-shaped, utilization "
+                    f"{COLOCATE['vllm_gpu_memory_utilization']}, B={COLOCATE['per_device_train_batch_size']}, "
+                    f"n={COLOCATE['num_generations']}, {r['prompt_length']}+{COLOCATE['max_completion_length']}",
+            "step_seconds": round(sum(s["seconds"] for s in later) / len(later), 3),
+            "device_used_in_update_gib": round(max(s["device_used_in_update"] for s in later) / GIB, 3),
             "measured_peak_mib": round(measured_training / MIB, 1),
             "vllm_resident_gib": round(vllm_resident / GIB, 2),
             "device_used_max_gib": round(max(s["device_used"] for s in r["steps"]) / GIB, 2),
@@ -308,6 +350,7 @@ def colocate_budget(record: dict):
     that is the planner's ``mixed`` precision. The recorded policy bytes per parameter say which it was.
     """
     c, raw = _parameters(COLOCATE_CASE, record["case"]), record["raw"]
+    use_lora, sleep = VARIANTS[record.get("variant", "full")]
     model = ModelShape.from_config(CONFIG_DIR / f"{COLOCATE_CONFIG}.json")
     bytes_per_weight = raw["policy_weight_bytes"] / model.num_parameters
     if bytes_per_weight not in (2, 4):
@@ -319,7 +362,9 @@ def colocate_budget(record: dict):
                        per_device_train_batch_size=int(c["batch"]), num_generations=int(c["n"]),
                        prompt_length=raw["prompt_length"], max_completion_length=int(c["completion"]),
                        gradient_checkpointing=raw["gradient_checkpointing"],
-                       steps_per_generation=raw["steps_per_generation"])
+                       steps_per_generation=raw["steps_per_generation"], lora_r=LORA["r"] if use_lora else 0,
+                       lora_target_modules=LORA_TARGET_MODULES, lora_dropout=LORA["lora_dropout"] if use_lora else 0.0,
+                       vllm_enable_sleep_mode=sleep)
 
 
 def vllm_prediction(record: dict) -> tuple[int, dict[str, int]]:
@@ -349,7 +394,7 @@ def comparison_rows(out: Path) -> list[dict]:
                              "measured non-KV": r["measured_non_kv_gib"],
                              "predicted non-KV": round(sum(parts.values()) / GIB, 3)})
             else:
-                if r["part"] == "colocate":  # the step's peak minus what vLLM held after the trainer's init
+                if r["part"] in PART_VARIANTS:  # the step's peak minus what vLLM held after the trainer's init
                     budget = colocate_budget(r)
                     phase, predicted = budget.peak_phase, budget.training_peak_bytes
                     raw = r["raw"]
@@ -365,7 +410,31 @@ def comparison_rows(out: Path) -> list[dict]:
                              "error": round((predicted - measured) / measured, 4), "measured phase": measured_phase,
                              "predicted phase": phase, "max_memory_allocated": round(allocated / MIB, 1),
                              "held by others": round(others[0] / MIB, 1), "held by": others[1]})
+                awake = _awake_twin(r, data["results"])
+                if awake is not None:
+                    rows.append({**row, **freed_by_sleep(r, awake)})
     return rows
+
+
+def _awake_twin(record: dict, records: list[dict]) -> dict | None:
+    """For a sleep-mode record, the record of the same run with vLLM awake (measured in the same call)."""
+    variant = record.get("variant", "full")
+    if not VARIANTS[variant][1]:
+        return None
+    awake = {"sleep": "full", "lora+sleep": "lora"}[variant]
+    return next((x for x in records if x.get("variant") == awake and "error_log" not in x), None)
+
+
+def freed_by_sleep(asleep: dict, awake: dict) -> dict:
+    """The device memory sleep mode frees during the update (device used at the first loss of a step, awake −
+    asleep) against the planner's vLLM share less what a sleeping vLLM keeps (``VLLM_ASLEEP_BYTES``)."""
+    measured = (awake["device_used_in_update_gib"] - asleep["device_used_in_update_gib"]) * GIB
+    predicted = colocate_budget(asleep).vllm_bytes - VLLM_ASLEEP_BYTES
+    return {"quantity": "freed by sleep mode in the update", "unit": "MiB", "measured": round(measured / MIB, 1),
+            "predicted": round(predicted / MIB, 1), "error": round((predicted - measured) / measured, 4),
+            "measured phase": "", "predicted phase": "", "max_memory_allocated": 0, "held by others": 0,
+            "held by": "", "note": f"step time {awake['step_seconds']:.2f} s awake, {asleep['step_seconds']:.2f} s with "
+                                   f"sleep mode (waking and re-sending the weights each step)"}
 
 
 def render(out: Path) -> None:
@@ -389,6 +458,9 @@ def render(out: Path) -> None:
         elif r["part"] == "vllm":
             lines.append(f"| vllm | {r['case']} | KV {r['measured']:.2f} GiB (non-KV {r['measured non-KV']:.2f}) | | "
                          f"| KV {r['predicted']:.2f} GiB (non-KV {r['predicted non-KV']:.2f}) | {r['error']:+.1%} |")
+        elif r["quantity"] == "freed by sleep mode in the update":
+            lines.append(f"| {r['part']} | {r['case']} | device memory freed in the update (awake − asleep; "
+                         f"{r['note']}) | | {r['measured']:.0f} MiB | {r['predicted']:.0f} MiB | {r['error']:+.1%} |")
         else:
             phase = f" ({r['measured phase']})" if r["measured phase"] else ""
             others = f"{r['held by others']:.0f} MiB ({r['held by']})" if r["held by others"] else "0"
@@ -401,10 +473,10 @@ def render(out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", nargs="+", choices=("train-step", "vllm", "colocate"), default=["train-step"])
+    parser.add_argument("--part", nargs="+", choices=("train-step", "vllm", *PART_VARIANTS), default=["train-step"])
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--vllm-child", nargs=2, help=argparse.SUPPRESS)
-    parser.add_argument("--colocate-child", help=argparse.SUPPRESS)
+    parser.add_argument("--colocate-child", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--render", action="store_true",
                         help="only rebuild gpu.md and comparison_gpu.json from the gpu_*.json in --out")
     args = parser.parse_args(argv)
@@ -415,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.vllm_child:
         return vllm_child(args.vllm_child[0], float(args.vllm_child[1]))
     if args.colocate_child:
-        return colocate_child(args.colocate_child)
+        return colocate_child(*args.colocate_child)
     if not torch.cuda.is_available():
         raise SystemExit("measure_gpu.py needs a CUDA GPU; on CPU run benchmarks/memory/measure_cpu.py.")
     results = []
@@ -430,12 +502,15 @@ def main(argv: list[str] | None = None) -> None:
         for utilization in VLLM_UTILIZATIONS:
             results.append(vllm_case(utilization, model_dir, shape))
             print(json.dumps(results[-1]), flush=True)
-    if "colocate" in args.part:
+    colocated = [part for part in PART_VARIANTS if part in args.part]
+    if colocated:
         from standin import save_random_model
 
         model_dir = save_random_model(CONFIG_DIR / f"{COLOCATE_CONFIG}.json", work / "random-0.5b")
-        results.append(colocate_case(model_dir))
-        print(json.dumps(results[-1]), flush=True)
+        for part in colocated:
+            for variant in PART_VARIANTS[part]:
+                results.append(colocate_case(model_dir, part, variant))
+                print(json.dumps(results[-1]), flush=True)
     write_results(results, args.out, args.part)
     print((args.out / "gpu.md").read_text())
 

@@ -1,0 +1,112 @@
+"""LoRA GRPO: PEFT's ``LoraConfig`` from the experiment's fields, the adapter merged into plain weights, and the check
+that training changed the adapter and nothing else.
+
+With ``TrainConfig(use_peft=True)`` TRL's ``GRPOTrainer`` wraps the model with PEFT (``peft_config=``): the base
+weights are frozen and only the low-rank adapters (``lora_A``, ``lora_B`` of each targeted linear layer) train.
+A run then keeps two things (:mod:`grpo_lab.runs`): ``adapter/``, PEFT's adapter folder, and ``final/``, the
+adapter merged into the base's weights — a plain model that evaluation, export and serving read like any other
+(the default for deployment: no LoRA support needed where it is served).
+
+>>> from grpo_lab import lora
+>>> lora.peft_name_to_base("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight")
+'model.layers.0.self_attn.q_proj.weight'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from grpo_lab.errors import ConfigError
+from grpo_lab.models import load_model_and_tokenizer
+
+ADAPTER_MARK = "lora_"
+"""PEFT's adapter tensors carry this in their names (``lora_A``, ``lora_B``)."""
+
+
+def lora_config(r: int, alpha: int, dropout: float, target_modules: tuple[str, ...]) -> Any:
+    """PEFT's ``LoraConfig`` for a causal LM, as TRL's ``get_peft_config`` builds it from its ``ModelConfig``."""
+    try:
+        from peft import LoraConfig
+    except ImportError:
+        raise ConfigError("use_peft=True needs the peft package: make install (it is in every stack), or "
+                          "pip install peft -c grpo_lab/stacks/<stack>.txt.") from None
+    return LoraConfig(task_type="CAUSAL_LM", r=r, lora_alpha=alpha, lora_dropout=dropout,
+                      target_modules=list(target_modules), bias="none")
+
+
+def peft_name_to_base(name: str) -> str:
+    """A PEFT-wrapped parameter's name in the base model (``base_model.model.`` and ``.base_layer`` dropped)."""
+    return name.removeprefix("base_model.model.").replace(".base_layer", "")
+
+
+def merge_into(base_model: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> Path:
+    """Load the base model (fp32, CPU), apply the adapter, merge it into the weights and save the plain model's
+    weights and config to ``out_dir``. This loads a second copy of the model: merging inside the trainer would
+    round its frozen base weights (``W + BA − BA`` is not ``W`` in floating point)."""
+    from peft import PeftModel
+
+    base, _ = load_model_and_tokenizer(str(base_model), device="cpu", dtype="float32")
+    merged = PeftModel.from_pretrained(base, str(adapter_dir), trust_remote_code=False).merge_and_unload()
+    merged.save_pretrained(str(out_dir))
+    return Path(out_dir)
+
+
+@dataclass(frozen=True)
+class WeightChange:
+    """Which tensors differ between two snapshots of a model (compared bit for bit)."""
+
+    changed: tuple[str, ...]
+    unchanged: tuple[str, ...]
+
+    def of(self, names: set[str]) -> tuple[int, int]:
+        """(changed, total) among ``names``."""
+        return sum(name in names for name in self.changed), len(names)
+
+
+def compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> WeightChange:
+    """Compare two state dicts by name (``torch.equal``); names present in only one are refused."""
+    import torch
+
+    if set(before) != set(after):
+        raise ConfigError(f"the snapshots hold different tensors: {sorted(set(before) ^ set(after))[:5]} ...")
+    changed = tuple(name for name in before if not torch.equal(before[name], after[name]))
+    return WeightChange(changed=changed, unchanged=tuple(name for name in before if name not in changed))
+
+
+def adapter_names(names: Any) -> set[str]:
+    return {name for name in names if ADAPTER_MARK in name}
+
+
+def tensors(model: Any) -> dict[str, Any]:
+    """A model's tensors by name (detached; views of the live weights, not copies)."""
+    return {name: tensor.detach() for name, tensor in model.state_dict().items()}
+
+
+def folder_tensors(folder: str | Path) -> dict[str, Any]:
+    """The tensors of a model folder's ``*.safetensors`` files, by name."""
+    from safetensors.torch import load_file
+
+    return {name: tensor for path in sorted(Path(folder).glob("*.safetensors")) for name, tensor in
+            load_file(path).items()}
+
+
+class StartSnapshot(TrainerCallback):
+    """Pass to ``train(callbacks=[...])``: keeps a copy of the model's tensors as training starts (after PEFT wrapped
+    it), to :func:`compare` with the trained model."""
+
+    tensors: dict[str, Any]
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.tensors = {name: tensor.clone() for name, tensor in tensors(model).items()}
+
+
+def base_of(model: Any, names: Any = None) -> dict[str, Any]:
+    """The frozen base tensors of a PEFT model under the base model's names (adapters left out); only ``names``
+    when given (a checkpoint's: a tied ``lm_head.weight`` is the embedding and is not saved twice)."""
+    base = {peft_name_to_base(name): tensor for name, tensor in tensors(model).items() if ADAPTER_MARK not in name}
+    return base if names is None else {name: base[name] for name in names}

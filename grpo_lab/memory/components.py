@@ -1,0 +1,205 @@
+"""Each component of a GRPO step's memory: the training phases, vLLM's share and its KV cache."""
+
+from __future__ import annotations
+
+import math
+
+from grpo_lab.memory.shapes import GIB, VLLM_RUNTIME_BYTES, MemoryPlanError, ModelShape, Precision, TrainingShape
+
+
+# TRL's chunked LM head (trl/kernels/chunked_logprob.py): projection tiles of TOKEN_TILE × VOCAB_TILE.
+TOKEN_TILE = 4096
+VOCAB_TILE = 32768
+# Where Triton is missing (CPU, Ascend NPU) the tile is folded with torch ops that keep about this many
+# fp32 copies of the tile alive at once (measured on CPU with torch 2.13 / TRL 1.16).
+TORCH_FOLD_FP32_TILES = 7.25
+# cuBLAS keeps one workspace per (thread's handle, stream) inside torch's caching allocator, so
+# max_memory_allocated counts it: 32 MiB on Hopper (torch's default CUBLAS_WORKSPACE_CONFIG) plus 1 MiB for
+# cuBLASLt. The forward runs on the Python thread and the backward on autograd's device thread: two of each.
+CUBLAS_WORKSPACE_BYTES = 33 * 2**20
+CUBLAS_WORKSPACE_THREADS = 2
+# CUDA's embedding backward sums the rows of each token id in partial segments of this many rows, in fp32
+# buffers sized for the worst case (aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu).
+EMBEDDING_ROWS_PER_SEGMENT = 10
+# vLLM: TRL's colocated engine uses max_num_batched_tokens=4096; KV blocks hold 16 tokens.
+TRL_COLOCATE_MAX_NUM_BATCHED_TOKENS = 4096
+KV_BLOCK_TOKENS = 16
+# Runtime margin: device context + fragmentation + collective buffers; max(fixed, fraction of device).
+MARGIN_MIN_BYTES = GIB
+MARGIN_FRACTION = 0.05
+
+
+def activation_bytes_per_token_per_layer(model: ModelShape, precision: Precision) -> int:
+    """Bytes autograd keeps per token in one decoder layer (HF Qwen2/Llama, SDPA, padded batch).
+
+    Pure dtype ``e``: each RMSNorm keeps its fp32 upcast (4h), normalised value and output (2·e·h); attention
+    keeps q after RoPE, the repeated k and v and the output (4·e·q) plus the log-sum-exp (4 per head); the
+    gated MLP keeps gate, up, act(gate) and their product (4·e·I). Under ``mixed`` the residual stream is fp32
+    and each of the five linears keeps its own bf16 copy of the norm output.
+    """
+    h, i, q = model.hidden_size, model.intermediate_size, model.q_dim
+    e = precision.activation_bytes
+    if precision.autocast_copy_bytes:
+        norms = 2 * (4 * h + 4 * h) + 5 * precision.autocast_copy_bytes * h
+    else:
+        norms = 2 * (4 * h + 2 * e * h)
+    return norms + 4 * e * q + 4 * model.num_attention_heads + 4 * e * i
+
+
+# LoRA's linears fed by an RMSNorm (their input is the residual stream's dtype); o_proj and down_proj take activations
+NORM_FED_LINEARS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+
+
+def lora_activation_bytes_per_token_per_layer(model: ModelShape, precision: Precision, shape: TrainingShape) -> int:
+    """What LoRA adds per token in one decoder layer: lora_A's output (``r`` values) kept for lora_B's backward and,
+    with ``lora_dropout > 0``, each adapted linear's own dropped copy of its input and dropout's boolean mask. (The
+    frozen base linears keep nothing for their weights; their inputs are kept as in full fine-tuning, by lora_A.)
+    An estimate from the saved tensors, not yet checked against a measured step."""
+    if not shape.lora:
+        return 0
+    linears = model.linear_layers()
+    extra = 0
+    for name in shape.lora_target_modules:
+        in_features = linears[name][0]
+        if shape.lora_dropout > 0:
+            input_bytes = precision.residual_bytes if name in NORM_FED_LINEARS else precision.activation_bytes
+            extra += in_features * (input_bytes + 1)
+        extra += shape.lora_r * precision.activation_bytes
+    return extra
+
+
+def training_phases(model: ModelShape, precision: Precision, shape: TrainingShape, device_kind: str
+                    ) -> dict[str, dict[str, int]]:
+    """Training-side components alive at the peak of each phase of one optimizer step.
+
+    Phases (the backward runs from the loss to the embedding):
+
+    * ``LM-head backward``: every activation saved for backward, plus TRL's chunked-LM-head buffers (the
+      projection tile, fp32 gradient accumulators, their casts to the model dtype).
+    * ``layer backward``: the MLP backward of one layer — its saved (with checkpointing: recomputed)
+      activations, the gradients of gate, up and their product, the gradient flowing in — next to the
+      parameter gradients made so far; with checkpointing the larger of the first layer done (all layer inputs
+      still kept, few gradients) and the last (one input left, nearly all gradients).
+    * ``embedding backward``: all gradients, the gradient of the embedding output and the kernel's buffers.
+    * ``optimizer step``: weights, gradients and AdamW states (fused AdamW allocates nothing more).
+
+    The forward is not a phase of its own: it held less than the backward after it in every measured case
+    (its extras, the LM head's forward tile and with ``mixed`` autocast's cache of bf16 weight copies, are
+    smaller than the gradients and fp32 accumulators the backward adds).
+    ``device_kind`` (``cuda``, ``npu``, ``cpu``) picks the kernels: Triton's LM head, cuBLAS workspaces and
+    CUDA's embedding backward on ``cuda``; torch's LM-head fold and embedding backward elsewhere. Measured
+    against real steps in ``benchmarks/memory``.
+    """
+    if device_kind not in ("cuda", "npu", "cpu"):
+        raise MemoryPlanError(f"device_kind must be cuda, npu or cpu, got {device_kind!r}.")
+    p, layers = model.num_parameters, model.num_hidden_layers
+    h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
+    b, t, c = shape.per_device_train_batch_size, shape.sequence_length, shape.max_completion_length
+    e, r, g = precision.activation_bytes, precision.residual_bytes, precision.grad_bytes
+    tokens = b * t
+    cuda = device_kind == "cuda"
+    lm_tokens = b * c if cuda else b * (t - 1)  # Triton scores the completion tokens only
+
+    # LoRA: the base is frozen (no gradients, no AdamW states) and, with beta > 0, TRL's reference is the base with the
+    # adapter switched off: no copy. Only the adapters train.
+    lora_layer = model.lora_layer_parameters(shape.lora_r, shape.lora_target_modules) if shape.lora else 0
+    trainable = layers * lora_layer if shape.lora else p
+    static = {"policy weights": p * precision.weight_bytes, "AdamW states": trainable * precision.adamw_bytes}
+    if shape.lora:
+        static["LoRA adapters"] = trainable * precision.weight_bytes
+    if shape.beta > 0 and not shape.lora:
+        static["reference model"] = p * precision.weight_bytes
+    if cuda:
+        static["cuBLAS workspaces"] = CUBLAS_WORKSPACE_THREADS * CUBLAS_WORKSPACE_BYTES
+    grads = trainable * g
+    # the LM head's gradient, made first (tied: waits for the embedding's to be added); none when it is frozen
+    head_grad = 0 if shape.lora else v * h * g
+
+    per_layer = tokens * (activation_bytes_per_token_per_layer(model, precision)
+                          + lora_activation_bytes_per_token_per_layer(model, precision, shape)) + b * t * t * e  # + mask
+    layer_copies = model.layer_linear_parameters * precision.autocast_copy_bytes  # one layer's bf16 weights
+    final_norm_and_head_input = tokens * (4 * h + r * h) + lm_tokens * r * h
+    # Checkpointing keeps each layer's input and the boolean padding mask (in the recompute closure);
+    # autocast's weight cache is emptied when the forward's autocast region ends.
+    padding_mask = b * t * t if shape.gradient_checkpointing else 0
+    if shape.gradient_checkpointing:
+        saved_layers, kept_copies = layers * tokens * r * h, 0
+    else:  # every linear keeps its bf16 weight copy for its backward
+        saved_layers, kept_copies = layers * per_layer, layers * layer_copies
+
+    tile_rows = min(lm_tokens, TOKEN_TILE)
+    head_weight_grad = 0 if shape.lora else v * h  # a frozen LM head: TRL's kernel skips the weight gradient
+    fp32_accumulators = head_weight_grad * 4 + lm_tokens * h * 4  # weight and input gradients, accumulated in fp32
+    casts = head_weight_grad * _cast_bytes(g) + lm_tokens * h * _cast_bytes(r)  # to the model dtype, at the end
+    fold = 0 if cuda else int(TORCH_FOLD_FP32_TILES * tile_rows * min(v, VOCAB_TILE) * 4)
+    # Under autocast each vocabulary chunk of the weight and each token chunk of the input is cast to bf16
+    autocast_chunks = (min(v, VOCAB_TILE) + tile_rows) * h * precision.autocast_copy_bytes
+    lm_head = tile_rows * VOCAB_TILE * e + fp32_accumulators + max(fold + autocast_chunks, casts)
+
+    phases = {"LM-head backward": {**static, "activations saved for backward": saved_layers + final_norm_and_head_input
+                                   + padding_mask, "autocast weight copies": kept_copies,
+                                   "LM-head backward buffers": lm_head}}
+
+    # The MLP backward of one layer: gradients of gate, up and act(gate)·up, and the gradient flowing in
+    mlp_backward = tokens * (2 * e * i + r * h)
+    # LM head, final norm, the top layer's down_proj (LoRA: the top layer's adapters)
+    first_layer_done_grads = lora_layer * g if shape.lora else head_grad + h * g + h * i * g
+    if shape.gradient_checkpointing:
+        # With an fp32 residual the first RMSNorm's upcast is the layer's input itself, already kept
+        recomputed = per_layer - (tokens * 4 * h if r == 4 else 0)
+        # At the last layer (layer 0) its other gradients and, untied, the embedding's are not made yet
+        last_grads = grads if shape.lora else (
+            grads - (model.layer_parameters - h * i) * g - (0 if model.tie_word_embeddings else head_grad))
+        first = layers * tokens * r * h + first_layer_done_grads
+        last = tokens * r * h + last_grads
+        inputs, layer_grads = (layers * tokens * r * h, first_layer_done_grads) if first > last else (
+            tokens * r * h, last_grads)
+        phases["layer backward"] = {**static, "activations saved for backward": inputs + padding_mask,
+                                    "recomputed layer": recomputed, "autocast weight copies": layer_copies,
+                                    "layer backward buffers": mlp_backward, "gradients": layer_grads}
+    else:  # the first layer done (the top one) holds the most: every layer's activations
+        phases["layer backward"] = {**static, "activations saved for backward": saved_layers,
+                                    "autocast weight copies": kept_copies, "layer backward buffers": mlp_backward,
+                                    "gradients": first_layer_done_grads}
+
+    # Next to the gradient of the embedding output, the kernel makes a dense vocab × hidden gradient. Tied, it is
+    # added in place to the LM head's, which waited for it (autograd reuses a buffer it owns alone); untied, it
+    # becomes the embedding's .grad. CUDA also sums the rows of each token id in fp32 partial sums sized for
+    # the worst case.
+    embedding = tokens * r * h + (head_grad if model.tie_word_embeddings else 0)
+    if shape.lora:  # a frozen embedding: only the gradient of its output, which TRL asks for under checkpointing
+        embedding = tokens * r * h if shape.gradient_checkpointing else 0
+    elif cuda:
+        embedding += (tokens // EMBEDDING_ROWS_PER_SEGMENT + min(tokens, v)) * h * 4
+    phases["embedding backward"] = {**static, "gradients": grads, "embedding backward buffers": embedding}
+    phases["optimizer step"] = {**static, "gradients": grads}
+    return phases
+
+
+def _cast_bytes(target_bytes: int) -> int:
+    """Bytes per element of casting an fp32 buffer to a dtype of ``target_bytes`` (fp32 → fp32 is free)."""
+    return 0 if target_bytes == 4 else target_bytes
+
+
+def vllm_non_kv_bytes(model: ModelShape, vllm_dtype_bytes: int, max_num_seqs: int,
+                      max_num_batched_tokens: int = TRL_COLOCATE_MAX_NUM_BATCHED_TOKENS) -> dict[str, int]:
+    """vLLM's memory other than the KV cache: weights, its profiling pass's activation peak, runtime."""
+    h, i, e = model.hidden_size, model.intermediate_size, vllm_dtype_bytes
+    per_token = e * (4 * h + 2 * model.q_dim + 2 * model.kv_dim + 4 * i)  # residual, qkv, attn out, gate_up, act
+    sampler = max_num_seqs * model.vocab_size * 4 * 3  # fp32 logits, probabilities, log-probabilities
+    return {"vLLM weights": model.num_parameters * e,
+            "vLLM activations": max_num_batched_tokens * per_token + sampler,
+            "vLLM runtime (non-torch, CUDA graphs)": VLLM_RUNTIME_BYTES}
+
+
+def kv_cache_sequences(kv_bytes: int, kv_bytes_per_token: int, max_model_len: int) -> int:
+    """Full-length sequences a KV cache of ``kv_bytes`` holds (16-token blocks)."""
+    blocks_per_sequence = math.ceil(max_model_len / KV_BLOCK_TOKENS)
+    blocks = max(kv_bytes, 0) // (kv_bytes_per_token * KV_BLOCK_TOKENS)
+    return int(blocks // blocks_per_sequence)
+
+
+def default_margin_bytes(device_bytes: int) -> int:
+    """The runtime margin kept free: max(1 GiB, 5 % of the device)."""
+    return max(MARGIN_MIN_BYTES, int(MARGIN_FRACTION * device_bytes))
+
