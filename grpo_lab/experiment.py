@@ -424,6 +424,17 @@ class TrainConfig:
             raise ConfigError(f"{path} is not valid JSON: {error}") from None
         return cls.from_dict(values.get("config", values) if isinstance(values, dict) else values)
 
+    def step_summary(self) -> str:
+        """One line: what a step of this resolved experiment is on its device (model, group, micro-batches,
+        checkpointing, vLLM's share, LoRA), e.g. for a machine described rather than detected."""
+        self._require_resolved("step_summary()")
+        micro = (f"one micro-batch of {self.per_device_train_batch_size}" if self.gradient_accumulation_steps == 1
+                 else f"{self.gradient_accumulation_steps} micro-batches of {self.per_device_train_batch_size}")
+        return (f"{self.profile} profile on {self.device}: {Path(self.model).name}, {self.num_prompts_per_step} prompts x "
+                f"{self.num_generations} completions per step as {micro}, gradient checkpointing "
+                f"{'on' if self.gradient_checkpointing else 'off'}, vllm_gpu_memory_utilization="
+                f"{self.vllm_gpu_memory_utilization}{', LoRA r=%d' % self.lora_r if self.use_peft else ''}")
+
     def describe(self) -> str:
         """The settings that shape a GRPO step, one per line with what they mean (resolve first)."""
         meaning = {
@@ -459,6 +470,18 @@ def reward_spec(config: TrainConfig, reward_funcs: Sequence[Any] | None = None) 
         return tuple(config.rewards), config.reward_weights
     weights = config.reward_weights
     return tuple(reward_funcs), weights if weights is not None and len(weights) == len(reward_funcs) else None
+
+
+def plans_for(profile: str, kind: str, memory_gibs: Sequence[float]) -> list[str]:
+    """One line per described machine (``kind``, each of ``memory_gibs``): the step ``profile`` resolves to there,
+    or why it does not fit. Planning for a machine you do not have, e.g. an Ascend NPU from a laptop."""
+    lines = []
+    for gib in memory_gibs:
+        try:
+            lines.append(f"{gib:g} GiB: " + TrainConfig(profile=profile).resolve(Machine(kind, True, gib)).step_summary())
+        except memory.DoesNotFitError as error:
+            lines.append(f"{gib:g} GiB: does not fit ({str(error).splitlines()[0]})")
+    return lines
 
 
 def _check_positive_int(name: str, value: Any) -> None:

@@ -193,3 +193,16 @@ def test_planner_recipe_is_what_the_profile_trains():
     budget = memory.largest_fitting_batch(memory.course_configs()["qwen2.5-1.5b"], device_memory_gib=24,
                                           device_kind="cuda", **recipe)
     assert not budget.fits  # the issue's example: Qwen2.5-1.5B does not fit on 24 GiB with the course's recipe
+
+
+def test_a_described_ascend_machine_gets_a_step_that_fits():
+    """Notebooks 04 and 07 print what an Ascend user would run (never run here: no Ascend hardware)."""
+    for gib in (32, 64):
+        machine = Machine("npu", bf16=True, memory_gib=gib)
+        config = TrainConfig(profile="npu").resolve(machine)
+        assert experiment.plan_memory(config, machine).fits and config.generation_batch_size == 128
+        assert config.step_summary().startswith("npu profile on npu: Qwen2.5-0.5B-Instruct, 16 prompts x 8")
+    with pytest.raises(ConfigError, match="resolved config"):
+        TrainConfig(profile="npu").step_summary()
+    lines = experiment.plans_for("npu", "npu", (32, 64))
+    assert [line.split(":")[0] for line in lines] == ["32 GiB", "64 GiB"] and all("16 prompts x 8" in l for l in lines)
