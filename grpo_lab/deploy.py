@@ -13,7 +13,6 @@ module exists in the CPU, CUDA and Ascend builds alike) and query it with the ``
 
 from __future__ import annotations
 
-import atexit
 import ipaddress
 import json
 import os
@@ -267,7 +266,8 @@ class VLLMServer:
 
     The server runs in its own process group (:class:`grpo_lab.servers.ServerProcess`), so :meth:`stop` ends it
     and every worker it spawned, also after an error or a notebook interrupt (``KeyboardInterrupt`` leaves the
-    ``with`` block normally).
+    ``with`` block normally). It also ends when this Python process does, however that happens: exit, SIGTERM (the
+    children are stopped first), SIGKILL or a kernel restart (its watchdog sees the owner gone within a second).
     """
 
     def __init__(self, model: str | Path | ServeConfig, log_path: str | Path | None = None, **knobs):
@@ -292,7 +292,6 @@ class VLLMServer:
             self.log_path = Path(tempfile.mkdtemp(prefix="grpo-lab-serve-")) / "server.log"
         self.server = ServerProcess(self.config.command(self.port), self.config.environment(), self.log_path,
                                     self.base_url, name="the vLLM server", error=DeployError)
-        atexit.register(self.stop)  # a forgotten server dies with the Python process
         try:
             self.server.start(self.config.startup_timeout_s)
         except BaseException:
@@ -349,7 +348,6 @@ class VLLMServer:
             return
         self.server.stop(timeout_s)
         self.server = None
-        atexit.unregister(self.stop)
 
     def __enter__(self) -> VLLMServer:
         return self.start()
