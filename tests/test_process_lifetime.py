@@ -338,3 +338,20 @@ def test_server_mode_killed_leaves_nothing_running_and_complete_checkpoints(tmp_
     checkpoints = runs.list_checkpoints(run)
     assert checkpoints and all(runs.check_checkpoint(c) == c for c in checkpoints)
 
+
+
+def test_doctor_lists_vllm_processes_that_hold_a_port_with_the_command_to_stop_them():
+    from grpo_lab import doctor
+
+    port = servers.free_port()
+    process = servers.start_process_group([*fake_server(port), "vllm.entrypoints.openai.api_server"], os.environ,
+                                          stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "listening"
+        check = doctor.check_vllm_processes()
+        group = next(g for g in doctor.vllm_groups() if g.pgid == process.pid)
+        assert group.ports == (port,) and len(group.pids) == 3 and f"pid {os.getpid()} " in group.owner
+        assert check.status == "warn" and f"kill -- -{process.pid}" in str(check) and f"port {port}" in str(check)
+    finally:
+        servers.stop_process_group(process, timeout_s=10)
+    assert all(g.pgid != process.pid for g in doctor.vllm_groups())
