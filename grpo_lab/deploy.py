@@ -463,11 +463,19 @@ def curl_command(server: VLLMServer, messages: list[dict[str, str]], max_tokens:
 # --------------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------------
+STOP_HELP = ("What stops the server: Ctrl-C (SIGINT) or SIGTERM to this command (kill PID, systemd, docker stop) "
+             "stops it gracefully, its whole process group (API server, engine core, workers), then this command "
+             "exits; if this command is killed outright (kill -9, the OOM killer, a crash) the server's watchdog ends "
+             "the group within a few seconds. Either way the port is free again. `grpo-lab doctor` lists vLLM "
+             "processes of yours that still hold a device or a port, with the command to stop them.")
+
+
 def main(argv: list[str] | None = None) -> int:
     """`grpo-lab serve`: verify a folder, serve it until Ctrl-C (or answer one prompt with --ask)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="grpo-lab serve", description="Serve a model folder with vLLM.")
+    parser = argparse.ArgumentParser(prog="grpo-lab serve", description="Serve a model folder with vLLM.",
+                                     epilog=STOP_HELP)
     parser.add_argument("model", nargs="?", default=str(models.TINY_MODEL_DIR), help="model folder")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     parser.add_argument("--port", type=int, default=None, help="port (default: a free one)")
@@ -487,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
                         gpu_memory_utilization=args.gpu_memory_utilization,
                         enable_prefix_caching=not args.no_prefix_caching)
     with server:
-        print(f"serving {args.model} at {server.base_url}/v1 (log: {server.log_path})")
+        print(f"serving {args.model} at {server.base_url}/v1 (log: {server.log_path}); Ctrl-C or "
+              f"`kill {os.getpid()}` stops it")
         messages = [{"role": "user", "content": args.ask or "Hello"}]
         print("try:", curl_command(server, messages))
         if args.ask:

@@ -215,6 +215,7 @@ class VLLMGroup:
     pgid: int
     pids: tuple[int, ...]
     command: str
+    """The command line of (the first of) its vLLM processes that hold something."""
     ports: tuple[int, ...]
     devices: tuple[str, ...]
     owner: str
@@ -243,14 +244,14 @@ def _held_devices(pid: int) -> set[str]:
 
 
 def _short(process: psutil.Process, width: int = 100) -> str:
-    command = shlex.join(process.cmdline()) or process.name()
+    command = " ".join(shlex.join(process.cmdline()).split()) or process.name()
     return command if len(command) <= width else command[:width - 3] + "..."
 
 
 def vllm_groups() -> list[VLLMGroup]:
     """This user's vLLM processes (``vllm`` in the command line, or a ``VLLM::`` process title) that listen on a port
     or hold an accelerator, one entry per process group."""
-    found: dict[int, tuple[set[int], set[str]]] = {}
+    found: dict[int, tuple[set[int], set[str], list[str]]] = {}
     for process in psutil.process_iter(["cmdline", "name", "uids"]):
         try:
             if process.pid == os.getpid() or process.info["uids"].real != os.getuid():
@@ -261,23 +262,23 @@ def vllm_groups() -> list[VLLMGroup]:
             ports = {c.laddr.port for c in process.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
             devices = _held_devices(process.pid)
             if ports or devices:
-                held = found.setdefault(os.getpgid(process.pid), (set(), set()))
+                held = found.setdefault(os.getpgid(process.pid), (set(), set(), []))
                 held[0].update(ports)
                 held[1].update(devices)
+                held[2].append(_short(process))
         except (psutil.Error, OSError):  # ended while we looked, or not ours to read
             continue
     groups = []
-    for pgid, (ports, devices) in sorted(found.items()):
+    for pgid, (ports, devices, commands) in sorted(found.items()):
         pids = tuple(sorted(group_members(pgid)))
         try:
             top = next((psutil.Process(pid) for pid in pids if psutil.Process(pid).ppid() not in pids), None)
             parent = top.parent() if top else None
             owner = "none: its owner is gone (orphaned)" if parent is None or parent.pid == 1 \
                 else f"pid {parent.pid} ({_short(parent, 60)})"
-            command = _short(psutil.Process(pgid) if pgid in pids else top)
         except psutil.Error:
             continue
-        groups.append(VLLMGroup(pgid, pids, command, tuple(sorted(ports)), tuple(sorted(devices)), owner))
+        groups.append(VLLMGroup(pgid, pids, commands[0], tuple(sorted(ports)), tuple(sorted(devices)), owner))
     return groups
 
 

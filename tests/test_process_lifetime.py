@@ -355,3 +355,11 @@ def test_doctor_lists_vllm_processes_that_hold_a_port_with_the_command_to_stop_t
     finally:
         servers.stop_process_group(process, timeout_s=10)
     assert all(g.pgid != process.pid for g in doctor.vllm_groups())
+
+
+def test_serve_help_says_what_stops_the_server(capsys):
+    with pytest.raises(SystemExit):
+        deploy.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(words in text for words in ("What stops the server", "Ctrl-C", "SIGTERM", "kill -9", "watchdog",
+                                           "grpo-lab doctor"))
