@@ -196,60 +196,6 @@ def run_process_group(command: Sequence[str], env: Mapping[str, str], timeout_s:
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-# --------------------------------------------------------------------------------------------------
-# The watchdog (the group's leader)
-# --------------------------------------------------------------------------------------------------
-def _end_others(pgid: int, grace_s: float) -> None:
-    """SIGTERM the group, then SIGKILL the members other than this process that are left after ``grace_s``."""
-    _signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and set(group_members(pgid)) - {os.getpid()}:
-        time.sleep(0.1)
-    for pid in set(group_members(pgid)) - {os.getpid()}:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _ignore(signum: int, frame: object) -> None:
-    """The watchdog's SIGTERM/SIGINT handler: a signal to the group reaches the command too; the watchdog waits for it
-    (a handler, not SIG_IGN, so the command does not inherit the ignoring)."""
-
-
-def watch(owner: int, command: Sequence[str], poll_s: float = WATCH_POLL_S, grace_s: float = GRACE_S) -> int:
-    """Run ``command`` as a child of this process (the group's leader) until it exits; end the whole group when
-    ``owner`` is no longer this process's parent. Returns the command's exit code (negative: its signal)."""
-    pgid = os.getpgrp()
-    signal.signal(signal.SIGTERM, _ignore)
-    signal.signal(signal.SIGINT, _ignore)
-    try:
-        child = subprocess.Popen(list(command))
-    except OSError as error:
-        print(f"grpo_lab.servers: cannot start {command[0]!r}: {error}", file=sys.stderr, flush=True)
-        return 127
-    while True:
-        if os.getppid() != owner:  # the owner is gone, however it ended
-            _end_others(pgid, grace_s)
-            os.killpg(pgid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=poll_s)
-            break
-    _end_others(pgid, grace_s)  # what the command left behind (vLLM's engine core, workers)
-    return child.returncode
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m grpo_lab.servers --owner PID -- COMMAND...``: :func:`watch`, exiting as the command did."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] != ["--owner"] or argv[2:3] != ["--"] or len(argv) < 4:
-        print("usage: python -m grpo_lab.servers --owner PID -- COMMAND [ARGS...]", file=sys.stderr)
-        return 2
-    code = watch(int(argv[1]), argv[3:])
-    if code < 0:  # die of the same signal, so the owner sees what killed the command
-        with contextlib.suppress(OSError):  # SIGKILL and SIGSTOP have no handler to reset
-            signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    return code
-
 def log_tail(path: str | Path | None, lines: int = LOG_TAIL_LINES) -> str:
     """The last ``lines`` lines of a log file (what an error message shows)."""
     if path is None or not Path(path).is_file():
@@ -357,6 +303,61 @@ class ServerProcess:
         """End the whole process group (SIGTERM, then SIGKILL after ``timeout_s``). Safe to call twice."""
         if self.process is not None:
             stop_process_group(self.process, timeout_s)
+
+
+# --------------------------------------------------------------------------------------------------
+# The watchdog (the group's leader)
+# --------------------------------------------------------------------------------------------------
+def _end_others(pgid: int, grace_s: float) -> None:
+    """SIGTERM the group, then SIGKILL the members other than this process that are left after ``grace_s``."""
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and set(group_members(pgid)) - {os.getpid()}:
+        time.sleep(0.1)
+    for pid in set(group_members(pgid)) - {os.getpid()}:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """The watchdog's SIGTERM/SIGINT handler: a signal to the group reaches the command too; the watchdog waits for it
+    (a handler, not SIG_IGN, so the command does not inherit the ignoring)."""
+
+
+def watch(owner: int, command: Sequence[str], poll_s: float = WATCH_POLL_S, grace_s: float = GRACE_S) -> int:
+    """Run ``command`` as a child of this process (the group's leader) until it exits; end the whole group when
+    ``owner`` is no longer this process's parent. Returns the command's exit code (negative: its signal)."""
+    pgid = os.getpgrp()
+    signal.signal(signal.SIGTERM, _ignore)
+    signal.signal(signal.SIGINT, _ignore)
+    try:
+        child = subprocess.Popen(list(command))
+    except OSError as error:
+        print(f"grpo_lab.servers: cannot start {command[0]!r}: {error}", file=sys.stderr, flush=True)
+        return 127
+    while True:
+        if os.getppid() != owner:  # the owner is gone, however it ended
+            _end_others(pgid, grace_s)
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=poll_s)
+            break
+    _end_others(pgid, grace_s)  # what the command left behind (vLLM's engine core, workers)
+    return child.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m grpo_lab.servers --owner PID -- COMMAND...``: :func:`watch`, exiting as the command did."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["--owner"] or argv[2:3] != ["--"] or len(argv) < 4:
+        print("usage: python -m grpo_lab.servers --owner PID -- COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    code = watch(int(argv[1]), argv[3:])
+    if code < 0:  # die of the same signal, so the owner sees what killed the command
+        with contextlib.suppress(OSError):  # SIGKILL and SIGSTOP have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
-
 import psutil
 import pytest
 
@@ -65,10 +63,10 @@ def kill_owners_left():
             owner.wait()
 
 
-def start_owner(args: list[str], cwd: Path | None = None) -> subprocess.Popen:
+def start_owner(args: list[str]) -> subprocess.Popen:
     """An owner in a session of its own (so that nothing the test does reaches it but the signal it sends)."""
     OWNERS.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   start_new_session=True, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+                                   start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}))
     return OWNERS[-1]
 
 
@@ -193,6 +191,7 @@ def test_a_group_ends_when_the_owner_ends_without_stopping_it(ending):
     owner = subprocess.Popen([sys.executable, "-c", "import os, sys\nfrom grpo_lab import servers\n"
                               "port = servers.free_port()\n" + body], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    OWNERS.append(owner)
     port = int(read_until(owner, r"READY (\d+)", 60).group(1))
     _wait_taken(port)
     time.sleep(2 * servers.WATCH_POLL_S)
@@ -363,3 +362,29 @@ def test_serve_help_says_what_stops_the_server(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert all(words in text for words in ("What stops the server", "Ctrl-C", "SIGTERM", "kill -9", "watchdog",
                                            "grpo-lab doctor"))
+
+
+def test_a_jupyter_kernel_restart_ends_what_the_kernel_started():
+    """Restart (the kernel is killed, ``now=True``) and shut down a notebook kernel that started a server."""
+    from jupyter_client.manager import start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        for stop in (lambda: manager.restart_kernel(now=True), lambda: manager.shutdown_kernel(now=False)):
+            port = servers.free_port()
+            code = (f"import os, sys\nfrom grpo_lab import servers\nprocess = servers.start_process_group("
+                    f"[sys.executable, '-c', {FAKE_SERVER!r}, '{port}'], os.environ)")
+            assert client.execute_interactive(code, timeout=60)["content"]["status"] == "ok"
+            _wait_taken(port)
+            processes = tree(manager.provisioner.process.pid)
+            stop()
+            deadline = time.monotonic() + GONE_WITHIN_S
+            while leftovers(processes) or not servers.port_is_free(port):
+                assert time.monotonic() < deadline, (leftovers(processes), servers.port_is_free(port))
+                time.sleep(0.25)
+            if manager.is_alive():
+                client.wait_for_ready(timeout=60)
+    finally:
+        client.stop_channels()
+        if manager.is_alive():
+            manager.shutdown_kernel(now=True)
