@@ -233,7 +233,8 @@ class VLLMGroup:
 
 def _held_devices(pid: int) -> set[str]:
     """Accelerator device files (``/dev/nvidia0``, ``/dev/davinci3`` ...) the process has open (``/proc/PID/fd``)."""
-    pattern = re.compile("|".join(rf"{re.escape(prefix)}\d+" for prefix in device.DEVICE_FILE_PREFIX.values() if prefix))
+    prefixes = [re.escape(prefix) for prefix in device.DEVICE_FILE_PREFIX.values() if prefix]
+    pattern = re.compile(rf"({'|'.join(prefixes)})\d+")
     held = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         with contextlib.suppress(OSError):  # closed while we looked

@@ -14,6 +14,9 @@ starts the command and ends the whole group (API server, engine core, workers) w
   every :data:`WATCH_POLL_S` seconds and needs no code to run in the owner;
 - the command exits by itself: what it left in the group is ended too, and the watchdog exits with its code.
 
+Children that vLLM starts itself (an in-process engine's core and workers) get a watchdog of their own through
+:func:`guard_processes`.
+
 >>> from grpo_lab.servers import free_port, port_is_free
 >>> port_is_free(free_port())
 True
@@ -80,9 +83,9 @@ def require_free_port(port: int | None, host: str = "127.0.0.1", name: str = "po
 # --------------------------------------------------------------------------------------------------
 # Process groups
 # --------------------------------------------------------------------------------------------------
-def group_members(pgid: int) -> list[int]:
-    """Pids of the live (not zombie) processes of the process group ``pgid``, read from Linux's ``/proc``."""
-    members = []
+def _processes() -> list[tuple[int, str, int, int]]:
+    """``(pid, state, parent pid, process group)`` of every process, read from Linux's ``/proc``."""
+    found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -90,10 +93,30 @@ def group_members(pgid: int) -> list[int]:
             stat = Path(entry.path, "stat").read_text()
         except OSError:  # ended while we looked
             continue
-        state, _ppid, group = stat[stat.rindex(")") + 2:].split()[:3]
-        if int(group) == pgid and state not in "ZX":
-            members.append(int(entry.name))
-    return members
+        state, ppid, group = stat[stat.rindex(")") + 2:].split()[:3]
+        found.append((int(entry.name), state, int(ppid), int(group)))
+    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes of the process group ``pgid``."""
+    return [pid for pid, state, _, group in _processes() if group == pgid and state not in "ZX"]
+
+
+def _with_descendants(pids: Sequence[int]) -> list[int]:
+    """``pids`` that are alive (not zombies), and their live descendants."""
+    children: dict[int, list[int]] = {}
+    alive = set()
+    for pid, state, ppid, _ in _processes():
+        if state not in "ZX":
+            children.setdefault(ppid, []).append(pid)
+            alive.add(pid)
+    found, stack = [], [pid for pid in pids if pid in alive]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
 
 
 def group_alive(pgid: int) -> bool:
@@ -218,6 +241,14 @@ def wait_until_healthy(process: subprocess.Popen, base_url: str, timeout_s: floa
             pass
         time.sleep(HEALTH_POLL_S)
     raise TimeoutError(f"{base_url}/health did not answer within {timeout_s:.0f} s")
+
+
+def guard_processes(pids: Sequence[int]) -> subprocess.Popen:
+    """A watchdog for children this process did not start through :func:`start_process_group` (an in-process vLLM
+    engine's core and workers, which vLLM starts): it ends them and their children when this process is gone, and
+    exits by itself once they have ended (reap it with :func:`stop_process_group`)."""
+    return subprocess.Popen([sys.executable, "-m", "grpo_lab.servers", "--owner", str(os.getpid()), "--pids",
+                             ",".join(map(str, pids))], start_new_session=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -346,19 +377,41 @@ def watch(owner: int, command: Sequence[str], poll_s: float = WATCH_POLL_S, grac
     return child.returncode
 
 
+def guard(owner: int, pids: Sequence[int], poll_s: float = WATCH_POLL_S, grace_s: float = GRACE_S) -> int:
+    """Wait while any of ``pids`` lives; when ``owner`` is no longer this process's parent, end them and their
+    children (SIGTERM, SIGKILL after ``grace_s``)."""
+    while _with_descendants(pids):
+        if os.getppid() != owner:
+            for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+                for pid in _with_descendants(pids):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
+                deadline = time.monotonic() + wait_s
+                while time.monotonic() < deadline and _with_descendants(pids):
+                    time.sleep(0.1)
+            return 0
+        time.sleep(poll_s)
+    return 0
+
+
+USAGE = ("usage: python -m grpo_lab.servers --owner PID -- COMMAND [ARGS...]   (start_process_group)\n"
+         "       python -m grpo_lab.servers --owner PID --pids PID,PID...       (guard_processes)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m grpo_lab.servers --owner PID -- COMMAND...``: :func:`watch`, exiting as the command did."""
+    """The watchdog's entry: :func:`watch` a command (exiting as it did) or :func:`guard` running processes."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] != ["--owner"] or argv[2:3] != ["--"] or len(argv) < 4:
-        print("usage: python -m grpo_lab.servers --owner PID -- COMMAND [ARGS...]", file=sys.stderr)
+    if argv[:1] != ["--owner"] or len(argv) < 4 or argv[2] not in ("--", "--pids"):
+        print(USAGE, file=sys.stderr)
         return 2
+    if argv[2] == "--pids":
+        return guard(int(argv[1]), [int(pid) for pid in argv[3].split(",") if pid])
     code = watch(int(argv[1]), argv[3:])
     if code < 0:  # die of the same signal, so the owner sees what killed the command
         with contextlib.suppress(OSError):  # SIGKILL and SIGSTOP have no handler to reset
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

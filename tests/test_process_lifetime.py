@@ -122,9 +122,9 @@ def leftovers(processes: dict[int, int]) -> dict[int, str]:
     return left
 
 
-def stop_owner(owner: subprocess.Popen, sig: signal.Signals, port: int) -> float:
+def stop_owner(owner: subprocess.Popen, sig: signal.Signals, port: int | None) -> float:
     """Send ``sig`` to the owner, then wait up to :data:`GONE_WITHIN_S` for every process of its tree to end and the
-    port to be free; return the seconds that took."""
+    port (if any) to be free; return the seconds that took."""
     processes = tree(owner.pid)
     assert len(processes) >= 3, processes  # owner, server, the server's own child at least
     started = time.monotonic()
@@ -132,7 +132,7 @@ def stop_owner(owner: subprocess.Popen, sig: signal.Signals, port: int) -> float
     with contextlib.suppress(subprocess.TimeoutExpired):
         owner.wait(timeout=GONE_WITHIN_S)
     while time.monotonic() - started < GONE_WITHIN_S:
-        if not leftovers(processes) and servers.port_is_free(port):
+        if not leftovers(processes) and (port is None or servers.port_is_free(port)):
             return time.monotonic() - started
         time.sleep(0.25)
     left = leftovers(processes)
@@ -140,7 +140,7 @@ def stop_owner(owner: subprocess.Popen, sig: signal.Signals, port: int) -> float
         with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(pid).kill()
     raise AssertionError(f"{GONE_WITHIN_S:.0f} s after the owner was stopped: port {port} free: "
-                         f"{servers.port_is_free(port)}; still running:\n"
+                         f"{port is None or servers.port_is_free(port)}; still running:\n"
                          + "\n".join(f"{pid}: {command}" for pid, command in left.items()))
 
 
@@ -301,6 +301,20 @@ def test_vllm_server_of_a_killed_python_owner_is_gone_and_its_port_serves_again(
         assert deploy.chat(server, [{"role": "user", "content": "1 + 1 ="}], max_tokens=4).completion_tokens > 0
 
 
+@pytest.mark.slow
+@CPU_VLLM
+def test_in_process_vllm_engine_of_a_killed_python_owner_is_gone():
+    """A notebook kernel (notebooks 01 and 06) killed while its rollout engine runs: vLLM's engine core and workers,
+    which vLLM starts itself, go too (:func:`grpo_lab.servers.guard_processes`)."""
+    owner = start_owner(owner_script("""
+        from grpo_lab.rollout import open_engine
+        engine = open_engine(backend="vllm", n=1, max_tokens=4)
+        print("READY", flush=True)
+    """))
+    read_until(owner, r"READY")
+    print(f"SIGKILL of the owner: everything gone after {stop_owner(owner, signal.SIGKILL, None):.1f} s")
+
+
 CLI = {"serve": ["serve", str(TINY_MODEL_DIR)],
        "load-test": ["load-test", str(TINY_MODEL_DIR), "--concurrency", "2", "--requests", "0", "--max-seconds", "600"]}
 
@@ -388,3 +402,22 @@ def test_a_jupyter_kernel_restart_ends_what_the_kernel_started():
         client.stop_channels()
         if manager.is_alive():
             manager.shutdown_kernel(now=True)
+
+
+def test_guarded_processes_end_with_their_owner_and_the_guard_ends_with_them():
+    """What vLLM starts itself (an in-process engine's core and workers) is guarded by guard_processes."""
+    owner = start_owner(owner_script("""
+        import subprocess
+        from grpo_lab import servers
+        port = servers.free_port()
+        engine = subprocess.Popen([sys.executable, "-c", """ + repr(FAKE_SERVER) + """, str(port)])
+        servers.guard_processes([engine.pid])
+        print("READY", port, flush=True)
+    """))
+    port = int(read_until(owner, r"READY (\d+)", 60).group(1))
+    _wait_taken(port)
+    stop_owner(owner, signal.SIGKILL, port)
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+    guard = servers.guard_processes([engine.pid])
+    engine.wait()
+    assert guard.wait(timeout=5) == 0  # nothing left to guard: it ends by itself
