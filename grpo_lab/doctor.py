@@ -214,6 +214,9 @@ class VLLMGroup:
 
     pgid: int
     pids: tuple[int, ...]
+    """The processes to stop: the whole group, or only its vLLM processes when the group belongs to another program
+    (a notebook kernel whose in-process engine runs in the kernel's group)."""
+    whole_group: bool
     command: str
     """The command line of (the first of) its vLLM processes that hold something."""
     ports: tuple[int, ...]
@@ -223,7 +226,8 @@ class VLLMGroup:
 
     @property
     def stop_command(self) -> str:
-        return f"kill -- -{self.pgid}  (whole group; kill -9 -- -{self.pgid} if anything is left after 30 s)"
+        target = f"-- -{self.pgid}" if self.whole_group else " ".join(map(str, self.pids))
+        return f"kill {target}  (kill -9 {target} if anything is left after 30 s)"
 
     def __str__(self) -> str:
         held = [f"port {', '.join(map(str, self.ports))}" if self.ports else "", ", ".join(self.devices)]
@@ -252,7 +256,7 @@ def _short(process: psutil.Process, width: int = 100) -> str:
 def vllm_groups() -> list[VLLMGroup]:
     """This user's vLLM processes (``vllm`` in the command line, or a ``VLLM::`` process title) that listen on a port
     or hold an accelerator, one entry per process group."""
-    found: dict[int, tuple[set[int], set[str], list[str]]] = {}
+    found: dict[int, tuple[set[int], set[str], list[str], set[int]]] = {}
     for process in psutil.process_iter(["cmdline", "name", "uids"]):
         try:
             if process.pid == os.getpid() or process.info["uids"].real != os.getuid():
@@ -260,26 +264,34 @@ def vllm_groups() -> list[VLLMGroup]:
             text = " ".join(process.info["cmdline"] or []) + " " + (process.info["name"] or "")
             if "vllm" not in text.lower():
                 continue
+            vllm_pids = found.get(os.getpgid(process.pid), (set(), set(), [], set()))[3] | {process.pid}
             ports = {c.laddr.port for c in process.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
             devices = _held_devices(process.pid)
+            held = found.setdefault(os.getpgid(process.pid), (set(), set(), [], set()))
+            held[3].update(vllm_pids)
             if ports or devices:
-                held = found.setdefault(os.getpgid(process.pid), (set(), set(), []))
                 held[0].update(ports)
                 held[1].update(devices)
                 held[2].append(_short(process))
         except (psutil.Error, OSError):  # ended while we looked, or not ours to read
             continue
     groups = []
-    for pgid, (ports, devices, commands) in sorted(found.items()):
-        pids = tuple(sorted(group_members(pgid)))
+    for pgid, (ports, devices, commands, vllm_pids) in sorted(found.items()):
+        if not commands:  # none of its vLLM processes holds anything
+            continue
+        members = sorted(group_members(pgid))
         try:
-            top = next((psutil.Process(pid) for pid in pids if psutil.Process(pid).ppid() not in pids), None)
+            top = next((psutil.Process(pid) for pid in members if psutil.Process(pid).ppid() not in members), None)
             parent = top.parent() if top else None
             owner = "none: its owner is gone (orphaned)" if parent is None or parent.pid == 1 \
                 else f"pid {parent.pid} ({_short(parent, 60)})"
+            # the group is the server's own when every member is vLLM's (or a child of it); not a notebook kernel's
+            whole = all(pid in vllm_pids or {q.pid for q in psutil.Process(pid).parents()} & vllm_pids
+                        for pid in members)
         except psutil.Error:
             continue
-        groups.append(VLLMGroup(pgid, pids, commands[0], tuple(sorted(ports)), tuple(sorted(devices)), owner))
+        groups.append(VLLMGroup(pgid, tuple(members if whole else sorted(vllm_pids)), whole, commands[0],
+                                tuple(sorted(ports)), tuple(sorted(devices)), owner))
     return groups
 
 

@@ -421,3 +421,20 @@ def test_guarded_processes_end_with_their_owner_and_the_guard_ends_with_them():
     guard = servers.guard_processes([engine.pid])
     engine.wait()
     assert guard.wait(timeout=5) == 0  # nothing left to guard: it ends by itself
+
+
+def test_doctor_stops_only_the_vllm_processes_of_a_group_that_is_not_theirs():
+    """An in-process engine runs in its notebook kernel's group: doctor names its pids, never the kernel's group."""
+    from grpo_lab import doctor
+
+    port = servers.free_port()
+    engine = subprocess.Popen([*fake_server(port), "VLLM::EngineCore"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert engine.stdout.readline().strip() == "listening"
+        group = next(g for g in doctor.vllm_groups() if g.ports == (port,))
+        assert not group.whole_group and group.pids == (engine.pid,) and group.pgid == os.getpgrp()
+        assert group.stop_command.startswith(f"kill {engine.pid} ")
+    finally:  # not a group of its own: end it and its child directly
+        for pid in [engine.pid, *(p.pid for p in psutil.Process(engine.pid).children())]:
+            os.kill(pid, signal.SIGKILL)
+        engine.wait()
