@@ -37,7 +37,6 @@ import os
 import random
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,7 +63,7 @@ from grpo_lab.rollout import (
     open_engine,
 )
 from grpo_lab.rollout.compare import SHAPES, shaped_model_dir
-from grpo_lab.servers import free_port
+from grpo_lab.servers import free_port, run_process_group
 from grpo_lab.train import MetricsLogger, StepClock, build_trainer
 
 SCHEMA = "grpo-lab.bench/1"
@@ -819,8 +818,8 @@ def engine_probe(config: TrainConfig, model: str, rows: Sequence[dict], repeats:
                        "MASTER_PORT": str(free_port())}
         if config.device == "cpu":
             environment.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{CPU_KV_CACHE_GIB:g}")
-        done = subprocess.run([sys.executable, "-m", "grpo_lab.bench", "engine-probe", str(spec_path)],
-                              capture_output=True, text=True, env=environment, timeout=900)
+        done = run_process_group([sys.executable, "-m", "grpo_lab.bench", "engine-probe", str(spec_path)],
+                                 environment, timeout_s=900)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         raise BenchError(f"the engine probe failed (exit {done.returncode}):\n{(done.stderr or done.stdout)[-2000:]}")

@@ -13,7 +13,6 @@ module exists in the CPU, CUDA and Ascend builds alike) and query it with the ``
 
 from __future__ import annotations
 
-import atexit
 import ipaddress
 import json
 import os
@@ -321,7 +320,8 @@ class VLLMServer:
 
     The server runs in its own process group (:class:`grpo_lab.servers.ServerProcess`), so :meth:`stop` ends it
     and every worker it spawned, also after an error or a notebook interrupt (``KeyboardInterrupt`` leaves the
-    ``with`` block normally).
+    ``with`` block normally). It also ends when this Python process does, however that happens: exit, SIGTERM (the
+    children are stopped first), SIGKILL or a kernel restart (its watchdog sees the owner gone within a second).
     """
 
     def __init__(self, model: str | Path | ServeConfig, log_path: str | Path | None = None, **knobs):
@@ -346,7 +346,6 @@ class VLLMServer:
             self.log_path = Path(tempfile.mkdtemp(prefix="grpo-lab-serve-")) / "server.log"
         self.server = ServerProcess(self.config.command(self.port), self.config.environment(), self.log_path,
                                     self.base_url, name="the vLLM server", error=DeployError)
-        atexit.register(self.stop)  # a forgotten server dies with the Python process
         try:
             self.server.start(self.config.startup_timeout_s)
         except BaseException:
@@ -403,7 +402,6 @@ class VLLMServer:
             return
         self.server.stop(timeout_s)
         self.server = None
-        atexit.unregister(self.stop)
 
     def __enter__(self) -> VLLMServer:
         return self.start()
@@ -523,11 +521,19 @@ def curl_command(server: VLLMServer, messages: list[dict[str, str]], max_tokens:
 # --------------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------------
+STOP_HELP = ("What stops the server: Ctrl-C (SIGINT) or SIGTERM to this command (kill PID, systemd, docker stop) "
+             "stops it gracefully, its whole process group (API server, engine core, workers), then this command "
+             "exits; if this command is killed outright (kill -9, the OOM killer, a crash) the server's watchdog ends "
+             "the group within a few seconds. Either way the port is free again. `grpo-lab doctor` lists vLLM "
+             "processes of yours that still hold a device or a port, with the command to stop them.")
+
+
 def main(argv: list[str] | None = None) -> int:
     """`grpo-lab serve`: verify a folder, serve it until Ctrl-C (or answer one prompt with --ask)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="grpo-lab serve", description="Serve a model folder with vLLM.")
+    parser = argparse.ArgumentParser(prog="grpo-lab serve", description="Serve a model folder with vLLM.",
+                                     epilog=STOP_HELP)
     parser.add_argument("model", nargs="?", default=str(models.TINY_MODEL_DIR),
                         help="model folder, or a training run (its final/: a LoRA run's adapter merged)")
     parser.add_argument("--lora", action="store_true",
@@ -554,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     with server:
         name = server.config.adapter_name if adapter else server.config.served_model_name
         print(f"serving {model}{f' with the LoRA adapter {adapter} as {name!r}' if adapter else ''} at "
-              f"{server.base_url}/v1 (log: {server.log_path})")
+              f"{server.base_url}/v1 (log: {server.log_path}); Ctrl-C or `kill {os.getpid()}` stops it")
         messages = [{"role": "user", "content": args.ask or "Hello"}]
         print("try:", curl_command(server, messages, model=name))
         if args.ask:

@@ -28,6 +28,8 @@ VISIBLE_DEVICES_VAR = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE
 DIST_BACKEND = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 ALLOC_CONF_VAR = {"npu": "PYTORCH_NPU_ALLOC_CONF", "cuda": "PYTORCH_CUDA_ALLOC_CONF", "cpu": None}
 ALLOC_CONF_VALUE = "expandable_segments:True"
+# Device files a process that holds an accelerator has open (Linux): how `grpo-lab doctor` finds leftover servers.
+DEVICE_FILE_PREFIX = {"npu": "/dev/davinci", "cuda": "/dev/nvidia", "cpu": None}
 # Ray sets the visible-devices variable of every worker it starts, unless told not to. verl's Ascend docs (the NPU
 # quick-start script and the FAQ) tell it not to, because verl places its workers on the NPUs itself; on NVIDIA GPUs
 # verl lets Ray set CUDA_VISIBLE_DEVICES.

@@ -2,7 +2,8 @@
 
 Rows covered: device mismatch, operator errors from unverified versions, OOM at step N (memory plan),
 garbled output from a tokenizer mismatch, NaN loss (fp16), slow vLLM without prefix caching,
-fragmentation (allocator setting), vLLM missing for this device, slow serving (concurrency).
+fragmentation (allocator setting), vLLM missing for this device, slow serving (concurrency), and vLLM processes left
+running that hold a device or a port ("out of memory" or "address already in use" at the next start).
 Each check returns pass / warn / fail and never raises: a doctor that crashes helps nobody.
 
 :data:`SYMPTOMS` goes the other way, from what you see in a run to its usual causes, the fix, and the checks that look
@@ -16,12 +17,17 @@ True
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import re
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+import psutil
 
 from grpo_lab import device, env, experiment, memory, models
 from grpo_lab.deploy import ServeConfig
@@ -30,6 +36,7 @@ from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import DEFAULT_FOR_DEVICE, PROFILE_DEVICE, TrainConfig
 from grpo_lab.rollout.prompts import tokenizer_differences
 from grpo_lab.rollout.vllm_backend import vllm_usable
+from grpo_lab.servers import group_members
 
 SYMBOL = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
 
@@ -200,6 +207,105 @@ def check_serving(config: DoctorConfig) -> Check:
                  f"{config.expected_concurrent_requests} concurrent requests")
 
 
+@dataclass(frozen=True)
+class VLLMGroup:
+    """A process group of this user with a vLLM process that holds a device or a port: what it holds, who started it,
+    and how to stop it."""
+
+    pgid: int
+    pids: tuple[int, ...]
+    """The processes to stop: the whole group, or only its vLLM processes when the group belongs to another program
+    (a notebook kernel whose in-process engine runs in the kernel's group)."""
+    whole_group: bool
+    command: str
+    """The command line of (the first of) its vLLM processes that hold something."""
+    ports: tuple[int, ...]
+    devices: tuple[str, ...]
+    owner: str
+    """``pid N (command)`` of the process that started the group, or ``none`` when it is gone (orphaned)."""
+
+    @property
+    def stop_command(self) -> str:
+        target = f"-- -{self.pgid}" if self.whole_group else " ".join(map(str, self.pids))
+        return f"kill {target}  (kill -9 {target} if anything is left after 30 s)"
+
+    def __str__(self) -> str:
+        held = [f"port {', '.join(map(str, self.ports))}" if self.ports else "", ", ".join(self.devices)]
+        return (f"pgid {self.pgid} (pids {', '.join(map(str, self.pids))}: {self.command}) holds "
+                f"{'; '.join(h for h in held if h)}; started by {self.owner}; stop: {self.stop_command}")
+
+
+def _held_devices(pid: int) -> set[str]:
+    """Accelerator device files (``/dev/nvidia0``, ``/dev/davinci3`` ...) the process has open (``/proc/PID/fd``)."""
+    prefixes = [re.escape(prefix) for prefix in device.DEVICE_FILE_PREFIX.values() if prefix]
+    pattern = re.compile(rf"({'|'.join(prefixes)})\d+")
+    held = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed while we looked
+            target = os.readlink(fd)
+            if pattern.fullmatch(target):
+                held.add(target)
+    return held
+
+
+def _short(process: psutil.Process, width: int = 100) -> str:
+    command = " ".join(shlex.join(process.cmdline()).split()) or process.name()
+    return command if len(command) <= width else command[:width - 3] + "..."
+
+
+def vllm_groups() -> list[VLLMGroup]:
+    """This user's vLLM processes (``vllm`` in the command line, or a ``VLLM::`` process title) that listen on a port
+    or hold an accelerator, one entry per process group."""
+    found: dict[int, tuple[set[int], set[str], list[str], set[int]]] = {}
+    for process in psutil.process_iter(["cmdline", "name", "uids"]):
+        try:
+            if process.pid == os.getpid() or process.info["uids"].real != os.getuid():
+                continue
+            text = " ".join(process.info["cmdline"] or []) + " " + (process.info["name"] or "")
+            if "vllm" not in text.lower():
+                continue
+            vllm_pids = found.get(os.getpgid(process.pid), (set(), set(), [], set()))[3] | {process.pid}
+            ports = {c.laddr.port for c in process.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+            devices = _held_devices(process.pid)
+            held = found.setdefault(os.getpgid(process.pid), (set(), set(), [], set()))
+            held[3].update(vllm_pids)
+            if ports or devices:
+                held[0].update(ports)
+                held[1].update(devices)
+                held[2].append(_short(process))
+        except (psutil.Error, OSError):  # ended while we looked, or not ours to read
+            continue
+    groups = []
+    for pgid, (ports, devices, commands, vllm_pids) in sorted(found.items()):
+        if not commands:  # none of its vLLM processes holds anything
+            continue
+        members = sorted(group_members(pgid))
+        try:
+            top = next((psutil.Process(pid) for pid in members if psutil.Process(pid).ppid() not in members), None)
+            parent = top.parent() if top else None
+            owner = "none: its owner is gone (orphaned)" if parent is None or parent.pid == 1 \
+                else f"pid {parent.pid} ({_short(parent, 60)})"
+            # the group is the server's own when every member is vLLM's (or a child of it); not a notebook kernel's
+            whole = all(pid in vllm_pids or {q.pid for q in psutil.Process(pid).parents()} & vllm_pids
+                        for pid in members)
+        except psutil.Error:
+            continue
+        groups.append(VLLMGroup(pgid, tuple(members if whole else sorted(vllm_pids)), whole, commands[0],
+                                tuple(sorted(ports)), tuple(sorted(devices)), owner))
+    return groups
+
+
+def check_vllm_processes() -> Check:
+    groups = vllm_groups()
+    if not groups:
+        return Check("vllm processes", "pass", "no vLLM process of this user holds a device or a port")
+    return Check("vllm processes", "warn",
+                 f"{len(groups)} vLLM process group(s) of this user hold a device or a port:\n       "
+                 + "\n       ".join(map(str, groups)),
+                 "stop the ones you no longer use (the command is on each line): until then they keep their device "
+                 "memory and port, and the next server or run meets 'out of memory' or 'address already in use'")
+
+
 def run_checks(config: DoctorConfig | None = None) -> list[Check]:
     """Every check, in the order of the troubleshooting table."""
     config = config or DoctorConfig()
@@ -208,6 +314,7 @@ def run_checks(config: DoctorConfig | None = None) -> list[Check]:
         ("memory plan", lambda: check_memory(config)), ("tokenizer", lambda: check_tokenizer(config)),
         ("dtype", lambda: check_dtype(config)), ("prefix caching", lambda: check_prefix_caching(config)),
         ("allocator", check_allocator), ("serving", lambda: check_serving(config)),
+        ("vllm processes", check_vllm_processes),
     ]
     return [_guard(name, fn) for name, fn in checks]
 
@@ -244,10 +351,11 @@ SYMPTOMS: tuple[Symptom, ...] = (
             ("memory plan", "allocator")),
     Symptom("vLLM will not start",
             "a vLLM built for another torch or device, no vLLM for this device, or less free memory than "
-            "vllm_gpu_memory_utilization x total memory when it starts (the trainer already holds some)",
+            "vllm_gpu_memory_utilization x total memory when it starts (the trainer already holds some, or a server "
+            "left running from an earlier run does: 'out of memory', 'address already in use')",
             "install the verified stack (make install STACK=...); lower vllm_gpu_memory_utilization; on the CPU the KV "
-            "cache is sized in bytes (VLLM_CPU_KVCACHE_SPACE)",
-            ("versions", "vllm", "memory plan")),
+            "cache is sized in bytes (VLLM_CPU_KVCACHE_SPACE); stop the leftover vLLM processes doctor lists",
+            ("versions", "vllm", "memory plan", "vllm processes")),
     Symptom("server unreachable (TRL server mode, or a deployed model)",
             "the server is still loading and compiling (a minute or more), listens on another host or port, or died at "
             "start; a request without the server's API key is refused",

@@ -75,6 +75,7 @@ from grpo_lab.servers import (
     free_port,
     log_tail,
     require_free_port,
+    start_process_group,
     stop_process_group,
 )
 from grpo_lab.weight_sync import SYNC_FOLDER, WORKER_EXTENSION, file_sync_client
@@ -512,8 +513,8 @@ def launch_rollout_server(config: ServerModeConfig, train_config: TrainConfig, p
                           wait: bool = True) -> Iterator[RolloutServer]:
     """Start TRL's vLLM server on the rollout devices, wait for ``/health``, yield it, and always stop it.
 
-    The server runs in its own session, so its whole process group (API server, engine core, workers) is ended
-    on exit, on an error and on ``KeyboardInterrupt``. ``train_config`` is a resolved ``TrainConfig`` (model,
+    The server runs in a watched session of its own, so its whole process group (API server, engine core, workers)
+    is ended on exit, on an error, on ``KeyboardInterrupt`` and when this process dies. ``train_config`` is a resolved ``TrainConfig`` (model,
     lengths, vLLM's share); ``command`` replaces the server command (tests use it). ``wait=False`` yields as soon as
     the process runs, so the trainer can start while the engine loads (:func:`launch_trainer` then waits for it).
     """
@@ -628,8 +629,9 @@ def launch_trainer(server: RolloutServer, config: ServerModeConfig, run_dir: Pat
     the training devices, watch it against ``server`` and return the outcome it wrote to ``spec["result_path"]``.
 
     A server still starting (``launch_rollout_server(..., wait=False)``) is waited for while the trainer loads; the
-    trainer waits for it too (``vllm_server_timeout``). The trainer runs in a process group of its own, which is ended
-    on success, on an error, on a timeout and on an interrupt; ``sync_dir`` (the file weight sync's folder) is removed
+    trainer waits for it too (``vllm_server_timeout``). The trainer runs in a watched process group of its own
+    (:func:`grpo_lab.servers.start_process_group`), which is ended on success, on an error, on a timeout, on an
+    interrupt and when this process dies; ``sync_dir`` (the file weight sync's folder) is removed
     afterwards.
     """
     spec_path = run_dir / "server_mode_spec.json"
@@ -637,8 +639,7 @@ def launch_trainer(server: RolloutServer, config: ServerModeConfig, run_dir: Pat
     command = trainer_command(server.plan, spec_path, bf16, module)
     log_path = run_dir / TRAINER_LOG
     with log_path.open("w") as log:
-        trainer = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=trainer_environment(server.plan),
-                                   start_new_session=True)
+        trainer = start_process_group(command, trainer_environment(server.plan), stdout=log, stderr=subprocess.STDOUT)
     try:
         if not server.ready:
             server.wait_ready(config.startup_timeout_s)

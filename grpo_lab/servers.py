@@ -1,9 +1,21 @@
-"""Server processes: start one in its own process group, wait for ``/health``, read its log, always stop it.
+"""Child processes that die with their owner: start one in its own process group, wait for ``/health``, read its
+log, always stop it.
 
-vLLM's OpenAI server (:mod:`grpo_lab.deploy`) and TRL's rollout server (:mod:`grpo_lab.scale`) are both started
-through :class:`ServerProcess`, and the trainer that ``accelerate launch`` starts is stopped with
-:func:`stop_process_group`. A server runs in a session of its own, so stopping it ends its whole process group
-(API server, engine core, workers), also after an error or a notebook interrupt.
+Every long-lived child the package starts goes through :func:`start_process_group`: vLLM's OpenAI server
+(:mod:`grpo_lab.deploy`, :mod:`grpo_lab.load_test`, ``grpo-lab serve``), TRL's rollout server and the
+``accelerate launch`` trainer (:mod:`grpo_lab.scale`, :mod:`grpo_lab.async_grpo`) and the bench's engine probe. The
+child runs in a session of its own, led by a small watchdog (``python -m grpo_lab.servers --owner PID -- CMD``) that
+starts the command and ends the whole group (API server, engine core, workers) when
+
+- the owner stops it (:func:`stop_process_group`: SIGTERM, then SIGKILL), also from ``atexit`` and, where no other
+  SIGTERM handler is set, from a SIGTERM handler installed on the main thread (it stops the children, then lets
+  SIGTERM end the owner as before);
+- the owner is gone, however it ended (SIGKILL, a crash, a Jupyter kernel restart): the watchdog polls its parent
+  every :data:`WATCH_POLL_S` seconds and needs no code to run in the owner;
+- the command exits by itself: what it left in the group is ended too, and the watchdog exits with its code.
+
+Children that vLLM starts itself (an in-process engine's core and workers) get a watchdog of their own through
+:func:`guard_processes`.
 
 >>> from grpo_lab.servers import free_port, port_is_free
 >>> port_is_free(free_port())
@@ -12,22 +24,31 @@ True
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 from grpo_lab.errors import ConfigError, GrpoLabError
 
 LOG_TAIL_LINES = 30
 HEALTH_POLL_S = 1.0
+WATCH_POLL_S = 0.5
+"""How often the watchdog checks that its owner is alive: the longest a group outlives a killed owner, plus
+:data:`GRACE_S`."""
+GRACE_S = 5.0
+"""Seconds a group gets to stop after SIGTERM when its owner is gone or is being terminated, before SIGKILL."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -62,14 +83,53 @@ def require_free_port(port: int | None, host: str = "127.0.0.1", name: str = "po
 # --------------------------------------------------------------------------------------------------
 # Process groups
 # --------------------------------------------------------------------------------------------------
+def _processes() -> list[tuple[int, str, int, int]]:
+    """``(pid, state, parent pid, process group)`` of every process, read from Linux's ``/proc``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # ended while we looked
+            continue
+        state, ppid, group = stat[stat.rindex(")") + 2:].split()[:3]
+        found.append((int(entry.name), state, int(ppid), int(group)))
+    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes of the process group ``pgid``."""
+    return [pid for pid, state, _, group in _processes() if group == pgid and state not in "ZX"]
+
+
+def _with_descendants(pids: Sequence[int]) -> list[int]:
+    """``pids`` that are alive (not zombies), and their live descendants."""
+    children: dict[int, list[int]] = {}
+    alive = set()
+    for pid, state, ppid, _ in _processes():
+        if state not in "ZX":
+            children.setdefault(ppid, []).append(pid)
+            alive.add(pid)
+    found, stack = [], [pid for pid in pids if pid in alive]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
 def group_alive(pgid: int) -> bool:
-    """True while any process of the process group ``pgid`` exists."""
+    """True while any (not zombie) process of the process group ``pgid`` exists."""
+    return bool(group_members(pgid))
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to the group; False when it has no process left."""
     try:
-        os.killpg(pgid, 0)
+        os.killpg(pgid, sig)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -84,17 +144,79 @@ def _group_gone(process: subprocess.Popen, timeout_s: float) -> bool:
     return False
 
 
+_LIVE: dict[int, subprocess.Popen] = {}
+"""Groups this process started and has not stopped yet, by process group id: what ``atexit`` and SIGTERM stop."""
+
+
 def stop_process_group(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    """SIGTERM the group led by ``process``, SIGKILL what is left after ``timeout_s``; reap the leader."""
+    """SIGTERM the group led by ``process``, SIGKILL what is left after ``timeout_s``; reap the leader. Safe to call
+    twice."""
     for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        if _group_gone(process, wait):
+        if not _signal_group(process.pid, sig) or _group_gone(process, wait):
             break
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=5)
+    _LIVE.pop(process.pid, None)
+
+
+def _forget_ended() -> None:
+    """Drop the groups that ended by themselves (their watchdog exited after ending the rest) from :data:`_LIVE`."""
+    for pgid, process in list(_LIVE.items()):
+        if process.poll() is not None and not group_alive(pgid):
+            del _LIVE[pgid]
+
+
+def stop_all(timeout_s: float = GRACE_S) -> None:
+    """Stop every group this process started and has not stopped (``atexit`` and the SIGTERM handler call this)."""
+    _forget_ended()
+    for process in list(_LIVE.values()):
+        stop_process_group(process, timeout_s)
+
+
+def _stop_children_then_terminate(signum: int, frame: object) -> None:
+    """The owner's SIGTERM handler: stop the children gracefully, then end by SIGTERM as without a handler."""
+    stop_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_sigterm_handler() -> None:
+    """Stop the children on SIGTERM, unless this is not the main thread or SIGTERM already has a handler (the user's,
+    or ``grpo-lab scale``'s, which stop them through ``finally``)."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _stop_children_then_terminate)
+
+
+atexit.register(stop_all)
+
+
+def start_process_group(command: Sequence[str], env: Mapping[str, str], stdout: IO | int | None = None,
+                        stderr: IO | int | None = None, text: bool = False) -> subprocess.Popen:
+    """Start ``command`` in a session of its own under the watchdog (``python -m grpo_lab.servers``), which ends the
+    whole group when this process is gone; stop it with :func:`stop_process_group` (``atexit`` and SIGTERM do too).
+
+    The returned process is the watchdog: its pid is the group's id, its exit code the command's (negative: killed by
+    that signal; 127: the command could not be started).
+    """
+    _install_sigterm_handler()
+    _forget_ended()
+    watched = [sys.executable, "-m", "grpo_lab.servers", "--owner", str(os.getpid()), "--", *map(str, command)]
+    process = subprocess.Popen(watched, stdout=stdout, stderr=stderr, env=dict(env), text=text,
+                               start_new_session=True)
+    _LIVE[process.pid] = process
+    return process
+
+
+def run_process_group(command: Sequence[str], env: Mapping[str, str], timeout_s: float
+                      ) -> subprocess.CompletedProcess:
+    """Run ``command`` to its end like ``subprocess.run(capture_output=True, text=True)``, as a watched group
+    (:func:`start_process_group`): an error, a timeout or an interrupt here stops all of it."""
+    process = start_process_group(command, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    finally:
+        stop_process_group(process, GRACE_S)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def log_tail(path: str | Path | None, lines: int = LOG_TAIL_LINES) -> str:
@@ -119,6 +241,14 @@ def wait_until_healthy(process: subprocess.Popen, base_url: str, timeout_s: floa
             pass
         time.sleep(HEALTH_POLL_S)
     raise TimeoutError(f"{base_url}/health did not answer within {timeout_s:.0f} s")
+
+
+def guard_processes(pids: Sequence[int]) -> subprocess.Popen:
+    """A watchdog for children this process did not start through :func:`start_process_group` (an in-process vLLM
+    engine's core and workers, which vLLM starts): it ends them and their children when this process is gone, and
+    exits by itself once they have ended (reap it with :func:`stop_process_group`)."""
+    return subprocess.Popen([sys.executable, "-m", "grpo_lab.servers", "--owner", str(os.getpid()), "--pids",
+                             ",".join(map(str, pids))], start_new_session=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -151,13 +281,12 @@ class ServerProcess:
         return self.process.pid
 
     def start(self, startup_timeout_s: float, wait: bool = True) -> ServerProcess:
-        """Start it in its own session and (unless ``wait=False``: then call :meth:`wait_ready` later) wait for
-        ``/health``; on any failure stop it and raise with the log's tail."""
+        """Start it as a watched group (:func:`start_process_group`) and (unless ``wait=False``: then call
+        :meth:`wait_ready` later) wait for ``/health``; on any failure stop it and raise with the log's tail."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._started = time.perf_counter()
         with self.log_path.open("w") as log:
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                            start_new_session=True)
+            self.process = start_process_group(self.command, self.env, stdout=log, stderr=subprocess.STDOUT)
         if wait:
             self.wait_ready(startup_timeout_s)
         return self
@@ -205,3 +334,84 @@ class ServerProcess:
         """End the whole process group (SIGTERM, then SIGKILL after ``timeout_s``). Safe to call twice."""
         if self.process is not None:
             stop_process_group(self.process, timeout_s)
+
+
+# --------------------------------------------------------------------------------------------------
+# The watchdog (the group's leader)
+# --------------------------------------------------------------------------------------------------
+def _end_others(pgid: int, grace_s: float) -> None:
+    """SIGTERM the group, then SIGKILL the members other than this process that are left after ``grace_s``."""
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and set(group_members(pgid)) - {os.getpid()}:
+        time.sleep(0.1)
+    for pid in set(group_members(pgid)) - {os.getpid()}:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """The watchdog's SIGTERM/SIGINT handler: a signal to the group reaches the command too; the watchdog waits for it
+    (a handler, not SIG_IGN, so the command does not inherit the ignoring)."""
+
+
+def watch(owner: int, command: Sequence[str], poll_s: float = WATCH_POLL_S, grace_s: float = GRACE_S) -> int:
+    """Run ``command`` as a child of this process (the group's leader) until it exits; end the whole group when
+    ``owner`` is no longer this process's parent. Returns the command's exit code (negative: its signal)."""
+    pgid = os.getpgrp()
+    signal.signal(signal.SIGTERM, _ignore)
+    signal.signal(signal.SIGINT, _ignore)
+    try:
+        child = subprocess.Popen(list(command))
+    except OSError as error:
+        print(f"grpo_lab.servers: cannot start {command[0]!r}: {error}", file=sys.stderr, flush=True)
+        return 127
+    while True:
+        if os.getppid() != owner:  # the owner is gone, however it ended
+            _end_others(pgid, grace_s)
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=poll_s)
+            break
+    _end_others(pgid, grace_s)  # what the command left behind (vLLM's engine core, workers)
+    return child.returncode
+
+
+def guard(owner: int, pids: Sequence[int], poll_s: float = WATCH_POLL_S, grace_s: float = GRACE_S) -> int:
+    """Wait while any of ``pids`` lives; when ``owner`` is no longer this process's parent, end them and their
+    children (SIGTERM, SIGKILL after ``grace_s``)."""
+    while _with_descendants(pids):
+        if os.getppid() != owner:
+            for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+                for pid in _with_descendants(pids):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
+                deadline = time.monotonic() + wait_s
+                while time.monotonic() < deadline and _with_descendants(pids):
+                    time.sleep(0.1)
+            return 0
+        time.sleep(poll_s)
+    return 0
+
+
+USAGE = ("usage: python -m grpo_lab.servers --owner PID -- COMMAND [ARGS...]   (start_process_group)\n"
+         "       python -m grpo_lab.servers --owner PID --pids PID,PID...       (guard_processes)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The watchdog's entry: :func:`watch` a command (exiting as it did) or :func:`guard` running processes."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["--owner"] or len(argv) < 4 or argv[2] not in ("--", "--pids"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    if argv[2] == "--pids":
+        return guard(int(argv[1]), [int(pid) for pid in argv[3].split(",") if pid])
+    code = watch(int(argv[1]), argv[3:])
+    if code < 0:  # die of the same signal, so the owner sees what killed the command
+        with contextlib.suppress(OSError):  # SIGKILL and SIGSTOP have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+if __name__ == "__main__":
+    raise SystemExit(main())

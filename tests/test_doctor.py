@@ -18,7 +18,7 @@ def test_healthy_cpu_setup_passes(monkeypatch):
     monkeypatch.delenv("GRPO_LAB_MODEL", raising=False)
     checks = by_name(doctor.run_checks())
     assert set(checks) == {"versions", "device", "vllm", "memory plan", "tokenizer", "dtype", "prefix caching",
-                           "allocator", "serving"}
+                           "allocator", "serving", "vllm processes"}
     for name in ("device", "memory plan", "tokenizer", "dtype", "prefix caching", "allocator", "serving"):
         assert checks[name].status == "pass", checks[name]
 

@@ -29,6 +29,7 @@ from grpo_lab.paths import CACHE_DIR
 from grpo_lab.rollout.config import RolloutConfig, Sampling
 from grpo_lab.rollout.engine import PromptRollout, RolloutEngine, decode_completion
 from grpo_lab.rollout.prompts import EncodedPrompt, check_tokenizers
+from grpo_lab.servers import guard_processes, stop_process_group
 
 # How long stop() lets vLLM shut down its processes before ending the rest itself.
 SHUTDOWN_TIMEOUT_S = 20.0
@@ -136,6 +137,8 @@ class VLLMEngine(RolloutEngine):
         with _environment(engine_environment(self.config.device_kind)):
             self.llm = LLM(**engine_arguments(self.config, self.model_path))
         self.engine_pids = sorted(set(child_processes()) - set(self.processes_before))
+        # vLLM's engine core and workers end with this process however it ends (a killed notebook kernel too)
+        self.guard = guard_processes(self.engine_pids) if self.engine_pids else None
         self._check_engine_tokenizer()
 
     def _check_engine_tokenizer(self) -> None:
@@ -230,8 +233,12 @@ class VLLMEngine(RolloutEngine):
             del llm, client, shutdown
         gc.collect()
         # Whatever vLLM left (a worker it could not stop, a process that died half-started): end and reap it.
-        leftovers = sorted(set(child_processes()) - set(getattr(self, "processes_before", [])))
+        guard, self.guard = getattr(self, "guard", None), None
+        ours = {*getattr(self, "processes_before", []), getattr(guard, "pid", 0)}
+        leftovers = sorted(set(child_processes()) - ours)
         end_processes(leftovers)
+        if guard is not None:
+            stop_process_group(guard, timeout_s=5)
         device.empty_cache(self.config.device_kind)
 
 
