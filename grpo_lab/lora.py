@@ -74,7 +74,8 @@ def compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> WeightChange
 
     if set(before) != set(after):
         raise ConfigError(f"the snapshots hold different tensors: {sorted(set(before) ^ set(after))[:5]} ...")
-    changed = tuple(name for name in before if not torch.equal(before[name], after[name]))
+    # bit for bit, wherever each snapshot lives (a model trained on a GPU against a folder read on the CPU)
+    changed = tuple(name for name in before if not torch.equal(before[name].cpu(), after[name].cpu()))
     return WeightChange(changed=changed, unchanged=tuple(name for name in before if name not in changed))
 
 
