@@ -616,7 +616,7 @@ def grpo_step_config(profile: BenchProfile, model: str, dataset: str | Path, max
     device's profile for the rest of the recipe, no checkpoints (server mode in ``benchmarks/scale_out`` runs the
     same one)."""
     return dataclasses.replace(
-        profile.step, profile=DEFAULT_FOR_DEVICE[kind], model=model, dataset=str(dataset), train_types=(),
+        profile.step, profile=DEFAULT_FOR_DEVICE[kind], model=model, dataset=str(dataset), train_types=(), train_languages=(),
         max_prompt_length=max_prompt_length, max_steps=profile.grpo_warmup_steps + profile.grpo_steps,
         save_steps=10**9, save_total_limit=None, live_plot=False, logging_steps=1, **train_overrides)
 

@@ -81,7 +81,8 @@ class TrainingDivergedError(GrpoLabError, RuntimeError):
 def check_dataset(rows: Sequence[dict[str, Any]], reward_funcs: Sequence[Callable], source: str = "dataset") -> None:
     """Every row needs a ``prompt``, and every column a reward function reads (e.g. ``answer``)."""
     if not rows:
-        raise ConfigError(f"{source} has no rows to train on (check the path and the train_types filter).")
+        raise ConfigError(f"{source} has no rows to train on (check the path and the train_types and "
+                          f"train_languages filters).")
     needed = {"prompt": "the trainer samples completions for it"}
     for fn in reward_funcs:
         column = getattr(getattr(fn, "fn", fn), "answer_column", None)
@@ -537,6 +538,11 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     reward_set = prepare(*experiment.reward_spec(config, reward_funcs), config.reward_errors)
     rows = experiment.load_train_rows(config)
     check_dataset(rows, reward_set.funcs, source=config.dataset or "data/train.jsonl")
+    if len(rows) < config.num_prompts_per_step:  # TRL would train 0 steps and say nothing
+        raise ConfigError(f"{len(rows)} training rows (after the train_types {list(config.train_types or [])} and "
+                          f"train_languages {list(config.train_languages or [])} filters), but a step needs "
+                          f"{config.num_prompts_per_step} prompts: use more rows, loosen the filters, or fewer "
+                          f"prompts per step (per_device_train_batch_size / num_generations).")
     # fp32 master weights, bf16 autocast when config.bf16: lr-sized updates vanish in pure-bf16 weights
     model, tokenizer = load_model_and_tokenizer(config.model, device="cpu", dtype="float32")
     if tokenizer.pad_token is None:

@@ -485,9 +485,17 @@ def _(x: Inputs):
     return lambda: train.check_dataset(rows, rewards.prepare(["correctness"]).funcs)
 
 
-@case("train/empty-dataset", ConfigError, "has no rows to train on", "check the path and the train_types filter")
+@case("train/empty-dataset", ConfigError, "has no rows to train on", "check the path and the train_types and")
 def _(x: Inputs):
     return lambda: train.check_dataset([], [])
+
+
+@case("train/fewer-rows-than-a-step", ConfigError, r"1 training rows .* a step needs 4 prompts",
+      "fewer prompts per step")
+def _(x: Inputs):
+    path = x.jsonl("train.jsonl", ROW)
+    config = train.TrainConfig(profile="tiny", dataset=str(path), train_types=(), output_dir=str(x.tmp / "run"))
+    return lambda: train.build_trainer(config.resolve(device.Machine("cpu", bf16=False, memory_gib=24)))
 
 
 @case("train/dataset-file-missing-answer", ValueError, r"missing column\(s\) \['answer'\]", "every row needs")
