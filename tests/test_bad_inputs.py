@@ -557,7 +557,7 @@ def _(x: Inputs):
     return lambda: train.train(train.TrainConfig(profile="tiny", output_dir=str(run), live_plot=False))
 
 
-@case("train/reward-weights-mismatch", rewards.RewardValidationError, r"2 reward_weights for 1 rewards", "give one weight per reward")
+@case("train/reward-weights-mismatch", ConfigError, r"has 2 weight\(s\) for 1 reward\(s\)", "give one weight per reward")
 def _(x: Inputs):
     config = train.TrainConfig(profile="tiny", reward_weights=(1.0, 0.5), output_dir=str(x.tmp / "run"))
     return lambda: train.build_trainer(config.resolve(device.Machine.detect()))
