@@ -438,3 +438,19 @@ def test_doctor_stops_only_the_vllm_processes_of_a_group_that_is_not_theirs():
         for pid in [engine.pid, *(p.pid for p in psutil.Process(engine.pid).children())]:
             os.kill(pid, signal.SIGKILL)
         engine.wait()
+
+
+def test_killing_the_watchdog_ends_the_command():
+    """``kill -9`` of the group's leader (what ``process.pid`` names) ends the server too, as it did before the
+    watchdog led the group; its exit code is then the watchdog's."""
+    port = servers.free_port()
+    process = servers.start_process_group(fake_server(port), os.environ, stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "listening"
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=10) == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while not servers.port_is_free(port):
+        assert time.monotonic() < deadline, "the server outlived its watchdog"
+        time.sleep(0.1)
+    servers.stop_process_group(process, timeout_s=5)  # its orphaned child too
+    assert not servers.group_alive(process.pid)
