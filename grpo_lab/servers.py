@@ -12,7 +12,8 @@ starts the command and ends the whole group (API server, engine core, workers) w
   SIGTERM end the owner as before);
 - the owner is gone, however it ended (SIGKILL, a crash, a Jupyter kernel restart): the watchdog polls its parent
   every :data:`WATCH_POLL_S` seconds and needs no code to run in the owner;
-- the command exits by itself: what it left in the group is ended too, and the watchdog exits with its code.
+- the command exits by itself: what it left in the group is ended too, and the watchdog exits with its code;
+- the watchdog itself is killed: the command gets SIGTERM (Linux's parent-death signal, set in the command).
 
 Children that vLLM starts itself (an in-process engine's core and workers) get a watchdog of their own through
 :func:`guard_processes`.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import math
 import os
 import signal
@@ -36,7 +38,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -49,6 +51,7 @@ WATCH_POLL_S = 0.5
 :data:`GRACE_S`."""
 GRACE_S = 5.0
 """Seconds a group gets to stop after SIGTERM when its owner is gone or is being terminated, before SIGKILL."""
+PR_SET_PDEATHSIG = 1  # Linux prctl(2): the signal a process gets when its parent dies
 
 
 # --------------------------------------------------------------------------------------------------
@@ -355,6 +358,19 @@ def _ignore(signum: int, frame: object) -> None:
     (a handler, not SIG_IGN, so the command does not inherit the ignoring)."""
 
 
+def _terminate_with(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn`` for the command: SIGTERM when the watchdog (``parent``, single-threaded) dies, so that killing
+    the group's leader ends the server too."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def watch(owner: int, command: Sequence[str], poll_s: float = WATCH_POLL_S, grace_s: float = GRACE_S) -> int:
     """Run ``command`` as a child of this process (the group's leader) until it exits; end the whole group when
     ``owner`` is no longer this process's parent. Returns the command's exit code (negative: its signal)."""
@@ -362,7 +378,7 @@ def watch(owner: int, command: Sequence[str], poll_s: float = WATCH_POLL_S, grac
     signal.signal(signal.SIGTERM, _ignore)
     signal.signal(signal.SIGINT, _ignore)
     try:
-        child = subprocess.Popen(list(command))
+        child = subprocess.Popen(list(command), preexec_fn=_terminate_with(os.getpid()))
     except OSError as error:
         print(f"grpo_lab.servers: cannot start {command[0]!r}: {error}", file=sys.stderr, flush=True)
         return 127

