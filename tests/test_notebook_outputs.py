@@ -217,6 +217,19 @@ def test_executed_notebooks_follow_the_rule(rule):
     _report(f"rule '{rule}' (see this file's docstring)", found)
 
 
+GPU_RUN_DIR = REPO_ROOT / "benchmarks" / "course_gpu" / "results"
+"""The committed run of the whole course on one H200 with SmolLM2-135M-Instruct (benchmarks/course_gpu/README.md)."""
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_the_committed_gpu_run_follows_the_rule(rule):
+    """The same rules hold on the accelerator: vLLM's CUDA-graph bars, Liger's and TRL's warnings kept out."""
+    notebooks = {path.name: nbformat.read(path, as_version=4) for path in sorted(GPU_RUN_DIR.glob("[0-9][0-9]_*.ipynb"))}
+    assert len(notebooks) == len(list((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))), "a notebook is missing"
+    assert all(_was_executed(nb) for nb in notebooks.values())
+    _report(f"rule '{rule}' on the committed GPU run", {name: RULES[rule](nb) for name, nb in notebooks.items()})
+
+
 def _report(what: str, found: dict[str, list[str]]) -> None:
     """Fail with every problem found, named by notebook."""
     problems = [f"{name}: {problem}" for name, items in found.items() for problem in items]
