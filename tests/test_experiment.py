@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from grpo_lab import experiment, memory
+from grpo_lab import experiment, memory, models
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import PROFILES, ProfileError, TrainConfig, get_profile
@@ -72,7 +72,7 @@ def test_rewards_and_their_weights():
 
 
 def test_the_model_manifest_names_the_languages_it_trains_on(tmp_path):
-    (tmp_path / "config.json").write_text((experiment.TINY_MODEL_DIR / "config.json").read_text())
+    (tmp_path / "config.json").write_text((models.TINY_MODEL_DIR / "config.json").read_text())
     (tmp_path / "manifest.json").write_text('{"languages": ["en"], "files": {}}')
     config = TrainConfig(profile="tiny", model=str(tmp_path)).resolve(CPU)
     assert config.train_languages == ("en",)

@@ -1,26 +1,5 @@
-"""One GRPO experiment, described once: :class:`TrainConfig` under TRL's names, and everything derived from it.
-
-A GRPO step's shape (prompts per step, ``num_generations``, lengths, micro-batch) and the training recipe are
-written down once, here. Everything else asks the config for what it needs through one named function:
-
-* :data:`PROFILES`: the course's three starting points (``tiny`` on a CPU, ``gpu``, ``npu``), tables of
-  overrides for :class:`TrainConfig`; ``GRPO_LAB_PROFILE`` picks one, ``GRPO_LAB_MODEL`` replaces its model;
-* :meth:`TrainConfig.resolve`: every field filled in for a :class:`~grpo_lab.device.Machine` (its device, bf16
-  support and memory are passed in, never read behind the caller's back); ``vllm_gpu_memory_utilization="auto"``
-  becomes the memory planner's number (:func:`choose_vllm_memory`);
-* :func:`plan_memory` (the planner's budget of this step on a machine), :meth:`TrainConfig.rollout_config` (the
-  rollout engine that samples like the trainer), :meth:`TrainConfig.training_shape` (the planner's input),
-  :attr:`TrainConfig.max_model_len` (vLLM's context window, also what serving needs), :func:`load_train_rows`.
-
-The trainer (:mod:`grpo_lab.train`), the server mode (:mod:`grpo_lab.scale`), the verl export, the bench's GRPO
-step, the doctor and serving all start from a ``TrainConfig``.
-
->>> from grpo_lab.device import Machine
->>> from grpo_lab.experiment import TrainConfig
->>> config = TrainConfig(profile="tiny").resolve(Machine("cpu", bf16=True, memory_gib=24))
->>> config.num_generations, config.num_prompts_per_step, config.max_model_len
-(8, 4, 128)
-"""
+""":class:`TrainConfig`: one GRPO experiment under TRL's names, checked where each field is defined, resolved for a
+machine, and the settings derived from it (the package docstring, :mod:`grpo_lab.experiment`, has the map)."""
 
 from __future__ import annotations
 
@@ -34,70 +13,22 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import memory, models
-from grpo_lab.data import SplitConfig, load_jsonl, load_split
 from grpo_lab.device import VLLM_SLEEP_MODE_MISSING, Machine
 from grpo_lab.errors import ConfigError
-from grpo_lab.paths import TINY_MODEL_DIR
+from grpo_lab.experiment.planning import choose_vllm_memory, fit_micro_batch, needs_checkpointing
+from grpo_lab.experiment.profiles import (
+    AUTO,
+    LORA_TARGET_MODULES,
+    PROFILE_FIELDS,
+    PROFILES,
+    SMALLER_STEP_LEVERS,
+    VLLM_MODES,
+    ProfileError,
+    profile_name,
+)
+from grpo_lab.experiment.rows import default_train_types, model_languages
 from grpo_lab.rewards import REWARD_ERROR_MODES
-from grpo_lab.rollout import RolloutConfig, encode_prompts
-
-PROFILE_ENV = "GRPO_LAB_PROFILE"
-QWEN_SMALL = "Qwen/Qwen2.5-0.5B-Instruct"
-AUTO = "auto"
-VLLM_MODES = ("colocate", "server")
-LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""Every linear layer of a Qwen2/Llama decoder layer (PEFT's ``"all-linear"`` there; the LM head stays frozen)."""
-SMALLER_STEP_LEVERS = ("lower vllm_gpu_memory_utilization to the planner's share (vllm_gpu_memory_utilization='auto')",
-                       "LoRA (use_peft=True)", "vLLM in server mode on other devices (grpo_lab.scale)")
-
-# The course's starting points, as overrides of TrainConfig's fields (only fields whose default is None).
-# `tiny` is tuned to learn fast on a CPU (notebook 03). `gpu`/`npu` are the recipe that learned on a small real
-# instruct model (SmolLM2-135M-Instruct on an H200, benchmarks/grpo_smollm2): 16 prompts x 8 completions per step,
-# rollouts at T=0.7, lr 2e-5 after 10 warmup steps, correctness + 0.2 x format (a small model first has to learn the
-# `#### N` line), an independent reference model (beta 0.04), vLLM colocate. The write-up's 4 x 4 step at lr 5e-6
-# gave a group with a signal almost never on such a model (frac_reward_zero_std 1.0 for 100 steps). The micro-batch
-# is fitted to the device by the memory planner (:func:`fit_micro_batch`): the 128 completions are one micro-batch on
-# an H200, several accumulated ones on a smaller device.
-_ACCELERATOR_RECIPE: dict[str, Any] = dict(
-    model=QWEN_SMALL, max_prompt_length=256, max_completion_length=256, num_generations=8,
-    per_device_train_batch_size=128, learning_rate=2e-5, max_steps=300, lr_scheduler_type="constant_with_warmup",
-    warmup_steps=10.0, beta=0.04, use_vllm=True, save_steps=100, eval_size=400, temperature=0.7,
-    rewards=("correctness", "format"), reward_weights=(1.0, 0.2))
-PROFILES: dict[str, dict[str, Any]] = {
-    "tiny": dict(model=str(TINY_MODEL_DIR), max_prompt_length=96, max_completion_length=32, num_generations=8,
-                 per_device_train_batch_size=32, learning_rate=5e-5, max_steps=250, lr_scheduler_type="constant",
-                 warmup_steps=0.0, beta=0.0, use_vllm=False, save_steps=100, eval_size=200, temperature=1.0,
-                 rewards=("correctness",), reward_weights=(1.0,)),
-    "gpu": dict(_ACCELERATOR_RECIPE),
-    # Ascend: the same recipe; on a 32 GB 910B the planner splits the step into accumulated micro-batches.
-    "npu": dict(_ACCELERATOR_RECIPE),
-}
-PROFILE_DEVICE = {"tiny": "cpu", "gpu": "cuda", "npu": "npu"}
-"""The device each profile is made for (the doctor warns when the machine differs)."""
-DEFAULT_FOR_DEVICE = {kind: name for name, kind in PROFILE_DEVICE.items()}
-PROFILE_FIELDS = tuple(PROFILES["tiny"])
-"""The fields every profile sets (their TrainConfig default is None)."""
-
-# Why the CPU profile rolls out with HF generate (measured on 2 cores, see the report in notebook 03).
-CPU_BACKEND_REASON = ("HF generate: for a model of a few million parameters on an idle 2-core CPU, vLLM colocate is "
-                      "not faster per step (about 1.2 vs 1.1 s) and costs ~40 s of engine start; pass use_vllm=True "
-                      "to use it anyway (the CPU weight-sync fix is applied automatically)")
-
-
-class ProfileError(ConfigError):
-    """An unknown profile name or profile field."""
-
-
-def profile_name(name: str | None = None, machine: Machine | None = None) -> str:
-    """The profile to use: ``name``, else ``GRPO_LAB_PROFILE``, else the machine's device's (detected if not given)."""
-    chosen = name or os.environ.get(PROFILE_ENV)
-    if not chosen:
-        chosen = DEFAULT_FOR_DEVICE[(machine or Machine.detect()).kind]
-    key = str(chosen).strip().lower()
-    if key not in PROFILES:
-        raise ProfileError(f"Unknown profile {chosen!r}: use one of {', '.join(PROFILES)} "
-                           f"(set {PROFILE_ENV} or pass profile=...).")
-    return key
+from grpo_lab.rollout import RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -462,16 +393,6 @@ class TrainConfig:
         return "\n".join(f"{name:<{width}}  {str(getattr(self, name)):<14}  {why}" for name, why in meaning.items())
 
 
-def reward_spec(config: TrainConfig, reward_funcs: Sequence[Any] | None = None) -> tuple[tuple[Any, ...], tuple[float, ...] | None]:
-    """``(rewards, weights)`` to train with: the config's named rewards and weights, or ``reward_funcs`` (your own
-    functions or names) with the config's weights when there is one per function, else equal weights (the config's
-    weights were for its own rewards)."""
-    if reward_funcs is None:
-        return tuple(config.rewards), config.reward_weights
-    weights = config.reward_weights
-    return tuple(reward_funcs), weights if weights is not None and len(weights) == len(reward_funcs) else None
-
-
 def plans_for(profile: str, kind: str, memory_gibs: Sequence[float]) -> list[str]:
     """One line per described machine (``kind``, each of ``memory_gibs``): the step ``profile`` resolves to there,
     or why it does not fit. Planning for a machine you do not have, e.g. an Ascend NPU from a laptop."""
@@ -500,157 +421,6 @@ def get_profile(name: str | None = None, **overrides: Any) -> TrainConfig:
     if unknown:
         raise ProfileError(f"Unknown profile field(s) {unknown}; known: {sorted(known)}.")
     return TrainConfig(profile=name, **overrides).with_profile()
-
-
-# --------------------------------------------------------------------------------------------------
-# Derived: memory plan, vLLM's share, training rows
-# --------------------------------------------------------------------------------------------------
-def plan_memory(config: TrainConfig, machine: Machine) -> memory.MemoryBudget:
-    """The memory planner's budget of this experiment's step on ``machine`` (colocated vLLM), with the config's
-    ``vllm_gpu_memory_utilization`` when it is a number, and for ``"auto"`` the share :meth:`TrainConfig.resolve` would
-    choose (:func:`choose_vllm_memory`: on an accelerator, colocated, the planner's recommendation)."""
-    config = config.with_profile(machine)
-    if config.gradient_checkpointing is None:  # as resolve() decides it
-        config = dataclasses.replace(config, gradient_checkpointing=needs_checkpointing(config, machine))
-    fraction = config.vllm_gpu_memory_utilization
-    if fraction == AUTO and (machine.kind == "cpu" or config.vllm_mode == "server"):
-        fraction = choose_vllm_memory(config, machine)[0]  # the share resolve() gives: not the planner's colocate one
-    return memory.plan_memory(memory.model_config(config.model), precision=_precision(config, machine),
-                              shape=config.training_shape(), device_memory_gib=machine.memory_gib,
-                              device_kind=machine.kind,
-                              vllm_gpu_memory_utilization=None if fraction == AUTO else fraction)
-
-
-def _precision(config: TrainConfig, machine: Machine) -> str:
-    bf16 = config.bf16 if config.bf16 is not None else machine.kind != "cpu" and machine.bf16
-    return "mixed" if bf16 else "fp32"
-
-
-def choose_vllm_memory(config: TrainConfig, machine: Machine) -> tuple[float, str]:
-    """``(vllm_gpu_memory_utilization, why)`` for ``"auto"``: the one rule, in one place.
-
-    * server mode: the rollout devices are vLLM's alone (:data:`memory.VLLM_MEMORY_FRACTION` ``"server"``);
-    * the CPU: vLLM-CPU sizes its KV cache in bytes (``memory.CPU_KV_CACHE_GIB``) and only checks at start that
-      this share of host memory is free, so the fraction is the least it needs (:func:`memory.cpu_vllm_fraction`);
-    * an accelerator, colocated: the planner's recommendation, the largest share the trainer leaves
-      (:func:`plan_memory`); when nothing fits, :class:`memory.DoesNotFitError` says what would.
-    """
-    if config.vllm_mode == "server":
-        return memory.VLLM_MEMORY_FRACTION["server"], "server mode: the rollout devices are vLLM's alone"
-    if machine.kind == "cpu":
-        fraction = memory.cpu_vllm_fraction(memory.model_config(config.model), machine.memory_gib)
-        return fraction, (f"vLLM-CPU: a KV cache of {memory.CPU_KV_CACHE_GIB:g} GiB plus the weights and runtime, "
-                          f"as a share of {machine.memory_gib:.0f} GiB of host memory")
-    budget = plan_memory(dataclasses.replace(config, vllm_gpu_memory_utilization=AUTO), machine)
-    if budget.recommended is None:
-        raise memory.DoesNotFitError(f"vllm_gpu_memory_utilization='auto': the memory planner finds no setting that "
-                                     f"fits on {machine.memory_gib:.0f} GiB. {budget.advice} (Pass a number to try "
-                                     f"anyway.)")
-    return budget.recommended.vllm_gpu_memory_utilization, budget.summary().splitlines()[0]
-
-
-def needs_checkpointing(config: TrainConfig, machine: Machine) -> bool:
-    """Gradient checkpointing only where the step does not fit without it: the memory planner's verdict for the step
-    without checkpointing (at the config's vLLM share, or the best one when that is ``"auto"``). It costs a third
-    more compute in the backward, so a step that fits without it runs without it."""
-    try:
-        budget = plan_memory(dataclasses.replace(config, gradient_checkpointing=False), machine)
-    except memory.MemoryPlanError:  # the shape cannot be read: keep TRL's safe default
-        return True
-    return not budget.fits
-
-
-def fit_micro_batch(config: TrainConfig, machine: Machine) -> tuple[int, int]:
-    """``(per_device_train_batch_size, gradient_accumulation_steps)`` for a profile's step on ``machine``: the
-    profile's completions per step (its ``per_device_train_batch_size``) in the fewest micro-batches that the memory
-    planner says fit (with gradient checkpointing, the cheapest setting); the whole step when none does (then
-    :func:`choose_vllm_memory` says what would fit). The CPU keeps the profile's micro-batch."""
-    batch = config.per_device_train_batch_size
-    if machine.kind == "cpu":
-        return batch, 1
-    for accumulation in (n for n in range(1, batch + 1) if batch % n == 0):
-        candidate = dataclasses.replace(config, per_device_train_batch_size=batch // accumulation,
-                                        gradient_accumulation_steps=accumulation, gradient_checkpointing=True)
-        try:
-            if plan_memory(candidate, machine).recommended is not None:
-                return batch // accumulation, accumulation
-        except memory.MemoryPlanError:  # the model's shape cannot be read: keep the profile's step
-            break
-    return batch, 1
-
-
-def _manifest(model: str) -> dict[str, Any]:
-    path = Path(model) / models.MANIFEST_NAME
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def model_languages(model: str) -> tuple[str, ...] | None:
-    """The languages the model's manifest says it reads (``"languages"``), else None (all)."""
-    languages = _manifest(model).get("languages") or None
-    return tuple(languages) if languages else None
-
-
-def default_train_types(model: str) -> tuple[str, ...] | None:
-    """The types with a deliberate slip in the model's manifest (the shipped tiny model), else None (all)."""
-    slip_types = _manifest(model).get("recipe", {}).get("slip_types") or None
-    return tuple(slip_types) if slip_types else None
-
-
-def fine_tuned_on_training_rows(config: TrainConfig) -> bool:
-    """True when the model's manifest records supervised fine-tuning on this experiment's training file, byte for byte
-    (the shipped tiny model was fine-tuned on ``data/train.jsonl``). Its training reward then starts above its
-    held-out accuracy: it has seen these very problems with their answers."""
-    manifest = Path(config.model or "") / models.MANIFEST_NAME
-    if not manifest.is_file():
-        return False
-    recorded = (json.loads(manifest.read_text(encoding="utf-8")).get("data") or {}).get("train", {}).get("sha256")
-    dataset = Path(config.dataset) if config.dataset else SplitConfig().path("train")
-    return bool(recorded) and dataset.is_file() and models.file_sha256(dataset) == recorded
-
-
-def load_train_rows(config: TrainConfig) -> list[dict[str, Any]]:
-    """Training rows: the dataset file (or shipped train split), filtered to ``train_types`` and
-    ``train_languages``, capped at ``train_size``."""
-    rows = load_jsonl(config.dataset) if config.dataset else load_split("train")
-    if config.train_languages:
-        known = {row.get("lang") for row in rows}
-        if not known & set(config.train_languages):
-            raise ConfigError(f"train_languages {list(config.train_languages)} do not occur in the dataset; its "
-                              f"languages are {sorted(map(str, known))}")
-        rows = [row for row in rows if row.get("lang") in config.train_languages]
-    if config.train_types:
-        known = {row.get("type") for row in rows}
-        unknown = [t for t in config.train_types if t not in known]
-        if unknown:
-            raise ConfigError(f"train_types {unknown} do not occur in the dataset; its types are "
-                              f"{sorted(map(str, known))}")
-        rows = [row for row in rows if row.get("type") in config.train_types]
-    if config.train_size is not None:
-        rows = rows[:config.train_size]
-    return rows
-
-
-def check_lengths(config: TrainConfig, max_model_len: int | None) -> None:
-    """``max_prompt_length + max_completion_length`` must fit in the model's context (``max_position_embeddings``)."""
-    if max_model_len is not None and config.max_model_len > max_model_len:
-        raise ConfigError(
-            f"max_prompt_length + max_completion_length = {config.max_prompt_length} + {config.max_completion_length}"
-            f" = {config.max_model_len} exceeds the model's max_model_len ({max_model_len}). Lower "
-            f"max_completion_length to at most {max(1, max_model_len - config.max_prompt_length)}, or shorten the "
-            f"prompts.")
-
-
-def check_prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_length: int) -> int:
-    """Return the longest tokenized prompt (chat template applied, as the trainer and the rollout engine see it);
-    raise if it exceeds ``max_prompt_length`` (TRL would not truncate)."""
-    lengths = [len(p.token_ids) for p in encode_prompts(tokenizer, [row["prompt"] for row in rows])]
-    longest = max(lengths, default=0)
-    longest_row = lengths.index(longest) if lengths else 0
-    if longest > max_prompt_length:
-        raise ConfigError(f"row {longest_row} has a {longest}-token prompt, longer than max_prompt_length="
-                          f"{max_prompt_length}. Raise max_prompt_length (and keep it + max_completion_length within "
-                          f"the model's max length) or drop the long rows.")
-    return longest
 
 
 # --------------------------------------------------------------------------------------------------

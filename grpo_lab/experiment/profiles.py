@@ -1,0 +1,71 @@
+"""The course's starting points: :data:`PROFILES`, tables of overrides for :class:`~grpo_lab.experiment.TrainConfig`'s
+fields, and how a profile is picked (``GRPO_LAB_PROFILE``, else the machine's device)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from grpo_lab.device import Machine
+from grpo_lab.errors import ConfigError
+from grpo_lab.paths import TINY_MODEL_DIR
+
+PROFILE_ENV = "GRPO_LAB_PROFILE"
+QWEN_SMALL = "Qwen/Qwen2.5-0.5B-Instruct"
+AUTO = "auto"
+VLLM_MODES = ("colocate", "server")
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every linear layer of a Qwen2/Llama decoder layer (PEFT's ``"all-linear"`` there; the LM head stays frozen)."""
+SMALLER_STEP_LEVERS = ("lower vllm_gpu_memory_utilization to the planner's share (vllm_gpu_memory_utilization='auto')",
+                       "LoRA (use_peft=True)", "vLLM in server mode on other devices (grpo_lab.scale)")
+
+# The course's starting points, as overrides of TrainConfig's fields (only fields whose default is None).
+# `tiny` is tuned to learn fast on a CPU (notebook 03). `gpu`/`npu` are the recipe that learned on a small real
+# instruct model (SmolLM2-135M-Instruct on an H200, benchmarks/grpo_smollm2): 16 prompts x 8 completions per step,
+# rollouts at T=0.7, lr 2e-5 after 10 warmup steps, correctness + 0.2 x format (a small model first has to learn the
+# `#### N` line), an independent reference model (beta 0.04), vLLM colocate. The write-up's 4 x 4 step at lr 5e-6
+# gave a group with a signal almost never on such a model (frac_reward_zero_std 1.0 for 100 steps). The micro-batch
+# is fitted to the device by the memory planner (:func:`fit_micro_batch`): the 128 completions are one micro-batch on
+# an H200, several accumulated ones on a smaller device.
+_ACCELERATOR_RECIPE: dict[str, Any] = dict(
+    model=QWEN_SMALL, max_prompt_length=256, max_completion_length=256, num_generations=8,
+    per_device_train_batch_size=128, learning_rate=2e-5, max_steps=300, lr_scheduler_type="constant_with_warmup",
+    warmup_steps=10.0, beta=0.04, use_vllm=True, save_steps=100, eval_size=400, temperature=0.7,
+    rewards=("correctness", "format"), reward_weights=(1.0, 0.2))
+PROFILES: dict[str, dict[str, Any]] = {
+    "tiny": dict(model=str(TINY_MODEL_DIR), max_prompt_length=96, max_completion_length=32, num_generations=8,
+                 per_device_train_batch_size=32, learning_rate=5e-5, max_steps=250, lr_scheduler_type="constant",
+                 warmup_steps=0.0, beta=0.0, use_vllm=False, save_steps=100, eval_size=200, temperature=1.0,
+                 rewards=("correctness",), reward_weights=(1.0,)),
+    "gpu": dict(_ACCELERATOR_RECIPE),
+    # Ascend: the same recipe; on a 32 GB 910B the planner splits the step into accumulated micro-batches.
+    "npu": dict(_ACCELERATOR_RECIPE),
+}
+PROFILE_DEVICE = {"tiny": "cpu", "gpu": "cuda", "npu": "npu"}
+"""The device each profile is made for (the doctor warns when the machine differs)."""
+DEFAULT_FOR_DEVICE = {kind: name for name, kind in PROFILE_DEVICE.items()}
+PROFILE_FIELDS = tuple(PROFILES["tiny"])
+"""The fields every profile sets (their TrainConfig default is None)."""
+
+# Why the CPU profile rolls out with HF generate (measured on 2 cores, see the report in notebook 03).
+CPU_BACKEND_REASON = ("HF generate: for a model of a few million parameters on an idle 2-core CPU, vLLM colocate is "
+                      "not faster per step (about 1.2 vs 1.1 s) and costs ~40 s of engine start; pass use_vllm=True "
+                      "to use it anyway (the CPU weight-sync fix is applied automatically)")
+
+
+class ProfileError(ConfigError):
+    """An unknown profile name or profile field."""
+
+
+def profile_name(name: str | None = None, machine: Machine | None = None) -> str:
+    """The profile to use: ``name``, else ``GRPO_LAB_PROFILE``, else the machine's device's (detected if not given)."""
+    chosen = name or os.environ.get(PROFILE_ENV)
+    if not chosen:
+        chosen = DEFAULT_FOR_DEVICE[(machine or Machine.detect()).kind]
+    key = str(chosen).strip().lower()
+    if key not in PROFILES:
+        raise ProfileError(f"Unknown profile {chosen!r}: use one of {', '.join(PROFILES)} "
+                           f"(set {PROFILE_ENV} or pass profile=...).")
+    return key
+
+

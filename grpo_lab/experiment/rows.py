@@ -1,0 +1,100 @@
+"""An experiment's training rows and what the model folder says about them: the dataset filtered by type and language
+(:func:`load_train_rows`), the defaults a model's manifest gives (:func:`default_train_types`, :func:`model_languages`),
+length checks, and the rewards a run trains with (:func:`reward_spec`). Each takes a
+:class:`~grpo_lab.experiment.TrainConfig` (annotated by name: the config module imports this one)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from grpo_lab import models
+from grpo_lab.data import SplitConfig, load_jsonl, load_split
+from grpo_lab.errors import ConfigError
+from grpo_lab.rollout import encode_prompts
+
+
+def _manifest(model: str) -> dict[str, Any]:
+    path = Path(model) / models.MANIFEST_NAME
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def model_languages(model: str) -> tuple[str, ...] | None:
+    """The languages the model's manifest says it reads (``"languages"``), else None (all)."""
+    languages = _manifest(model).get("languages") or None
+    return tuple(languages) if languages else None
+
+
+def default_train_types(model: str) -> tuple[str, ...] | None:
+    """The types with a deliberate slip in the model's manifest (the shipped tiny model), else None (all)."""
+    slip_types = _manifest(model).get("recipe", {}).get("slip_types") or None
+    return tuple(slip_types) if slip_types else None
+
+
+def fine_tuned_on_training_rows(config: TrainConfig) -> bool:
+    """True when the model's manifest records supervised fine-tuning on this experiment's training file, byte for byte
+    (the shipped tiny model was fine-tuned on ``data/train.jsonl``). Its training reward then starts above its
+    held-out accuracy: it has seen these very problems with their answers."""
+    manifest = Path(config.model or "") / models.MANIFEST_NAME
+    if not manifest.is_file():
+        return False
+    recorded = (json.loads(manifest.read_text(encoding="utf-8")).get("data") or {}).get("train", {}).get("sha256")
+    dataset = Path(config.dataset) if config.dataset else SplitConfig().path("train")
+    return bool(recorded) and dataset.is_file() and models.file_sha256(dataset) == recorded
+
+
+def load_train_rows(config: TrainConfig) -> list[dict[str, Any]]:
+    """Training rows: the dataset file (or shipped train split), filtered to ``train_types`` and
+    ``train_languages``, capped at ``train_size``."""
+    rows = load_jsonl(config.dataset) if config.dataset else load_split("train")
+    if config.train_languages:
+        known = {row.get("lang") for row in rows}
+        if not known & set(config.train_languages):
+            raise ConfigError(f"train_languages {list(config.train_languages)} do not occur in the dataset; its "
+                              f"languages are {sorted(map(str, known))}")
+        rows = [row for row in rows if row.get("lang") in config.train_languages]
+    if config.train_types:
+        known = {row.get("type") for row in rows}
+        unknown = [t for t in config.train_types if t not in known]
+        if unknown:
+            raise ConfigError(f"train_types {unknown} do not occur in the dataset; its types are "
+                              f"{sorted(map(str, known))}")
+        rows = [row for row in rows if row.get("type") in config.train_types]
+    if config.train_size is not None:
+        rows = rows[:config.train_size]
+    return rows
+
+
+def check_lengths(config: TrainConfig, max_model_len: int | None) -> None:
+    """``max_prompt_length + max_completion_length`` must fit in the model's context (``max_position_embeddings``)."""
+    if max_model_len is not None and config.max_model_len > max_model_len:
+        raise ConfigError(
+            f"max_prompt_length + max_completion_length = {config.max_prompt_length} + {config.max_completion_length}"
+            f" = {config.max_model_len} exceeds the model's max_model_len ({max_model_len}). Lower "
+            f"max_completion_length to at most {max(1, max_model_len - config.max_prompt_length)}, or shorten the "
+            f"prompts.")
+
+
+def check_prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_length: int) -> int:
+    """Return the longest tokenized prompt (chat template applied, as the trainer and the rollout engine see it);
+    raise if it exceeds ``max_prompt_length`` (TRL would not truncate)."""
+    lengths = [len(p.token_ids) for p in encode_prompts(tokenizer, [row["prompt"] for row in rows])]
+    longest = max(lengths, default=0)
+    longest_row = lengths.index(longest) if lengths else 0
+    if longest > max_prompt_length:
+        raise ConfigError(f"row {longest_row} has a {longest}-token prompt, longer than max_prompt_length="
+                          f"{max_prompt_length}. Raise max_prompt_length (and keep it + max_completion_length within "
+                          f"the model's max length) or drop the long rows.")
+    return longest
+
+
+def reward_spec(config: TrainConfig, reward_funcs: Sequence[Any] | None = None) -> tuple[tuple[Any, ...], tuple[float, ...] | None]:
+    """``(rewards, weights)`` to train with: the config's named rewards and weights, or ``reward_funcs`` (your own
+    functions or names) with the config's weights when there is one per function, else equal weights (the config's
+    weights were for its own rewards)."""
+    if reward_funcs is None:
+        return tuple(config.rewards), config.reward_weights
+    weights = config.reward_weights
+    return tuple(reward_funcs), weights if weights is not None and len(weights) == len(reward_funcs) else None
