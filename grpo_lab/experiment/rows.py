@@ -37,10 +37,7 @@ def fine_tuned_on_training_rows(config: TrainConfig) -> bool:
     """True when the model's manifest records supervised fine-tuning on this experiment's training file, byte for byte
     (the shipped tiny model was fine-tuned on ``data/train.jsonl``). Its training reward then starts above its
     held-out accuracy: it has seen these very problems with their answers."""
-    manifest = Path(config.model or "") / models.MANIFEST_NAME
-    if not manifest.is_file():
-        return False
-    recorded = (json.loads(manifest.read_text(encoding="utf-8")).get("data") or {}).get("train", {}).get("sha256")
+    recorded = (_manifest(config.model or "").get("data") or {}).get("train", {}).get("sha256")
     dataset = Path(config.dataset) if config.dataset else SplitConfig().path("train")
     return bool(recorded) and dataset.is_file() and models.file_sha256(dataset) == recorded
 
