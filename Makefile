@@ -61,12 +61,16 @@ course: install
 # tests/test_notebook_outputs.py then reads those outputs (no warnings, no progress bars, a check at the end, ...).
 # --reruns 1: a headless kernel has been seen (once in CI, in a widget cell) to stop answering nbclient, which then
 # waits out the per-cell timeout; the notebook then runs once more in a fresh kernel. A real failure fails twice.
+# TEST_WORKERS pytest-xdist workers share the work (tests/conftest.py groups it): one runs the notebooks in order and
+# then the rules over their outputs, the others take the test modules, a whole module each. 1 runs all in one process.
 EXECUTED_DIR ?= runs/executed
+TEST_WORKERS ?= 2
 test: install browser $(VERL_WHEEL)
 	rm -rf $(EXECUTED_DIR) && mkdir -p $(EXECUTED_DIR) && cp notebooks/[0-9][0-9]_*.ipynb $(EXECUTED_DIR)/
 	GRPO_LAB_VERL_SOURCE=$$(test -f $(VERL_WHEEL) && echo $(abspath $(VERL_WHEEL))) \
 	  GRPO_LAB_EXECUTED_DIR=$(abspath $(EXECUTED_DIR)) $(PY) -m pytest -q --nbmake \
-	  --nbmake-timeout=900 --reruns 1 --overwrite $(EXECUTED_DIR) tests
+	  $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) \
+	  --nbmake-timeout=900 --reruns 1 --overwrite --durations=15 $(EXECUTED_DIR) tests
 
 # verl's own config schema, to check the verl export against (notebook 07, tests/test_verl_export.py): the wheel
 # is downloaded, never installed. Best effort: without it those checks skip and say so.
