@@ -93,18 +93,23 @@ def committed_grpo_steps(folder: str | Path = RESULTS_DIR / "h200") -> list[Step
     return rows
 
 
-def committed_rollout_table(folder: str | Path) -> str:
+def committed_rollout_table(folder: str | Path = RESULTS_DIR / "h200") -> str:
     """A table of every rollout result in a folder of committed runs: this module's ``*.json`` and the older
-    ``grpo-lab rollout --json`` files (one backend, no variants)."""
-    lines = [f"{'file':<36}{'model':<31}{'variant':<9}{'config':<13}{'new tokens':>11}{'tok/s':>9}{'vs hf':>8}"]
+    ``grpo-lab rollout --json`` files (one backend, no variants); each ratio with its range over the rounds."""
+    lines = [f"{'file':<36}{'model':<31}{'variant':<9}{'config':<13}{'new tokens':>11}{'tok/s':>9}{'vs hf':>8}"
+             f"{'range':>14}"]
     for path in sorted(Path(folder).glob("*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))  # two schemas: this bench's and grpo-lab rollout's
         if data.get("schema") == SCHEMA and data.get("rollout"):
             for variant, block in data["rollout"]["variants"].items():
+                per_token = {n: [t / k for t, k in zip(c["times_s"], c["new_tokens"])] for n, c in block["configs"].items()}
                 for name, r in block["configs"].items():
                     ratio = block["speedup_vs_hf"].get(name, 1.0 if name == "hf" else float("nan"))
+                    bounds = speedup_range(per_token["hf"], per_token[name], interleaved=True) if (
+                        name != "hf" and "hf" in per_token) else None
+                    span = f"{bounds.low:.2f}..{bounds.high:.2f}x" if bounds else ""
                     lines.append(f"{path.name:<36}{data['model']['path']:<31}{variant:<9}{name:<13}"
-                                 f"{median(r['new_tokens']):>11,.0f}{r['tokens_per_s']:>9,.0f}{ratio:>7.2f}x")
+                                 f"{median(r['new_tokens']):>11,.0f}{r['tokens_per_s']:>9,.0f}{ratio:>7.2f}x{span:>14}")
         elif "results" in data and "settings" in data:  # grpo-lab rollout --json: one call, no variants
             settings = data["settings"]
             model = f"{settings['shape']} (random)" if settings.get("shape") else str(settings.get("model") or "the tiny model")
@@ -117,13 +122,13 @@ def committed_rollout_table(folder: str | Path) -> str:
 def committed_grpo_table(folder: str | Path = RESULTS_DIR / "h200") -> str:
     """A table of every GRPO-step result in a folder of committed runs: per backend the median step (min..max),
     generation and update, and the step ratio's range with its caveat."""
-    lines = [f"{'file':<38}{'model':<14}{'backend':<9}{'step s':>8}{'min..max':>14}{'gen s':>8}{'update s':>9}  vs hf"]
+    lines = [f"{'file':<41}{'model':<14}{'backend':<9}{'step s':>8}{'min..max':>14}{'gen s':>8}{'update s':>9}  vs hf"]
     for path, data in _bench_files(folder):
         step = data.get("grpo_step") or {}
         for name, r in step.get("backends", {}).items():
             m, spread = r["median"], Spread.of(r["step_s"])
             ratio = step_ratio(step).describe() if name == "vllm" and "hf" in step["backends"] else ""
-            lines.append(f"{path.name:<38}{data['model'].get('shape') or data['model']['path']:<14}{name:<9}"
+            lines.append(f"{path.name:<41}{data['model'].get('shape') or data['model']['path']:<14}{name:<9}"
                          f"{m['step_s']:>8.2f}{f'{spread.min:.2f}..{spread.max:.2f}':>14}{m['generation_s']:>8.2f}"
                          f"{m['update_s']:>9.2f}  {ratio}")
     return "\n".join(lines)
@@ -224,7 +229,7 @@ def committed_targets(results_dir: str | Path = RESULTS_DIR / "h200",
     rows = [{"target": rollout[0], "measured": "; ".join(f"{m}, {r.best}: {r.speedup.describe()}"
                                                          for m, r in ragged.items()),
              "verdict": _verdicts([(m, r.speedup) for m, r in ragged.items()], rollout[1])}]
-    steps = [(f"{s.model} {s.workload}", s.ratio) for s in committed_grpo_steps(results_dir)]
+    steps = [(s.provenance.file, s.ratio) for s in committed_grpo_steps(results_dir)]
     smollm2 = committed_smollm2_steps(smollm2_dir)
     steps.append((f"SmolLM2-135M steps {smollm2['steps'][0]}-{smollm2['steps'][1]}", smollm2["speedup_range"]))
     rows.append({"target": step[0], "measured": "; ".join(f"{what}: {ratio.describe()}" for what, ratio in steps),
@@ -244,7 +249,7 @@ def targets_markdown() -> str:
                       *(f"| {r['target']} | {r['measured']} | {r['verdict']} |" for r in rows)])
 
 
-def committed_grpo_split(folder: str | Path) -> list[dict[str, Any]]:
+def committed_grpo_split(folder: str | Path = RESULTS_DIR / "h200") -> list[dict[str, Any]]:
     """One row per committed GRPO-step result and backend: the median step, its split (what the trainer timed; the
     files written before the split existed have only generation / reward / update), and the update's MFU against the
     H200's dense bf16 peak, computed the same way for every file (:func:`update_mfu`, the gpu profile's beta)."""
@@ -270,7 +275,8 @@ def committed_grpo_split(folder: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def committed_smollm2_steps(folder: str | Path, first: int = 3, last: int = 6) -> dict[str, Any]:
+def committed_smollm2_steps(folder: str | Path = RESULTS_DIR.parent / "grpo_smollm2", first: int = 3,
+                            last: int = 6) -> dict[str, Any]:
     """The committed SmolLM2-135M GRPO step on the H200 (``benchmarks/grpo_smollm2``), vLLM colocate against HF
     ``generate`` over the same steps: ``run.py`` times HF's steps ``first``-``last`` (``results.json``,
     ``hf_generate``); the vLLM run's steps ``first``-``last`` are read from its ``metrics.jsonl``, so both columns
