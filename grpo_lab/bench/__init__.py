@@ -112,7 +112,8 @@ from grpo_lab.deprecation import moved_names
 _key_value = key_value  # benchmarks/scale_out/run.py's name for it
 
 __all__ = [
-    "BENCH_PROFILES", "COMMITTED", "CONFIGS", "CONFIG_MEANING", "DATASHEET_RATES", "DEFAULT_PROFILE", "GRPO_STEP_TARGETS",
+    "BENCH_PROFILES", "COMMITTED", "CONFIGS", "CONFIG_MEANING", "DATASHEET_RATES", "DEFAULT_PROFILE",
+    "GRPO_STEP_TARGETS",
     "GRPO_WORKLOADS", "MFU_TARGET", "MIN_RUNS", "OWN_LENGTHS", "PARTS", "PERFORMANCE_TARGETS", "PREFIX_OFF_MEANING",
     "PREFIX_OFF_MODES", "RAGGED_MODES", "RAGGED_STOP_PROBABILITY", "REQUIRED_KEYS", "SCHEMA", "SEED_REFERENCE",
     "STEP_FIELDS", "STEP_SPLIT", "VARIANTS", "BenchError", "BenchProfile", "DeviceRates", "Measurement", "ModelCost",

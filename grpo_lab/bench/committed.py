@@ -102,7 +102,8 @@ def committed_rollout_table(folder: str | Path = RESULTS_DIR / "h200") -> str:
         data = json.loads(path.read_text(encoding="utf-8"))  # two schemas: this bench's and grpo-lab rollout's
         if data.get("schema") == SCHEMA and data.get("rollout"):
             for variant, block in data["rollout"]["variants"].items():
-                per_token = {n: [t / k for t, k in zip(c["times_s"], c["new_tokens"])] for n, c in block["configs"].items()}
+                per_token = {n: [t / k for t, k in zip(c["times_s"], c["new_tokens"])]
+                             for n, c in block["configs"].items()}
                 for name, r in block["configs"].items():
                     ratio = block["speedup_vs_hf"].get(name, 1.0 if name == "hf" else float("nan"))
                     bounds = speedup_range(per_token["hf"], per_token[name], interleaved=True) if (
@@ -112,7 +113,8 @@ def committed_rollout_table(folder: str | Path = RESULTS_DIR / "h200") -> str:
                                  f"{median(r['new_tokens']):>11,.0f}{r['tokens_per_s']:>9,.0f}{ratio:>7.2f}x{span:>14}")
         elif "results" in data and "settings" in data:  # grpo-lab rollout --json: one call, no variants
             settings = data["settings"]
-            model = f"{settings['shape']} (random)" if settings.get("shape") else str(settings.get("model") or "the tiny model")
+            model = (f"{settings['shape']} (random)" if settings.get("shape")
+                     else str(settings.get("model") or "the tiny model"))
             for name, r in data["results"].items():
                 lines.append(f"{path.name:<36}{model:<31}{'as run':<9}{name:<13}{r['new_tokens']:>11,}"
                              f"{r['tokens_per_s']:>9,.0f}{'-':>8}")
@@ -236,7 +238,8 @@ def committed_targets(results_dir: str | Path = RESULTS_DIR / "h200",
                  "verdict": _verdicts(steps, step[1])})
     large = [r for m, r in ragged.items() if "1.5b" in m]
     rows.append({"target": roofline[0],
-                 "measured": ", ".join(f"{r.x_roofline:.1f}x the roofline time ({r.best}, median)" for r in large) or "-",
+                 "measured": ", ".join(f"{r.x_roofline:.1f}x the roofline time ({r.best}, median)"
+                                       for r in large) or "-",
                  "verdict": ("met" if any(r.x_roofline <= roofline[1] for r in large) else "missed") if large
                  else "not measured"})
     return rows

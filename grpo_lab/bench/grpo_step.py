@@ -6,7 +6,7 @@ own thread, and a baton (:class:`Turns`) lets exactly one of them run one whole 
 of :func:`interleaved_turns`: every backend's warm-up steps first, then hf, vllm, hf, vllm, ... The vLLM trainer runs
 in the main thread, where its engine was built (CUDA streams and graphs are per thread); the device's memory cache
 is emptied at every hand-over. Rebuilding a trainer per step would time start-up, not steps; running the backends one
-after the other (the bench before 0.3) put any drift of the machine between them into the ratio. This design runs on
+after the other (as the bench did up to 0.2.0) put any drift of the machine between them into the ratio. This design runs on
 the CPU tiny model and on one GPU when both trainers fit beside vLLM's share (``vllm_gpu_memory_utilization``, which
 ``--train-option`` can lower).
 """
@@ -49,7 +49,8 @@ def grpo_step_config(profile: BenchProfile, model: str, dataset: str | Path, max
     device's profile for the rest of the recipe, no checkpoints (server mode in ``benchmarks/scale_out`` runs the
     same one)."""
     return dataclasses.replace(
-        profile.step, profile=DEFAULT_FOR_DEVICE[kind], model=model, dataset=str(dataset), train_types=(), train_languages=(),
+        profile.step, profile=DEFAULT_FOR_DEVICE[kind], model=model, dataset=str(dataset), train_types=(),
+        train_languages=(),
         max_prompt_length=max_prompt_length, max_steps=profile.grpo_warmup_steps + profile.grpo_steps,
         save_steps=10**9, save_total_limit=None, live_plot=False, logging_steps=1, **train_overrides)
 
@@ -66,7 +67,10 @@ def interleaved_turns(backends: Sequence[str], warmup: int, steps: int) -> list[
 
 class Turns:
     """A baton for trainers in threads: a trainer's step begins only on its turn, and the next turn starts when the
-    step (or, after its last step, the trainer) ends. ``log`` records every (backend, "begin"/"end") as it happens."""
+    step (or, after its last step, the trainer) ends. ``log`` records every (backend, "begin"/"end") as it happens.
+
+    One process, one device: accelerate's gradient state is shared by the trainers, and each sets it again within its
+    own step before it matters (the optimizer step at the last micro-batch), so whole-step turns keep it consistent."""
 
     def __init__(self, order: Sequence[str], kind: str):
         self.order, self.kind, self.position = list(order), kind, 0

@@ -17,7 +17,14 @@ from grpo_lab.bench.grpo_step import bottleneck, grpo_step_bench, grpo_step_conf
 from grpo_lab.bench.profiles import CONFIGS, PARTS, VARIANTS, BenchProfile, check_choice
 from grpo_lab.bench.results import SCHEMA, check_results
 from grpo_lab.bench.rollout_bench import bench_engine_config, rollout_bench, without_internals
-from grpo_lab.bench.roofline import DATASHEET_RATES, add_roofline, extra_forwards, measure_device, model_cost, update_mfu
+from grpo_lab.bench.roofline import (
+    DATASHEET_RATES,
+    add_roofline,
+    extra_forwards,
+    measure_device,
+    model_cost,
+    update_mfu,
+)
 from grpo_lab.bench.workload import seed_workload
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
