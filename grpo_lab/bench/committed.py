@@ -1,0 +1,301 @@
+"""Readers of the committed bench results (``benchmarks/results/``): each returns small typed records or rows with
+the file's provenance (command, date, device), and every ratio with its range; a ratio from too few runs, or from
+backends that did not alternate, is reported as no claim rather than given a verdict (:class:`~grpo_lab.bench.stats.
+RatioRange`). Every committed bench file is named once, in :data:`COMMITTED`."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_lab import runs
+from grpo_lab.bench.results import SCHEMA, load_results, step_ratio
+from grpo_lab.bench.roofline import DATASHEET_RATES, extra_forwards, model_cost, update_mfu
+from grpo_lab.bench.stats import RatioRange, Spread, median, speedup_range
+from grpo_lab.errors import ConfigError
+from grpo_lab.paths import RESULTS_DIR
+from grpo_lab.rollout.compare import SHAPES
+
+COMMITTED = {
+    "cpu": ("cpu", "bench_tiny"),
+    "rollout 0.5b": ("h200", "bench_seed_qwen2.5-0.5b"),
+    "rollout 1.5b": ("h200", "bench_seed_qwen2.5-1.5b"),
+    "grpo step first": ("h200", "grpo_step_seed_qwen2.5-0.5b"),
+    "grpo step fixed": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed"),
+    "grpo step ragged": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged"),
+}
+"""The committed bench runs: key -> (folder under ``benchmarks/results``, file stem; ``.json`` and ``.png``)."""
+
+
+def committed_file(key: str, folder: str | Path | None = None, suffix: str = ".json") -> Path:
+    """The path of a committed run (:data:`COMMITTED`), in ``folder`` when given (a copy of its folder)."""
+    subfolder, stem = COMMITTED[key]
+    return Path(folder or RESULTS_DIR / subfolder) / f"{stem}{suffix}"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a committed number comes from."""
+
+    file: str
+    command: str
+    date: str
+    device: str
+
+    @classmethod
+    def of(cls, path: Path, data: dict[str, Any]) -> Provenance:
+        return cls(file=path.name, command=data.get("command", ""), date=str(data.get("created", ""))[:10],
+                   device=data.get("environment", {}).get("device", {}).get("name", ""))
+
+    def describe(self) -> str:
+        return f"{self.file} ({self.device}, {self.date}): {self.command}"
+
+
+def _bench_files(folder: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """This bench's results files in ``folder`` (other JSON files skipped), checked."""
+    for path in sorted(Path(folder).glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("schema") == SCHEMA:
+            yield path, load_results(path)
+
+
+@dataclass(frozen=True)
+class StepRatio:
+    """One committed GRPO-step comparison: each backend's timed steps and the ratio HF step / vLLM step."""
+
+    model: str
+    workload: str
+    hf: Spread
+    vllm: Spread
+    ratio: RatioRange
+    provenance: Provenance
+
+    def describe(self) -> str:
+        return (f"{self.model}, {self.workload}: HF generate {self.hf.describe()}, vLLM colocate "
+                f"{self.vllm.describe()}; ratio {self.ratio.describe()}")
+
+
+def committed_grpo_steps(folder: str | Path = RESULTS_DIR / "h200") -> list[StepRatio]:
+    """Every committed GRPO-step file with both backends."""
+    rows = []
+    for path, data in _bench_files(folder):
+        step = data.get("grpo_step") or {}
+        if {"hf", "vllm"} <= set(step.get("backends", {})):
+            rows.append(StepRatio(model=data["model"].get("shape") or data["model"]["path"],
+                                  workload=step.get("workload", "fixed"),
+                                  hf=Spread.of(step["backends"]["hf"]["step_s"]),
+                                  vllm=Spread.of(step["backends"]["vllm"]["step_s"]), ratio=step_ratio(step),
+                                  provenance=Provenance.of(path, data)))
+    return rows
+
+
+def committed_rollout_table(folder: str | Path = RESULTS_DIR / "h200") -> str:
+    """A table of every rollout result in a folder of committed runs: this module's ``*.json`` and the older
+    ``grpo-lab rollout --json`` files (one backend, no variants); each ratio with its range over the rounds."""
+    lines = [f"{'file':<36}{'model':<31}{'variant':<9}{'config':<13}{'new tokens':>11}{'tok/s':>9}{'vs hf':>8}"
+             f"{'range':>14}"]
+    for path in sorted(Path(folder).glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))  # two schemas: this bench's and grpo-lab rollout's
+        if data.get("schema") == SCHEMA and data.get("rollout"):
+            for variant, block in data["rollout"]["variants"].items():
+                per_token = {n: [t / k for t, k in zip(c["times_s"], c["new_tokens"])]
+                             for n, c in block["configs"].items()}
+                for name, r in block["configs"].items():
+                    ratio = block["speedup_vs_hf"].get(name, 1.0 if name == "hf" else float("nan"))
+                    bounds = speedup_range(per_token["hf"], per_token[name], interleaved=True) if (
+                        name != "hf" and "hf" in per_token) else None
+                    span = f"{bounds.low:.2f}..{bounds.high:.2f}x" if bounds else ""
+                    lines.append(f"{path.name:<36}{data['model']['path']:<31}{variant:<9}{name:<13}"
+                                 f"{median(r['new_tokens']):>11,.0f}{r['tokens_per_s']:>9,.0f}{ratio:>7.2f}x{span:>14}")
+        elif "results" in data and "settings" in data:  # grpo-lab rollout --json: one call, no variants
+            settings = data["settings"]
+            model = (f"{settings['shape']} (random)" if settings.get("shape")
+                     else str(settings.get("model") or "the tiny model"))
+            for name, r in data["results"].items():
+                lines.append(f"{path.name:<36}{model:<31}{'as run':<9}{name:<13}{r['new_tokens']:>11,}"
+                             f"{r['tokens_per_s']:>9,.0f}{'-':>8}")
+    return "\n".join(lines)
+
+
+def committed_grpo_table(folder: str | Path = RESULTS_DIR / "h200") -> str:
+    """A table of every GRPO-step result in a folder of committed runs: per backend the median step (min..max),
+    generation and update, and the step ratio's range with its caveat."""
+    lines = [f"{'file':<41}{'model':<14}{'backend':<9}{'step s':>8}{'min..max':>14}{'gen s':>8}{'update s':>9}  vs hf"]
+    for path, data in _bench_files(folder):
+        step = data.get("grpo_step") or {}
+        for name, r in step.get("backends", {}).items():
+            m, spread = r["median"], Spread.of(r["step_s"])
+            ratio = step_ratio(step).describe() if name == "vllm" and "hf" in step["backends"] else ""
+            lines.append(f"{path.name:<41}{data['model'].get('shape') or data['model']['path']:<14}{name:<9}"
+                         f"{m['step_s']:>8.2f}{f'{spread.min:.2f}..{spread.max:.2f}':>14}{m['generation_s']:>8.2f}"
+                         f"{m['update_s']:>9.2f}  {ratio}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class RolloutHeadline:
+    """One committed rollout file and length variant: HF's rate, the fastest vLLM config, its speed-up over HF with
+    the range over the repeats, its distance from the roofline time, and what prefix caching changed."""
+
+    model: str
+    variant: str
+    param_bytes: int | None
+    hf_tokens_per_s: float
+    best: str
+    best_tokens_per_s: float
+    speedup: RatioRange
+    x_roofline: float | None
+    vllm_tokens_per_s: dict[str, float]
+    vllm_median_s: dict[str, float]
+    prefix_gain: float | None
+    provenance: Provenance
+
+
+def committed_rollout_headlines(folder: str | Path = RESULTS_DIR / "h200") -> list[RolloutHeadline]:
+    """One :class:`RolloutHeadline` per committed bench file and length variant (the configs alternated round by
+    round, so each ratio's range pairs the repeats' extremes: seconds per new token)."""
+    rows = []
+    for path, data in _bench_files(folder):
+        for variant, block in (data.get("rollout") or {}).get("variants", {}).items():
+            configs = block["configs"]
+            best = max((name for name in configs if name != "hf"), key=lambda name: configs[name]["tokens_per_s"])
+            per_token = {n: [t / k for t, k in zip(c["times_s"], c["new_tokens"])] for n, c in configs.items()}
+            rows.append(RolloutHeadline(
+                model=data["model"].get("shape") or data["model"]["path"], variant=variant,
+                param_bytes=data.get("roofline", {}).get("model_cost", {}).get("param_bytes"),
+                hf_tokens_per_s=configs["hf"]["tokens_per_s"], best=best,
+                best_tokens_per_s=configs[best]["tokens_per_s"],
+                speedup=speedup_range(per_token["hf"], per_token[best], interleaved=True),
+                x_roofline=configs[best].get("x_roofline_time"),
+                vllm_tokens_per_s={n: c["tokens_per_s"] for n, c in configs.items() if n != "hf"},
+                vllm_median_s={n: c["median_s"] for n, c in configs.items() if n != "hf"},
+                prefix_gain=(configs["vllm+prefix"]["tokens_per_s"] / configs["vllm"]["tokens_per_s"]
+                             if {"vllm", "vllm+prefix"} <= set(configs) else None),
+                provenance=Provenance.of(path, data)))
+    return rows
+
+
+GRPO_STEP_TARGETS = (
+    ("vLLM generate inside the trainer at most 1.2x the same engine in a fresh process", 1.2, "<="),
+    ("GRPO step, fixed lengths: vLLM colocate at least 2x HF generate", 2.0, ">="),
+    ("GRPO step, ragged lengths: vLLM colocate at least 3.3x HF generate (the write-up's ratio)", 3.3, ">="),
+)
+"""The targets set for the colocated GRPO step on one H200: (what, threshold, how the ratio must compare)."""
+MFU_TARGET = ("update MFU at least 35 %", 0.35)
+
+
+def committed_grpo_step_targets(folder: str | Path = RESULTS_DIR / "h200") -> list[dict[str, str]]:
+    """Each of :data:`GRPO_STEP_TARGETS` (and :data:`MFU_TARGET`) with what the committed step files measured and a
+    verdict from the ratio's conservative end, or why the files make no claim."""
+    steps = {w: load_results(committed_file(f"grpo step {w}", folder))["grpo_step"] for w in ("fixed", "ragged")}
+    fresh = steps["fixed"]["fresh_engine"]
+    in_trainer = steps["fixed"]["backends"]["vllm"]["vllm_generate_s"]
+    # separate processes at separate times: never interleaved
+    engine = speedup_range(in_trainer, fresh["generate_s"], interleaved=False)
+    ratios = [engine, step_ratio(steps["fixed"]), step_ratio(steps["ragged"])]
+    rows = [{"target": what, "measured": ratio.describe(), "verdict": ratio.verdict(threshold, how)}
+            for (what, threshold, how), ratio in zip(GRPO_STEP_TARGETS, ratios)]
+    split = [r for r in committed_grpo_split(folder) if r["file"].endswith(("_fixed.json", "_ragged.json"))]
+    mfu = max(r["update MFU"] for r in split)
+    rows.append({"target": MFU_TARGET[0], "measured": f"{mfu:.1%} at best (" + ", ".join(
+        f"{r['workload']} {r['backend']} {r['update MFU']:.1%}" for r in split) + "; median steps)",
+                 "verdict": "met" if mfu >= MFU_TARGET[1] else "missed"})
+    return rows
+
+
+PERFORMANCE_TARGETS = (
+    ("ragged rollout: vLLM at least 6x HF generate", 6.0, "x"),
+    ("GRPO step at least 4x faster with vLLM colocate", 4.0, "x"),
+    ("1.5B rollout within 3x of the roofline time", 3.0, "x roofline"),
+)
+"""The targets the project set itself for the H200 runs: (what, threshold, unit)."""
+
+
+def _verdicts(ratios: list[tuple[str, RatioRange]], threshold: float) -> str:
+    verdicts = {what: ratio.verdict(threshold) for what, ratio in ratios}
+    if len(set(verdicts.values())) == 1:
+        return next(iter(verdicts.values()))
+    return "; ".join(f"{what}: {verdict}" for what, verdict in verdicts.items())
+
+
+def committed_targets(results_dir: str | Path = RESULTS_DIR / "h200",
+                      smollm2_dir: str | Path = RESULTS_DIR.parent / "grpo_smollm2") -> list[dict[str, str]]:
+    """Each of :data:`PERFORMANCE_TARGETS` with what the committed files measured (ratios with their ranges) and a
+    verdict from the conservative end, or why the files make no claim."""
+    rollout, step, roofline = PERFORMANCE_TARGETS
+    ragged = {row.model: row for row in committed_rollout_headlines(results_dir) if row.variant == "ragged"}
+    rows = [{"target": rollout[0], "measured": "; ".join(f"{m}, {r.best}: {r.speedup.describe()}"
+                                                         for m, r in ragged.items()),
+             "verdict": _verdicts([(m, r.speedup) for m, r in ragged.items()], rollout[1])}]
+    steps = [(s.provenance.file, s.ratio) for s in committed_grpo_steps(results_dir)]
+    smollm2 = committed_smollm2_steps(smollm2_dir)
+    steps.append((f"SmolLM2-135M steps {smollm2['steps'][0]}-{smollm2['steps'][1]}", smollm2["speedup_range"]))
+    rows.append({"target": step[0], "measured": "; ".join(f"{what}: {ratio.describe()}" for what, ratio in steps),
+                 "verdict": _verdicts(steps, step[1])})
+    large = [r for m, r in ragged.items() if "1.5b" in m]
+    rows.append({"target": roofline[0],
+                 "measured": ", ".join(f"{r.x_roofline:.1f}x the roofline time ({r.best}, median)"
+                                       for r in large) or "-",
+                 "verdict": ("met" if any(r.x_roofline <= roofline[1] for r in large) else "missed") if large
+                 else "not measured"})
+    return rows
+
+
+def targets_markdown() -> str:
+    """Every target with its measurement and verdict as one Markdown table (``benchmarks/results/README.md``)."""
+    rows = committed_targets() + committed_grpo_step_targets()
+    return "\n".join(["| target | measured | verdict |", "|---|---|---|",
+                      *(f"| {r['target']} | {r['measured']} | {r['verdict']} |" for r in rows)])
+
+
+def committed_grpo_split(folder: str | Path = RESULTS_DIR / "h200") -> list[dict[str, Any]]:
+    """One row per committed GRPO-step result and backend: the median step, its split (what the trainer timed; the
+    files written before the split existed have only generation / reward / update), and the update's MFU against the
+    H200's dense bf16 peak, computed the same way for every file (:func:`update_mfu`, the gpu profile's beta)."""
+    rows = []
+    peak = DATASHEET_RATES["NVIDIA H200"].matmul_flops_per_s
+    for path, data in _bench_files(folder):
+        step = data.get("grpo_step")
+        if not step or "backends" not in step or not data["model"].get("shape"):
+            continue
+        cost = model_cost(SHAPES[data["model"]["shape"]] | {"model_type": "qwen2"}, data["model"]["dtype"])
+        prompt = step.get("max_prompt_length") or data["profile"].get("prompt_tokens")
+        hf = step["backends"].get("hf", {}).get("median", {}).get("step_s")
+        for name, block in step["backends"].items():
+            m = block["median"]
+            beta = block.get("settings", {}).get("beta", 0.04)
+            row = {"file": path.name, "workload": step.get("workload", "fixed"), "backend": name,
+                   **{key.removesuffix("_s"): round(value, 2) for key, value in m.items() if key.endswith("_s")},
+                   "tokens": round(m["mean_completion_tokens"]),
+                   "vs hf": round(hf / m["step_s"], 2) if hf else None,
+                   "update MFU": round(update_mfu(block, cost, prompt, step["completions_per_step"], peak,
+                                                  extra_forwards(name, beta))["mfu"], 3)}
+            rows.append(row)
+    return rows
+
+
+def committed_smollm2_steps(folder: str | Path = RESULTS_DIR.parent / "grpo_smollm2", first: int = 3,
+                            last: int = 6) -> dict[str, Any]:
+    """The committed SmolLM2-135M GRPO step on the H200 (``benchmarks/grpo_smollm2``), vLLM colocate against HF
+    ``generate`` over the same steps: ``run.py`` times HF's steps ``first``-``last`` (``results.json``,
+    ``hf_generate``); the vLLM run's steps ``first``-``last`` are read from its ``metrics.jsonl``, so both columns
+    cover the same steps (the vLLM mean over the whole run, with completions that shorten as it learns, is
+    ``vllm_run_step_s``)."""
+    folder = Path(folder)
+    results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    records = runs.read_metrics(folder / "metrics.jsonl")
+    window = [r for r in records if first <= r["step"] <= last]
+    if not window or "hf_generate" not in results:
+        raise ConfigError(f"{folder}: no steps {first}-{last} in metrics.jsonl or no hf_generate in results.json")
+    vllm = {key: statistics.mean(r[key] for r in window) for key in ("step_time", "timing/generation_s")}
+    hf = results["hf_generate"]
+    return {"steps": (first, last), "vllm_step_s": vllm["step_time"], "vllm_generation_s": vllm["timing/generation_s"],
+            "hf_step_s": hf["step_s"], "hf_generation_s": hf["generation_s"],
+            "speedup": hf["step_s"] / vllm["step_time"],
+            "speedup_range": speedup_range([hf["step_s"]], [r["step_time"] for r in window], interleaved=False),
+            "vllm_run_step_s": results["vllm_colocate"]["step_s"], "vllm_run_steps": results["vllm_colocate"]["steps"],
+            "device": results.get("device", "")}
