@@ -68,8 +68,10 @@ def read_scale_out(path: str | Path = SCALE_OUT_SEED) -> ScaleOutResult:
     body = read_committed(path)
     splits = {layout: StepSplit(**{key: body[layout]["median"][key] for key in
                                    ("step_s", "generation_s", "reward_s", "update_s")}) for layout in SYNC_LAYOUTS}
+    calls = [body.get("earlier_run", {}).get("command"), body["command"]]  # the parts may come from two calls
     return ScaleOutResult(**splits, speedup_server_vs_colocate=body["speedup_server_vs_colocate"],
-                          provenance=Provenance(body["command"], body["created"], _device(body["device"]), Path(path)))
+                          provenance=Provenance("; ".join(c for c in calls if c), body["created"],
+                                                _device(body["device"]), Path(path)))
 
 
 @dataclass(frozen=True)
