@@ -24,7 +24,6 @@ class ScaleOutError(GrpoLabError, RuntimeError):
     """The rollout server or the trainer did not start, stopped early or timed out; the message names the log."""
 
 
-
 @dataclass
 class ServerModeConfig:
     """Where and how the rollout server and the trainer run (the GRPO run itself, vLLM's memory share included, is

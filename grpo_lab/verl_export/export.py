@@ -160,7 +160,6 @@ def load_reward_function(path: str | Path, name: str = REWARD_FUNCTION) -> Calla
     return getattr(module, name)
 
 
-
 def _readme(export: VerlExport, settings: Sequence[Setting], check: SchemaCheck) -> str:
     config, target = export.train_config, export.target
     table = "\n".join(f"| `{s.key}` | `{hydra_value(s.value)}` | {s.source} |" for s in settings)

@@ -101,8 +101,9 @@ def read_verl_results(path: str | Path = VERL_RESULTS) -> VerlResults:
     body = read_committed(path)
     merge, deploy = body["merge"], body["deploy"]
     change = deploy["change_from_base"]
-    merged = MergedModel(step=merge["step"], merge_seconds=merge["seconds"], verified=body["merged_checkpoint_verified"],
-                         export_ok=deploy["verify_export"]["ok"], same_tensors=deploy["same_tensors"],
+    merged = MergedModel(step=merge["step"], merge_seconds=merge["seconds"],
+                         verified=body["merged_checkpoint_verified"], export_ok=deploy["verify_export"]["ok"],
+                         same_tensors=deploy["same_tensors"],
                          tensors_changed=change["tensors_changed_beyond_bf16_rounding"],
                          tensors_compared=change["tensors_compared"], server_start_s=deploy["server_start_s"],
                          reply=deploy["chat"]["reply"], answer_key=deploy["chat"]["answer_key"],
