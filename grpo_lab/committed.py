@@ -27,6 +27,11 @@ class Provenance:
     device: str
     path: Path
 
+    @property
+    def file(self) -> str:
+        """The committed file's name."""
+        return self.path.name
+
     def line(self) -> str:
         """``measured on DEVICE, DATE: COMMAND``, for a notebook's printout."""
         return f"measured on {self.device}, {self.date}: {self.command}"

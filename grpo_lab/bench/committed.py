@@ -5,7 +5,6 @@ RatioRange`). Every committed bench file is named once, in :data:`COMMITTED`."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from grpo_lab import runs
 from grpo_lab.bench.results import SCHEMA, load_results, step_ratio
 from grpo_lab.bench.roofline import DATASHEET_RATES, extra_forwards, model_cost, update_mfu
 from grpo_lab.bench.stats import RatioRange, Spread, median, speedup_range
+from grpo_lab.committed import Provenance, read_committed
 from grpo_lab.errors import ConfigError
 from grpo_lab.paths import RESULTS_DIR
 from grpo_lab.rollout.compare import SHAPES
@@ -37,29 +37,16 @@ def committed_file(key: str, folder: str | Path | None = None, suffix: str = ".j
     return Path(folder or RESULTS_DIR / subfolder) / f"{stem}{suffix}"
 
 
-@dataclass(frozen=True)
-class Provenance:
-    """Where a committed number comes from."""
-
-    file: str
-    command: str
-    date: str
-    device: str
-
-    @classmethod
-    def of(cls, path: Path, data: dict[str, Any]) -> Provenance:
-        return cls(file=path.name, command=data.get("command", ""), date=str(data.get("created", ""))[:10],
-                   device=data.get("environment", {}).get("device", {}).get("name", ""))
-
-    def describe(self) -> str:
-        return f"{self.file} ({self.device}, {self.date}): {self.command}"
+def _provenance(path: Path, data: dict[str, Any]) -> Provenance:
+    """Where a bench file's numbers come from: its command, the day it was created, the device it names."""
+    return Provenance(command=data.get("command", ""), date=str(data.get("created", ""))[:10],
+                      device=data.get("environment", {}).get("device", {}).get("name", ""), path=path)
 
 
 def _bench_files(folder: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     """This bench's results files in ``folder`` (other JSON files skipped), checked."""
     for path in sorted(Path(folder).glob("*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("schema") == SCHEMA:
+        if read_committed(path).get("schema") == SCHEMA:
             yield path, load_results(path)
 
 
@@ -89,7 +76,7 @@ def committed_grpo_steps(folder: str | Path = RESULTS_DIR / "h200") -> list[Step
                                   workload=step.get("workload", "fixed"),
                                   hf=Spread.of(step["backends"]["hf"]["step_s"]),
                                   vllm=Spread.of(step["backends"]["vllm"]["step_s"]), ratio=step_ratio(step),
-                                  provenance=Provenance.of(path, data)))
+                                  provenance=_provenance(path, data)))
     return rows
 
 
@@ -99,7 +86,7 @@ def committed_rollout_table(folder: str | Path = RESULTS_DIR / "h200") -> str:
     lines = [f"{'file':<36}{'model':<31}{'variant':<9}{'config':<13}{'new tokens':>11}{'tok/s':>9}{'vs hf':>8}"
              f"{'range':>14}"]
     for path in sorted(Path(folder).glob("*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))  # two schemas: this bench's and grpo-lab rollout's
+        data = read_committed(path)  # two schemas: this bench's and grpo-lab rollout's
         if data.get("schema") == SCHEMA and data.get("rollout"):
             for variant, block in data["rollout"]["variants"].items():
                 per_token = {n: [t / k for t, k in zip(c["times_s"], c["new_tokens"])]
@@ -175,7 +162,7 @@ def committed_rollout_headlines(folder: str | Path = RESULTS_DIR / "h200") -> li
                 vllm_median_s={n: c["median_s"] for n, c in configs.items() if n != "hf"},
                 prefix_gain=(configs["vllm+prefix"]["tokens_per_s"] / configs["vllm"]["tokens_per_s"]
                              if {"vllm", "vllm+prefix"} <= set(configs) else None),
-                provenance=Provenance.of(path, data)))
+                provenance=_provenance(path, data)))
     return rows
 
 
@@ -286,7 +273,7 @@ def committed_smollm2_steps(folder: str | Path = RESULTS_DIR.parent / "grpo_smol
     cover the same steps (the vLLM mean over the whole run, with completions that shorten as it learns, is
     ``vllm_run_step_s``)."""
     folder = Path(folder)
-    results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    results = read_committed(folder / "results.json")
     records = runs.read_metrics(folder / "metrics.jsonl")
     window = [r for r in records if first <= r["step"] <= last]
     if not window or "hf_generate" not in results:
