@@ -229,10 +229,8 @@ class ServeConfig:
                "--served-model-name", self.served_model_name, "--host", self.host, "--port", str(port),
                "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
                "--dtype", self.dtype, "--load-format", "safetensors"]  # never pickle weights; remote code stays off
-        if device.detect() == "cpu":  # vLLM-CPU sizes its KV cache in bytes of host RAM
-            cmd += ["--kv-cache-memory-bytes", str(int(self.cpu_kvcache_gib * 2**30))]
-        else:
-            cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        for name, value in device.vllm_kv_cache_arguments(self.gpu_memory_utilization, self.cpu_kvcache_gib).items():
+            cmd += ["--" + name.replace("_", "-"), str(value)]
         cmd.append("--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching")
         if self.eager():
             cmd.append("--enforce-eager")
@@ -247,8 +245,9 @@ class ServeConfig:
         return cmd + list(self.extra_args)
 
     def eager(self) -> bool:
-        """Whether the server runs without compiled graphs: ``enforce_eager``, or by default on the CPU only."""
-        return device.detect() == "cpu" if self.enforce_eager is None else self.enforce_eager
+        """Whether the server runs without compiled graphs: ``enforce_eager``, else the device's default (eager on
+        the CPU only: ``device.VLLM_EAGER_BY_DEFAULT``)."""
+        return device.VLLM_EAGER_BY_DEFAULT[device.detect()] if self.enforce_eager is None else self.enforce_eager
 
     def environment(self) -> dict[str, str]:
         """The rollout engine's per-device variables, the allocator setting, and INFO logs for the log file."""

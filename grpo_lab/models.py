@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.errors import GrpoLabError
+from grpo_lab.errors import ConfigError, GrpoLabError, MissingFileError
 from grpo_lab.paths import TINY_MODEL_DIR
 
 MANIFEST_NAME = "manifest.json"
@@ -52,7 +52,7 @@ def write_manifest(model_dir: str | Path, info: dict[str, Any]) -> Path:
     """Write ``manifest.json``: ``info`` plus the size and sha256 of every other file in the folder."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise FileNotFoundError(f"no model folder at {model_dir}")
+        raise MissingFileError(f"no model folder at {model_dir}")
     files = {name: {"sha256": file_sha256(model_dir / name), "bytes": (model_dir / name).stat().st_size}
              for name in _model_files(model_dir)}
     manifest_path = model_dir / MANIFEST_NAME
@@ -109,7 +109,7 @@ def require_safetensors(model_dir: str | Path) -> None:
         return
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     found = f" (only pickle weights: {', '.join(pickles)})" if pickles else ""
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"{folder} has no *.safetensors weights{found}; grpo-lab loads weights only from safetensors. Pass the "
         f"folder that holds model.safetensors, or, if you trust where the pickle files come from, convert them once: "
         f"AutoModelForCausalLM.from_pretrained(folder, use_safetensors=False).save_pretrained(folder).")
@@ -127,12 +127,12 @@ def resolve_model(name: str | os.PathLike[str] | None = None) -> str:
     path = Path(chosen).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise ValueError(f"model path {path} is a file; pass the folder that holds config.json")
+            raise ConfigError(f"model path {path} is a file; pass the folder that holds config.json")
         return str(path.resolve())
     text = str(chosen)
     if text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text:  # a path, not "org/name"
         hint = REBUILD_HINT if path.resolve() == TINY_MODEL_DIR.resolve() else "check the path or the spelling"
-        raise FileNotFoundError(f"model folder {text} does not exist; {hint}")
+        raise MissingFileError(f"model folder {text} does not exist; {hint}")
     return text
 
 
@@ -153,7 +153,7 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike[str] | None = None,
         require_safetensors(resolved)
     if isinstance(dtype, str):
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
-            raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16' or 'float16'")
+            raise ConfigError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16' or 'float16'")
         dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype if dtype is not None else "auto",
@@ -169,7 +169,7 @@ def weights_digest(model_dir: str | Path) -> str:
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{model_dir} has no *.safetensors weights to compare")
+        raise MissingFileError(f"{model_dir} has no *.safetensors weights to compare")
     tensors = {name: tensor for path in files for name, tensor in load_file(str(path)).items()}
     digest = hashlib.sha256()
     for name in sorted(tensors):

@@ -17,6 +17,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from grpo_lab.errors import ConfigError
 from grpo_lab.memory import (
     COMMON_DEVICES,
     GIB,
@@ -75,7 +76,7 @@ class MemoryCalculator:
 
         self.configs = dict(configs or course_configs())
         if model not in self.configs:
-            raise ValueError(f"Unknown model {model!r}: choose one of {', '.join(self.configs)}.")
+            raise ConfigError(f"Unknown model {model!r}: choose one of {', '.join(self.configs)}.")
         self.devices = {d.name: d for d in devices}
         first = self.devices[device] if device else devices[0]
         style = {"description_width": "190px"}

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import memory, models
+from grpo_lab import device, memory, models
 from grpo_lab.device import VLLM_SLEEP_MODE_MISSING, Machine
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment.planning import choose_vllm_memory, fit_micro_batch, needs_checkpointing
@@ -242,13 +242,14 @@ class TrainConfig:
         config.check_sleep_mode(machine.kind)
         values: dict[str, Any] = {"device": machine.kind}
         if config.bf16 is None:
-            values["bf16"] = machine.kind != "cpu" and machine.bf16
+            values["bf16"] = machine.trains_in_bf16
         if config.train_types is None:
             values["train_types"] = default_train_types(config.model) or ()
         if config.train_languages is None:
             values["train_languages"] = model_languages(config.model) or ()
         if config.use_liger_kernel is None:
-            values["use_liger_kernel"] = machine.kind == "cuda" and importlib.util.find_spec("liger_kernel") is not None
+            values["use_liger_kernel"] = (device.has_triton(machine.kind)
+                                          and importlib.util.find_spec("liger_kernel") is not None)
         config = dataclasses.replace(config, **values)
         if self.per_device_train_batch_size is None and self.gradient_accumulation_steps == 1:
             micro, accumulation = fit_micro_batch(config, machine)
@@ -325,7 +326,7 @@ class TrainConfig:
         values: dict[str, Any] = dict(n=self.num_generations, max_tokens=self.max_completion_length,
                                       temperature=self.temperature, top_p=self.top_p, seed=self.seed,
                                       max_prompt_tokens=self.max_prompt_length)
-        if self.device != "cpu":
+        if not device.VLLM_KV_CACHE_IN_BYTES[self.device]:
             values["gpu_memory_utilization"] = self.vllm_gpu_memory_utilization
         return RolloutConfig(**{**values, **overrides})
 

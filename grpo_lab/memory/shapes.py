@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.errors import ConfigError
+from grpo_lab.errors import ConfigError, MissingFileError
 from grpo_lab.paths import MODEL_CONFIGS_DIR
 
 GIB = 2**30
@@ -172,8 +172,8 @@ def _config_dict(config: Any) -> tuple[dict, str]:
         if path.is_dir():
             path = path / "config.json"
         if not path.is_file():
-            raise FileNotFoundError(f"No config.json at {path}: pass a model folder, a config.json path, a dict "
-                                    f"or a transformers config (course configs are in {CONFIG_DIR}).")
+            raise MissingFileError(f"No config.json at {path}: pass a model folder, a config.json path, a dict "
+                                   f"or a transformers config (course configs are in {CONFIG_DIR}).")
         try:
             values = json.loads(path.read_text())
         except json.JSONDecodeError as exc:

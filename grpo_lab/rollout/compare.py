@@ -23,7 +23,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from grpo_lab import device
 from grpo_lab.data import load_split
+from grpo_lab.errors import ConfigError
 from grpo_lab.models import resolve_model
 from grpo_lab.rollout.backends import open_engine
 from grpo_lab.rollout.config import RolloutConfig, Sampling
@@ -71,7 +73,7 @@ def shaped_model_dir(shape: str, out_dir: str | Path, tokenizer_from: str | Path
     from transformers import Qwen2Config
 
     if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}: use one of {', '.join(SHAPES)}")
+        raise ConfigError(f"unknown shape {shape!r}: use one of {', '.join(SHAPES)}")
     source = Path(resolve_model(tokenizer_from))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -144,7 +146,7 @@ def ratio_context(machine: Any, params: int) -> str:
     """Why the vLLM / HF ``generate`` ratio of a run looks as it does, from the machine (a
     :class:`grpo_lab.device.Machine`) and the model's parameter count: the sentence notebook 01 prints."""
     size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.{1 if params < 1e7 else 0}f} M"
-    if machine.kind == "cpu":
+    if device.is_cpu(machine.kind):
         return (f"On {os.cpu_count()} CPU cores with a model of {size} parameters, both backends are bound by Python "
                 f"overhead rather than arithmetic, so the ratio says little about an accelerator.")
     where = f"one {machine.name or machine.kind}"
