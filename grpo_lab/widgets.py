@@ -144,7 +144,7 @@ class MemoryCalculator:
             device_kind=self.devices[self.device.value].kind,
             vllm_gpu_memory_utilization=None if self.auto_utilization.value else self.utilization.value,
             per_device_train_batch_size=self.batch.value, num_generations=self.num_generations.value,
-            prompt_length=self.prompt_length.value, max_completion_length=self.completion_length.value,
+            max_prompt_length=self.prompt_length.value, max_completion_length=self.completion_length.value,
             gradient_checkpointing=self.checkpointing.value, beta=0.04 if self.reference.value else 0.0)
 
     def update(self, change=None) -> MemoryBudget | None:

@@ -153,18 +153,9 @@ class TrainConfig:
                      "max_prompt_length", "max_completion_length", "max_steps", "save_steps", "logging_steps",
                      "plot_every", "train_size", "eval_size", "lora_r", "lora_alpha"):
             _check_positive_int(name, getattr(self, name))
-        if self.num_generations is not None and self.num_generations < 2:
-            raise ConfigError(f"num_generations={self.num_generations}: GRPO compares completions of the same prompt, "
-                              f"so it needs at least 2 (the course uses 4-8).")
-        if self.num_generations is not None and self.per_device_train_batch_size is not None:
-            batch = self.per_device_train_batch_size * self.gradient_accumulation_steps
-            if batch % self.num_generations:
-                fits = [n for n in range(2, batch + 1) if batch % n == 0]
-                raise ConfigError(
-                    f"num_generations={self.num_generations} does not divide the generation batch "
-                    f"(per_device_train_batch_size × gradient_accumulation_steps = {batch}), so a prompt's group "
-                    f"would be split. Use num_generations in {fits}, or per_device_train_batch_size = a multiple of "
-                    f"{self.num_generations} (e.g. {self.num_generations * max(1, batch // self.num_generations)}).")
+        if self.num_generations is not None:
+            memory.check_group(self.num_generations, self.per_device_train_batch_size, self.gradient_accumulation_steps,
+                               steps_name="gradient_accumulation_steps")
         if self.vllm_gpu_memory_utilization != AUTO:
             memory.check_vllm_memory_fraction(self.vllm_gpu_memory_utilization)
         for name, low in (("learning_rate", 0.0), ("temperature", 0.0), ("max_minutes", 0.0),
@@ -302,7 +293,7 @@ class TrainConfig:
         """The memory planner's view of one step (its own field names)."""
         return memory.TrainingShape(
             per_device_train_batch_size=self.per_device_train_batch_size, num_generations=self.num_generations,
-            prompt_length=self.max_prompt_length, max_completion_length=self.max_completion_length,
+            max_prompt_length=self.max_prompt_length, max_completion_length=self.max_completion_length,
             gradient_checkpointing=self.gradient_checkpointing is not False, beta=self.beta,  # open: TRL's default
             steps_per_generation=self.gradient_accumulation_steps, lora_r=self.lora_r if self.use_peft else 0,
             lora_target_modules=self.lora_target_modules, lora_dropout=self.lora_dropout,
@@ -314,7 +305,7 @@ class TrainConfig:
         self._require_resolved("planner_recipe()")
         shape = self.training_shape()
         return {"precision": self.precision, "beta": shape.beta, "num_generations": shape.num_generations,
-                "prompt_length": shape.prompt_length, "max_completion_length": shape.max_completion_length,
+                "max_prompt_length": shape.max_prompt_length, "max_completion_length": shape.max_completion_length,
                 "lora_r": shape.lora_r, "lora_target_modules": shape.lora_target_modules,
                 "lora_dropout": shape.lora_dropout, "vllm_enable_sleep_mode": shape.vllm_enable_sleep_mode}
 

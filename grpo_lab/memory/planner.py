@@ -93,7 +93,7 @@ def largest_fitting_batch(model: Any, *, candidates: tuple[int, ...] = (64, 32, 
 
 def _shape(shape: TrainingShape | None, shape_fields: dict[str, Any]) -> TrainingShape:
     known = {f.name for f in fields(TrainingShape)}
-    unknown = set(shape_fields) - known
+    unknown = set(shape_fields) - known - {"prompt_length"}  # the old name: TrainingShape maps it, with a warning
     if unknown:
         raise MemoryPlanError(f"Unknown training field(s) {sorted(unknown)}; known: {sorted(known)}.")
     return replace(shape, **shape_fields) if shape else TrainingShape(**shape_fields)
