@@ -9,6 +9,7 @@ from grpo_lab import experiment, memory, models
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import PROFILES, ProfileError, TrainConfig, get_profile
+from grpo_lab.rollout import RolloutConfig
 
 CPU = Machine("cpu", bf16=True, memory_gib=24)
 H200 = Machine("cuda", bf16=True, memory_gib=140)
@@ -134,13 +135,13 @@ def test_each_field_is_checked_where_it_is_defined():
 def test_everything_else_derives_from_the_config():
     config = TrainConfig(profile="gpu").resolve(H200)
     shape = config.training_shape()
-    assert (shape.per_device_train_batch_size, shape.num_generations, shape.prompt_length,
+    assert (shape.per_device_train_batch_size, shape.num_generations, shape.max_prompt_length,
             shape.max_completion_length, shape.beta) == (128, 8, 256, 256, 0.04)
     assert shape.generation_batch_size == config.generation_batch_size
     rollout = config.rollout_config()
     assert (rollout.n, rollout.max_tokens, rollout.temperature, rollout.gpu_memory_utilization) == (
         8, 256, 0.7, config.vllm_gpu_memory_utilization)
-    assert config.max_model_len == 512 and config.precision == "mixed"
+    assert config.max_model_len == memory.context_window(256, 256) == 564 and config.precision == "mixed"
     with pytest.raises(ConfigError, match="resolved config"):
         TrainConfig(profile="gpu").rollout_config()
 
@@ -206,3 +207,18 @@ def test_a_described_ascend_machine_gets_a_step_that_fits():
         TrainConfig(profile="npu").step_summary()
     lines = experiment.plans_for("npu", "npu", (32, 64))
     assert [line.split(":")[0] for line in lines] == ["32 GiB", "64 GiB"] and all("16 prompts x 8" in l for l in lines)
+
+
+def test_one_context_window_rule_for_trainer_rollout_engine_and_server():
+    """TRL's vllm_max_model_length, the rollout engine's max_model_len and the serving default share one rule."""
+    from grpo_lab import deploy
+    from grpo_lab.paths import TINY_MODEL_DIR
+
+    config = TrainConfig(profile="tiny").resolve(CPU)
+    rollout = RolloutConfig(max_tokens=config.max_completion_length).resolve(
+        "cpu", longest_prompt_tokens=config.max_prompt_length)
+    assert config.max_model_len == rollout.max_model_len == memory.context_window(96, 32) == 141
+    window = memory.context_window(memory.STEP_DEFAULTS["max_prompt_length"],
+                                   memory.STEP_DEFAULTS["max_completion_length"])
+    assert deploy.ServeConfig(model="some/hub-model").max_model_len == window
+    assert deploy.ServeConfig(model=str(TINY_MODEL_DIR)).max_model_len == 512  # the tiny model's own context length

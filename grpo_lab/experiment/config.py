@@ -279,9 +279,10 @@ class TrainConfig:
 
     @property
     def max_model_len(self) -> int:
-        """vLLM's context window for this experiment: the longest prompt plus the longest completion (TRL's
-        ``vllm_max_model_length``); serving the trained model needs the same."""
-        return self.max_prompt_length + self.max_completion_length
+        """vLLM's context window for this experiment (TRL's ``vllm_max_model_length``): the longest prompt plus the
+        longest completion and 10 % spare (:func:`grpo_lab.memory.context_window` says why); serving the trained model
+        needs the same."""
+        return memory.context_window(self.max_prompt_length, self.max_completion_length)
 
     @property
     def precision(self) -> str:

@@ -80,6 +80,7 @@ from grpo_lab.memory.planner import (
 )
 from grpo_lab.memory.shapes import (
     CONFIG_DIR,
+    CONTEXT_MARGIN,
     CPU_KV_CACHE_GIB,
     GIB,
     PRECISIONS,
@@ -89,6 +90,7 @@ from grpo_lab.memory.shapes import (
     VLLM_RUNTIME_BYTES,
     check_group,
     check_vllm_memory_fraction,
+    context_window,
     course_configs,
     cpu_vllm_fraction,
     DoesNotFitError,
@@ -116,6 +118,7 @@ __all__ = [
     "BudgetRow",
     "COMMON_DEVICES",
     "CONFIG_DIR",
+    "CONTEXT_MARGIN",
     "CPU_KV_CACHE_GIB",
     "CUBLAS_WORKSPACE_BYTES",
     "CUBLAS_WORKSPACE_THREADS",
@@ -152,6 +155,7 @@ __all__ = [
     "activation_bytes_per_token_per_layer",
     "check_group",
     "check_vllm_memory_fraction",
+    "context_window",
     "course_configs",
     "cpu_vllm_fraction",
     "default_margin_bytes",

@@ -178,7 +178,7 @@ def _budget(setting: _Setting, shape: TrainingShape, utilization: float | None) 
             and sequences >= shape.num_generations)
     recommended = None
     if fits:
-        recommended = Recommendation(vllm_gpu_memory_utilization=chosen, vllm_max_model_length=shape.sequence_length,
+        recommended = Recommendation(vllm_gpu_memory_utilization=chosen, vllm_max_model_length=shape.context_window,
                                      max_num_seqs=min(shape.generation_batch_size, sequences),
                                      per_device_train_batch_size=shape.per_device_train_batch_size,
                                      gradient_checkpointing=shape.gradient_checkpointing)

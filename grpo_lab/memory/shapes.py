@@ -282,6 +282,26 @@ STEP_DEFAULTS: dict[str, int] = {"num_generations": 8, "max_prompt_length": 256,
 (``experiment.PROFILES``) and the planner's :class:`TrainingShape` both start from these."""
 
 
+CONTEXT_MARGIN = 1.1
+"""The spare share of :func:`context_window` (the write-up's 10 %)."""
+
+
+def context_window(prompt_tokens: int, completion_tokens: int) -> int:
+    """vLLM's ``max_model_len`` for prompts of up to ``prompt_tokens`` and completions of up to ``completion_tokens``:
+    the one rule the trainer (TRL's ``vllm_max_model_length``), the rollout engine and the server share.
+
+    The write-up's rule, ``ceil(1.1 x (prompt + completion))``. Why 10 % spare: a prompt is counted once, where it is
+    planned or measured, and the engine counts it again after its own chat template and tokenizer; a generation
+    prompt, a system message a client adds or another tokenizer version add a few tokens, and a window sized exactly
+    would refuse those requests. The spare costs little: vLLM's KV cache is paged, so a longer window holds no memory
+    until a sequence fills it.
+
+    >>> context_window(96, 32)
+    141
+    """
+    return math.ceil(round(CONTEXT_MARGIN * (prompt_tokens + completion_tokens), 6))
+
+
 def check_group(num_generations: int, per_device_train_batch_size: int | None, steps: int = 1,
                 steps_name: str = "steps_per_generation", error: type[ConfigError] = ConfigError) -> None:
     """GRPO's two group rules, for ``TrainConfig`` and the planner alike: a group holds at least 2 completions (the
@@ -353,7 +373,13 @@ class TrainingShape:
 
     @property
     def sequence_length(self) -> int:
+        """The longest sequence of the step (prompt + completion): what activations and KV blocks are sized for."""
         return self.max_prompt_length + self.max_completion_length
+
+    @property
+    def context_window(self) -> int:
+        """vLLM's ``max_model_len`` for this step (:func:`context_window`)."""
+        return context_window(self.max_prompt_length, self.max_completion_length)
 
     @property
     def generation_batch_size(self) -> int:

@@ -5,14 +5,13 @@ and the workload and records *why*, and :meth:`RolloutConfig.explain` shows the 
 
 >>> from grpo_lab.rollout import RolloutConfig
 >>> config = RolloutConfig(n=4, max_tokens=32).resolve(device_kind="cpu", longest_prompt_tokens=60)
->>> config.max_model_len          # 1.1 x (60 + 32) = 101.2, rounded up
+>>> config.max_model_len          # context_window: 1.1 x (60 + 32) = 101.2, rounded up
 102
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,9 @@ from grpo_lab.memory import (
     VLLM_MEMORY_FRACTION,
     ModelShape,
     check_vllm_memory_fraction,
+    context_window,
 )
 
-# The write-up's rule for the context window: room for the longest prompt plus the completion, and 10 % spare.
-MAX_MODEL_LEN_MARGIN = 1.1
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_HF_BATCH_SIZE = 256
 LOAD_FORMATS = ("auto", "dummy")
@@ -99,7 +97,7 @@ class RolloutConfig:
     Engine (vLLM; the HF backend uses ``dtype``, ``max_model_len`` and ``hf_batch_size``):
 
     - ``max_prompt_tokens``: longest prompt you plan to send; measured from the prompts when given.
-    - ``max_model_len``: context window; default ``ceil(1.1 x (longest prompt + max_tokens))``.
+    - ``max_model_len``: context window; default :func:`grpo_lab.memory.context_window` (longest prompt, max_tokens).
     - ``gpu_memory_utilization``: share of accelerator memory vLLM may take (weights + KV cache), in (0, 1].
     - ``cpu_kvcache_gib``: KV-cache size on the CPU (vLLM-CPU's ``VLLM_CPU_KVCACHE_SPACE``).
     - ``enable_prefix_caching``, ``max_num_seqs``, ``enforce_eager``, ``dtype``, ``enable_sleep_mode``.
@@ -190,10 +188,10 @@ class RolloutConfig:
                                             if longest_prompt_tokens else "given: the longest prompt planned")
         if self.max_model_len is None:
             if prompt_tokens is not None:
-                value = math.ceil(round(MAX_MODEL_LEN_MARGIN * (prompt_tokens + self.max_tokens), 6))
-                reasons["max_model_len"] = (f"the write-up's rule: ceil(1.1 x (longest prompt {prompt_tokens} + "
-                                            f"max_tokens {self.max_tokens})); a smaller window leaves more KV cache "
-                                            f"for sequences")
+                value = context_window(prompt_tokens, self.max_tokens)
+                reasons["max_model_len"] = (f"the write-up's rule (memory.context_window): ceil(1.1 x (longest prompt "
+                                            f"{prompt_tokens} + max_tokens {self.max_tokens})), 10 % spare for a "
+                                            f"prompt the engine counts a few tokens longer")
             elif model.get("max_position_embeddings"):
                 value = int(model["max_position_embeddings"])
                 reasons["max_model_len"] = ("the model's own context length (no prompt length known; pass "
