@@ -269,7 +269,7 @@ class ServeConfig:
 def _is_training_run(path: Path) -> bool:
     """A run folder of grpo_lab.train: its ``config.json`` holds the experiment (a model's holds its shape)."""
     try:
-        return runs.is_run(path) and "config" in json.loads((path / runs.CONFIG_FILE).read_text(encoding="utf-8"))
+        return runs.is_run(path) and "config" in runs.Run(path).record
     except (json.JSONDecodeError, UnicodeDecodeError):
         return False
 

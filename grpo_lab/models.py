@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,56 @@ def write_manifest(model_dir: str | Path, info: dict[str, Any]) -> Path:
     return manifest_path
 
 
+@dataclass(frozen=True)
+class ModelManifest:
+    """What a model folder's ``manifest.json`` says of the model (the shipped tiny model has one; yours need not)."""
+
+    name: str
+    rebuild: str
+    """The command that rebuilds the model: where it came from."""
+    device: str
+    """The device it was built on."""
+    parameters: int | None
+    deliberate_slip: str | None
+    """The mistake planted in part of its fine-tuning targets, in words (the tiny model's; GRPO is to remove it)."""
+    slip_types: tuple[str, ...]
+    """The problem types with the planted slip."""
+    languages: tuple[str, ...]
+    """The languages it reads; empty: any."""
+    train_sha256: str | None
+    """The sha256 of the training file it was fine-tuned on."""
+    files: dict[str, dict[str, Any]]
+    """Every other file of the folder: ``{name: {"sha256", "bytes"}}``."""
+
+
+def _load_manifest(model_dir: Path) -> dict[str, Any] | None:
+    """The one reader of ``manifest.json``: its contents, None where there is none; one that does not parse raises."""
+    path = model_dir / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(raw.get("files"), dict):
+            raise TypeError("no 'files' table")
+        return raw
+    except (json.JSONDecodeError, AttributeError, TypeError) as error:
+        raise ModelIntegrityError(f"{path} is not a valid manifest ({error}); {_fix_hint(model_dir)}") from error
+
+
+def read_manifest(model_dir: str | Path) -> ModelManifest | None:
+    """The manifest of a model folder as a record, or None where there is none (a hub id, a model of your own)."""
+    raw = _load_manifest(Path(model_dir))
+    if raw is None:
+        return None
+    recipe = raw.get("recipe") or {}
+    return ModelManifest(
+        name=raw.get("name", Path(model_dir).name), rebuild=raw.get("rebuild", ""),
+        device=(raw.get("machine") or {}).get("device", ""), parameters=raw.get("parameters"),
+        deliberate_slip=raw.get("deliberate_slip"), slip_types=tuple(recipe.get("slip_types") or ()),
+        languages=tuple(raw.get("languages") or ()),
+        train_sha256=((raw.get("data") or {}).get("train") or {}).get("sha256"), files=raw["files"])
+
+
 def _fix_hint(model_dir: Path) -> str:
     if model_dir.resolve() == TINY_MODEL_DIR.resolve():
         return REBUILD_HINT
@@ -71,19 +122,15 @@ def _fix_hint(model_dir: Path) -> str:
 def verify_model_dir(model_dir: str | Path = TINY_MODEL_DIR) -> dict[str, Any]:
     """Check every file listed in the manifest (present, same sha256) and that no unlisted weights exist.
 
-    Returns the manifest. Raises :class:`ModelIntegrityError` listing every problem and how to fix it.
+    Returns the manifest's contents (:func:`read_manifest` gives them as a record). Raises :class:`ModelIntegrityError` listing every problem and how to fix it.
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelIntegrityError(f"model folder {model_dir} does not exist; {_fix_hint(model_dir)}")
-    manifest_path = model_dir / MANIFEST_NAME
-    if not manifest_path.is_file():
+    manifest = _load_manifest(model_dir)
+    if manifest is None:
         raise ModelIntegrityError(f"{model_dir} has no {MANIFEST_NAME}; {_fix_hint(model_dir)}")
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        listed = manifest["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise ModelIntegrityError(f"{manifest_path} is not a valid manifest ({error}); {_fix_hint(model_dir)}")
+    listed = manifest["files"]
     problems = []
     for name, expected in sorted(listed.items()):
         path = model_dir / name
