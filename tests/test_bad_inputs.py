@@ -467,8 +467,8 @@ def _(x: Inputs):
     return lambda: train.TrainConfig(num_generations=1, per_device_train_batch_size=8)
 
 
-@case("train/completion-beyond-max-model-len", ConfigError, r"= 596 exceeds the model's max_model_len \(128\)",
-      "Lower max_completion_length to at most 32")
+@case("train/completion-beyond-max-model-len", ConfigError, r"= 656 exceeds the model's max_model_len \(128\)",
+      "Lower max_completion_length to at most 20")
 def _(x: Inputs):
     return lambda: experiment.check_lengths(train.TrainConfig(max_prompt_length=96, max_completion_length=500), 128)
 

@@ -5,11 +5,12 @@ length checks, and the rewards a run trains with (:func:`reward_spec`). Each tak
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import models
+from grpo_lab import memory, models
 from grpo_lab.data import SplitConfig, load_jsonl, load_split
 from grpo_lab.errors import ConfigError
 from grpo_lab.rollout import encode_prompts
@@ -60,13 +61,15 @@ def load_train_rows(config: TrainConfig) -> list[dict[str, Any]]:
 
 
 def check_lengths(config: TrainConfig, max_model_len: int | None) -> None:
-    """``max_prompt_length + max_completion_length`` must fit in the model's context (``max_position_embeddings``)."""
+    """The experiment's context window (:attr:`TrainConfig.max_model_len`) must fit in the model's context
+    (``max_position_embeddings``)."""
     if max_model_len is not None and config.max_model_len > max_model_len:
+        longest = math.floor(round(max_model_len / memory.CONTEXT_MARGIN, 6)) - config.max_prompt_length
         raise ConfigError(
-            f"max_prompt_length + max_completion_length = {config.max_prompt_length} + {config.max_completion_length}"
-            f" = {config.max_model_len} exceeds the model's max_model_len ({max_model_len}). Lower "
-            f"max_completion_length to at most {max(1, max_model_len - config.max_prompt_length)}, or shorten the "
-            f"prompts.")
+            f"the context window for max_prompt_length {config.max_prompt_length} + max_completion_length "
+            f"{config.max_completion_length} (memory.context_window: 10 % spare) = {config.max_model_len} exceeds the "
+            f"model's max_model_len ({max_model_len}). Lower max_completion_length to at most {max(1, longest)}, or "
+            f"shorten the prompts.")
 
 
 def check_prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_length: int) -> int:
