@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from grpo_lab.deprecation import resolve_target, warn_moved
+
 __version__ = "0.2.0"  # kept equal to pyproject.toml's version by tests/test_public_api.py
 
 # Top-level names: the calls a notebook of your own makes (README "Use grpo_lab in your own notebook"; notebook 08).
@@ -27,7 +29,7 @@ _NAMES: dict[str, str] = {
     # the experiment and the machine it runs on
     "TrainConfig": "grpo_lab.experiment",
     "get_profile": "grpo_lab.experiment",
-    "plan_memory": "grpo_lab.experiment",  # the experiment's plan; memory.plan_memory is the planner beneath it
+    "memory_budget": "grpo_lab.experiment",  # the experiment's budget; memory.plan_memory is the planner beneath it
     "Machine": "grpo_lab.device",
     # training and evaluating (the function ``train`` lives in the module ``grpo_lab.train``)
     "TrainResult": "grpo_lab.train",
@@ -50,12 +52,16 @@ _NAMES: dict[str, str] = {
 # Public modules: what the notebooks import (`from grpo_lab import data, rewards, ...`).
 _MODULES: tuple[str, ...] = (
     "advantages", "async_grpo", "bench", "data", "deploy", "device", "doctor", "env", "errors", "evaluation",
-    "experiment", "load_test", "lora", "memory", "models", "paths", "plots", "rewards", "rollout", "runs", "scale",
+    "experiment", "load_test", "lora", "memory", "models", "paths", "plots", "results", "rewards", "rollout", "runs",
+    "scale",
     "train",
     "verl_export", "verl_parity", "weight_sync", "widgets",
 )
 
 __all__ = ["__version__", *_NAMES, *_MODULES]
+
+# Top-level names that moved: old name -> "module:new name" (they warn, for one minor version; CHANGELOG.md).
+_MOVED: dict[str, str] = {"plan_memory": "grpo_lab.experiment:memory_budget"}
 
 
 def __getattr__(name: str) -> Any:
@@ -64,6 +70,9 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_NAMES[name]), name)
     elif name in _MODULES:
         value = importlib.import_module(f"{__name__}.{name}")
+    elif name in _MOVED:
+        warn_moved(f"{__name__}.{name}", _MOVED[name].replace(":", "."))
+        return resolve_target(_MOVED[name])
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value

@@ -38,6 +38,8 @@ from typing import Any, Literal
 
 import torch
 
+from grpo_lab.errors import ConfigError, DataError
+
 ScaleRewards = Literal["group", "batch", "none"]
 Aggregation = Literal["sum_then_normalize", "normalize_then_sum"]
 
@@ -54,7 +56,7 @@ def normalize_scale_rewards(scale_rewards: str | bool) -> ScaleRewards:
     """Map TRL's legacy booleans (``True`` → "group", ``False`` → "none") and check the value."""
     value = ("group" if scale_rewards else "none") if isinstance(scale_rewards, bool) else scale_rewards
     if value not in ("group", "batch", "none"):
-        raise ValueError(
+        raise ConfigError(
             f"scale_rewards must be 'group', 'batch', 'none', True or False (as in GRPOConfig), got {scale_rewards!r}."
         )
     return value
@@ -136,18 +138,18 @@ def compute_advantages(
     """
     table = _as_tensor(rewards_per_func)
     if table.dim() != 2:
-        raise ValueError(
+        raise DataError(
             f"rewards_per_func must be 2-D (completions × reward functions), got shape {tuple(table.shape)}."
         )
     n, k = table.shape
     if num_generations < 1 or n % num_generations:
-        raise ValueError(
+        raise DataError(
             f"{n} completions do not split into groups of num_generations={num_generations}; a batch must hold whole "
             "groups (completions of one prompt next to each other)."
         )
     weights = torch.ones(k) if reward_weights is None else torch.tensor([float(w) for w in reward_weights])
     if len(weights) != k:
-        raise ValueError(f"Number of reward weights ({len(weights)}) must match number of reward functions ({k}).")
+        raise ConfigError(f"Number of reward weights ({len(weights)}) must match number of reward functions ({k}).")
     scale = normalize_scale_rewards(scale_rewards)
     unscorable = torch.isnan(table).all(dim=1)
     G = num_generations
@@ -174,7 +176,7 @@ def compute_advantages(
         std = nanstd(rewards).expand_as(rewards) if n > 1 else torch.zeros_like(rewards)
         advantages = (rewards - group_mean) / (std + epsilon)
     else:
-        raise ValueError(
+        raise ConfigError(
             "multi_objective_aggregation must be 'sum_then_normalize' or 'normalize_then_sum', "
             f"got {multi_objective_aggregation!r}."
         )
@@ -222,7 +224,7 @@ def explain_group(rewards: Sequence[float] = SEED_EXAMPLE_REWARDS, epsilon: floa
     """
     n = len(rewards)
     if n < 2:
-        raise ValueError("A group needs at least two completions for a standard deviation.")
+        raise DataError("A group needs at least two completions for a standard deviation.")
     mean = sum(rewards) / n
     deviations = [r - mean for r in rewards]
     squares = [d * d for d in deviations]
@@ -256,7 +258,7 @@ def all_right_share(mean_reward: float, frac_reward_zero_std: float, group_size:
     [0.476, 0.63]
     """
     if group_size < 2:
-        raise ValueError(f"group_size={group_size}: a group needs at least 2 completions")
+        raise ConfigError(f"group_size={group_size}: a group needs at least 2 completions")
     rest = 1.0 - frac_reward_zero_std
     low = mean_reward - rest * (group_size - 1) / group_size
     high = mean_reward - rest / group_size

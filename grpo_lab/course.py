@@ -22,7 +22,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from grpo_lab import runs
+from grpo_lab import device, runs
 from grpo_lab.experiment import PROFILE_DEVICE, PROFILES
 from grpo_lab.models import MODEL_ENV_VAR
 from grpo_lab.paths import REPO_ROOT
@@ -55,7 +55,7 @@ def next_commands(kind: str) -> list[tuple[str, str]]:
     """``(command, why)`` to run on a machine of device ``kind`` after the course, in order; on a CPU, what to run on a
     GPU or an NPU (the course's ``gpu`` and ``npu`` profiles). On an accelerator the model is the one this run used
     (``GRPO_LAB_MODEL`` when set), elsewhere the profile's default."""
-    here = kind != "cpu"
+    here = not device.is_cpu(kind)
     commands = []
     for name in [name for name, device in PROFILE_DEVICE.items() if device == kind] if here else ["gpu", "npu"]:
         model = (os.environ.get(MODEL_ENV_VAR) if here else None) or PROFILES[name]["model"]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_lab.errors import ConfigError, DataError, MissingFileError
 from grpo_lab.rewards import extract_answer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +72,7 @@ class Problem:
         """The SFT target: one line of working, then ``#### <answer>`` (the slip's answer if ``slip``)."""
         if slip:
             if self.slip_solution is None:
-                raise ValueError(f"problem type {self.type!r} has no slip defined")
+                raise ConfigError(f"problem type {self.type!r} has no slip defined")
             working, final = self.slip_solution, _result_of(self.slip_solution)
         else:
             working, final = self.solution, str(self.answer)
@@ -94,7 +95,7 @@ def _result_of(working: str) -> str:
     """The number right after the last '=' of a working line: '2 × (3 + 4) = 14 m' -> '14'."""
     results = re.findall(r"=\s*(-?\d+)", working)
     if not results:
-        raise ValueError(f"no result in working line {working!r}")
+        raise DataError(f"no result in working line {working!r}")
     return results[-1]
 
 
@@ -313,7 +314,7 @@ def _check_choice(kind: str, given: Iterable[str], allowed: Sequence[str]) -> tu
     given = tuple(given)
     unknown = [g for g in given if g not in allowed]
     if unknown or not given:
-        raise ValueError(f"unknown or empty {kind}: {unknown or given!r}; choose from {list(allowed)}")
+        raise ConfigError(f"unknown or empty {kind}: {unknown or given!r}; choose from {list(allowed)}")
     return given
 
 
@@ -327,7 +328,7 @@ def generate_problem_objects(n: int, seed: int, types: Sequence[str] | None = No
     repeat a key (the same numbers in the other language count as the same problem).
     """
     if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+        raise ConfigError(f"n must be >= 0, got {n}")
     types = _check_choice("problem types", PROBLEM_TYPES if types is None else types, PROBLEM_TYPES)
     langs = _check_choice("languages", langs, LANGS)
     rng = random.Random(seed)
@@ -342,7 +343,7 @@ def generate_problem_objects(n: int, seed: int, types: Sequence[str] | None = No
                     and not (unique_keys and problem.key in seen_keys)):
                 break
         else:
-            raise ValueError(f"could not draw {n} distinct {kind!r} problems; ask for fewer")
+            raise ConfigError(f"could not draw {n} distinct {kind!r} problems; ask for fewer")
         seen_prompts.add(problem.question)
         seen_keys.add(problem.key)
         problems.append(problem)
@@ -382,7 +383,7 @@ class SplitConfig:
 
 def _check_split(split: str) -> str:
     if split not in ("train", "eval"):
-        raise ValueError(f"unknown split {split!r}; use 'train' or 'eval'")
+        raise ConfigError(f"unknown split {split!r}; use 'train' or 'eval'")
     return split
 
 
@@ -427,8 +428,8 @@ def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
 def _read_json_lines(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no data file at {path}; check the path (shipped splits live in {DATA_DIR}, "
-                                f"rebuild them with grpo_lab.data.regenerate_splits())")
+        raise MissingFileError(f"no data file at {path}; check the path (shipped splits live in {DATA_DIR}, "
+                               f"rebuild them with grpo_lab.data.regenerate_splits())")
     records = []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
@@ -437,11 +438,11 @@ def _read_json_lines(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg}); each line must be "
-                                 f"one JSON object") from None
+                raise DataError(f"{path}, line {number}: not valid JSON ({error.msg}); each line must be "
+                                f"one JSON object") from None
             if not isinstance(record, dict):
-                raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}; "
-                                 f'write each row as one object, e.g. {{"prompt": "...", "answer": "42"}}')
+                raise DataError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}; "
+                                f'write each row as one object, e.g. {{"prompt": "...", "answer": "42"}}')
             records.append((number, record))
     return records
 
@@ -449,8 +450,8 @@ def _read_json_lines(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
 def _require_columns(path: str | Path, number: int, record: dict[str, Any], columns: Sequence[str]) -> None:
     missing = [c for c in columns if c not in record]
     if missing:
-        raise ValueError(f"{path}, line {number}: missing column(s) {missing} (has {sorted(record)}); every row "
-                         f"needs {list(columns)}")
+        raise DataError(f"{path}, line {number}: missing column(s) {missing} (has {sorted(record)}); every row "
+                        f"needs {list(columns)}")
 
 
 def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -466,8 +467,8 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
             row["prompt"] = [{"role": "user", "content": row["prompt"]}]
         elif not (isinstance(row["prompt"], list) and all(isinstance(m, dict) and "content" in m
                                                           for m in row["prompt"])):
-            raise ValueError(f"{path}, line {number}: 'prompt' must be a string or a list of chat messages "
-                             f"like [{{'role': 'user', 'content': '...'}}]")
+            raise DataError(f"{path}, line {number}: 'prompt' must be a string or a list of chat messages "
+                            f"like [{{'role': 'user', 'content': '...'}}]")
         row["answer"] = str(row["answer"])
         rows.append(row)
     return rows
@@ -485,9 +486,9 @@ def load_gsm8k_jsonl(path: str | Path, add_instruction: bool = True) -> list[dic
         found = extract_answer(str(record["answer"]))
         final = None if found.found_by != "marker" else f"{found.value:.10g}"
         if final is None:
-            raise ValueError(f"{path}, line {number}: the 'answer' does not end with '#### <number>' "
-                             f"(GSM8K format); got {str(record['answer'])[-60:]!r}. End the solution with a "
-                             f"last line '#### <final number>', as GSM8K does")
+            raise DataError(f"{path}, line {number}: the 'answer' does not end with '#### <number>' "
+                            f"(GSM8K format); got {str(record['answer'])[-60:]!r}. End the solution with a "
+                            f"last line '#### <final number>', as GSM8K does")
         question = str(record["question"]).strip()
         content = f"{question}\n{INSTRUCTION['en']}" if add_instruction else question
         rows.append({
@@ -507,8 +508,8 @@ def to_dataset(rows: Sequence[dict[str, Any]]):
     from datasets import Dataset
 
     if not rows:
-        raise ValueError("no rows to turn into a dataset; check the data file and any filter (types, size) "
-                         "applied before this call")
+        raise DataError("no rows to turn into a dataset; check the data file and any filter (types, size) "
+                        "applied before this call")
     return Dataset.from_list(list(rows))
 
 

@@ -32,8 +32,11 @@ from grpo_lab.errors import GrpoLabError
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.memory import (
     CPU_KV_CACHE_GIB,
+    STEP_DEFAULTS,
     VLLM_MEMORY_FRACTION,
+    ModelShape,
     check_vllm_memory_fraction,
+    context_window,
 )
 from grpo_lab.rollout import Sampling, open_engine
 from grpo_lab.rollout.vllm_backend import engine_environment
@@ -182,7 +185,9 @@ class ServeConfig:
     port: int | None = None  # None: a free port
     api_key: str | None = None
     served_model_name: str = "grpo-lab"
-    max_model_len: int = 512  # from the P99 of request lengths (prompt + completion), see notebook 05
+    max_model_len: int | None = None
+    """The longest request (prompt + completion) served. None: :func:`default_max_model_len`; size it to a workload
+    with :func:`suggest_max_model_len` (the P99 of request lengths, notebook 05)."""
     max_num_seqs: int = 64
     gpu_memory_utilization: float = VLLM_MEMORY_FRACTION["serve"]  # higher than in training: the device is its own
     enable_prefix_caching: bool = True  # multi-turn chats re-send the history: cache its KV
@@ -198,6 +203,10 @@ class ServeConfig:
     lora_adapter: str | None = None
     """A LoRA adapter folder (a run's ``adapter/``) served on ``model`` (its base) with vLLM's LoRA serving, under
     the name :attr:`adapter_name`. None (the default): plain weights only, e.g. a LoRA run's merged ``final/``."""
+
+    def __post_init__(self) -> None:
+        if self.max_model_len is None:
+            object.__setattr__(self, "max_model_len", default_max_model_len(self.model))
 
     @property
     def adapter_name(self) -> str:
@@ -229,10 +238,8 @@ class ServeConfig:
                "--served-model-name", self.served_model_name, "--host", self.host, "--port", str(port),
                "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
                "--dtype", self.dtype, "--load-format", "safetensors"]  # never pickle weights; remote code stays off
-        if device.detect() == "cpu":  # vLLM-CPU sizes its KV cache in bytes of host RAM
-            cmd += ["--kv-cache-memory-bytes", str(int(self.cpu_kvcache_gib * 2**30))]
-        else:
-            cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        for name, value in device.vllm_kv_cache_arguments(self.gpu_memory_utilization, self.cpu_kvcache_gib).items():
+            cmd += ["--" + name.replace("_", "-"), str(value)]
         cmd.append("--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching")
         if self.eager():
             cmd.append("--enforce-eager")
@@ -247,8 +254,9 @@ class ServeConfig:
         return cmd + list(self.extra_args)
 
     def eager(self) -> bool:
-        """Whether the server runs without compiled graphs: ``enforce_eager``, or by default on the CPU only."""
-        return device.detect() == "cpu" if self.enforce_eager is None else self.enforce_eager
+        """Whether the server runs without compiled graphs: ``enforce_eager``, else the device's default (eager on
+        the CPU only: ``device.VLLM_EAGER_BY_DEFAULT``)."""
+        return device.VLLM_EAGER_BY_DEFAULT[device.detect()] if self.enforce_eager is None else self.enforce_eager
 
     def environment(self) -> dict[str, str]:
         """The rollout engine's per-device variables, the allocator setting, and INFO logs for the log file."""
@@ -261,7 +269,7 @@ class ServeConfig:
 def _is_training_run(path: Path) -> bool:
     """A run folder of grpo_lab.train: its ``config.json`` holds the experiment (a model's holds its shape)."""
     try:
-        return runs.is_run(path) and "config" in json.loads((path / runs.CONFIG_FILE).read_text(encoding="utf-8"))
+        return runs.is_run(path) and "config" in runs.Run(path).record
     except (json.JSONDecodeError, UnicodeDecodeError):
         return False
 
@@ -290,6 +298,17 @@ def served_weights(folder: str | Path, adapter: bool = False) -> tuple[str, str 
     if adapter:
         raise DeployError(f"{path} holds no LoRA adapter: pass a LoRA run folder or its {runs.ADAPTER}/ folder.")
     return str(path), None
+
+
+def default_max_model_len(model: str | Path) -> int:
+    """The serving default: the context window of the course's default step (:func:`memory.context_window` of
+    ``memory.STEP_DEFAULTS``' lengths), within the model's own context length where its config.json gives one."""
+    window = context_window(STEP_DEFAULTS["max_prompt_length"], STEP_DEFAULTS["max_completion_length"])
+    try:
+        limit = ModelShape.from_config(model).max_position_embeddings
+    except GrpoLabError:  # not a local decoder folder: the window as it is
+        limit = None
+    return min(window, limit or window)
 
 
 def suggest_max_model_len(tokenizer, prompts: list[list[dict[str, str]]], max_tokens: int,
@@ -541,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     parser.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     parser.add_argument("--api-key", default=os.environ.get("GRPO_LAB_API_KEY"), help="require this key")
-    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="longest request (default: deploy.default_max_model_len for the model)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     parser.add_argument("--no-prefix-caching", action="store_true")

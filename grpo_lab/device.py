@@ -44,6 +44,23 @@ VLLM_SLEEP_MODE_MISSING: dict[str, str | None] = {
     "cpu": "vLLM-CPU has no sleep mode (vLLM's sleep allocator is CUDA's)",
 }
 
+# Triton kernels (Liger's fused loss, TRL's chunked log-prob LM head) run on NVIDIA GPUs only.
+TRITON = {"npu": False, "cuda": True, "cpu": False}
+# How vLLM sizes its KV cache: vLLM-CPU in bytes of host RAM (``kv_cache_memory_bytes``, the successor of
+# VLLM_CPU_KVCACHE_SPACE), the accelerators as a fraction of device memory (``gpu_memory_utilization``).
+VLLM_KV_CACHE_IN_BYTES = {"npu": False, "cuda": False, "cpu": True}
+# Whether vLLM runs eagerly unless told otherwise: on the CPU torch.compile added ~100 s to the engine start here and
+# no speed for small models; CUDA graphs (NVIDIA) and ACL graphs (vllm-ascend's default) remove launch overhead.
+VLLM_EAGER_BY_DEFAULT = {"npu": False, "cuda": False, "cpu": True}
+# Whether vLLM can seed single requests: vLLM-CPU 0.31 crashes with per-request seeds once a prefill is split in
+# chunks ("CPU Generator does not use offset"), so there the engine seed, set at start, makes runs repeatable.
+VLLM_PER_REQUEST_SEEDS = {"npu": True, "cuda": True, "cpu": False}
+# Variables vLLM's processes need, by device: on the CPU a 1 s grace for the worker at shutdown (measured: the CPU
+# worker never exits within vLLM's 5 s default, which made every stop() take 5-10 s); on Ascend spawned workers
+# (vllm-ascend's documented setting: forked processes cannot re-initialise the NPU).
+VLLM_ENV = {"npu": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, "cuda": {},
+            "cpu": {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "1"}}
+
 
 class DeviceError(GrpoLabError, RuntimeError):
     """A device was asked for that is unknown or not present."""
@@ -70,6 +87,12 @@ class Machine:
             raise DeviceError(f"Machine kind {self.kind!r}: use one of {', '.join(KINDS)}.")
         if not self.memory_gib > 0:
             raise DeviceError(f"Machine memory_gib must be positive, got {self.memory_gib!r}.")
+
+    @property
+    def trains_in_bf16(self) -> bool:
+        """Whether training defaults to bf16 autocast here: on accelerators that compute in bf16, never on the CPU
+        (fp32 there, as :func:`preferred_dtype` says)."""
+        return not is_cpu(self.kind) and self.bf16
 
     @classmethod
     def detect(cls) -> Machine:
@@ -244,6 +267,36 @@ def reset_peak_memory(index: int = 0, kind: str | None = None) -> None:
     kind = kind or detect()
     if kind != "cpu":
         _module(kind).reset_peak_memory_stats(index)
+
+
+def is_cpu(kind: str | None = None) -> bool:
+    """True when the host is the device: no accelerator memory to manage, fp32, vLLM-CPU's rules."""
+    return (kind or detect()) == "cpu"
+
+
+def is_cuda(kind: str | None = None) -> bool:
+    """True on NVIDIA GPUs: CUDA's own kernels and libraries (cuBLAS workspaces, CUDA graphs, NCCL)."""
+    return (kind or detect()) == "cuda"
+
+
+def has_triton(kind: str | None = None) -> bool:
+    """Whether Triton kernels (Liger, TRL's chunked LM head) run on this device kind: NVIDIA only."""
+    return TRITON[kind or detect()]
+
+
+def vllm_kv_cache_arguments(gpu_memory_utilization: float, cpu_kvcache_gib: float,
+                            kind: str | None = None) -> dict[str, float | int]:
+    """The one vLLM argument that sizes the KV cache on this device: ``kv_cache_memory_bytes`` (host RAM) on the
+    CPU, ``gpu_memory_utilization`` (a fraction of device memory) on accelerators; a server takes it as
+    ``--kv-cache-memory-bytes`` / ``--gpu-memory-utilization``."""
+    if VLLM_KV_CACHE_IN_BYTES[kind or detect()]:
+        return {"kv_cache_memory_bytes": int(cpu_kvcache_gib * 2**30)}
+    return {"gpu_memory_utilization": gpu_memory_utilization}
+
+
+def vllm_sleep_mode_missing(kind: str | None = None) -> str | None:
+    """None where vLLM's sleep mode works on this device kind, else why it does not."""
+    return VLLM_SLEEP_MODE_MISSING[kind or detect()]
 
 
 def visible_devices_var(kind: str | None = None) -> str | None:

@@ -125,7 +125,7 @@ def check_device(config: DoctorConfig) -> Check:
     name = _profiled(config).profile
     meant_for = PROFILE_DEVICE[name]
     if meant_for != kind:
-        return Check("device", "fail" if meant_for != "cpu" else "warn",
+        return Check("device", "warn" if device.is_cpu(meant_for) else "fail",
                      f"profile '{name}' is for {meant_for}, but this machine runs on {kind}",
                      f"set GRPO_LAB_PROFILE={DEFAULT_FOR_DEVICE[kind]} "
                      "or run on the device the profile expects")
@@ -147,7 +147,7 @@ def check_dtype(config: DoctorConfig) -> Check:
     kind = device.detect()
     dtype = config.dtype or ("bfloat16" if config.experiment.resolve(Machine.detect()).bf16 else "float32")
     if dtype in ("float16", "fp16", "half"):
-        if kind != "cpu" and device.bf16_supported(kind):
+        if not device.is_cpu(kind) and device.bf16_supported(kind):
             return Check("dtype", "warn", "fp16 training overflows easily (NaN loss); this device supports bf16",
                          "train in bf16 (bf16=True); if the loss is NaN, also check rewards for inf/NaN")
         return Check("dtype", "warn", "fp16 without bf16 support: watch for NaN loss",
@@ -178,7 +178,7 @@ def check_prefix_caching(config: DoctorConfig) -> Check:
 def check_memory(config: DoctorConfig) -> Check:
     """The memory planner on the experiment as ``grpo_lab.train`` would run it here (vLLM's share included)."""
     machine = Machine.detect()
-    budget = experiment.plan_memory(config.experiment.resolve(machine), machine)
+    budget = experiment.memory_budget(config.experiment.resolve(machine), machine)
     if budget.fits:
         return Check("memory plan", "pass", budget.summary().splitlines()[0])
     return Check("memory plan", "fail", "the plan does not fit: OOM at the first steps is likely",

@@ -24,6 +24,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpo_lab.errors import ConfigError
+
 STACK_DIR = Path(__file__).resolve().parent / "stacks"
 
 # Distributions reported, in order. vLLM ships as `vllm` (CUDA, and the base for vllm-ascend) or
@@ -37,7 +39,7 @@ CANN_VERSION_FILES = [  # where CANN's installer records its version (toolkit, t
 ]
 
 
-class StackFileError(ValueError):
+class StackFileError(ConfigError):
     """A stack file that does not parse."""
 
 

@@ -14,3 +14,11 @@ class GrpoLabError(Exception):
 
 class ConfigError(GrpoLabError, ValueError):
     """A setting that is unknown, out of range or inconsistent; raised before anything starts."""
+
+
+class DataError(GrpoLabError, ValueError):
+    """Input data that cannot be used as given: a prompt, a JSONL row, rewards or lengths that do not line up."""
+
+
+class MissingFileError(GrpoLabError, FileNotFoundError):
+    """A file or folder the call needs is not there: a data split, a model folder, a config.json."""

@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.errors import GrpoLabError
+from grpo_lab.errors import ConfigError, GrpoLabError, MissingFileError
 from grpo_lab.paths import TINY_MODEL_DIR
 
 MANIFEST_NAME = "manifest.json"
@@ -52,13 +53,63 @@ def write_manifest(model_dir: str | Path, info: dict[str, Any]) -> Path:
     """Write ``manifest.json``: ``info`` plus the size and sha256 of every other file in the folder."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise FileNotFoundError(f"no model folder at {model_dir}")
+        raise MissingFileError(f"no model folder at {model_dir}")
     files = {name: {"sha256": file_sha256(model_dir / name), "bytes": (model_dir / name).stat().st_size}
              for name in _model_files(model_dir)}
     manifest_path = model_dir / MANIFEST_NAME
     manifest_path.write_text(json.dumps({**info, "files": files}, indent=2, ensure_ascii=False) + "\n",
                              encoding="utf-8")
     return manifest_path
+
+
+@dataclass(frozen=True)
+class ModelManifest:
+    """What a model folder's ``manifest.json`` says of the model (the shipped tiny model has one; yours need not)."""
+
+    name: str
+    rebuild: str
+    """The command that rebuilds the model: where it came from."""
+    device: str
+    """The device it was built on."""
+    parameters: int | None
+    deliberate_slip: str | None
+    """The mistake planted in part of its fine-tuning targets, in words (the tiny model's; GRPO is to remove it)."""
+    slip_types: tuple[str, ...]
+    """The problem types with the planted slip."""
+    languages: tuple[str, ...]
+    """The languages it reads; empty: any."""
+    train_sha256: str | None
+    """The sha256 of the training file it was fine-tuned on."""
+    files: dict[str, dict[str, Any]]
+    """Every other file of the folder: ``{name: {"sha256", "bytes"}}``."""
+
+
+def _load_manifest(model_dir: Path) -> dict[str, Any] | None:
+    """The one reader of ``manifest.json``: its contents, None where there is none; one that does not parse raises."""
+    path = model_dir / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(raw.get("files"), dict):
+            raise TypeError("no 'files' table")
+        return raw
+    except (json.JSONDecodeError, AttributeError, TypeError) as error:
+        raise ModelIntegrityError(f"{path} is not a valid manifest ({error}); {_fix_hint(model_dir)}") from error
+
+
+def read_manifest(model_dir: str | Path) -> ModelManifest | None:
+    """The manifest of a model folder as a record, or None where there is none (a hub id, a model of your own)."""
+    raw = _load_manifest(Path(model_dir))
+    if raw is None:
+        return None
+    recipe = raw.get("recipe") or {}
+    return ModelManifest(
+        name=raw.get("name", Path(model_dir).name), rebuild=raw.get("rebuild", ""),
+        device=(raw.get("machine") or {}).get("device", ""), parameters=raw.get("parameters"),
+        deliberate_slip=raw.get("deliberate_slip"), slip_types=tuple(recipe.get("slip_types") or ()),
+        languages=tuple(raw.get("languages") or ()),
+        train_sha256=((raw.get("data") or {}).get("train") or {}).get("sha256"), files=raw["files"])
 
 
 def _fix_hint(model_dir: Path) -> str:
@@ -71,19 +122,15 @@ def _fix_hint(model_dir: Path) -> str:
 def verify_model_dir(model_dir: str | Path = TINY_MODEL_DIR) -> dict[str, Any]:
     """Check every file listed in the manifest (present, same sha256) and that no unlisted weights exist.
 
-    Returns the manifest. Raises :class:`ModelIntegrityError` listing every problem and how to fix it.
+    Returns the manifest's contents (:func:`read_manifest` gives them as a record). Raises :class:`ModelIntegrityError` listing every problem and how to fix it.
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelIntegrityError(f"model folder {model_dir} does not exist; {_fix_hint(model_dir)}")
-    manifest_path = model_dir / MANIFEST_NAME
-    if not manifest_path.is_file():
+    manifest = _load_manifest(model_dir)
+    if manifest is None:
         raise ModelIntegrityError(f"{model_dir} has no {MANIFEST_NAME}; {_fix_hint(model_dir)}")
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        listed = manifest["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise ModelIntegrityError(f"{manifest_path} is not a valid manifest ({error}); {_fix_hint(model_dir)}")
+    listed = manifest["files"]
     problems = []
     for name, expected in sorted(listed.items()):
         path = model_dir / name
@@ -109,7 +156,7 @@ def require_safetensors(model_dir: str | Path) -> None:
         return
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     found = f" (only pickle weights: {', '.join(pickles)})" if pickles else ""
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"{folder} has no *.safetensors weights{found}; grpo-lab loads weights only from safetensors. Pass the "
         f"folder that holds model.safetensors, or, if you trust where the pickle files come from, convert them once: "
         f"AutoModelForCausalLM.from_pretrained(folder, use_safetensors=False).save_pretrained(folder).")
@@ -127,12 +174,12 @@ def resolve_model(name: str | os.PathLike[str] | None = None) -> str:
     path = Path(chosen).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise ValueError(f"model path {path} is a file; pass the folder that holds config.json")
+            raise ConfigError(f"model path {path} is a file; pass the folder that holds config.json")
         return str(path.resolve())
     text = str(chosen)
     if text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text:  # a path, not "org/name"
         hint = REBUILD_HINT if path.resolve() == TINY_MODEL_DIR.resolve() else "check the path or the spelling"
-        raise FileNotFoundError(f"model folder {text} does not exist; {hint}")
+        raise MissingFileError(f"model folder {text} does not exist; {hint}")
     return text
 
 
@@ -153,7 +200,7 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike[str] | None = None,
         require_safetensors(resolved)
     if isinstance(dtype, str):
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
-            raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16' or 'float16'")
+            raise ConfigError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16' or 'float16'")
         dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype if dtype is not None else "auto",
@@ -169,7 +216,7 @@ def weights_digest(model_dir: str | Path) -> str:
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{model_dir} has no *.safetensors weights to compare")
+        raise MissingFileError(f"{model_dir} has no *.safetensors weights to compare")
     tensors = {name: tensor for path in files for name, tensor in load_file(str(path)).items()}
     digest = hashlib.sha256()
     for name in sorted(tensors):

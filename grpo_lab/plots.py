@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 
+from grpo_lab.errors import DataError
+
 # --------------------------------------------------------------------------------------------------
 # Rewards and advantages (notebook 02)
 # --------------------------------------------------------------------------------------------------
@@ -389,7 +391,7 @@ def plot_bench(results: dict, title: str | None = None) -> Figure:
     step = results.get("grpo_step") if results.get("grpo_step") and "skipped" not in results["grpo_step"] else None
     panels = [p for p in (rollout, step) if p]
     if not panels:
-        raise ValueError("the results hold neither a rollout nor a GRPO step measurement: nothing to plot")
+        raise DataError("the results hold neither a rollout nor a GRPO step measurement: nothing to plot")
     fig = Figure(figsize=(5.2 * len(panels) + 0.6, 3.9), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     if rollout:
@@ -414,7 +416,7 @@ def plot_load_test(records: Sequence[dict], title: str | None = None) -> Figure:
     with errors are ringed in red, since their latency counts only the requests that succeeded.
     """
     if not records:
-        raise ValueError("no load-test records to plot")
+        raise DataError("no load-test records to plot")
     fig = Figure(figsize=(10.0, 3.6), layout="constrained")
     ax_t, ax_l = fig.subplots(1, 2)
     ax_r = ax_t.twinx()

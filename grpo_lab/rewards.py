@@ -31,10 +31,16 @@ from fractions import Fraction
 from typing import Any, Literal
 
 try:  # inside grpo_lab; the verl export copies this file alone, where the package may be absent
-    from grpo_lab.errors import GrpoLabError
+    from grpo_lab.errors import ConfigError, DataError, GrpoLabError
 except ImportError:  # pragma: no cover - only in a verl reward worker
     class GrpoLabError(Exception):
         """Stand-in base class where grpo_lab is not installed (this file is copied into verl exports)."""
+
+    class ConfigError(GrpoLabError, ValueError):
+        """Stand-in for grpo_lab.errors.ConfigError."""
+
+    class DataError(GrpoLabError, ValueError):
+        """Stand-in for grpo_lab.errors.DataError."""
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +247,7 @@ def reference_value(answer: Any) -> float:
     """The number in a dataset's ``answer`` cell; a cell without one is a dataset bug and raises."""
     expected = parse_number(str(answer))
     if expected is None:
-        raise ValueError(
+        raise DataError(
             f"The reference answer {answer!r} holds no number. Fix the dataset's `answer` column: it must "
             "be the numeric final answer as a string, e.g. '60'."
         )
@@ -299,13 +305,13 @@ def why(completion: Any, answer: Any, **options: Any) -> str:
 
 def _column(kwargs: Mapping[str, Any], name: str, reward_name: str, n: int) -> list:
     if name not in kwargs or kwargs[name] is None:
-        raise ValueError(
+        raise DataError(
             f"Reward '{reward_name}' needs the dataset column '{name}', which TRL passes as a keyword. "
             f"Add a '{name}' column to the dataset (got columns: {sorted(k for k in kwargs if k != 'completion_ids')})."
         )
     values = list(kwargs[name])
     if len(values) != n:
-        raise ValueError(f"Column '{name}' has {len(values)} values for {n} completions; give one per completion.")
+        raise DataError(f"Column '{name}' has {len(values)} values for {n} completions; give one per completion.")
     return values
 
 
@@ -376,7 +382,7 @@ class LengthWindowReward:
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_chars <= self.max_chars:
-            raise ValueError(f"Need 0 <= min_chars <= max_chars, got {self.min_chars} and {self.max_chars}.")
+            raise ConfigError(f"Need 0 <= min_chars <= max_chars, got {self.min_chars} and {self.max_chars}.")
         self.__name__ = self.name
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
@@ -394,7 +400,7 @@ class KeywordReward:
 
     def __post_init__(self) -> None:
         if isinstance(self.keywords, str) or not self.keywords:
-            raise ValueError("`keywords` must be a non-empty tuple of strings, e.g. ('####', '=').")
+            raise ConfigError("`keywords` must be a non-empty tuple of strings, e.g. ('####', '=').")
         self.keywords = tuple(self.keywords)
         self.__name__ = self.name
 
@@ -453,9 +459,9 @@ class RepetitionPenalty:
 
     def __post_init__(self) -> None:
         if self.ngram_size < 1:
-            raise ValueError(f"ngram_size must be at least 1, got {self.ngram_size}.")
+            raise ConfigError(f"ngram_size must be at least 1, got {self.ngram_size}.")
         if self.max_penalty > 0:
-            raise ValueError(f"max_penalty must be <= 0 (it is a penalty), got {self.max_penalty}.")
+            raise ConfigError(f"max_penalty must be <= 0 (it is a penalty), got {self.max_penalty}.")
         self.__name__ = self.name
 
     def score(self, completion: Any) -> float:
@@ -491,7 +497,7 @@ def weighted_sum(values: Sequence[float | None], weights: Sequence[float]) -> fl
     2.5
     """
     if len(values) != len(weights):
-        raise ValueError(f"Got {len(values)} rewards but {len(weights)} weights; give one weight per reward function.")
+        raise ConfigError(f"Got {len(values)} rewards but {len(weights)} weights; give one weight per reward function.")
     present = [(v, w) for v, w in zip(values, weights) if v is not None and not math.isnan(v)]
     if not present:
         return None
@@ -530,13 +536,13 @@ def score_all(
     ``GRPOConfig(reward_weights=...)`` (default weight 1.0 each)."""
     weights = [1.0] * len(reward_funcs) if reward_weights is None else [float(w) for w in reward_weights]
     if len(weights) != len(reward_funcs):
-        raise ValueError(
+        raise RewardValidationError(
             f"Number of reward weights ({len(weights)}) must match number of reward functions ({len(reward_funcs)})."
         )
     per_func = [list(fn(prompts=prompts, completions=completions, **columns)) for fn in reward_funcs]
     for fn, out in zip(reward_funcs, per_func):
         if len(out) != len(completions):
-            raise ValueError(
+            raise RewardValidationError(
                 f"Reward '{reward_name(fn)}' returned {len(out)} values for {len(completions)} completions. "
                 "Wrap it with validate_reward() to see which sample went wrong."
             )
@@ -562,10 +568,10 @@ class WeightedReward:
 
     def __post_init__(self) -> None:
         if not self.reward_funcs:
-            raise ValueError("WeightedReward needs at least one reward function.")
+            raise ConfigError("WeightedReward needs at least one reward function.")
         self.weights = [1.0] * len(self.reward_funcs) if self.weights is None else [float(w) for w in self.weights]
         if len(self.weights) != len(self.reward_funcs):
-            raise ValueError(
+            raise ConfigError(
                 f"Number of reward weights ({len(self.weights)}) must match number of reward functions "
                 f"({len(self.reward_funcs)}); give one weight per function, in the same order."
             )
@@ -595,7 +601,7 @@ _REGISTRY: dict[str, Callable[..., RewardFunc]] = {
 def register_reward(name: str, factory: Callable[..., RewardFunc], *, overwrite: bool = False) -> None:
     """Make ``get_reward(name, **options)`` build rewards with ``factory(**options)``."""
     if name in _REGISTRY and not overwrite:
-        raise ValueError(f"A reward named '{name}' is already registered; pass overwrite=True to replace it.")
+        raise ConfigError(f"A reward named '{name}' is already registered; pass overwrite=True to replace it.")
     _REGISTRY[name] = factory
 
 
@@ -607,8 +613,8 @@ def list_rewards() -> list[str]:
 def get_reward(name: str, /, **options: Any) -> RewardFunc:
     """Build a registered reward by name, e.g. ``get_reward("length_window", min_chars=5, max_chars=80)``."""
     if name not in _REGISTRY:
-        raise ValueError(f"Unknown reward '{name}'. Known rewards: {', '.join(list_rewards())}. Use one of "
-                         f"these names, or add yours with register_reward('{name}', factory).")
+        raise ConfigError(f"Unknown reward '{name}'. Known rewards: {', '.join(list_rewards())}. Use one of "
+                          f"these names, or add yours with register_reward('{name}', factory).")
     return _REGISTRY[name](**options)
 
 
@@ -653,7 +659,7 @@ def from_verl(
             )
             if isinstance(out, Mapping):
                 if "score" not in out:
-                    raise ValueError(
+                    raise RewardValidationError(
                         f"verl compute_score '{reward.__name__}' returned a dict without a 'score' key "
                         f"(keys: {sorted(out)}). verl expects a float or a dict with 'score'."
                     )
@@ -691,7 +697,8 @@ def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score
         prompt, columns = _verl_columns(data_source, ground_truth, extra_info, answer_column)
         out = list(trl_reward(prompts=[prompt], completions=[solution_str], **columns))
         if len(out) != 1:
-            raise ValueError(f"Reward '{reward_name(trl_reward)}' returned {len(out)} values for one completion.")
+            raise RewardValidationError(
+                f"Reward '{reward_name(trl_reward)}' returned {len(out)} values for one completion.")
         return none_score if out[0] is None else float(out[0])
 
     compute_score.__name__ = reward_name(trl_reward)

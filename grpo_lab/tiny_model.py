@@ -42,6 +42,7 @@ from grpo_lab.data import (
     to_dataset,
 )
 from grpo_lab.env import installed_versions
+from grpo_lab.errors import ConfigError, DataError
 from grpo_lab.evaluation import AccuracyReport
 from grpo_lab.evaluation import evaluate as evaluate_model
 from grpo_lab.models import file_sha256, write_manifest
@@ -95,12 +96,12 @@ class TinyModelRecipe:
     def __post_init__(self) -> None:
         unknown = [t for t in self.slip_types if t not in SLIPS]
         if unknown:
-            raise ValueError(f"slip_types {unknown} have no slip; choose from {sorted(SLIPS)}")
+            raise ConfigError(f"slip_types {unknown} have no slip; choose from {sorted(SLIPS)}")
         if not 0.0 <= self.slip_fraction <= 1.0:
-            raise ValueError(f"slip_fraction must be in [0, 1], got {self.slip_fraction}")
+            raise ConfigError(f"slip_fraction must be in [0, 1], got {self.slip_fraction}")
         if self.hidden_size % self.num_attention_heads or self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("hidden_size must divide by num_attention_heads, which must divide by "
-                             "num_key_value_heads")
+            raise ConfigError("hidden_size must divide by num_attention_heads, which must divide by "
+                              "num_key_value_heads")
 
     @property
     def head_dim(self) -> int:
@@ -128,8 +129,8 @@ def sft_rows(recipe: TinyModelRecipe = TinyModelRecipe()) -> list[dict[str, Any]
     problems = build_split_problems(recipe.split)["train"]
     shipped = load_split("train", recipe.split)
     if [p.to_row(f"train-{i:05d}") for i, p in enumerate(problems)] != shipped:
-        raise RuntimeError("data/train.jsonl differs from what grpo_lab.data generates; restore it with "
-                           "`git checkout -- data/` or run grpo_lab.data.regenerate_splits()")
+        raise DataError("data/train.jsonl differs from what grpo_lab.data generates; restore it with "
+                        "`git checkout -- data/` or run grpo_lab.data.regenerate_splits()")
     rng = random.Random(recipe.slip_seed)
     slipped: set[int] = set()
     for kind in recipe.slip_types:

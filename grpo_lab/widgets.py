@@ -17,6 +17,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from grpo_lab.errors import ConfigError
 from grpo_lab.memory import (
     COMMON_DEVICES,
     GIB,
@@ -75,7 +76,7 @@ class MemoryCalculator:
 
         self.configs = dict(configs or course_configs())
         if model not in self.configs:
-            raise ValueError(f"Unknown model {model!r}: choose one of {', '.join(self.configs)}.")
+            raise ConfigError(f"Unknown model {model!r}: choose one of {', '.join(self.configs)}.")
         self.devices = {d.name: d for d in devices}
         first = self.devices[device] if device else devices[0]
         style = {"description_width": "190px"}
@@ -143,7 +144,7 @@ class MemoryCalculator:
             device_kind=self.devices[self.device.value].kind,
             vllm_gpu_memory_utilization=None if self.auto_utilization.value else self.utilization.value,
             per_device_train_batch_size=self.batch.value, num_generations=self.num_generations.value,
-            prompt_length=self.prompt_length.value, max_completion_length=self.completion_length.value,
+            max_prompt_length=self.prompt_length.value, max_completion_length=self.completion_length.value,
             gradient_checkpointing=self.checkpointing.value, beta=0.04 if self.reference.value else 0.0)
 
     def update(self, change=None) -> MemoryBudget | None:

@@ -43,3 +43,40 @@ def test_grpo_lab_imports_sit_at_the_top_of_files():
                 if module and module.startswith("grpo_lab") and (path.name, module) not in LAZY_ON_PURPOSE:
                     late.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} imports {module}")
     assert not late, "move these to the top of their file (or state why they must wait):\n" + "\n".join(late)
+
+
+# Modules other helpers are rewriting while issue 27 lands (a module, or the package it becomes): the two scans below
+# skip them for now. Empty this after merging their branches, then fix what the scans report.
+NOT_YET_CONVERTED = {"bench", "scale", "verl_export", "load_test", "verl_parity", "train", "async_grpo"}
+BUILTIN_RAISES = {"ValueError", "RuntimeError", "FileNotFoundError"}
+DEVICE_KINDS = {"cpu", "cuda", "npu"}
+
+
+def _scanned_modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        top = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        if top not in NOT_YET_CONVERTED:
+            yield path, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def test_errors_derive_from_grpo_lab_error():
+    bare = [f"{path.relative_to(REPO_ROOT)}:{node.lineno} raises {node.exc.func.id}"
+            for path, tree in _scanned_modules() for node in ast.walk(tree)
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+            and isinstance(node.exc.func, ast.Name) and node.exc.func.id in BUILTIN_RAISES]
+    assert not bare, ("raise a GrpoLabError subclass (grpo_lab.errors: ConfigError, DataError, MissingFileError, "
+                      "or the module's own) so `except GrpoLabError` catches it:\n" + "\n".join(bare))
+
+
+def _names_a_device_kind(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value in DEVICE_KINDS
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_names_a_device_kind(e) for e in node.elts)
+
+
+def test_device_kinds_are_compared_only_in_the_device_module():
+    found = [f"{path.relative_to(REPO_ROOT)}:{node.lineno}" for path, tree in _scanned_modules()
+             if path.name != "device.py" for node in ast.walk(tree)
+             if isinstance(node, ast.Compare) and any(_names_a_device_kind(e) for e in [node.left, *node.comparators])]
+    assert not found, ("ask grpo_lab.device (is_cpu, the per-device tables) instead of comparing device-kind "
+                       "strings:\n" + "\n".join(found))

@@ -43,7 +43,7 @@ from grpo_lab import (
     servers,
     train,
 )
-from grpo_lab.errors import ConfigError
+from grpo_lab.errors import ConfigError, DataError, MissingFileError
 from grpo_lab.rollout import (
     RolloutConfig,
     Sampling,
@@ -184,68 +184,68 @@ def case(case_id: str, error: type[BaseException], problem: str, fix: str):
 # --------------------------------------------------------------------------------------------------
 # Data
 # --------------------------------------------------------------------------------------------------
-@case("data/missing-file", FileNotFoundError, r"no data file at .*missing\.jsonl", "check the path")
+@case("data/missing-file", MissingFileError, r"no data file at .*missing\.jsonl", "check the path")
 def _(x: Inputs):
     return lambda: data.load_jsonl(x.tmp / "missing.jsonl")
 
 
-@case("data/bad-json-line", ValueError, r"line 2: not valid JSON", "each line must be one JSON object")
+@case("data/bad-json-line", DataError, r"line 2: not valid JSON", "each line must be one JSON object")
 def _(x: Inputs):
     path = x.write("bad.jsonl", json.dumps(ROW) + "\n" + '{"prompt": "2 + 2", "answer": 4,\n')
     return lambda: data.load_jsonl(path)
 
 
-@case("data/line-is-not-an-object", ValueError,
+@case("data/line-is-not-an-object", DataError,
       r"line 1: expected a JSON object, got list", "write each row as one object")
 def _(x: Inputs):
     path = x.write("list.jsonl", '["1 + 1", "2"]\n')
     return lambda: data.load_jsonl(path)
 
 
-@case("data/missing-prompt-column", ValueError,
+@case("data/missing-prompt-column", DataError,
       r"missing column\(s\) \['prompt'\]", r"every row needs \['prompt', 'answer'\]")
 def _(x: Inputs):
     path = x.jsonl("no_prompt.jsonl", {"question": "1 + 1 = ?", "answer": "2"})
     return lambda: data.load_jsonl(path)
 
 
-@case("data/missing-answer-column", ValueError, r"line 2: missing column\(s\) \['answer'\]", "every row needs")
+@case("data/missing-answer-column", DataError, r"line 2: missing column\(s\) \['answer'\]", "every row needs")
 def _(x: Inputs):
     path = x.jsonl("no_answer.jsonl", ROW, {"prompt": "2 + 2 = ?"})
     return lambda: data.load_jsonl(path)
 
 
-@case("data/prompt-wrong-type", ValueError, r"'prompt' must be a string or a list of chat messages",
+@case("data/prompt-wrong-type", DataError, r"'prompt' must be a string or a list of chat messages",
       r"\[\{'role': 'user', 'content'")
 def _(x: Inputs):
     path = x.jsonl("number_prompt.jsonl", {"prompt": 42, "answer": "2"})
     return lambda: data.load_jsonl(path)
 
 
-@case("data/gsm8k-without-marker", ValueError,
+@case("data/gsm8k-without-marker", DataError,
       r"does not end with '#### <number>'", r"End the solution with a last line")
 def _(x: Inputs):
     path = x.jsonl("gsm8k.jsonl", {"question": "Tom has 3 apples and buys 2. How many?", "answer": "3 + 2 = 5 apples"})
     return lambda: data.load_gsm8k_jsonl(path)
 
 
-@case("data/gsm8k-missing-question", ValueError, r"missing column\(s\) \['question'\]", "every row needs")
+@case("data/gsm8k-missing-question", DataError, r"missing column\(s\) \['question'\]", "every row needs")
 def _(x: Inputs):
     path = x.jsonl("gsm8k_q.jsonl", {"problem": "Tom has 3 apples.", "answer": "#### 3"})
     return lambda: data.load_gsm8k_jsonl(path)
 
 
-@case("data/unknown-split", ValueError, r"unknown split 'test'", r"use 'train' or 'eval'")
+@case("data/unknown-split", ConfigError, r"unknown split 'test'", r"use 'train' or 'eval'")
 def _(x: Inputs):
     return lambda: data.load_split("test")
 
 
-@case("data/unknown-problem-type", ValueError, r"unknown or empty problem types: \['geometry'\]", "choose from")
+@case("data/unknown-problem-type", ConfigError, r"unknown or empty problem types: \['geometry'\]", "choose from")
 def _(x: Inputs):
     return lambda: data.generate_problems(4, seed=0, types=["geometry"])
 
 
-@case("data/empty-dataset", ValueError, "no rows to turn into a dataset", "check the data file")
+@case("data/empty-dataset", DataError, "no rows to turn into a dataset", "check the data file")
 def _(x: Inputs):
     return lambda: data.to_dataset([])
 
@@ -303,23 +303,23 @@ def _(x: Inputs):
     return lambda: rewards.validate_reward(two_args)
 
 
-@case("rewards/unknown-registry-name", ValueError, r"Unknown reward 'corectness'", r"Use one of these names")
+@case("rewards/unknown-registry-name", ConfigError, r"Unknown reward 'corectness'", r"Use one of these names")
 def _(x: Inputs):
     return lambda: rewards.get_reward("corectness")
 
 
-@case("rewards/missing-answer-column", ValueError, r"needs the dataset column 'answer'", r"Add a 'answer' column")
+@case("rewards/missing-answer-column", DataError, r"needs the dataset column 'answer'", r"Add a 'answer' column")
 def _(x: Inputs):
     return lambda: rewards.get_reward("correctness")(prompts=["q"], completions=["#### 2"], unit=["m"])
 
 
-@case("rewards/answer-without-number", ValueError,
+@case("rewards/answer-without-number", DataError,
       r"reference answer 'two' holds no number", r"Fix the dataset's `answer`")
 def _(x: Inputs):
     return lambda: rewards.get_reward("correctness")(prompts=["q"], completions=["#### 2"], answer=["two"])
 
 
-@case("rewards/weights-mismatch", ValueError, r"weights \(1\) must match number of reward functions \(2\)",
+@case("rewards/weights-mismatch", ConfigError, r"weights \(1\) must match number of reward functions \(2\)",
       "give one weight per function")
 def _(x: Inputs):
     return lambda: rewards.WeightedReward([rewards.get_reward("correctness"), rewards.get_reward("format")], [1.0])
@@ -334,7 +334,7 @@ def _(x: Inputs):
 # --------------------------------------------------------------------------------------------------
 # Rollout (open_engine refuses before any engine starts; the guard below proves it)
 # --------------------------------------------------------------------------------------------------
-@case("rollout/prompt-longer-than-max-model-len", ValueError,
+@case("rollout/prompt-longer-than-max-model-len", ConfigError,
       r"prompt 0 has \d+ tokens and is longer than max_model_len=16",
       "Shorten the prompt")
 def _(x: Inputs):
@@ -342,7 +342,7 @@ def _(x: Inputs):
     return lambda: open_engine(str(model), backend="hf", max_model_len=16, max_tokens=8, prompts=[CHAT])
 
 
-@case("rollout/no-room-for-completion", ValueError, r"leaves no room for max_tokens=64 within max_model_len=64",
+@case("rollout/no-room-for-completion", ConfigError, r"leaves no room for max_tokens=64 within max_model_len=64",
       "lower max_tokens")
 def _(x: Inputs):
     return lambda: open_engine(str(TINY), backend="hf", max_model_len=64, max_tokens=64, prompts=["1 + 1 ="])
@@ -360,69 +360,69 @@ def _(x: Inputs):
     return lambda: RolloutConfig(gpu_memory_utilization=0)
 
 
-@case("rollout/n-below-1", ValueError, r"n=0: the number of completions per prompt", r"must be an integer >= 1")
+@case("rollout/n-below-1", ConfigError, r"n=0: the number of completions per prompt", r"must be an integer >= 1")
 def _(x: Inputs):
     return lambda: open_engine(str(TINY), backend="hf", n=0)
 
 
-@case("rollout/negative-temperature", ValueError, r"temperature=-0\.5", r"must be >= 0 \(0 means greedy\)")
+@case("rollout/negative-temperature", ConfigError, r"temperature=-0\.5", r"must be >= 0 \(0 means greedy\)")
 def _(x: Inputs):
     return lambda: Sampling(temperature=-0.5)
 
 
-@case("rollout/unknown-backend", ValueError, r"unknown backend 'tensorrt'", "use one of auto, vllm, hf")
+@case("rollout/unknown-backend", ConfigError, r"unknown backend 'tensorrt'", "use one of auto, vllm, hf")
 def _(x: Inputs):
     return lambda: open_engine(str(TINY), backend="tensorrt")
 
 
-@case("rollout/missing-model-path", FileNotFoundError, r"model folder .*no-such-model does not exist", "check the path")
+@case("rollout/missing-model-path", MissingFileError, r"model folder .*no-such-model does not exist", "check the path")
 def _(x: Inputs):
     return lambda: open_engine(str(x.tmp / "no-such-model"), backend="hf")
 
 
-@case("rollout/model-env-var-missing-path", FileNotFoundError, r"model folder .*gone does not exist", "check the path")
+@case("rollout/model-env-var-missing-path", MissingFileError, r"model folder .*gone does not exist", "check the path")
 def _(x: Inputs):
     x.monkeypatch.setenv(models.MODEL_ENV_VAR, str(x.tmp / "gone"))
     return lambda: open_engine(backend="hf")
 
 
-@case("rollout/model-folder-without-config", FileNotFoundError, r"has no config\.json",
+@case("rollout/model-folder-without-config", MissingFileError, r"has no config\.json",
       "pass the folder that holds the model")
 def _(x: Inputs):
     model = x.model_copy(drop=("config.json", models.MANIFEST_NAME))
     return lambda: open_engine(str(model), backend="hf")
 
 
-@case("rollout/model-path-is-a-file", ValueError, r"model path .*config\.json is a file", "pass the folder that holds")
+@case("rollout/model-path-is-a-file", ConfigError, r"model path .*config\.json is a file", "pass the folder that holds")
 def _(x: Inputs):
     model = x.model_copy()
     return lambda: open_engine(str(model / "config.json"), backend="hf")
 
 
-@case("rollout/pickle-only-weights", FileNotFoundError, r"has no \*\.safetensors weights \(only pickle weights: "
+@case("rollout/pickle-only-weights", MissingFileError, r"has no \*\.safetensors weights \(only pickle weights: "
       r"pytorch_model\.bin\)", "Pass the folder that holds model.safetensors")
 def _(x: Inputs):
     model = x.pickle_only_model()
     return lambda: open_engine(str(model), backend="hf")
 
 
-@case("rollout/unknown-setting", ValueError, r"unknown setting\(s\) \['num_generations'\]", "RolloutConfig has")
+@case("rollout/unknown-setting", ConfigError, r"unknown setting\(s\) \['num_generations'\]", "RolloutConfig has")
 def _(x: Inputs):
     return lambda: open_engine(str(TINY), backend="hf", num_generations=4)
 
 
-@case("rollout/unknown-load-format", ValueError, r"load_format='pt'", "use one of auto, dummy")
+@case("rollout/unknown-load-format", ConfigError, r"load_format='pt'", "use one of auto, dummy")
 def _(x: Inputs):
     return lambda: open_engine(str(TINY), backend="hf", load_format="pt")
 
 
-@case("rollout/vllm-options-trust-remote-code", ValueError, r"vllm_options sets trust_remote_code",
+@case("rollout/vllm-options-trust-remote-code", ConfigError, r"vllm_options sets trust_remote_code",
       "pick a model whose architecture transformers and vLLM support natively")
 def _(x: Inputs):
     return lambda: open_engine(str(TINY), backend="hf", vllm_options={"trust_remote_code": True})
 
 
-@case("rollout/vllm-options-load-format", ValueError, r"vllm_options sets \['load_format'\]",
+@case("rollout/vllm-options-load-format", ConfigError, r"vllm_options sets \['load_format'\]",
       "use the RolloutConfig field of that name")
 def _(x: Inputs):
     return lambda: RolloutConfig(vllm_options={"load_format": "pt"})
@@ -433,12 +433,12 @@ def _(x: Inputs):
     return lambda: open_engine(str(TINY), backend="hf", device_kind="tpu")
 
 
-@case("rollout/no-prompts", ValueError, "no prompts given", "pass at least one prompt")
+@case("rollout/no-prompts", DataError, "no prompts given", "pass at least one prompt")
 def _(x: Inputs):
     return lambda: encode_prompts(None, [])
 
 
-@case("rollout/single-prompt-not-in-a-list", ValueError, "pass a list of prompts", "wrap a single prompt in a list")
+@case("rollout/single-prompt-not-in-a-list", DataError, "pass a list of prompts", "wrap a single prompt in a list")
 def _(x: Inputs):
     return lambda: encode_prompts(None, CHAT)
 
@@ -467,8 +467,8 @@ def _(x: Inputs):
     return lambda: train.TrainConfig(num_generations=1, per_device_train_batch_size=8)
 
 
-@case("train/completion-beyond-max-model-len", ConfigError, r"= 596 exceeds the model's max_model_len \(128\)",
-      "Lower max_completion_length to at most 32")
+@case("train/completion-beyond-max-model-len", ConfigError, r"= 656 exceeds the model's max_model_len \(128\)",
+      "Lower max_completion_length to at most 20")
 def _(x: Inputs):
     return lambda: experiment.check_lengths(train.TrainConfig(max_prompt_length=96, max_completion_length=500), 128)
 
@@ -498,7 +498,7 @@ def _(x: Inputs):
     return lambda: train.build_trainer(config.resolve(device.Machine("cpu", bf16=False, memory_gib=24)))
 
 
-@case("train/dataset-file-missing-answer", ValueError, r"missing column\(s\) \['answer'\]", "every row needs")
+@case("train/dataset-file-missing-answer", DataError, r"missing column\(s\) \['answer'\]", "every row needs")
 def _(x: Inputs):
     path = x.jsonl("train.jsonl", {"prompt": "1 + 1 = ?"})
     return lambda: experiment.load_train_rows(train.TrainConfig(dataset=str(path)))
@@ -511,7 +511,7 @@ def _(x: Inputs):
     return lambda: experiment.load_train_rows(train.TrainConfig(dataset=str(path), train_types=("geometry",)))
 
 
-@case("train/unknown-reward-name", ValueError, r"Unknown reward 'accuracy'", "Use one of these names")
+@case("train/unknown-reward-name", ConfigError, r"Unknown reward 'accuracy'", "Use one of these names")
 def _(x: Inputs):
     return lambda: rewards.prepare(["accuracy"])
 
@@ -601,7 +601,7 @@ def _(x: Inputs):
     return _plan(config)
 
 
-@case("memory/config-file-missing", FileNotFoundError, r"No config\.json at", "pass a model folder, a config.json path")
+@case("memory/config-file-missing", MissingFileError, r"No config\.json at", "pass a model folder, a config.json path")
 def _(x: Inputs):
     return _plan(x.tmp / "no-model")
 
@@ -690,7 +690,7 @@ def _(x: Inputs):
     return lambda: models.load_model_and_tokenizer(folder)
 
 
-@case("models/unknown-dtype", ValueError, "unknown dtype 'float8x'", "use e.g. 'float32', 'bfloat16'")
+@case("models/unknown-dtype", ConfigError, "unknown dtype 'float8x'", "use e.g. 'float32', 'bfloat16'")
 def _(x: Inputs):
     return lambda: models.load_model_and_tokenizer(TINY, dtype="float8x")
 

@@ -9,6 +9,7 @@ from grpo_lab import experiment, memory, models
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import PROFILES, ProfileError, TrainConfig, get_profile
+from grpo_lab.rollout import RolloutConfig
 
 CPU = Machine("cpu", bf16=True, memory_gib=24)
 H200 = Machine("cuda", bf16=True, memory_gib=140)
@@ -56,7 +57,7 @@ def test_the_planner_sizes_the_micro_batch_and_keeps_the_step():
     small = TrainConfig(profile="gpu", model="Qwen/Qwen2.5-1.5B-Instruct").resolve(Machine("cuda", True, 48))
     assert (big.per_device_train_batch_size, big.gradient_accumulation_steps) == (128, 1)
     assert small.gradient_accumulation_steps > 1 and small.generation_batch_size == 128
-    assert experiment.plan_memory(small, Machine("cuda", True, 48)).fits
+    assert experiment.memory_budget(small, Machine("cuda", True, 48)).fits
     given = TrainConfig(profile="gpu", per_device_train_batch_size=32).resolve(Machine("cuda", True, 48))
     assert (given.per_device_train_batch_size, given.gradient_accumulation_steps) == (32, 1)
 
@@ -105,9 +106,9 @@ def test_auto_memory_share_is_the_planners_recommendation():
     """vllm_gpu_memory_utilization='auto' (the default) is the number notebook 04's planner recommends."""
     for name, machine in (("gpu", H200), ("npu", NPU_32)):
         config = TrainConfig(profile=name).resolve(machine)
-        budget = experiment.plan_memory(dataclasses.replace(config, vllm_gpu_memory_utilization="auto"), machine)
+        budget = experiment.memory_budget(dataclasses.replace(config, vllm_gpu_memory_utilization="auto"), machine)
         assert config.vllm_gpu_memory_utilization == budget.recommended.vllm_gpu_memory_utilization
-        assert experiment.plan_memory(config, machine).fits
+        assert experiment.memory_budget(config, machine).fits
     given = TrainConfig(profile="gpu", vllm_gpu_memory_utilization=0.3).resolve(H200)
     assert given.vllm_gpu_memory_utilization == 0.3  # an explicit value wins
     server = TrainConfig(profile="gpu", vllm_mode="server").resolve(H200)
@@ -134,13 +135,13 @@ def test_each_field_is_checked_where_it_is_defined():
 def test_everything_else_derives_from_the_config():
     config = TrainConfig(profile="gpu").resolve(H200)
     shape = config.training_shape()
-    assert (shape.per_device_train_batch_size, shape.num_generations, shape.prompt_length,
+    assert (shape.per_device_train_batch_size, shape.num_generations, shape.max_prompt_length,
             shape.max_completion_length, shape.beta) == (128, 8, 256, 256, 0.04)
     assert shape.generation_batch_size == config.generation_batch_size
     rollout = config.rollout_config()
     assert (rollout.n, rollout.max_tokens, rollout.temperature, rollout.gpu_memory_utilization) == (
         8, 256, 0.7, config.vllm_gpu_memory_utilization)
-    assert config.max_model_len == 512 and config.precision == "mixed"
+    assert config.max_model_len == memory.context_window(256, 256) == 564 and config.precision == "mixed"
     with pytest.raises(ConfigError, match="resolved config"):
         TrainConfig(profile="gpu").rollout_config()
 
@@ -159,10 +160,10 @@ def test_planning_an_auto_share_plans_what_resolve_would_train_with():
     """experiment.plan_memory on an unresolved config (notebook 08's 'plan before you load') uses the share resolve()
     picks: on the CPU vLLM-CPU's small one, not an accelerator's colocated recommendation."""
     unresolved = TrainConfig(profile="tiny")
-    assert experiment.plan_memory(unresolved, CPU).vllm_gpu_memory_utilization == \
+    assert experiment.memory_budget(unresolved, CPU).vllm_gpu_memory_utilization == \
         unresolved.resolve(CPU).vllm_gpu_memory_utilization
     gpu = TrainConfig(profile="gpu")
-    assert experiment.plan_memory(gpu, H200).vllm_gpu_memory_utilization == gpu.resolve(H200).vllm_gpu_memory_utilization
+    assert experiment.memory_budget(gpu, H200).vllm_gpu_memory_utilization == gpu.resolve(H200).vllm_gpu_memory_utilization
 
 
 def test_fine_tuned_on_training_rows_reads_the_manifest(tmp_path):
@@ -181,9 +182,9 @@ def test_auto_share_plans_lora_and_sleep_mode():
     asleep = experiment.TrainConfig(**same, use_peft=True, vllm_enable_sleep_mode=True)
     shares = [experiment.choose_vllm_memory(c.with_profile(), machine)[0] for c in (full, lora, asleep)]
     assert shares[0] < shares[1] <= shares[2]
-    budget = experiment.plan_memory(lora, machine)
+    budget = experiment.memory_budget(lora, machine)
     assert budget.shape.lora_r == 16 and "reference model" not in budget.phases and budget.fits
-    assert experiment.plan_memory(asleep, machine).rollout_bytes > 0
+    assert experiment.memory_budget(asleep, machine).rollout_bytes > 0
 
 
 def test_planner_recipe_is_what_the_profile_trains():
@@ -200,9 +201,24 @@ def test_a_described_ascend_machine_gets_a_step_that_fits():
     for gib in (32, 64):
         machine = Machine("npu", bf16=True, memory_gib=gib)
         config = TrainConfig(profile="npu").resolve(machine)
-        assert experiment.plan_memory(config, machine).fits and config.generation_batch_size == 128
+        assert experiment.memory_budget(config, machine).fits and config.generation_batch_size == 128
         assert config.step_summary().startswith("npu profile on npu: Qwen2.5-0.5B-Instruct, 16 prompts x 8")
     with pytest.raises(ConfigError, match="resolved config"):
         TrainConfig(profile="npu").step_summary()
     lines = experiment.plans_for("npu", "npu", (32, 64))
     assert [line.split(":")[0] for line in lines] == ["32 GiB", "64 GiB"] and all("16 prompts x 8" in l for l in lines)
+
+
+def test_one_context_window_rule_for_trainer_rollout_engine_and_server():
+    """TRL's vllm_max_model_length, the rollout engine's max_model_len and the serving default share one rule."""
+    from grpo_lab import deploy
+    from grpo_lab.paths import TINY_MODEL_DIR
+
+    config = TrainConfig(profile="tiny").resolve(CPU)
+    rollout = RolloutConfig(max_tokens=config.max_completion_length).resolve(
+        "cpu", longest_prompt_tokens=config.max_prompt_length)
+    assert config.max_model_len == rollout.max_model_len == memory.context_window(96, 32) == 141
+    window = memory.context_window(memory.STEP_DEFAULTS["max_prompt_length"],
+                                   memory.STEP_DEFAULTS["max_completion_length"])
+    assert deploy.ServeConfig(model="some/hub-model").max_model_len == window
+    assert deploy.ServeConfig(model=str(TINY_MODEL_DIR)).max_model_len == 512  # the tiny model's own context length

@@ -11,6 +11,7 @@ from grpo_lab.memory import (
     GIB,
     DoesNotFitError,
     MemoryPlanError,
+    STEP_DEFAULTS,
     ModelShape,
     TrainingShape,
     course_configs,
@@ -76,7 +77,7 @@ def test_static_components_hand_computed():
         cuda = training_phases(shape, get_precision(precision), training, "cuda")
         assert cuda["optimizer step"] == {**expected, "cuBLAS workspaces": 2 * 33 * 2**20}
         assert all(phase["cuBLAS workspaces"] == 2 * 33 * 2**20 for phase in cuda.values())
-    with pytest.raises(MemoryPlanError, match="device_kind must be cuda, npu or cpu"):
+    with pytest.raises(MemoryPlanError, match="device_kind must be one of npu, cuda, cpu"):
         training_phases(shape, get_precision("bf16"), training, "triton")
 
 
@@ -91,7 +92,7 @@ def test_activations_hand_computed():
 
     b, prompt, completion = 2, 8, 8
     t, n = prompt + completion, b * (prompt + completion)
-    training = TrainingShape(per_device_train_batch_size=b, num_generations=2, prompt_length=prompt,
+    training = TrainingShape(per_device_train_batch_size=b, num_generations=2, max_prompt_length=prompt,
                              max_completion_length=completion, gradient_checkpointing=False)
     phase = training_phases(shape, bf16, training, "cuda")["LM-head backward"]
     per_layer = n * 60_472 + b * t * t * 2  # + SDPA's float copy of the padding mask
@@ -100,7 +101,7 @@ def test_activations_hand_computed():
     tile = min(b * completion, 4096) * 32768 * 2
     assert phase["LM-head backward buffers"] == tile + v * h * 4 + b * completion * h * 4 + v * h * 2 + b * completion * h * 2
     checkpointed = training_phases(shape, bf16, TrainingShape(per_device_train_batch_size=b, num_generations=2,
-                                                              prompt_length=prompt, max_completion_length=completion),
+                                                              max_prompt_length=prompt, max_completion_length=completion),
                                    "cuda")
     # checkpointing keeps each layer's input, and the boolean padding mask in the recompute closure
     assert checkpointed["LM-head backward"]["activations saved for backward"] == layers * n * 2 * h + outside + b * t * t
@@ -113,7 +114,7 @@ def test_layer_backward_hand_computed():
     bf16 = get_precision("bf16")
     b, t = 2, 16
     n = b * t
-    training = TrainingShape(per_device_train_batch_size=b, num_generations=2, prompt_length=8, max_completion_length=8)
+    training = TrainingShape(per_device_train_batch_size=b, num_generations=2, max_prompt_length=8, max_completion_length=8)
     phase = training_phases(shape, bf16, training, "cuda")["layer backward"]
     # short sequences: the peak is in the last layer done (layer 0), with all gradients but its own gate, up,
     # attention and norms, its input, its recomputed activations and the MLP's backward buffers
@@ -123,7 +124,7 @@ def test_layer_backward_hand_computed():
     assert phase["layer backward buffers"] == n * (2 * 2 * i + 2 * h)
     assert phase["autocast weight copies"] == 0
     # long sequences: the first layer done (the top one), every layer's input still kept, few gradients yet
-    long = TrainingShape(per_device_train_batch_size=64, num_generations=8, prompt_length=512,
+    long = TrainingShape(per_device_train_batch_size=64, num_generations=8, max_prompt_length=512,
                          max_completion_length=4096)
     n = 64 * (512 + 4096)
     phase = training_phases(shape, bf16, long, "cuda")["layer backward"]
@@ -137,7 +138,7 @@ def test_embedding_backward_by_device():
     h, v = 896, 151936
     b, t = 16, 512
     n = b * t
-    training = TrainingShape(per_device_train_batch_size=b, num_generations=4, prompt_length=256,
+    training = TrainingShape(per_device_train_batch_size=b, num_generations=4, max_prompt_length=256,
                              max_completion_length=256)
     bf16 = get_precision("bf16")
 
@@ -157,7 +158,7 @@ def test_mixed_precision_autocast_copies():
     mixed = get_precision("mixed")
     b, prompt, completion = 8, 256, 256
     n = b * (prompt + completion)
-    kwargs = dict(per_device_train_batch_size=b, num_generations=8, prompt_length=prompt,
+    kwargs = dict(per_device_train_batch_size=b, num_generations=8, max_prompt_length=prompt,
                   max_completion_length=completion)
     on = training_phases(shape, mixed, TrainingShape(**kwargs), "cuda")
     off = training_phases(shape, mixed, TrainingShape(gradient_checkpointing=False, **kwargs), "cuda")
@@ -217,7 +218,7 @@ def test_committed_comparisons_are_current_and_within_target():
 
 def test_vllm_side_and_kv_cache():
     budget = plan(vllm_gpu_memory_utilization=0.3, per_device_train_batch_size=8, num_generations=8,
-                  prompt_length=256, max_completion_length=256)
+                  max_prompt_length=256, max_completion_length=256)
     rows = {r.component: r.bytes for r in budget.rows}
     assert rows["vLLM weights"] == P_05B * 2
     non_kv = rows["vLLM weights"] + rows["vLLM activations"] + rows["vLLM runtime (non-torch, CUDA graphs)"]
@@ -230,7 +231,7 @@ def test_vllm_side_and_kv_cache():
 def test_seed_2b_on_32gb_npu():
     seed = CONFIGS["seed-2b-shaped"]
     shape = dict(device_memory_gib=32, device_kind="npu", per_device_train_batch_size=8, num_generations=8,
-                 prompt_length=256, max_completion_length=256)
+                 max_prompt_length=256, max_completion_length=256)
     budget = plan_memory(seed, **shape)
     params = budget.model.num_parameters
     assert 1.95e9 < params < 2.05e9
@@ -248,15 +249,15 @@ def test_seed_2b_on_32gb_npu():
 
 def test_knob_order_checkpointing_then_batch():
     no_checkpointing = plan(device_memory_gib=40, per_device_train_batch_size=64, num_generations=8,
-                            prompt_length=512, max_completion_length=1024, gradient_checkpointing=False)
+                            max_prompt_length=512, max_completion_length=1024, gradient_checkpointing=False)
     assert not no_checkpointing.fits and "gradient_checkpointing" in no_checkpointing.advice
     big_batch = plan(CONFIGS["qwen2.5-1.5b"], device_memory_gib=24, per_device_train_batch_size=64,
-                     num_generations=8, prompt_length=512, max_completion_length=1024)
+                     num_generations=8, max_prompt_length=512, max_completion_length=1024)
     assert not big_batch.fits
     assert "per_device_train_batch_size first: 64 →" in big_batch.advice
     smaller = int(big_batch.advice.split("64 → ")[1].split()[0])
     assert plan(CONFIGS["qwen2.5-1.5b"], device_memory_gib=24, per_device_train_batch_size=smaller,
-                num_generations=8, prompt_length=512, max_completion_length=1024).fits
+                num_generations=8, max_prompt_length=512, max_completion_length=1024).fits
 
 
 def test_cannot_fit_at_any_batch_says_what_would():
@@ -284,16 +285,16 @@ def test_cannot_fit_offers_only_what_would_fit():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"per_device_train_batch_size": 0}, "per_device_train_batch_size must be a positive integer"),
-    ({"prompt_length": -5}, "prompt_length must be a positive integer"),
+    ({"max_prompt_length": -5}, "max_prompt_length must be a positive integer"),
     ({"max_completion_length": 0}, "max_completion_length must be a positive integer"),
-    ({"num_generations": 1}, "num_generations must be at least 2"),
+    ({"num_generations": 1}, "num_generations=1: .* at least 2"),
     ({"beta": -0.1}, "beta must be >= 0"),
-    ({"per_device_train_batch_size": 3, "num_generations": 4, "steps_per_generation": 1}, "not a multiple"),
+    ({"per_device_train_batch_size": 3, "num_generations": 4, "steps_per_generation": 1}, "does not divide the generation batch"),
     ({"vllm_gpu_memory_utilization": 0}, r"in \(0, 1\]"),
     ({"vllm_gpu_memory_utilization": 1.2}, r"in \(0, 1\]"),
     ({"device_memory_gib": 0}, "device_memory_gib must be a positive number"),
     ({"device_memory_gib": -8}, "device_memory_gib must be a positive number"),
-    ({"device_kind": "tpu"}, "device_kind must be cuda, npu or cpu"),
+    ({"device_kind": "tpu"}, "device_kind must be one of npu, cuda, cpu"),
     ({"precision": "int4"}, "Unknown precision 'int4'"),
     ({"optimizer": "sgd"}, "Only AdamW is modelled"),
     ({"margin_gib": -1}, "margin_gib must be >= 0"),
@@ -337,7 +338,7 @@ def test_table_text_and_html():
 
 def test_recommendation_table_covers_devices_and_models():
     models = {k: CONFIGS[k] for k in ("tiny-qwen2", "qwen2.5-0.5b", "qwen2.5-3b")}
-    rows = recommendation_table(models, num_generations=8, prompt_length=256, max_completion_length=256)
+    rows = recommendation_table(models, num_generations=8, max_prompt_length=256, max_completion_length=256)
     assert len(rows) == len(memory.COMMON_DEVICES) * 3
     h200_3b = next(r for r in rows if r["device"].startswith("H200") and r["model"] == "qwen2.5-3b")
     assert h200_3b["fits"] and 0 < h200_3b["vllm_gpu_memory_utilization"] < 1
@@ -403,12 +404,26 @@ def test_sleep_mode_frees_vllm_during_the_update():
 def test_seed_2b_levers_on_32_gib_with_the_course_recipe():
     plans = {p.setting: p for p in memory.lever_plans(
         CONFIGS["seed-2b-shaped"], device_memory_gib=32, device_kind="npu", precision="mixed", beta=0.04,
-        per_device_train_batch_size=8, num_generations=8, prompt_length=256, max_completion_length=256)}
+        per_device_train_batch_size=8, num_generations=8, max_prompt_length=256, max_completion_length=256)}
     assert [p.fits for p in plans.values()] == [False, False, True, True]
     assert plans["full fine-tuning at 0.6"].headroom_gib < 0 < plans["LoRA (r=16)"].headroom_gib
     assert "LoRA (use_peft=True" in plans["full fine-tuning at the planner's share"].advice
     rows = memory.largest_models({n: CONFIGS[n] for n in ("qwen2.5-0.5b", "qwen2.5-3b", "qwen2.5-7b")},
                                  device_gibs=(32, 80), device_kind="npu", precision="mixed", beta=0.04,
-                                 num_generations=8, prompt_length=256, max_completion_length=256)
+                                 num_generations=8, max_prompt_length=256, max_completion_length=256)
     assert rows[0] == {"setting": "full fine-tuning at 0.6", "32 GiB": "qwen2.5-0.5b", "80 GiB": "qwen2.5-0.5b"}
     assert rows[2]["80 GiB"] == "qwen2.5-7b"
+
+
+def test_training_shape_speaks_train_configs_names():
+    """max_prompt_length as in TrainConfig; the old keyword still works, warning, through plan_memory too."""
+    with pytest.warns(DeprecationWarning, match=r"TrainingShape\(prompt_length=\.\.\.\) is deprecated"):
+        old = TrainingShape(prompt_length=128)
+    assert old == TrainingShape(max_prompt_length=128) and old.max_prompt_length == 128
+    with pytest.warns(DeprecationWarning, match="max_prompt_length"):
+        assert old.prompt_length == 128
+    with pytest.warns(DeprecationWarning):
+        budget = plan(prompt_length=128)
+    assert budget.shape.max_prompt_length == 128
+    shape = TrainingShape()
+    assert {name: getattr(shape, name) for name in STEP_DEFAULTS} == STEP_DEFAULTS

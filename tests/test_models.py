@@ -24,6 +24,11 @@ def test_shipped_model_verifies_and_states_how_it_was_made():
     assert sum(f["bytes"] for f in manifest["files"].values()) < 20e6
     assert {"model.safetensors", "tokenizer.json", "config.json", "generation_config.json"} <= set(manifest["files"])
     assert "grpo-lab build-tiny-model" in manifest["rebuild"]
+    record = models.read_manifest(models.TINY_MODEL_DIR)
+    assert (record.deliberate_slip, record.parameters, record.rebuild) == (
+        manifest["deliberate_slip"], manifest["parameters"], manifest["rebuild"])
+    assert record.slip_types == tuple(manifest["recipe"]["slip_types"]) and record.device == "cpu"
+    assert models.read_manifest("Qwen/Qwen2.5-0.5B-Instruct") is None
     assert manifest["eval"]["count"] == len(data.load_split("eval"))
     assert 0.2 <= manifest["eval"]["greedy"] <= 0.5
     stated = manifest["deliberate_slip"]

@@ -35,7 +35,7 @@ def test_unknown_top_level_name_is_an_attribute_error():
 def test_notebook_08_imports_are_public():
     """The names notebook 08 (bring your own) imports from grpo_lab are all in the public list."""
     for name in ("data", "doctor", "experiment", "rewards", "runs", "device", "paths", "train", "widgets", "env",
-                 "TrainConfig", "Machine", "plan_memory", "register_reward", "load_jsonl", "write_jsonl"):
+                 "TrainConfig", "Machine", "memory_budget", "register_reward", "load_jsonl", "write_jsonl"):
         assert name in grpo_lab.__all__, name
 
 
@@ -80,6 +80,8 @@ MOVED = [
     ("grpo_lab.scale", "ReloadWeightsExtension", "grpo_lab.weight_sync.ReloadWeightsExtension"),
     ("grpo_lab.scale", "_indices", "grpo_lab.scale.device_indices"),  # benchmarks/async_grpo/run.py used it
     ("grpo_lab.profiles", "get_profile", "grpo_lab.experiment.get_profile"),
+    ("grpo_lab", "plan_memory", "grpo_lab.experiment.memory_budget"),
+    ("grpo_lab.experiment", "plan_memory", "grpo_lab.experiment.memory_budget"),
     ("grpo_lab.profiles", "DEFAULT_FOR_DEVICE", "grpo_lab.experiment.DEFAULT_FOR_DEVICE"),
     ("grpo_lab.profiles", "QWEN_SMALL", "grpo_lab.experiment.QWEN_SMALL"),
     ("grpo_lab.profiles", "ProfileError", "grpo_lab.experiment.ProfileError"),

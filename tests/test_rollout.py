@@ -191,7 +191,7 @@ def test_generate_rejects_a_prompt_that_does_not_fit(vllm_engine):
 @cpu_only
 def test_sleep_is_refused_on_the_cpu_with_a_reason(vllm_engine, hf_engine):
     assert not vllm_engine.supports_sleep
-    with pytest.raises(RolloutError, match="no sleep mode on the CPU"):
+    with pytest.raises(RolloutError, match="vLLM-CPU has no sleep mode"):
         vllm_engine.sleep()
     with pytest.raises(RolloutError, match="host memory"):
         hf_engine.sleep()

@@ -8,7 +8,7 @@ written down once, here. Everything else asks the config for what it needs throu
 * :meth:`TrainConfig.resolve`: every field filled in for a :class:`~grpo_lab.device.Machine` (its device, bf16
   support and memory are passed in, never read behind the caller's back); ``vllm_gpu_memory_utilization="auto"``
   becomes the memory planner's number (:func:`choose_vllm_memory`);
-* :func:`plan_memory` (the planner's budget of this step on a machine), :meth:`TrainConfig.rollout_config` (the
+* :func:`memory_budget` (the memory planner's budget of this step on a machine), :meth:`TrainConfig.rollout_config` (the
   rollout engine that samples like the trainer), :meth:`TrainConfig.training_shape` (the planner's input),
   :attr:`TrainConfig.max_model_len` (vLLM's context window, also what serving needs), :func:`load_train_rows`.
 
@@ -27,7 +27,7 @@ and rewards). Import from ``grpo_lab.experiment``: every name is here.
 """
 
 from grpo_lab.experiment.config import TrainConfig, get_profile, plans_for
-from grpo_lab.experiment.planning import choose_vllm_memory, fit_micro_batch, needs_checkpointing, plan_memory
+from grpo_lab.experiment.planning import choose_vllm_memory, fit_micro_batch, memory_budget, needs_checkpointing
 from grpo_lab.experiment.profiles import (
     AUTO,
     CPU_BACKEND_REASON,
@@ -57,6 +57,14 @@ __all__ = [
     "AUTO", "CPU_BACKEND_REASON", "DEFAULT_FOR_DEVICE", "LORA_TARGET_MODULES", "PROFILES", "PROFILE_DEVICE",
     "PROFILE_ENV", "PROFILE_FIELDS", "QWEN_SMALL", "SMALLER_STEP_LEVERS", "VLLM_MODES", "ProfileError", "TrainConfig",
     "check_lengths", "check_prompt_lengths", "choose_vllm_memory", "default_train_types", "fine_tuned_on_training_rows",
-    "fit_micro_batch", "get_profile", "load_train_rows", "model_languages", "needs_checkpointing", "plan_memory",
+    "fit_micro_batch", "get_profile", "load_train_rows", "memory_budget", "model_languages", "needs_checkpointing",
     "plans_for", "profile_name", "reward_spec",
 ]
+
+# --------------------------------------------------------------------------------------------------
+# Deprecated names (0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
+# --------------------------------------------------------------------------------------------------
+from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
+
+__getattr__ = moved_names(__name__, {"plan_memory": ("grpo_lab.experiment:memory_budget",
+                                                     "grpo_lab.memory.plan_memory is the planner itself")})

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import memory, models
+from grpo_lab import device, memory, models
 from grpo_lab.device import VLLM_SLEEP_MODE_MISSING, Machine
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment.planning import choose_vllm_memory, fit_micro_batch, needs_checkpointing
@@ -153,18 +153,9 @@ class TrainConfig:
                      "max_prompt_length", "max_completion_length", "max_steps", "save_steps", "logging_steps",
                      "plot_every", "train_size", "eval_size", "lora_r", "lora_alpha"):
             _check_positive_int(name, getattr(self, name))
-        if self.num_generations is not None and self.num_generations < 2:
-            raise ConfigError(f"num_generations={self.num_generations}: GRPO compares completions of the same prompt, "
-                              f"so it needs at least 2 (the course uses 4-8).")
-        if self.num_generations is not None and self.per_device_train_batch_size is not None:
-            batch = self.per_device_train_batch_size * self.gradient_accumulation_steps
-            if batch % self.num_generations:
-                fits = [n for n in range(2, batch + 1) if batch % n == 0]
-                raise ConfigError(
-                    f"num_generations={self.num_generations} does not divide the generation batch "
-                    f"(per_device_train_batch_size × gradient_accumulation_steps = {batch}), so a prompt's group "
-                    f"would be split. Use num_generations in {fits}, or per_device_train_batch_size = a multiple of "
-                    f"{self.num_generations} (e.g. {self.num_generations * max(1, batch // self.num_generations)}).")
+        if self.num_generations is not None:
+            memory.check_group(self.num_generations, self.per_device_train_batch_size, self.gradient_accumulation_steps,
+                               steps_name="gradient_accumulation_steps")
         if self.vllm_gpu_memory_utilization != AUTO:
             memory.check_vllm_memory_fraction(self.vllm_gpu_memory_utilization)
         for name, low in (("learning_rate", 0.0), ("temperature", 0.0), ("max_minutes", 0.0),
@@ -242,13 +233,14 @@ class TrainConfig:
         config.check_sleep_mode(machine.kind)
         values: dict[str, Any] = {"device": machine.kind}
         if config.bf16 is None:
-            values["bf16"] = machine.kind != "cpu" and machine.bf16
+            values["bf16"] = machine.trains_in_bf16
         if config.train_types is None:
             values["train_types"] = default_train_types(config.model) or ()
         if config.train_languages is None:
             values["train_languages"] = model_languages(config.model) or ()
         if config.use_liger_kernel is None:
-            values["use_liger_kernel"] = machine.kind == "cuda" and importlib.util.find_spec("liger_kernel") is not None
+            values["use_liger_kernel"] = (device.has_triton(machine.kind)
+                                          and importlib.util.find_spec("liger_kernel") is not None)
         config = dataclasses.replace(config, **values)
         if self.per_device_train_batch_size is None and self.gradient_accumulation_steps == 1:
             micro, accumulation = fit_micro_batch(config, machine)
@@ -287,9 +279,10 @@ class TrainConfig:
 
     @property
     def max_model_len(self) -> int:
-        """vLLM's context window for this experiment: the longest prompt plus the longest completion (TRL's
-        ``vllm_max_model_length``); serving the trained model needs the same."""
-        return self.max_prompt_length + self.max_completion_length
+        """vLLM's context window for this experiment (TRL's ``vllm_max_model_length``): the longest prompt plus the
+        longest completion and 10 % spare (:func:`grpo_lab.memory.context_window` says why); serving the trained model
+        needs the same."""
+        return memory.context_window(self.max_prompt_length, self.max_completion_length)
 
     @property
     def precision(self) -> str:
@@ -301,7 +294,7 @@ class TrainConfig:
         """The memory planner's view of one step (its own field names)."""
         return memory.TrainingShape(
             per_device_train_batch_size=self.per_device_train_batch_size, num_generations=self.num_generations,
-            prompt_length=self.max_prompt_length, max_completion_length=self.max_completion_length,
+            max_prompt_length=self.max_prompt_length, max_completion_length=self.max_completion_length,
             gradient_checkpointing=self.gradient_checkpointing is not False, beta=self.beta,  # open: TRL's default
             steps_per_generation=self.gradient_accumulation_steps, lora_r=self.lora_r if self.use_peft else 0,
             lora_target_modules=self.lora_target_modules, lora_dropout=self.lora_dropout,
@@ -313,7 +306,7 @@ class TrainConfig:
         self._require_resolved("planner_recipe()")
         shape = self.training_shape()
         return {"precision": self.precision, "beta": shape.beta, "num_generations": shape.num_generations,
-                "prompt_length": shape.prompt_length, "max_completion_length": shape.max_completion_length,
+                "max_prompt_length": shape.max_prompt_length, "max_completion_length": shape.max_completion_length,
                 "lora_r": shape.lora_r, "lora_target_modules": shape.lora_target_modules,
                 "lora_dropout": shape.lora_dropout, "vllm_enable_sleep_mode": shape.vllm_enable_sleep_mode}
 
@@ -325,7 +318,7 @@ class TrainConfig:
         values: dict[str, Any] = dict(n=self.num_generations, max_tokens=self.max_completion_length,
                                       temperature=self.temperature, top_p=self.top_p, seed=self.seed,
                                       max_prompt_tokens=self.max_prompt_length)
-        if self.device != "cpu":
+        if not device.VLLM_KV_CACHE_IN_BYTES[self.device]:
             values["gpu_memory_utilization"] = self.vllm_gpu_memory_utilization
         return RolloutConfig(**{**values, **overrides})
 

@@ -1,4 +1,4 @@
-"""What the memory planner says of an experiment on a machine: its budget (:func:`plan_memory`), vLLM's share for
+"""What the memory planner says of an experiment on a machine: its budget (:func:`memory_budget`), vLLM's share for
 ``"auto"`` (:func:`choose_vllm_memory`), gradient checkpointing (:func:`needs_checkpointing`) and the micro-batch a
 profile's step is split into (:func:`fit_micro_batch`). Each takes a :class:`~grpo_lab.experiment.TrainConfig`
 (annotated by name: the config module imports this one)."""
@@ -7,20 +7,21 @@ from __future__ import annotations
 
 import dataclasses
 
-from grpo_lab import memory
+from grpo_lab import device, memory
 from grpo_lab.device import Machine
 from grpo_lab.experiment.profiles import AUTO
 
 
-def plan_memory(config: TrainConfig, machine: Machine) -> memory.MemoryBudget:
-    """The memory planner's budget of this experiment's step on ``machine`` (colocated vLLM), with the config's
+def memory_budget(config: TrainConfig, machine: Machine) -> memory.MemoryBudget:
+    """The memory planner's budget (:func:`grpo_lab.memory.plan_memory`) of this experiment's step on ``machine``
+    (colocated vLLM), with the config's
     ``vllm_gpu_memory_utilization`` when it is a number, and for ``"auto"`` the share :meth:`TrainConfig.resolve` would
     choose (:func:`choose_vllm_memory`: on an accelerator, colocated, the planner's recommendation)."""
     config = config.with_profile(machine)
     if config.gradient_checkpointing is None:  # as resolve() decides it
         config = dataclasses.replace(config, gradient_checkpointing=needs_checkpointing(config, machine))
     fraction = config.vllm_gpu_memory_utilization
-    if fraction == AUTO and (machine.kind == "cpu" or config.vllm_mode == "server"):
+    if fraction == AUTO and (device.is_cpu(machine.kind) or config.vllm_mode == "server"):
         fraction = choose_vllm_memory(config, machine)[0]  # the share resolve() gives: not the planner's colocate one
     return memory.plan_memory(memory.model_config(config.model), precision=_precision(config, machine),
                               shape=config.training_shape(), device_memory_gib=machine.memory_gib,
@@ -29,7 +30,7 @@ def plan_memory(config: TrainConfig, machine: Machine) -> memory.MemoryBudget:
 
 
 def _precision(config: TrainConfig, machine: Machine) -> str:
-    bf16 = config.bf16 if config.bf16 is not None else machine.kind != "cpu" and machine.bf16
+    bf16 = config.bf16 if config.bf16 is not None else machine.trains_in_bf16
     return "mixed" if bf16 else "fp32"
 
 
@@ -40,15 +41,15 @@ def choose_vllm_memory(config: TrainConfig, machine: Machine) -> tuple[float, st
     * the CPU: vLLM-CPU sizes its KV cache in bytes (``memory.CPU_KV_CACHE_GIB``) and only checks at start that
       this share of host memory is free, so the fraction is the least it needs (:func:`memory.cpu_vllm_fraction`);
     * an accelerator, colocated: the planner's recommendation, the largest share the trainer leaves
-      (:func:`plan_memory`); when nothing fits, :class:`memory.DoesNotFitError` says what would.
+      (:func:`memory_budget`); when nothing fits, :class:`memory.DoesNotFitError` says what would.
     """
     if config.vllm_mode == "server":
         return memory.VLLM_MEMORY_FRACTION["server"], "server mode: the rollout devices are vLLM's alone"
-    if machine.kind == "cpu":
+    if device.VLLM_KV_CACHE_IN_BYTES[machine.kind]:
         fraction = memory.cpu_vllm_fraction(memory.model_config(config.model), machine.memory_gib)
         return fraction, (f"vLLM-CPU: a KV cache of {memory.CPU_KV_CACHE_GIB:g} GiB plus the weights and runtime, "
                           f"as a share of {machine.memory_gib:.0f} GiB of host memory")
-    budget = plan_memory(dataclasses.replace(config, vllm_gpu_memory_utilization=AUTO), machine)
+    budget = memory_budget(dataclasses.replace(config, vllm_gpu_memory_utilization=AUTO), machine)
     if budget.recommended is None:
         raise memory.DoesNotFitError(f"vllm_gpu_memory_utilization='auto': the memory planner finds no setting that "
                                      f"fits on {machine.memory_gib:.0f} GiB. {budget.advice} (Pass a number to try "
@@ -61,7 +62,7 @@ def needs_checkpointing(config: TrainConfig, machine: Machine) -> bool:
     without checkpointing (at the config's vLLM share, or the best one when that is ``"auto"``). It costs a third
     more compute in the backward, so a step that fits without it runs without it."""
     try:
-        budget = plan_memory(dataclasses.replace(config, gradient_checkpointing=False), machine)
+        budget = memory_budget(dataclasses.replace(config, gradient_checkpointing=False), machine)
     except memory.MemoryPlanError:  # the shape cannot be read: keep TRL's safe default
         return True
     return not budget.fits
@@ -73,13 +74,13 @@ def fit_micro_batch(config: TrainConfig, machine: Machine) -> tuple[int, int]:
     planner says fit (with gradient checkpointing, the cheapest setting); the whole step when none does (then
     :func:`choose_vllm_memory` says what would fit). The CPU keeps the profile's micro-batch."""
     batch = config.per_device_train_batch_size
-    if machine.kind == "cpu":
+    if device.is_cpu(machine.kind):
         return batch, 1
     for accumulation in (n for n in range(1, batch + 1) if batch % n == 0):
         candidate = dataclasses.replace(config, per_device_train_batch_size=batch // accumulation,
                                         gradient_accumulation_steps=accumulation, gradient_checkpointing=True)
         try:
-            if plan_memory(candidate, machine).recommended is not None:
+            if memory_budget(candidate, machine).recommended is not None:
                 return batch // accumulation, accumulation
         except memory.MemoryPlanError:  # the model's shape cannot be read: keep the profile's step
             break

@@ -8,6 +8,7 @@ from typing import Any
 
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
+from grpo_lab.memory import STEP_DEFAULTS
 from grpo_lab.paths import TINY_MODEL_DIR
 
 PROFILE_ENV = "GRPO_LAB_PROFILE"
@@ -28,7 +29,7 @@ SMALLER_STEP_LEVERS = ("lower vllm_gpu_memory_utilization to the planner's share
 # is fitted to the device by the memory planner (:func:`fit_micro_batch`): the 128 completions are one micro-batch on
 # an H200, several accumulated ones on a smaller device.
 _ACCELERATOR_RECIPE: dict[str, Any] = dict(
-    model=QWEN_SMALL, max_prompt_length=256, max_completion_length=256, num_generations=8,
+    model=QWEN_SMALL, **STEP_DEFAULTS,
     per_device_train_batch_size=128, learning_rate=2e-5, max_steps=300, lr_scheduler_type="constant_with_warmup",
     warmup_steps=10.0, beta=0.04, use_vllm=True, save_steps=100, eval_size=400, temperature=0.7,
     rewards=("correctness", "format"), reward_weights=(1.0, 0.2))

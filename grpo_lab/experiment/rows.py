@@ -5,39 +5,35 @@ length checks, and the rewards a run trains with (:func:`reward_spec`). Each tak
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import models
+from grpo_lab import memory, models
 from grpo_lab.data import SplitConfig, load_jsonl, load_split
 from grpo_lab.errors import ConfigError
 from grpo_lab.rollout import encode_prompts
 
 
-def _manifest(model: str) -> dict[str, Any]:
-    path = Path(model) / models.MANIFEST_NAME
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
 def model_languages(model: str) -> tuple[str, ...] | None:
     """The languages the model's manifest says it reads (``"languages"``), else None (all)."""
-    languages = _manifest(model).get("languages") or None
-    return tuple(languages) if languages else None
+    manifest = models.read_manifest(model)
+    return manifest.languages if manifest and manifest.languages else None
 
 
 def default_train_types(model: str) -> tuple[str, ...] | None:
     """The types with a deliberate slip in the model's manifest (the shipped tiny model), else None (all)."""
-    slip_types = _manifest(model).get("recipe", {}).get("slip_types") or None
-    return tuple(slip_types) if slip_types else None
+    manifest = models.read_manifest(model)
+    return manifest.slip_types if manifest and manifest.slip_types else None
 
 
 def fine_tuned_on_training_rows(config: TrainConfig) -> bool:
     """True when the model's manifest records supervised fine-tuning on this experiment's training file, byte for byte
     (the shipped tiny model was fine-tuned on ``data/train.jsonl``). Its training reward then starts above its
     held-out accuracy: it has seen these very problems with their answers."""
-    recorded = (_manifest(config.model or "").get("data") or {}).get("train", {}).get("sha256")
+    manifest = models.read_manifest(config.model or "")
+    recorded = manifest.train_sha256 if manifest else None
     dataset = Path(config.dataset) if config.dataset else SplitConfig().path("train")
     return bool(recorded) and dataset.is_file() and models.file_sha256(dataset) == recorded
 
@@ -65,13 +61,15 @@ def load_train_rows(config: TrainConfig) -> list[dict[str, Any]]:
 
 
 def check_lengths(config: TrainConfig, max_model_len: int | None) -> None:
-    """``max_prompt_length + max_completion_length`` must fit in the model's context (``max_position_embeddings``)."""
+    """The experiment's context window (:attr:`TrainConfig.max_model_len`) must fit in the model's context
+    (``max_position_embeddings``)."""
     if max_model_len is not None and config.max_model_len > max_model_len:
+        longest = math.floor(round(max_model_len / memory.CONTEXT_MARGIN, 6)) - config.max_prompt_length
         raise ConfigError(
-            f"max_prompt_length + max_completion_length = {config.max_prompt_length} + {config.max_completion_length}"
-            f" = {config.max_model_len} exceeds the model's max_model_len ({max_model_len}). Lower "
-            f"max_completion_length to at most {max(1, max_model_len - config.max_prompt_length)}, or shorten the "
-            f"prompts.")
+            f"the context window for max_prompt_length {config.max_prompt_length} + max_completion_length "
+            f"{config.max_completion_length} (memory.context_window: 10 % spare) = {config.max_model_len} exceeds the "
+            f"model's max_model_len ({max_model_len}). Lower max_completion_length to at most {max(1, longest)}, or "
+            f"shorten the prompts.")
 
 
 def check_prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_length: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from grpo_lab import device
 from grpo_lab.memory.shapes import GIB, VLLM_RUNTIME_BYTES, MemoryPlanError, ModelShape, Precision, TrainingShape
 
 
@@ -90,15 +91,15 @@ def training_phases(model: ModelShape, precision: Precision, shape: TrainingShap
     CUDA's embedding backward on ``cuda``; torch's LM-head fold and embedding backward elsewhere. Measured
     against real steps in ``benchmarks/memory``.
     """
-    if device_kind not in ("cuda", "npu", "cpu"):
-        raise MemoryPlanError(f"device_kind must be cuda, npu or cpu, got {device_kind!r}.")
+    if device_kind not in device.KINDS:
+        raise MemoryPlanError(f"device_kind must be one of {', '.join(device.KINDS)}, got {device_kind!r}.")
     p, layers = model.num_parameters, model.num_hidden_layers
     h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
     b, t, c = shape.per_device_train_batch_size, shape.sequence_length, shape.max_completion_length
     e, r, g = precision.activation_bytes, precision.residual_bytes, precision.grad_bytes
     tokens = b * t
-    cuda = device_kind == "cuda"
-    lm_tokens = b * c if cuda else b * (t - 1)  # Triton scores the completion tokens only
+    cuda, triton = device.is_cuda(device_kind), device.has_triton(device_kind)  # cuBLAS/CUDA kernels, Triton's
+    lm_tokens = b * c if triton else b * (t - 1)  # Triton scores the completion tokens only
 
     # LoRA: the base is frozen (no gradients, no AdamW states) and, with beta > 0, TRL's reference is the base with the
     # adapter switched off: no copy. Only the adapters train.
@@ -131,7 +132,7 @@ def training_phases(model: ModelShape, precision: Precision, shape: TrainingShap
     head_weight_grad = 0 if shape.lora else v * h  # a frozen LM head: TRL's kernel skips the weight gradient
     fp32_accumulators = head_weight_grad * 4 + lm_tokens * h * 4  # weight and input gradients, accumulated in fp32
     casts = head_weight_grad * _cast_bytes(g) + lm_tokens * h * _cast_bytes(r)  # to the model dtype, at the end
-    fold = 0 if cuda else int(TORCH_FOLD_FP32_TILES * tile_rows * min(v, VOCAB_TILE) * 4)
+    fold = 0 if triton else int(TORCH_FOLD_FP32_TILES * tile_rows * min(v, VOCAB_TILE) * 4)
     # Under autocast each vocabulary chunk of the weight and each token chunk of the input is cast to bf16
     autocast_chunks = (min(v, VOCAB_TILE) + tile_rows) * h * precision.autocast_copy_bytes
     lm_head = tile_rows * VOCAB_TILE * e + fp32_accumulators + max(fold + autocast_chunks, casts)

@@ -93,7 +93,7 @@ def largest_fitting_batch(model: Any, *, candidates: tuple[int, ...] = (64, 32, 
 
 def _shape(shape: TrainingShape | None, shape_fields: dict[str, Any]) -> TrainingShape:
     known = {f.name for f in fields(TrainingShape)}
-    unknown = set(shape_fields) - known
+    unknown = set(shape_fields) - known - {"prompt_length"}  # the old name: TrainingShape maps it, with a warning
     if unknown:
         raise MemoryPlanError(f"Unknown training field(s) {sorted(unknown)}; known: {sorted(known)}.")
     return replace(shape, **shape_fields) if shape else TrainingShape(**shape_fields)
@@ -106,8 +106,8 @@ def _device(memory_gib: float | None, kind: str | None) -> tuple[int, str]:
             return device.memory_info(kind=kind).total_bytes, kind
     if not isinstance(memory_gib, (int, float)) or memory_gib <= 0:
         raise MemoryPlanError(f"device_memory_gib must be a positive number of GiB, got {memory_gib!r}.")
-    if kind not in ("cuda", "npu", "cpu"):
-        raise MemoryPlanError(f"device_kind must be cuda, npu or cpu, got {kind!r}.")
+    if kind not in device.KINDS:
+        raise MemoryPlanError(f"device_kind must be one of {', '.join(device.KINDS)}, got {kind!r}.")
     return int(memory_gib * GIB), kind
 
 
@@ -178,7 +178,7 @@ def _budget(setting: _Setting, shape: TrainingShape, utilization: float | None) 
             and sequences >= shape.num_generations)
     recommended = None
     if fits:
-        recommended = Recommendation(vllm_gpu_memory_utilization=chosen, vllm_max_model_length=shape.sequence_length,
+        recommended = Recommendation(vllm_gpu_memory_utilization=chosen, vllm_max_model_length=shape.context_window,
                                      max_num_seqs=min(shape.generation_batch_size, sequences),
                                      per_device_train_batch_size=shape.per_device_train_batch_size,
                                      gradient_checkpointing=shape.gradient_checkpointing)
@@ -230,13 +230,13 @@ _VLLM_NOTES = {
 
 
 def _assumptions(setting: _Setting, shape: TrainingShape) -> list[str]:
-    kernel = "Triton" if setting.kind == "cuda" else "torch ops, no Triton"
+    kernel = "Triton" if device.has_triton(setting.kind) else "torch ops, no Triton"
     return [
         f"precision {setting.precision.name}: {setting.precision.description}",
         "optimizer: fused AdamW (no temporaries in the step)",
         f"LM head: TRL's chunked log-prob kernel ({kernel})",
         *([f"CUDA: {CUBLAS_WORKSPACE_THREADS} cuBLAS workspaces of {CUBLAS_WORKSPACE_BYTES / 2**20:.0f} MiB "
-           "(Hopper's default; smaller on older GPUs)"] if setting.kind == "cuda" else []),
+           "(Hopper's default; smaller on older GPUs)"] if device.is_cuda(setting.kind) else []),
         "activations: HF Qwen2/Llama layers, SDPA, batches padded to the longest prompt + completion",
         f"vLLM: requested = utilization × total memory; runtime allowance {VLLM_RUNTIME_BYTES / GIB:.1f} GiB",
         f"runtime margin {setting.margin / GIB:.2f} GiB = max({MARGIN_MIN_BYTES / GIB:.0f} GiB, "
@@ -308,7 +308,7 @@ def _what_would_fit(setting: _Setting, shape: TrainingShape) -> str:
     # of KNOBS_IN_ORDER
     if not shape.lora and setting.fits(replace(smallest, lora_r=LORA_R_TRIAL)):
         options.append(f"LoRA (use_peft=True, lora_r={LORA_R_TRIAL}: no gradients or AdamW states for the base)")
-    if (not shape.vllm_enable_sleep_mode and setting.kind == "cuda"
+    if (not shape.vllm_enable_sleep_mode and device.vllm_sleep_mode_missing(setting.kind) is None
             and setting.fits(replace(smallest, vllm_enable_sleep_mode=True))):
         options.append("vllm_enable_sleep_mode=True (vLLM's weights and KV cache released during the update)")
     if shape.beta > 0 and not shape.lora and setting.fits(replace(smallest, beta=0.0)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -9,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.errors import ConfigError
+from grpo_lab.deprecation import warn_moved
+from grpo_lab.errors import ConfigError, MissingFileError
 from grpo_lab.paths import MODEL_CONFIGS_DIR
 
 GIB = 2**30
@@ -172,8 +174,8 @@ def _config_dict(config: Any) -> tuple[dict, str]:
         if path.is_dir():
             path = path / "config.json"
         if not path.is_file():
-            raise FileNotFoundError(f"No config.json at {path}: pass a model folder, a config.json path, a dict "
-                                    f"or a transformers config (course configs are in {CONFIG_DIR}).")
+            raise MissingFileError(f"No config.json at {path}: pass a model folder, a config.json path, a dict "
+                                   f"or a transformers config (course configs are in {CONFIG_DIR}).")
         try:
             values = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
@@ -275,19 +277,64 @@ def dtype_bytes(dtype: str) -> int:
     return _DTYPE_BYTES[key]
 
 
+STEP_DEFAULTS: dict[str, int] = {"num_generations": 8, "max_prompt_length": 256, "max_completion_length": 256}
+"""A GRPO step's group size and lengths where nothing else is said: the course's accelerator recipe
+(``experiment.PROFILES``) and the planner's :class:`TrainingShape` both start from these."""
+
+
+CONTEXT_MARGIN = 1.1
+"""The spare share of :func:`context_window` (the write-up's 10 %)."""
+
+
+def context_window(prompt_tokens: int, completion_tokens: int) -> int:
+    """vLLM's ``max_model_len`` for prompts of up to ``prompt_tokens`` and completions of up to ``completion_tokens``:
+    the one rule the trainer (TRL's ``vllm_max_model_length``), the rollout engine and the server share.
+
+    The write-up's rule, ``ceil(1.1 x (prompt + completion))``. Why 10 % spare: a prompt is counted once, where it is
+    planned or measured, and the engine counts it again after its own chat template and tokenizer; a generation
+    prompt, a system message a client adds or another tokenizer version add a few tokens, and a window sized exactly
+    would refuse those requests. The spare costs little: vLLM's KV cache is paged, so a longer window holds no memory
+    until a sequence fills it.
+
+    >>> context_window(96, 32)
+    141
+    """
+    return math.ceil(round(CONTEXT_MARGIN * (prompt_tokens + completion_tokens), 6))
+
+
+def check_group(num_generations: int, per_device_train_batch_size: int | None, steps: int = 1,
+                steps_name: str = "steps_per_generation", error: type[ConfigError] = ConfigError) -> None:
+    """GRPO's two group rules, for ``TrainConfig`` and the planner alike: a group holds at least 2 completions (the
+    advantage compares them), and each generation batch (micro-batch × ``steps_name``) holds whole groups (checked
+    once the micro-batch is known)."""
+    if num_generations < 2:
+        raise error(f"num_generations={num_generations}: GRPO compares completions of the same prompt, so it needs "
+                    f"at least 2 (the course uses 4-8).")
+    if per_device_train_batch_size is None:
+        return
+    batch = per_device_train_batch_size * steps
+    if batch % num_generations:
+        fits = [n for n in range(2, batch + 1) if batch % n == 0]
+        raise error(f"num_generations={num_generations} does not divide the generation batch "
+                    f"(per_device_train_batch_size × {steps_name} = {batch}), so a prompt's group would be split. "
+                    f"Use num_generations in {fits}, or per_device_train_batch_size = a multiple of {num_generations} "
+                    f"(e.g. {num_generations * max(1, batch // num_generations)}).")
+
+
 @dataclass(frozen=True)
 class TrainingShape:
-    """The GRPO step's sizes; field names follow TRL's GRPOConfig.
+    """The GRPO step's sizes; field names follow TRL's GRPOConfig (and :class:`~grpo_lab.experiment.TrainConfig`).
 
-    ``per_device_train_batch_size`` is the micro-batch: completions per forward/backward. ``prompt_length`` is
+    ``per_device_train_batch_size`` is the micro-batch: completions per forward/backward. ``max_prompt_length`` is
     your longest prompt in tokens (TRL pads to it). ``steps_per_generation`` defaults to the smallest value that
-    makes the generation batch a multiple of ``num_generations``.
+    makes the generation batch a multiple of ``num_generations``. The old keyword ``prompt_length`` still works and
+    warns (0.2.0 -> 0.3.0).
     """
 
     per_device_train_batch_size: int = 8
-    num_generations: int = 8
-    prompt_length: int = 256
-    max_completion_length: int = 256
+    num_generations: int = STEP_DEFAULTS["num_generations"]
+    max_prompt_length: int = STEP_DEFAULTS["max_prompt_length"]
+    max_completion_length: int = STEP_DEFAULTS["max_completion_length"]
     gradient_checkpointing: bool = True
     beta: float = 0.0
     steps_per_generation: int | None = None
@@ -300,12 +347,10 @@ class TrainingShape:
     """vLLM releases its weights and KV cache during the update (TRL's sleep level 2) and wakes for the rollout."""
 
     def __post_init__(self) -> None:
-        for f in ("per_device_train_batch_size", "num_generations", "prompt_length", "max_completion_length"):
+        for f in ("per_device_train_batch_size", "num_generations", "max_prompt_length", "max_completion_length"):
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise MemoryPlanError(f"{f} must be a positive integer, got {value!r}.")
-        if self.num_generations < 2:
-            raise MemoryPlanError("num_generations must be at least 2: GRPO compares completions within a group.")
         if not isinstance(self.beta, (int, float)) or self.beta < 0:
             raise MemoryPlanError(f"beta must be >= 0 (0 drops the reference model), got {self.beta!r}.")
         if not isinstance(self.lora_r, int) or isinstance(self.lora_r, bool) or self.lora_r < 0:
@@ -317,14 +362,24 @@ class TrainingShape:
             object.__setattr__(self, "steps_per_generation", n // math.gcd(b, n))
         elif not isinstance(steps, int) or steps <= 0:
             raise MemoryPlanError(f"steps_per_generation must be a positive integer, got {steps!r}.")
-        elif self.generation_batch_size % self.num_generations:
-            raise MemoryPlanError(
-                f"per_device_train_batch_size × steps_per_generation = {self.generation_batch_size} is not a multiple "
-                f"of num_generations = {self.num_generations}: TRL needs whole groups in each generation batch.")
+        check_group(self.num_generations, self.per_device_train_batch_size, self.steps_per_generation,
+                    error=MemoryPlanError)
+
+    @property
+    def prompt_length(self) -> int:
+        """Deprecated name of :attr:`max_prompt_length`."""
+        warn_moved("TrainingShape.prompt_length", "TrainingShape.max_prompt_length")
+        return self.max_prompt_length
 
     @property
     def sequence_length(self) -> int:
-        return self.prompt_length + self.max_completion_length
+        """The longest sequence of the step (prompt + completion): what activations and KV blocks are sized for."""
+        return self.max_prompt_length + self.max_completion_length
+
+    @property
+    def context_window(self) -> int:
+        """vLLM's ``max_model_len`` for this step (:func:`context_window`)."""
+        return context_window(self.max_prompt_length, self.max_completion_length)
 
     @property
     def generation_batch_size(self) -> int:
@@ -335,3 +390,17 @@ class TrainingShape:
     def lora(self) -> bool:
         return self.lora_r > 0
 
+
+
+def _accept_prompt_length(init):
+    """``TrainingShape(prompt_length=...)`` -> ``max_prompt_length``, with a DeprecationWarning (TrainConfig's name)."""
+    @functools.wraps(init)
+    def __init__(self, *args: Any, prompt_length: int | None = None, **kwargs: Any) -> None:
+        if prompt_length is not None:
+            warn_moved("TrainingShape(prompt_length=...)", "TrainingShape(max_prompt_length=...)")
+            kwargs["max_prompt_length"] = prompt_length
+        init(self, *args, **kwargs)
+    return __init__
+
+
+TrainingShape.__init__ = _accept_prompt_length(TrainingShape.__init__)

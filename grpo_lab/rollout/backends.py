@@ -12,6 +12,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from grpo_lab import device
+from grpo_lab.errors import ConfigError, MissingFileError
 from grpo_lab.models import (
     MANIFEST_NAME,
     require_safetensors,
@@ -37,7 +38,7 @@ def choose_backend(backend: str = "auto", device_kind: str | None = None) -> Bac
     imports and runs on this device, else HF ``generate``. The reason says which and why."""
     wanted = str(backend).strip().lower()
     if wanted not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        raise ConfigError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
     kind = device_kind or device.detect()
     if wanted == "hf":
         return BackendChoice("hf", "asked for: transformers' model.generate")
@@ -68,15 +69,15 @@ def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConf
     2
     """
     if str(backend).strip().lower() not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        raise ConfigError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
     known = {f.name for f in fields(RolloutConfig)} - {"reasons"}
     if set(overrides) - known:
-        raise ValueError(f"unknown setting(s) {sorted(set(overrides) - known)}; RolloutConfig has: {sorted(known)}")
+        raise ConfigError(f"unknown setting(s) {sorted(set(overrides) - known)}; RolloutConfig has: {sorted(known)}")
     config = replace(config or RolloutConfig(), **overrides)
     model_path = resolve_model(model)
     if Path(model_path).is_dir():
         if not (Path(model_path) / "config.json").is_file():
-            raise FileNotFoundError(f"{model_path} has no config.json: pass the folder that holds the model")
+            raise MissingFileError(f"{model_path} has no config.json: pass the folder that holds the model")
         if (Path(model_path) / MANIFEST_NAME).is_file():
             verify_model_dir(model_path)
         if config.load_format != "dummy":

@@ -23,8 +23,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from grpo_lab import device
 from grpo_lab.data import load_split
+from grpo_lab.errors import ConfigError
 from grpo_lab.models import resolve_model
+from grpo_lab.paths import RESULTS_DIR
 from grpo_lab.rollout.backends import open_engine
 from grpo_lab.rollout.config import RolloutConfig, Sampling
 from grpo_lab.rollout.engine import RolloutResult
@@ -71,7 +74,7 @@ def shaped_model_dir(shape: str, out_dir: str | Path, tokenizer_from: str | Path
     from transformers import Qwen2Config
 
     if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}: use one of {', '.join(SHAPES)}")
+        raise ConfigError(f"unknown shape {shape!r}: use one of {', '.join(SHAPES)}")
     source = Path(resolve_model(tokenizer_from))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -144,7 +147,7 @@ def ratio_context(machine: Any, params: int) -> str:
     """Why the vLLM / HF ``generate`` ratio of a run looks as it does, from the machine (a
     :class:`grpo_lab.device.Machine`) and the model's parameter count: the sentence notebook 01 prints."""
     size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.{1 if params < 1e7 else 0}f} M"
-    if machine.kind == "cpu":
+    if device.is_cpu(machine.kind):
         return (f"On {os.cpu_count()} CPU cores with a model of {size} parameters, both backends are bound by Python "
                 f"overhead rather than arithmetic, so the ratio says little about an accelerator.")
     where = f"one {machine.name or machine.kind}"
@@ -171,6 +174,51 @@ def prefix_cache_effect(engine, prompts: Sequence[Prompt], sampling: Sampling, r
     prompt_tokens = sum(len(o.prompt_token_ids) for o in result.outputs)
     return PrefixCacheEffect(sorted(cold)[len(cold) // 2], sorted(warm)[len(warm) // 2], prompt_tokens,
                              result.new_tokens)
+
+
+COMMITTED_SMOKE_RUNS = {"NVIDIA H200": (RESULTS_DIR / "h200" / "rollout_tiny.json",
+                                        RESULTS_DIR / "h200" / "rollout_qwen2.5-0.5b.json")}
+"""Committed runs of ``python -m grpo_lab.rollout --json`` (notebook 01), by the device they ran on."""
+
+
+@dataclass(frozen=True)
+class BackendTiming:
+    """One backend of a smoke run: engine start, generation, throughput."""
+
+    load_s: float
+    generate_s: float
+    tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class SmokeRun:
+    """A committed ``python -m grpo_lab.rollout`` run: the model, the command, each backend's timing."""
+
+    model: str
+    command: str
+    device: str
+    backends: dict[str, BackendTiming]
+
+    @property
+    def vllm_over_hf(self) -> float:
+        """vLLM's tokens/s over HF generate's."""
+        return self.backends["vllm"].tokens_per_s / self.backends["hf"].tokens_per_s
+
+
+def committed_smoke_runs() -> list[SmokeRun]:
+    """The committed smoke runs (:data:`COMMITTED_SMOKE_RUNS`), the command rebuilt from the settings each recorded."""
+    runs = []
+    for device, paths in COMMITTED_SMOKE_RUNS.items():
+        for path in paths:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            settings = data["settings"]
+            flags = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in settings.items()
+                             if value is not None and name != "json")
+            runs.append(SmokeRun(model=settings["shape"] or settings["model"] or "the tiny model",
+                                 command=f"python -m grpo_lab.rollout {flags}", device=device,
+                                 backends={name: BackendTiming(r["load_s"], r["generate_s"], r["tokens_per_s"])
+                                           for name, r in data["results"].items()}))
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:

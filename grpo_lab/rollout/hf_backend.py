@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from grpo_lab import device
+from grpo_lab.errors import ConfigError
 from grpo_lab.models import load_model_and_tokenizer
 from grpo_lab.rollout.config import Sampling
 from grpo_lab.rollout.engine import (
@@ -110,7 +111,7 @@ class HFEngine(RolloutEngine):
 
     @property
     def supports_sleep(self) -> bool:
-        return self.config.device_kind != "cpu"
+        return not device.is_cpu(self.config.device_kind)
 
     def _no_sleep_reason(self) -> str:
         return "the HF model already lives in host memory on the CPU: nothing to free; stop() releases it"
@@ -148,6 +149,6 @@ def _eos_ids(model, tokenizer) -> list[int]:
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
     if not ids:
-        raise ValueError("the model has no end-of-sequence token (generation_config.eos_token_id or "
-                         "tokenizer.eos_token): generation could never stop early")
+        raise ConfigError("the model has no end-of-sequence token (generation_config.eos_token_id or "
+                          "tokenizer.eos_token): generation could never stop early")
     return ids

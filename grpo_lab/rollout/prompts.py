@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
-from grpo_lab.errors import ConfigError
+from grpo_lab.errors import ConfigError, DataError
 
 Message = Mapping[str, str]
 Prompt = Union[str, Sequence[Message]]
@@ -43,36 +43,36 @@ def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> list[EncodedPrompt]:
     """Render and tokenize prompts: chat messages through the tokenizer's chat template (with the assistant
     turn opened), plain strings as they are (with the tokenizer's usual special tokens, e.g. a BOS)."""
     if isinstance(prompts, str) or (is_chat(prompts) and prompts and isinstance(prompts[0], Mapping)):
-        raise ValueError("pass a list of prompts: wrap a single prompt in a list, e.g. generate([prompt])")
+        raise DataError("pass a list of prompts: wrap a single prompt in a list, e.g. generate([prompt])")
     if len(prompts) == 0:
-        raise ValueError("no prompts given: pass at least one prompt (text or chat messages)")
+        raise DataError("no prompts given: pass at least one prompt (text or chat messages)")
     encoded = []
     for index, prompt in enumerate(prompts):
         if isinstance(prompt, str):
             if not prompt:
-                raise ValueError(f"prompt {index} is an empty string")
+                raise DataError(f"prompt {index} is an empty string")
             ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
             encoded.append(EncodedPrompt(prompt, tuple(ids)))
         elif is_chat(prompt):
             _check_messages(index, prompt)
             if not getattr(tokenizer, "chat_template", None):
-                raise ValueError(f"prompt {index} is a chat, but the tokenizer has no chat template: "
-                                 "pass plain text prompts or use a model folder with chat_template.jinja")
+                raise DataError(f"prompt {index} is a chat, but the tokenizer has no chat template: "
+                                "pass plain text prompts or use a model folder with chat_template.jinja")
             text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template holds the special tokens
             encoded.append(EncodedPrompt(text, tuple(ids)))
         else:
-            raise ValueError(f"prompt {index} is a {type(prompt).__name__}: use a string or a list of "
-                             "{'role': ..., 'content': ...} messages")
+            raise DataError(f"prompt {index} is a {type(prompt).__name__}: use a string or a list of "
+                            "{'role': ..., 'content': ...} messages")
     return encoded
 
 
 def _check_messages(index: int, messages: Sequence[Any]) -> None:
     if len(messages) == 0:
-        raise ValueError(f"prompt {index} is an empty list of messages")
+        raise DataError(f"prompt {index} is an empty list of messages")
     for message in messages:
         if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
-            raise ValueError(f"prompt {index}: every message needs 'role' and 'content', got {message!r}")
+            raise DataError(f"prompt {index}: every message needs 'role' and 'content', got {message!r}")
 
 
 def _load(tokenizer_or_path):

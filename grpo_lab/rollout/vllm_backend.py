@@ -55,7 +55,6 @@ def vllm_usable(kind: str) -> tuple[bool, str]:
 def engine_arguments(config: RolloutConfig, model_path: str) -> dict:
     """Keyword arguments for ``vllm.LLM``: the tokenizer comes from the model's own folder, weights only from
     safetensors (vLLM's ``"auto"`` would fall back to pickle ``*.bin`` files), no code from the model folder."""
-    kind = config.device_kind
     arguments = {
         "model": model_path,
         "tokenizer": model_path,
@@ -70,10 +69,8 @@ def engine_arguments(config: RolloutConfig, model_path: str) -> dict:
         "disable_log_stats": True,
         "use_tqdm_on_load": env.show_progress(),  # the weight-loading bar: in a terminal, not in a notebook
     }
-    if kind == "cpu":  # vLLM-CPU sizes its KV cache in bytes of host RAM (VLLM_CPU_KVCACHE_SPACE's successor)
-        arguments["kv_cache_memory_bytes"] = int(config.cpu_kvcache_gib * 2**30)
-    else:
-        arguments["gpu_memory_utilization"] = config.gpu_memory_utilization
+    arguments.update(device.vllm_kv_cache_arguments(config.gpu_memory_utilization, config.cpu_kvcache_gib,
+                                                    config.device_kind))
     if config.enable_sleep_mode:
         arguments["enable_sleep_mode"] = True
     arguments.update(config.vllm_options)  # tuning knobs without a field (RolloutConfig rejects clashes)
@@ -83,17 +80,11 @@ def engine_arguments(config: RolloutConfig, model_path: str) -> dict:
 def engine_environment(kind: str) -> dict[str, str]:
     """Environment variables the engine's processes need, per device (existing values are kept).
 
-    - all: ``VLLM_CACHE_ROOT`` in this checkout's ``.cache/`` (compiled graphs stay in a folder we own), and
-      ``VLLM_LOGGING_LEVEL=ERROR`` so notebooks show results, not engine logs (set it to INFO to see them).
-    - cpu: a 1 s grace for the worker at shutdown (measured: the CPU worker never exits within vLLM's 5 s
-      default, which made every stop() take 5-10 s).
-    - npu: spawn workers (vllm-ascend's documented setting: forked processes cannot re-initialise the NPU).
+    ``VLLM_CACHE_ROOT`` in this checkout's ``.cache/`` (compiled graphs stay in a folder we own),
+    ``VLLM_LOGGING_LEVEL=ERROR`` so notebooks show results, not engine logs (set it to INFO to see them), and the
+    device's own (``grpo_lab.device.VLLM_ENV``: a short worker shutdown on the CPU, spawned workers on Ascend).
     """
-    env = {"VLLM_CACHE_ROOT": str(CACHE_DIR / "vllm"), "VLLM_LOGGING_LEVEL": QUIET_LOG_LEVEL}
-    if kind == "cpu":
-        env["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"] = "1"
-    if kind == "npu":
-        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    env = {"VLLM_CACHE_ROOT": str(CACHE_DIR / "vllm"), "VLLM_LOGGING_LEVEL": QUIET_LOG_LEVEL, **device.VLLM_ENV[kind]}
     return {name: os.environ.get(name, value) for name, value in env.items()}
 
 
@@ -150,10 +141,9 @@ class VLLMEngine(RolloutEngine):
         from vllm import SamplingParams
 
         # vLLM gives sample j of a request the seed seed + j: offset each prompt by n so no two samples share a
-        # stream (the same prompt twice in a batch still gets different completions). Not on the CPU: vLLM-CPU
-        # 0.31 crashes with per-request seeds once a prefill is split in chunks ("CPU Generator does not use
-        # offset"), so there the engine seed, set at start, makes runs repeatable.
-        per_request_seed = sampling.seed is not None and self.config.device_kind != "cpu"
+        # stream (the same prompt twice in a batch still gets different completions). Not where vLLM cannot seed
+        # single requests (device.VLLM_PER_REQUEST_SEEDS: vLLM-CPU); there the engine seed, set at start, does.
+        per_request_seed = sampling.seed is not None and device.VLLM_PER_REQUEST_SEEDS[self.config.device_kind]
         # One request per sample when samples differ in length or must not share their prompt's blocks; sample j
         # then gets the seed vLLM would have given it inside one request (seed + j).
         split = lengths is not None or self._isolated
@@ -210,8 +200,9 @@ class VLLMEngine(RolloutEngine):
         return bool(self.config.enable_sleep_mode)
 
     def _no_sleep_reason(self) -> str:
-        if self.config.device_kind == "cpu":
-            return "vLLM has no sleep mode on the CPU; stop() the engine to free its memory"
+        missing = device.vllm_sleep_mode_missing(self.config.device_kind)
+        if missing:
+            return f"{missing}; stop() the engine to free its memory"
         return "open the engine with enable_sleep_mode=True to use sleep()/wake_up()"
 
     def _sleep(self, level: int) -> None:

@@ -1,0 +1,115 @@
+"""The committed GRPO experiments that notebook 03 discusses, each file read by one function into a small record.
+
+* :func:`kl_brake`: ``benchmarks/kl_brake/results.json``, the tiny profile trained with ``beta = 0`` and
+  ``beta > 0`` (a frozen reference model) on the same seeds;
+* :func:`smollm2_run`: ``benchmarks/grpo_smollm2/`` (``results.json`` and the base model's temperature probe
+  ``probe_cpu.json``), the gpu recipe on SmolLM2-135M-Instruct on one H200.
+
+Each record carries where it came from (command, date, device) where the file records it. The rollout smoke runs of
+notebook 01 are read by :func:`grpo_lab.rollout.committed_smoke_runs`, the bench files by ``grpo_lab.bench``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_lab.paths import BENCHMARKS_DIR
+
+KL_BRAKE_FILE = BENCHMARKS_DIR / "kl_brake" / "results.json"
+SMOLLM2_DIR = BENCHMARKS_DIR / "grpo_smollm2"
+"""The SmolLM2 run's folder: ``results.json``, ``probe_cpu.json``, ``metrics.jsonl``, ``curves.png``."""
+
+
+def _read(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class KLBrakeRun:
+    """One training run of the KL-brake comparison and how its held-out accuracy changed."""
+
+    beta: float
+    seed: int
+    train_seconds: float
+    kl_last_25: float | None
+    """Mean KL to the reference over the last 25 steps (None with ``beta = 0``: no reference, no KL)."""
+    changes: dict[str, dict[str, dict[str, float]]]
+    """``{group: {measure: {"before", "after", "points"}}}``; groups ``trained``, ``untrained`` (problem types)
+    and ``all``; measures ``greedy``, ``sampled_pass_at_1``, ``pass_at_k``."""
+
+    def points(self, group: str, measure: str) -> float:
+        """Change of ``measure`` on ``group`` in percentage points (after - before)."""
+        return self.changes[group][measure]["points"]
+
+
+@dataclass(frozen=True)
+class KLBrake:
+    """``beta = 0`` against ``beta > 0`` on the tiny profile: same seeds, steps and held-out problems."""
+
+    command: str
+    date: str
+    device: str
+    max_steps: int
+    seeds: tuple[int, ...]
+    eval_size: int
+    train_types: tuple[str, ...]
+    runs: tuple[KLBrakeRun, ...]
+
+
+def kl_brake(path: str | Path = KL_BRAKE_FILE) -> KLBrake:
+    """The committed KL-brake comparison (``benchmarks/kl_brake/run.py`` writes it)."""
+    data = _read(Path(path))
+    settings = data["settings"]
+    runs = tuple(KLBrakeRun(beta=run["beta"], seed=run["seed"], train_seconds=run["train_seconds"],
+                            kl_last_25=run["train_metrics"].get("kl_last_25"), changes=run["changes"])
+                 for run in data["runs"])
+    return KLBrake(command=data["command"], date=data["date"], device=data["machine"]["device"],
+                   max_steps=settings["max_steps"], seeds=tuple(settings["seeds"]), eval_size=settings["eval_size"],
+                   train_types=tuple(settings["train_types"]), runs=runs)
+
+
+@dataclass(frozen=True)
+class SmolLM2Run:
+    """The gpu recipe on SmolLM2-135M-Instruct: the recipe, the evaluations before and after, the step timings."""
+
+    model: str
+    device: str
+    versions: dict[str, str]
+    recipe: dict[str, Any]
+    """The TrainConfig fields the run changed from the gpu profile, as run."""
+    reward_weights: tuple[float, ...]
+    """Correctness, format."""
+    train_langs: tuple[str, ...]
+    before: dict[str, dict[str, float]]
+    """Evaluation of the base model by language subset (``all``, ``en``, ``zh``): ``{subset: {measure: share}}``."""
+    after: dict[str, dict[str, float]]
+    evaluated: str
+    """The checkpoint ``after`` evaluates."""
+    note: str
+    step_seconds: dict[str, dict[str, float]]
+    """Mean GRPO step by rollout backend (``vllm_colocate``, ``hf_generate``): step, generation, update, reward …"""
+    base_last_number_pass_at_1: dict[str, float]
+    """The base model's samples right by their last number, by sampling temperature (the probe that chose T)."""
+    folder: Path
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.recipe["per_device_train_batch_size"] // self.recipe["num_generations"]
+
+
+def smollm2_run(folder: str | Path = SMOLLM2_DIR) -> SmolLM2Run:
+    """The committed SmolLM2 run (``benchmarks/grpo_smollm2/run.py`` writes ``results.json``; the CPU probe of the
+    base model ``probe_cpu.json``)."""
+    folder = Path(folder)
+    data, probe = _read(folder / "results.json"), _read(folder / "probe_cpu.json")
+    return SmolLM2Run(
+        model=data["model"], device=data["device"], versions=dict(data["train_config"].get("versions", {})),
+        recipe=data["recipe"], reward_weights=tuple(data["train_config"]["config"]["reward_weights"]),
+        train_langs=tuple(data["train_langs"]), before=data["before"]["by_lang"], after=data["after"]["by_lang"],
+        evaluated=data["after"]["model_dir"], note=data["after"].get("note", ""),
+        step_seconds={backend: data[backend] for backend in ("vllm_colocate", "hf_generate")},
+        base_last_number_pass_at_1={t: row["last_number_pass_at_1"] for t, row in probe["by_temperature"].items()},
+        folder=folder)
