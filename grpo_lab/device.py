@@ -279,6 +279,16 @@ def is_cuda(kind: str | None = None) -> bool:
     return (kind or detect()) == "cuda"
 
 
+def is_npu(kind: str | None = None) -> bool:
+    """True on Ascend NPUs: CANN, torch_npu and vllm-ascend's rules (its settings, its environment scripts)."""
+    return (kind or detect()) == "npu"
+
+
+def is_accelerator(kind: str | None = None) -> bool:
+    """True for a known device kind that is not the CPU: what multi-device plans (server mode, verl) are for."""
+    return (kind or detect()) in KINDS and not is_cpu(kind)
+
+
 def has_triton(kind: str | None = None) -> bool:
     """Whether Triton kernels (Liger, TRL's chunked LM head) run on this device kind: NVIDIA only."""
     return TRITON[kind or detect()]

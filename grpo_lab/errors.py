@@ -22,3 +22,7 @@ class DataError(GrpoLabError, ValueError):
 
 class MissingFileError(GrpoLabError, FileNotFoundError):
     """A file or folder the call needs is not there: a data split, a model folder, a config.json."""
+
+
+class ExistingFileError(GrpoLabError, FileExistsError):
+    """A folder the call would write already holds something it must not replace; nothing was written."""

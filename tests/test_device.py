@@ -49,6 +49,11 @@ def test_vendor_spellings():
     assert device.visible_devices_env([0, 2], kind="npu") == {"ASCEND_RT_VISIBLE_DEVICES": "0,2"}
 
 
+def test_kind_predicates():
+    assert [k for k in device.KINDS if device.is_accelerator(k)] == ["npu", "cuda"]
+    assert [k for k in device.KINDS if device.is_npu(k)] == ["npu"] and not device.is_accelerator("tpu")
+
+
 def test_apply_allocator_keeps_user_choice(monkeypatch):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
     assert device.apply_allocator_env("cuda") == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                             variants=args.variants, ragged=args.ragged, prefix_off=args.prefix_off, engine=engine,
                             grpo_backends=args.grpo_backends, train_overrides=dict(args.train_option),
                             command=command.strip(), grpo_workload=args.grpo_workload)
-    except (GrpoLabError, ValueError, FileNotFoundError) as error:
+    except GrpoLabError as error:
         print(f"grpo-lab bench: {error}")
         return 2
     print(summary(results))

@@ -9,7 +9,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from grpo_lab import env
+from grpo_lab import device, env
 from grpo_lab.bench.profiles import (
     CONFIGS,
     PREFIX_OFF_MODES,
@@ -210,7 +210,7 @@ def bench_engine_config(profile: BenchProfile, kind: str, dummy: bool,
             values[name] = profile.sequences
             notes.append(f"{name}={profile.sequences}: {engine_name} holds all {profile.sequences} sequences at once")
     options = dict(overrides.pop("vllm_options", {}))
-    if kind == "cpu" and "block_size" not in options:
+    if device.is_cpu(kind) and "block_size" not in options:
         options["block_size"] = 32
         notes.append("vLLM-CPU block_size=32 (its default 128 would cache nothing of a ~128-token prompt: only full "
                      "blocks are cached and the last prompt token is always recomputed; 32 is the smallest the CPU "

@@ -32,7 +32,7 @@ class DeviceRates:
     def describe(self) -> str:
         return (f"{self.name} ({self.kind}): copy bandwidth {self.bandwidth_bytes_per_s / 1e9:,.1f} GB/s, "
                 f"{self.dtype} matmul {self.matmul_flops_per_s / 1e12:,.2f} TFLOP/s"
-                + (f", {self.threads} torch thread(s)" if self.kind == "cpu" else ""))
+                + (f", {self.threads} torch thread(s)" if device.is_cpu(self.kind) else ""))
 
 
 def _timed(fn, kind: str, repeats: int) -> float:
@@ -57,8 +57,8 @@ def measure_device(kind: str | None = None, dtype: str | None = None, copy_bytes
     kind = device.check_kind(kind or device.detect())
     dtype = dtype or str(device.preferred_dtype(kind)).removeprefix("torch.")
     target = device.torch_device(kind=kind)
-    copy_bytes = copy_bytes or (2 * 2**30 if kind != "cpu" else 256 * 2**20)
-    gemm_size = gemm_size or (8192 if kind != "cpu" else 1024)
+    copy_bytes = copy_bytes or (256 * 2**20 if device.is_cpu(kind) else 2 * 2**30)
+    gemm_size = gemm_size or (1024 if device.is_cpu(kind) else 8192)
     source = torch.ones(copy_bytes // 4, dtype=torch.float32, device=target)
     destination = torch.empty_like(source)
     copy_s = _timed(functools.partial(destination.copy_, source), kind, repeats)

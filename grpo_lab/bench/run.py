@@ -74,7 +74,7 @@ def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None
                  ("weights: RANDOM (dummy) of the " + shape + " shape with the tiny model's tokenizer: every number "
                   "here is speed only; outputs are noise") if dummy else f"weights: real ({Path(path).name})",
                  *(engine_notes if "rollout" in parts else []), SEED_REFERENCE]
-        if kind == "cpu":
+        if device.is_cpu(kind):
             notes.append(f"CPU timings are noisy: load average {load[0]:.1f} on {os.cpu_count()} cores at the start")
             notes.append("on the CPU, HF generate computes in this process with torch's threads (OMP_NUM_THREADS); "
                          "vLLM-CPU's worker binds its OpenMP threads to the cores it does not reserve for its "

@@ -57,7 +57,7 @@ def server_settings(server: VLLMServer) -> dict[str, Any]:
     return {"model": Path(c.model).name, "device": device.detect(), "max_num_seqs": c.max_num_seqs,
             "max_model_len": c.max_model_len, "enable_prefix_caching": c.enable_prefix_caching,
             "block_size": c.block_size, "enforce_eager": c.eager(), "dtype": c.dtype,
-            "gpu_memory_utilization": None if device.detect() == "cpu" else c.gpu_memory_utilization,
+            "gpu_memory_utilization": None if device.is_cpu() else c.gpu_memory_utilization,
             "start_seconds": server.start_seconds}
 
 

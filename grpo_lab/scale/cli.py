@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(plan_resources(args.plan, layout).table(), end="\n\n")
             return 0
         result = run_server_mode(config, train_config)
-    except (GrpoLabError, ValueError, FileNotFoundError, FileExistsError) as error:
+    except GrpoLabError as error:
         print(f"grpo-lab scale: {error}")
         return 2
     print(f"done: {result.global_step} steps, median step {result.median_step_seconds():.2f} s "

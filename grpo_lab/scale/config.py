@@ -57,11 +57,11 @@ class ServerModeConfig:
         kind = (self.device or device_module.detect()).strip().lower()
         if kind not in device_module.KINDS:
             raise ConfigError(f"device={self.device!r}: use one of {', '.join(device_module.KINDS)}")
-        sync = self.weight_sync or ("nccl" if kind == "cuda" else "file")
+        sync = self.weight_sync or ("nccl" if device_module.is_cuda(kind) else "file")
         if sync not in WEIGHT_SYNC_MODES:
             raise ConfigError(f"weight_sync={sync!r}: use 'nccl' (TRL's transfer, CUDA only) or 'file' "
                               f"(safetensors + vLLM reload_weights)")
-        if sync == "nccl" and kind != "cuda":
+        if sync == "nccl" and not device_module.is_cuda(kind):
             raise ConfigError(f"weight_sync='nccl' needs CUDA (TRL's transfer is vLLM's NCCL engine); on {kind} use "
                               f"weight_sync='file'.")
         for name in ("startup_timeout_s", "shutdown_timeout_s", "cpu_kvcache_gib"):

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from grpo_lab import device as device_module
+from grpo_lab.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class DevicePlan:
         return max(1, len(self.train_devices))
 
     def describe(self) -> str:
-        if self.kind == "cpu":
+        if device_module.is_cpu(self.kind):
             return "cpu: rollout server and trainer share the host (two processes)"
         var = self.visible_devices_var
         return (f"{self.kind}: rollout server on {var}={','.join(map(str, self.rollout_devices))}, "
@@ -67,16 +68,16 @@ def plan_devices(kind: str | None = None, num_devices: int | None = None,
     """
     kind = (kind or device_module.detect()).strip().lower()
     if kind not in device_module.KINDS:
-        raise ValueError(f"unknown device kind {kind!r}: use one of {', '.join(device_module.KINDS)}")
-    if kind == "cpu":
+        raise ConfigError(f"unknown device kind {kind!r}: use one of {', '.join(device_module.KINDS)}")
+    if device_module.is_cpu(kind):
         if rollout_devices or train_devices:
-            raise ValueError("device indices do not apply on the CPU: the rollout server and the trainer share the "
-                             "host. Leave rollout_devices and train_devices empty.")
+            raise ConfigError("device indices do not apply on the CPU: the rollout server and the trainer share the "
+                              "host. Leave rollout_devices and train_devices empty.")
         return DevicePlan("cpu", (), ())
     count = device_module.device_count(kind) if num_devices is None else num_devices
     if count < 2 and not (rollout_devices and train_devices):
-        raise ValueError(f"server mode needs at least 2 {kind} devices (one for vLLM, one for training); "
-                         f"{count} visible. On one device use colocate mode: `grpo-lab train --use-vllm true`.")
+        raise ConfigError(f"server mode needs at least 2 {kind} devices (one for vLLM, one for training); "
+                          f"{count} visible. On one device use colocate mode: `grpo-lab train --use-vllm true`.")
     if rollout_devices is None and train_devices is None:
         rollout_devices = range(default_rollout_count(count))
     rollout = tuple(int(i) for i in (rollout_devices if rollout_devices is not None else ()))
@@ -87,16 +88,16 @@ def plan_devices(kind: str | None = None, num_devices: int | None = None,
         train = tuple(i for i in range(count) if i not in rollout)
     for name, indices in (("rollout_devices", rollout), ("train_devices", train)):
         if not indices:
-            raise ValueError(f"{name} is empty: server mode needs at least one device for each side.")
+            raise ConfigError(f"{name} is empty: server mode needs at least one device for each side.")
         if len(set(indices)) != len(indices):
-            raise ValueError(f"{name}={list(indices)} names a device twice.")
+            raise ConfigError(f"{name}={list(indices)} names a device twice.")
         bad = [i for i in indices if not 0 <= i < count]
         if bad:
-            raise ValueError(f"{name}={list(indices)}: device(s) {bad} do not exist ({count} visible {kind} devices, "
-                             f"indices 0..{count - 1}).")
+            raise ConfigError(f"{name}={list(indices)}: device(s) {bad} do not exist ({count} visible {kind} devices, "
+                              f"indices 0..{count - 1}).")
     shared = sorted(set(rollout) & set(train))
     if shared:
-        raise ValueError(f"device(s) {shared} are in both rollout_devices {list(rollout)} and train_devices "
-                         f"{list(train)}: in server mode the vLLM server and the trainer each need devices of their "
-                         f"own. Give them disjoint sets, or share a device with colocate mode (vllm_mode='colocate').")
+        raise ConfigError(f"device(s) {shared} are in both rollout_devices {list(rollout)} and train_devices "
+                          f"{list(train)}: in server mode the vLLM server and the trainer each need devices of their "
+                          f"own. Give them disjoint sets, or share a device with colocate mode (vllm_mode='colocate').")
     return DevicePlan(kind, rollout, train)

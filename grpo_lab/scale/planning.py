@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_lab import device as device_module
+from grpo_lab.errors import ConfigError
 from grpo_lab.memory import GIB, VLLM_MEMORY_FRACTION, plan_memory
 from grpo_lab.scale.devices import default_rollout_count, plan_devices
 
@@ -62,11 +63,11 @@ def plan_resources(num_devices: int = 8, layout: str = "server", kind: str = "cu
     0–1
     """
     if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r}: use one of {', '.join(LAYOUTS)}")
+        raise ConfigError(f"layout={layout!r}: use one of {', '.join(LAYOUTS)}")
     if reward not in ("rule", "model"):
-        raise ValueError(f"reward={reward!r}: use 'rule' (a Python function, CPU) or 'model' (a reward model)")
-    if kind not in ("cuda", "npu"):
-        raise ValueError(f"kind={kind!r}: resource plans are for accelerators, 'cuda' or 'npu'")
+        raise ConfigError(f"reward={reward!r}: use 'rule' (a Python function, CPU) or 'model' (a reward model)")
+    if not device_module.is_accelerator(kind):
+        raise ConfigError(f"kind={kind!r}: resource plans are for accelerators, 'cuda' or 'npu'")
     var = device_module.visible_devices_var(kind)
     everything = list(range(num_devices))
     if layout == "server":

@@ -75,7 +75,7 @@ def trainer_command(plan: DevicePlan, spec_path: Path, bf16: bool, module: str =
     training device."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(plan.num_train_processes),
                "--num_machines", "1", "--mixed_precision", "bf16" if bf16 else "no", "--dynamo_backend", "no"]
-    if plan.kind == "cpu":
+    if device_module.is_cpu(plan.kind):
         command.append("--cpu")
     elif plan.num_train_processes > 1:
         command.append("--multi_gpu")

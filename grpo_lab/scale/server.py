@@ -43,7 +43,7 @@ def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: De
         at = command.index("--weight-transfer-config")
         del command[at:at + 2]
         command += ["--worker-extension-cls", WORKER_EXTENSION]
-    if plan.kind == "cpu":
+    if device_module.is_cpu(plan.kind):
         at = command.index("serve")
         command[at - 1:at + 2] = ["vllm.entrypoints.openai.api_server", "--model", train_config.model]
         command += ["--kv-cache-memory-bytes", str(int(config.cpu_kvcache_gib * 2**30)), *CPU_SERVER_FLAGS]

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     experiment = {k: v for k, v in args.items() if v is not dataclasses.MISSING}
     try:
         export = export_verl(out, TrainConfig(**experiment), target, overwrite=overwrite, deep=deep)
-    except (GrpoLabError, ValueError, FileNotFoundError, FileExistsError) as error:
+    except GrpoLabError as error:
         print(f"grpo-lab verl-export: {error}")
         return 2
     o = export.overrides

@@ -14,6 +14,7 @@ from typing import Any
 from grpo_lab import device as device_module
 from grpo_lab import rewards as rewards_module
 from grpo_lab.data import load_split
+from grpo_lab.errors import ExistingFileError, MissingFileError
 from grpo_lab.experiment import PROFILE_DEVICE, TrainConfig, load_train_rows
 from grpo_lab.rewards import RewardSet, prepare
 from grpo_lab.verl_export.files import launch_script, reward_module_source
@@ -78,11 +79,11 @@ def export_verl(out_dir: str | Path, config: TrainConfig | None = None, target: 
     folder = Path(out_dir)
     if folder.exists() and any(folder.iterdir()):
         if not overwrite:
-            raise FileExistsError(f"{folder} is not empty; choose a new folder or pass overwrite=True "
-                                  "(--overwrite) to replace its contents (nothing was written).")
+            raise ExistingFileError(f"{folder} is not empty; choose a new folder or pass overwrite=True "
+                                    "(--overwrite) to replace its contents (nothing was written).")
         if not (folder / MANIFEST_FILE).is_file():
-            raise FileExistsError(f"{folder} holds files that are not a verl export ({MANIFEST_FILE} is missing); "
-                                  "refusing to overwrite it. Choose an empty folder.")
+            raise ExistingFileError(f"{folder} holds files that are not a verl export ({MANIFEST_FILE} is missing); "
+                                    "refusing to overwrite it. Choose an empty folder.")
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
 
@@ -140,8 +141,8 @@ def load_export(folder: str | Path) -> LoadedExport:
     folder = Path(folder)
     manifest_path = folder / MANIFEST_FILE
     if not manifest_path.is_file():
-        raise FileNotFoundError(f"{folder} is not a verl export ({MANIFEST_FILE} is missing); write one with "
-                                "grpo_lab.verl_export.export_verl(folder, config).")
+        raise MissingFileError(f"{folder} is not a verl export ({MANIFEST_FILE} is missing); write one with "
+                               "grpo_lab.verl_export.export_verl(folder, config).")
     overrides = yaml.safe_load((folder / OVERRIDES_FILE).read_text(encoding="utf-8"))
     absolute = absolute_overrides(overrides, folder)
     return LoadedExport(folder, read_parquet(absolute["data.train_files"]), read_parquet(absolute["data.val_files"]),
@@ -165,7 +166,7 @@ def _readme(export: VerlExport, settings: Sequence[Setting], check: SchemaCheck)
     table = "\n".join(f"| `{s.key}` | `{hydra_value(s.value)}` | {s.source} |" for s in settings)
     rewards = f"rewards {list(config.rewards)} with weights {list(export.reward_weights)}"
     ray_env = " and ".join(f"`{k}={v}`" for k, v in device_module.ray_worker_env("npu").items())
-    ascend = ("" if target.device != "npu" else f"""
+    ascend = ("" if not device_module.is_npu(target.device) else f"""
 Ascend: `{LAUNCH_FILE}` sources the CANN and ATB environment scripts, sets `ASCEND_RT_VISIBLE_DEVICES`,
 `HCCL_CONNECT_TIMEOUT` and {ray_env} (so that Ray leaves the visible NPUs to verl), passes
 `trainer.device=npu` (verl detects the NPU itself when torch_npu is installed) and

@@ -69,7 +69,7 @@ def launch_script(overrides: dict[str, Any], target: VerlTarget) -> str:
         f"  unset {alloc_var}",
         "fi",
     ]
-    if target.device == "npu":
+    if device_module.is_npu(target.device):
         lines += ["# Ascend: CANN toolkit and ATB environment (verl's Ascend quick start).",
                   *[f'[ -f {script} ] && source {script}' for script in CANN_ENV_SCRIPTS],
                   "# HCCL connection timeout in seconds, as in verl's NPU example scripts."

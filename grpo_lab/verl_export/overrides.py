@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_lab import device as device_module
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import AUTO, TrainConfig, default_train_types
 from grpo_lab.memory import VLLM_MEMORY_FRACTION
@@ -142,7 +143,7 @@ def grpo_settings(config: TrainConfig, target: VerlTarget, num_train_rows: int) 
         Setting("trainer.project_name", target.project_name, "experiment tracking"),
         Setting("trainer.experiment_name", target.experiment_name, "experiment tracking"),
     ]
-    if target.device == "npu":
+    if device_module.is_npu(target.device):
         settings.append(Setting("actor_rollout_ref.rollout.enable_chunked_prefill", False,
                                 "as in verl's Ascend quick start (vllm-ascend)"))
     return settings

@@ -11,6 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from grpo_lab.errors import MissingFileError
 from grpo_lab.verl_export.overrides import override_args
 
 VERL_SOURCE_ENV = "GRPO_LAB_VERL_SOURCE"
@@ -54,9 +55,9 @@ def find_verl_config(source: str | Path | None = None) -> VerlConfigSource | Non
         for package in (path, path / "verl", path.parent.parent):
             if (package / "trainer" / "config" / "ppo_trainer.yaml").is_file():
                 return VerlConfigSource(package / "trainer" / "config", _verl_version(package), str(source))
-        raise FileNotFoundError(f"{source} holds no verl config (verl/trainer/config/ppo_trainer.yaml); point "
-                                f"{VERL_SOURCE_ENV} at a verl wheel (pip download verl --no-deps), a verl checkout "
-                                "or an installed verl package folder.")
+        raise MissingFileError(f"{source} holds no verl config (verl/trainer/config/ppo_trainer.yaml); point "
+                               f"{VERL_SOURCE_ENV} at a verl wheel (pip download verl --no-deps), a verl checkout "
+                               "or an installed verl package folder.")
     try:
         spec = importlib.util.find_spec("verl")
     except (ImportError, ValueError):

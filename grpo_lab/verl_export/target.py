@@ -27,8 +27,8 @@ class VerlTarget:
     """Default ``grpo-<profile>``."""
 
     def resolved(self, profile_device: str, profile_name: str, eval_size: int) -> VerlTarget:
-        kind = (self.device or ("cuda" if profile_device == "cpu" else profile_device)).strip().lower()
-        if kind not in ("cuda", "npu"):
+        kind = (self.device or ("cuda" if device_module.is_cpu(profile_device) else profile_device)).strip().lower()
+        if not device_module.is_accelerator(kind):
             raise ConfigError(f"verl trains on 'cuda' (NVIDIA) or 'npu' (Ascend) devices, not {kind!r}; "
                              "pass device='cuda' or device='npu'.")
         gpus = self.n_gpus_per_node

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_lab.errors import MissingFileError
 from grpo_lab.rewards import prepare
 from grpo_lab.verl_parity.metrics import as_course_records, validation_metric, validation_scores
 from grpo_lab.verl_parity.parity import (
@@ -57,8 +58,8 @@ def check_run(folder: str | Path, export_manifest: str | Path, export_overrides:
     folder = Path(folder)
     metrics, rollouts = read_metrics(folder / "metrics.jsonl"), read_rollouts(folder / "rollouts")
     if not metrics or not rollouts:
-        raise FileNotFoundError(f"{folder} has no verl metrics.jsonl or rollouts/ to check; a verl run writes them "
-                                "with trainer.logger=[console,file] and trainer.rollout_data_dir=<folder>/rollouts")
+        raise MissingFileError(f"{folder} has no verl metrics.jsonl or rollouts/ to check; a verl run writes them "
+                               "with trainer.logger=[console,file] and trainer.rollout_data_dir=<folder>/rollouts")
     manifest = json.loads(Path(export_manifest).read_text(encoding="utf-8"))
     reward_set = prepare(manifest["experiment"]["rewards"], manifest["reward_weights"])
     every = [record for step in sorted(rollouts) for record in rollouts[step]]

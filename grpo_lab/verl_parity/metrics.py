@@ -7,6 +7,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from grpo_lab.errors import DataError
+
 TIMING_PREFIX = "timing_s/"
 SCORE_KEY = "critic/score/mean"
 """The mean reward of a step's completions, before any KL term (verl's ``critic/`` keys exist without a critic)."""
@@ -80,7 +82,7 @@ def side_by_side(verl_metrics: Sequence[dict[str, Any]], trl_records: Sequence[d
     trl_rows = {int(r["step"]): r for r in trl_records}
     steps = [step for step in timings["steps_in_median"] if step in trl_rows]
     if not steps:
-        raise ValueError("the two runs share no step after the warm-up steps; nothing to compare")
+        raise DataError("the two runs share no step after the warm-up steps; nothing to compare")
 
     def median(rows: list[dict[str, Any]], key: str) -> float | None:
         values = [row[key] for row in rows if isinstance(row.get(key), (int, float))]
