@@ -5,26 +5,25 @@
 * :func:`smollm2_run`: ``benchmarks/grpo_smollm2/`` (``results.json`` and the base model's temperature probe
   ``probe_cpu.json``), the gpu recipe on SmolLM2-135M-Instruct on one H200.
 
-Each record carries where it came from (command, date, device) where the file records it. The rollout smoke runs of
+Each record carries where it came from (a :class:`~grpo_lab.committed.Provenance`) where the file records it; the
+SmolLM2 run records only its device. bench and verl_parity compare against the SmolLM2 run through
+:func:`smollm2_run` too. The rollout smoke runs of
 notebook 01 are read by :func:`grpo_lab.rollout.committed_smoke_runs`, the bench files by ``grpo_lab.bench``.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_lab import runs
+from grpo_lab.committed import Provenance, read_committed
 from grpo_lab.paths import BENCHMARKS_DIR
 
 KL_BRAKE_FILE = BENCHMARKS_DIR / "kl_brake" / "results.json"
 SMOLLM2_DIR = BENCHMARKS_DIR / "grpo_smollm2"
 """The SmolLM2 run's folder: ``results.json``, ``probe_cpu.json``, ``metrics.jsonl``, ``curves.png``."""
-
-
-def _read(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True)
@@ -49,9 +48,7 @@ class KLBrakeRun:
 class KLBrake:
     """``beta = 0`` against ``beta > 0`` on the tiny profile: same seeds, steps and held-out problems."""
 
-    command: str
-    date: str
-    device: str
+    provenance: Provenance
     max_steps: int
     seeds: tuple[int, ...]
     eval_size: int
@@ -61,12 +58,12 @@ class KLBrake:
 
 def kl_brake(path: str | Path = KL_BRAKE_FILE) -> KLBrake:
     """The committed KL-brake comparison (``benchmarks/kl_brake/run.py`` writes it)."""
-    data = _read(Path(path))
+    data = read_committed(path)
     settings = data["settings"]
     runs = tuple(KLBrakeRun(beta=run["beta"], seed=run["seed"], train_seconds=run["train_seconds"],
                             kl_last_25=run["train_metrics"].get("kl_last_25"), changes=run["changes"])
                  for run in data["runs"])
-    return KLBrake(command=data["command"], date=data["date"], device=data["machine"]["device"],
+    return KLBrake(provenance=Provenance(data["command"], data["date"], data["machine"]["device"], Path(path)),
                    max_steps=settings["max_steps"], seeds=tuple(settings["seeds"]), eval_size=settings["eval_size"],
                    train_types=tuple(settings["train_types"]), runs=runs)
 
@@ -93,6 +90,8 @@ class SmolLM2Run:
     """Mean GRPO step by rollout backend (``vllm_colocate``, ``hf_generate``): step, generation, update, reward …"""
     base_last_number_pass_at_1: dict[str, float]
     """The base model's samples right by their last number, by sampling temperature (the probe that chose T)."""
+    metrics: tuple[dict[str, Any], ...]
+    """The vLLM colocate run's per-step records (``metrics.jsonl``)."""
     folder: Path
 
     @property
@@ -101,10 +100,10 @@ class SmolLM2Run:
 
 
 def smollm2_run(folder: str | Path = SMOLLM2_DIR) -> SmolLM2Run:
-    """The committed SmolLM2 run (``benchmarks/grpo_smollm2/run.py`` writes ``results.json``; the CPU probe of the
-    base model ``probe_cpu.json``)."""
+    """The committed SmolLM2 run (``benchmarks/grpo_smollm2/run.py`` writes ``results.json``, the training run
+    ``metrics.jsonl``; the CPU probe of the base model ``probe_cpu.json``)."""
     folder = Path(folder)
-    data, probe = _read(folder / "results.json"), _read(folder / "probe_cpu.json")
+    data, probe = read_committed(folder / "results.json"), read_committed(folder / "probe_cpu.json")
     return SmolLM2Run(
         model=data["model"], device=data["device"], versions=dict(data["train_config"].get("versions", {})),
         recipe=data["recipe"], reward_weights=tuple(data["train_config"]["config"]["reward_weights"]),
@@ -112,4 +111,4 @@ def smollm2_run(folder: str | Path = SMOLLM2_DIR) -> SmolLM2Run:
         evaluated=data["after"]["model_dir"], note=data["after"].get("note", ""),
         step_seconds={backend: data[backend] for backend in ("vllm_colocate", "hf_generate")},
         base_last_number_pass_at_1={t: row["last_number_pass_at_1"] for t, row in probe["by_temperature"].items()},
-        folder=folder)
+        metrics=tuple(runs.read_metrics(folder / runs.METRICS_FILE)), folder=folder)

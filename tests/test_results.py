@@ -8,7 +8,9 @@ from grpo_lab.rollout import committed_smoke_runs
 
 def test_kl_brake_record_says_where_it_came_from():
     kl = results.kl_brake()
-    assert kl.command.startswith("python benchmarks/kl_brake/run.py") and kl.date and kl.device == "cpu"
+    where = kl.provenance
+    assert where.command.startswith("python benchmarks/kl_brake/run.py") and where.date and where.device == "cpu"
+    assert where.file == "results.json" and where.line().startswith("measured on cpu, ")
     assert {run.beta for run in kl.runs} >= {0.0} and {run.seed for run in kl.runs} == set(kl.seeds)
     run = kl.runs[0]
     assert run.points("trained", "greedy") == run.changes["trained"]["greedy"]["points"]
@@ -19,7 +21,7 @@ def test_smollm2_run_reads_results_and_probe():
     assert run.device == "NVIDIA H200" and run.versions["vllm"] and run.prompts_per_step == 16
     assert set(run.before) == set(run.after) >= {"all", "en", "zh"}
     assert set(run.step_seconds) == {"vllm_colocate", "hf_generate"} and run.base_last_number_pass_at_1
-    assert (run.folder / "curves.png").is_file()
+    assert (run.folder / "curves.png").is_file() and [r["step"] for r in run.metrics][:2] == [1, 2]
 
 
 def test_committed_smoke_runs_rebuild_their_command():

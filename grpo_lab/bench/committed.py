@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import runs
 from grpo_lab.bench.results import SCHEMA, load_results, step_ratio
 from grpo_lab.bench.roofline import DATASHEET_RATES, extra_forwards, model_cost, update_mfu
 from grpo_lab.bench.stats import RatioRange, Spread, median, speedup_range
 from grpo_lab.committed import Provenance, read_committed
 from grpo_lab.errors import ConfigError
 from grpo_lab.paths import RESULTS_DIR
+from grpo_lab.results import SMOLLM2_DIR, smollm2_run
 from grpo_lab.rollout.compare import SHAPES
 
 COMMITTED = {
@@ -210,7 +210,7 @@ def _verdicts(ratios: list[tuple[str, RatioRange]], threshold: float) -> str:
 
 
 def committed_targets(results_dir: str | Path = RESULTS_DIR / "h200",
-                      smollm2_dir: str | Path = RESULTS_DIR.parent / "grpo_smollm2") -> list[dict[str, str]]:
+                      smollm2_dir: str | Path = SMOLLM2_DIR) -> list[dict[str, str]]:
     """Each of :data:`PERFORMANCE_TARGETS` with what the committed files measured (ratios with their ranges) and a
     verdict from the conservative end, or why the files make no claim."""
     rollout, step, roofline = PERFORMANCE_TARGETS
@@ -265,24 +265,20 @@ def committed_grpo_split(folder: str | Path = RESULTS_DIR / "h200") -> list[dict
     return rows
 
 
-def committed_smollm2_steps(folder: str | Path = RESULTS_DIR.parent / "grpo_smollm2", first: int = 3,
-                            last: int = 6) -> dict[str, Any]:
-    """The committed SmolLM2-135M GRPO step on the H200 (``benchmarks/grpo_smollm2``), vLLM colocate against HF
-    ``generate`` over the same steps: ``run.py`` times HF's steps ``first``-``last`` (``results.json``,
-    ``hf_generate``); the vLLM run's steps ``first``-``last`` are read from its ``metrics.jsonl``, so both columns
+def committed_smollm2_steps(folder: str | Path = SMOLLM2_DIR, first: int = 3, last: int = 6) -> dict[str, Any]:
+    """The committed SmolLM2-135M GRPO step on the H200 (:func:`grpo_lab.results.smollm2_run` of ``folder``), vLLM
+    colocate against HF ``generate`` over the same steps: ``run.py`` times HF's steps ``first``-``last``
+    (``hf_generate``); the vLLM run's steps ``first``-``last`` come from its per-step records, so both columns
     cover the same steps (the vLLM mean over the whole run, with completions that shorten as it learns, is
     ``vllm_run_step_s``)."""
-    folder = Path(folder)
-    results = read_committed(folder / "results.json")
-    records = runs.read_metrics(folder / "metrics.jsonl")
-    window = [r for r in records if first <= r["step"] <= last]
-    if not window or "hf_generate" not in results:
-        raise ConfigError(f"{folder}: no steps {first}-{last} in metrics.jsonl or no hf_generate in results.json")
+    run = smollm2_run(folder)
+    window = [r for r in run.metrics if first <= r["step"] <= last]
+    if not window:
+        raise ConfigError(f"{folder}: no steps {first}-{last} in the vLLM run's metrics")
     vllm = {key: statistics.mean(r[key] for r in window) for key in ("step_time", "timing/generation_s")}
-    hf = results["hf_generate"]
+    hf, vllm_run = run.step_seconds["hf_generate"], run.step_seconds["vllm_colocate"]
     return {"steps": (first, last), "vllm_step_s": vllm["step_time"], "vllm_generation_s": vllm["timing/generation_s"],
             "hf_step_s": hf["step_s"], "hf_generation_s": hf["generation_s"],
             "speedup": hf["step_s"] / vllm["step_time"],
             "speedup_range": speedup_range([hf["step_s"]], [r["step_time"] for r in window], interleaved=False),
-            "vllm_run_step_s": results["vllm_colocate"]["step_s"], "vllm_run_steps": results["vllm_colocate"]["steps"],
-            "device": results.get("device", "")}
+            "vllm_run_step_s": vllm_run["step_s"], "vllm_run_steps": vllm_run["steps"], "device": run.device}

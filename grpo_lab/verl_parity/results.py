@@ -19,20 +19,21 @@ from typing import Any
 from grpo_lab import runs
 from grpo_lab.committed import Provenance, read_committed
 from grpo_lab.paths import BENCHMARKS_DIR
+from grpo_lab.results import SMOLLM2_DIR, smollm2_run
 from grpo_lab.verl_parity.check import RunCheck, check_run
 from grpo_lab.verl_parity.metrics import side_by_side, validation_metric, validation_scores
 from grpo_lab.verl_parity.parity import read_metrics
 
-RESULTS_FILE = "results.json"
 VERL_DIR = BENCHMARKS_DIR / "verl"
-VERL_RESULTS = VERL_DIR / RESULTS_FILE
+VERL_RESULTS = VERL_DIR / "results.json"
 """``benchmarks/verl/run.py``'s record of every phase: environment, the tiny run, merge, deploy, TRL, SmolLM2."""
 VERL_RUNS = VERL_DIR / "results"
 """verl's files of each run (``tiny``, ``smollm2``, ``smollm2-first-call``), TRL's of the tiny experiment (``trl``)."""
-TRL_SMOLLM2 = BENCHMARKS_DIR / "grpo_smollm2"
-"""TRL's colocated run of the SmolLM2 recipe (notebook 03's GPU results): its metrics and its evaluation."""
-TRL_METRICS = {"tiny": VERL_RUNS / "trl" / runs.METRICS_FILE, "smollm2": TRL_SMOLLM2 / runs.METRICS_FILE}
-"""The TRL colocate run each verl run is compared with."""
+TRL_TINY_METRICS = VERL_RUNS / "trl" / runs.METRICS_FILE
+"""TRL's colocated run of the tiny experiment, which the verl ``tiny`` run is compared with."""
+TRL_SMOLLM2 = SMOLLM2_DIR
+"""TRL's colocated run of the SmolLM2 recipe (notebook 03's GPU results, read by :func:`grpo_lab.results.smollm2_run`),
+which the verl ``smollm2`` run is compared with."""
 FIRST_CALL = "smollm2-first-call"
 """The SmolLM2 call stopped by its time limit after its validation before training: the "before" of SmolLM2."""
 
@@ -123,7 +124,8 @@ def committed_check(run: str) -> RunCheck:
 
 def committed_side_by_side(run: str) -> dict[str, Any]:
     """:func:`side_by_side` of a committed verl run and the TRL colocate run of the same experiment."""
-    return side_by_side(read_metrics(VERL_RUNS / run / runs.METRICS_FILE), runs.read_metrics(TRL_METRICS[run]))
+    trl = runs.read_metrics(TRL_TINY_METRICS) if run == "tiny" else list(smollm2_run(TRL_SMOLLM2).metrics)
+    return side_by_side(read_metrics(VERL_RUNS / run / runs.METRICS_FILE), trl)
 
 
 def step_ratio(comparison: dict[str, Any], part: str = "step") -> float:
@@ -157,7 +159,7 @@ def smollm2_validation(check: RunCheck, names: Sequence[str] = ("acc", "format")
 
 def trl_smollm2_greedy_before(folder: str | Path = TRL_SMOLLM2) -> float:
     """Notebook 03's greedy accuracy of the base SmolLM2-135M on the same test prompts (``grpo_lab.evaluation``)."""
-    return read_committed(Path(folder) / RESULTS_FILE)["before"]["report"]["greedy"]
+    return smollm2_run(folder).before["all"]["greedy"]
 
 
 def difference_z(before: float, after: float, n: int) -> float:
