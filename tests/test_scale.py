@@ -98,7 +98,7 @@ def test_memory_by_layout_splits_the_budget():
     from grpo_lab.memory import course_configs
 
     rows = scale.memory_by_layout(course_configs()["seed-2b-shaped"], 32, "npu", precision="bf16",
-                                  per_device_train_batch_size=8, num_generations=4, prompt_length=256,
+                                  per_device_train_batch_size=8, num_generations=4, max_prompt_length=256,
                                   max_completion_length=256)
     colocate, trainer, rollout = rows
     assert colocate["fits"] and "vllm_gpu_memory_utilization" in colocate["setting"]

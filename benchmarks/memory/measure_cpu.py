@@ -204,7 +204,7 @@ def record_shapes(record: dict) -> tuple[ModelShape, TrainingShape]:
         raise ValueError(f"Unknown case {record['case']!r}: not in TENSOR_CASES and not a GRPOTrainer run.")
     batch = record["per_device_train_batch_size"]
     training = TrainingShape(per_device_train_batch_size=batch, num_generations=record.get("num_generations", batch),
-                             prompt_length=record["prompt_length"],
+                             max_prompt_length=record["prompt_length"],
                              max_completion_length=record["max_completion_length"],
                              gradient_checkpointing=record["gradient_checkpointing"])
     return model_shape(config_name, layers), training

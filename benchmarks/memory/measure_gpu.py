@@ -314,7 +314,7 @@ def train_step_prediction(case: str) -> tuple[str, int]:
     """(peak phase, bytes) the planner predicts for a ``train-step`` case, from the parameters in its name."""
     c = _parameters(TRAIN_STEP_CASE, case)
     training = TrainingShape(per_device_train_batch_size=int(c["batch"]), num_generations=int(c["batch"]),
-                             prompt_length=int(c["prompt"]), max_completion_length=int(c["completion"]),
+                             max_prompt_length=int(c["prompt"]), max_completion_length=int(c["completion"]),
                              gradient_checkpointing=c["checkpointing"] == "on")
     phases = training_phases(ModelShape.from_config(CONFIG_DIR / f"{c['config']}.json"),
                              get_precision(c["precision"]), training, "cuda")
@@ -360,7 +360,7 @@ def colocate_budget(record: dict):
                        device_memory_gib=raw["device_total"] / GIB, device_kind="cuda",
                        vllm_gpu_memory_utilization=float(c["utilization"]),
                        per_device_train_batch_size=int(c["batch"]), num_generations=int(c["n"]),
-                       prompt_length=raw["prompt_length"], max_completion_length=int(c["completion"]),
+                       max_prompt_length=raw["prompt_length"], max_completion_length=int(c["completion"]),
                        gradient_checkpointing=raw["gradient_checkpointing"],
                        steps_per_generation=raw["steps_per_generation"], lora_r=LORA["r"] if use_lora else 0,
                        lora_target_modules=LORA_TARGET_MODULES, lora_dropout=LORA["lora_dropout"] if use_lora else 0.0,

@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--turns", type=int, default=4, help="user turns per chat (--workload chat)")
     parser.add_argument("--no-stream", action="store_true", help="whole answers instead of streams (no TTFT)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="longest request (default: deploy.default_max_model_len for the model)")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--log", default=None, help="server log file")
