@@ -144,8 +144,7 @@ def test_server_command_is_trls_with_cpu_substitutions(tmp_path):
     assert cpu[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", train_config.model]
     assert "--weight-transfer-config" not in cpu
     assert cpu[cpu.index("--worker-extension-cls") + 1] == weight_sync.WORKER_EXTENSION
-    assert cpu[cpu.index("--max-model-len") + 1] == str(train_config.max_prompt_length
-                                                        + train_config.max_completion_length)
+    assert cpu[cpu.index("--max-model-len") + 1] == str(train_config.max_model_len)  # memory.context_window
 
 
 def test_trainer_command_and_environment(monkeypatch):
