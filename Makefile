@@ -57,20 +57,27 @@ course: export GRPO_LAB_TRAIN_STEPS ?= 600
 course: install
 	$(PY) -m grpo_lab.course --out $(RUN_DIR)
 
-# The notebooks run once, as copies in $(EXECUTED_DIR) that keep their outputs (--overwrite), and before the tests:
-# tests/test_notebook_outputs.py then reads those outputs (no warnings, no progress bars, a check at the end, ...).
-# --reruns 1: a headless kernel has been seen (once in CI, in a widget cell) to stop answering nbclient, which then
-# waits out the per-cell timeout; the notebook then runs once more in a fresh kernel. A real failure fails twice.
-# TEST_WORKERS pytest-xdist workers share the work (tests/conftest.py groups it): one runs the notebooks in order and
-# then the rules over their outputs, the others take the test modules, a whole module each. 1 runs all in one process.
+# The notebooks run once, as copies in $(EXECUTED_DIR) that keep their outputs (--overwrite), then
+# tests/test_notebook_outputs.py reads those outputs (no warnings, no progress bars, a check at the end, ...). That runs
+# in one pytest process, in order (04, 05 and 09 use the run 03 trained), while a second process runs the other tests:
+# the two fill a 2-core machine (each process is single-threaded, OMP_NUM_THREADS=1). Their logs are printed when both
+# are done. The notebooks get their own MASTER_PORT so that a colocated trainer in each process never races for TRL's
+# default port. --reruns 1: a headless kernel has been seen (once in CI, in a widget cell) to stop answering nbclient,
+# which then waits out the per-cell timeout; the notebook then runs once more in a fresh kernel. A real failure fails
+# twice.
 EXECUTED_DIR ?= runs/executed
-TEST_WORKERS ?= 2
+PYTEST_ARGS := -q -p no:cacheprovider --reruns 1 --durations=10
 test: install browser $(VERL_WHEEL)
 	rm -rf $(EXECUTED_DIR) && mkdir -p $(EXECUTED_DIR) && cp notebooks/[0-9][0-9]_*.ipynb $(EXECUTED_DIR)/
-	GRPO_LAB_VERL_SOURCE=$$(test -f $(VERL_WHEEL) && echo $(abspath $(VERL_WHEEL))) \
-	  GRPO_LAB_EXECUTED_DIR=$(abspath $(EXECUTED_DIR)) $(PY) -m pytest -q --nbmake \
-	  $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) \
-	  --nbmake-timeout=900 --reruns 1 --overwrite --durations=15 $(EXECUTED_DIR) tests
+	@export GRPO_LAB_VERL_SOURCE=$$(test -f $(VERL_WHEEL) && echo $(abspath $(VERL_WHEEL))) \
+	  GRPO_LAB_EXECUTED_DIR=$(abspath $(EXECUTED_DIR)); start=$$(date +%s); \
+	MASTER_PORT=29510 $(PY) -m pytest $(PYTEST_ARGS) --nbmake --nbmake-timeout=900 --overwrite $(EXECUTED_DIR) \
+	  tests/test_notebook_outputs.py > $(EXECUTED_DIR).notebooks.log 2>&1 & notebooks=$$!; \
+	$(PY) -m pytest $(PYTEST_ARGS) tests --ignore=tests/test_notebook_outputs.py > $(EXECUTED_DIR).tests.log 2>&1; \
+	tests_rc=$$?; wait $$notebooks; notebooks_rc=$$?; \
+	echo "== the notebooks and the rules over their outputs (exit $$notebooks_rc)"; cat $(EXECUTED_DIR).notebooks.log; \
+	echo "== the tests (exit $$tests_rc)"; cat $(EXECUTED_DIR).tests.log; \
+	echo "make test: $$(( $$(date +%s) - start )) s"; test $$notebooks_rc = 0 && test $$tests_rc = 0
 
 # verl's own config schema, to check the verl export against (notebook 07, tests/test_verl_export.py): the wheel
 # is downloaded, never installed. Best effort: without it those checks skip and say so.

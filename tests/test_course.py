@@ -3,9 +3,8 @@
 import json
 
 import nbformat
-import pytest
 
-from grpo_lab import course, models, runs
+from grpo_lab import course, runs
 
 
 def write_notebook(path, *sources):
@@ -54,28 +53,6 @@ def test_every_course_notebook_is_committed_without_outputs():
         for cell in nb.cells:
             if cell.cell_type == "code":
                 assert not cell.outputs and cell.execution_count is None, f"{path.name} has outputs: strip them"
-
-
-@pytest.mark.slow
-def test_notebook_05_deploys_what_notebook_03_trained(tmp_path, monkeypatch):
-    """03 trains (a few steps), 05 finds that run, exports its final/ model, serves it and checks the served
-    tensors against the run's; the course summary names the run for both."""
-    monkeypatch.delenv(runs.RUN_DIR_ENV, raising=False)
-    monkeypatch.setenv("GRPO_LAB_TRAIN_STEPS", "3")
-    monkeypatch.setenv("GRPO_LAB_EVAL_SIZE", "24")  # holds both trained types
-    monkeypatch.setenv("GRPO_LAB_PROFILE", "tiny")
-    out = tmp_path / "course"
-    results = course.run_course(out, [course.NOTEBOOK_DIR / "03_grpo_training.ipynb",
-                                      course.NOTEBOOK_DIR / "05_deployment.ipynb"])
-    assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
-    (trained,) = [p for p in out.iterdir() if runs.is_run(p)]
-    assert results[0].runs == [f"trained {trained.name}"] and results[1].runs == [f"deployed {trained.name}"]
-    served = out / "deploy" / "model"
-    assert models.weights_digest(served) == models.weights_digest(trained / runs.FINAL)
-    assert models.weights_digest(served) != models.weights_digest(models.TINY_MODEL_DIR)  # 3 steps moved it
-    executed = nbformat.read(out / "05_deployment.ipynb", as_version=4)
-    shown = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
-    assert f"served = the trained run {trained.name}" in shown
 
 
 def test_where_next_names_notebooks_and_commands_that_exist():

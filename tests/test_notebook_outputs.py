@@ -248,6 +248,23 @@ def test_every_copied_notebook_was_executed():
     assert not not_run, f"copied but not executed: {not_run}"
 
 
+def _printed(nb) -> str:
+    return "".join(o.get("text", "") for cell in _code_cells(nb) for o in cell.get("outputs", [])
+                   if o.get("output_type") == "stream")
+
+
+def test_notebook_05_served_the_run_notebook_03_trained():
+    """One course, one model: 03 trains a run, 05 finds it, exports its final/ and serves it (05's own check compares
+    the served tensors with the run's). Read from the executed copies, so the notebooks run once."""
+    names = ("03_grpo_training.ipynb", "05_deployment.ipynb")
+    notebooks = {p.name: nbformat.read(p, as_version=4) for p in executed_notebooks() if p.name in names}
+    if len(notebooks) < 2 or not all(_was_executed(nb) for nb in notebooks.values()):
+        pytest.skip(f"notebooks 03 and 05 have not both been executed in {executed_dir()}")
+    trained = re.search(r"^run folder: (\S+)$", _printed(notebooks[names[0]]), re.MULTILINE)
+    assert trained, "notebook 03 printed no run folder"
+    assert f"served = the trained run {Path(trained.group(1)).name} " in _printed(notebooks[names[1]])
+
+
 # --------------------------------------------------------------------------------------------------
 # The rules themselves, on made-up notebooks (always run)
 # --------------------------------------------------------------------------------------------------
