@@ -23,11 +23,11 @@ dataloader takes one micro-batch ahead, before the weight sync that ends the cur
 trained one version later than it was checked (the lag reaches ``max_staleness + 1``; measured on this CPU).
 :class:`~grpo_lab.async_trainer.StalenessGate` keeps the promise exactly: it sits between the worker's queue and TRL's
 dataloader and checks each completion against the version of the step that *will* train it (the step is known from
-how many completions were taken, the version from the sync schedule). Each trained micro-batch then records the lag it actually had
-(``staleness/*`` in ``metrics.jsonl``, per completion in ``trained_samples.jsonl``). Because of that one micro-batch of
-look-ahead, ``max_staleness=1`` lets the worker generate only with the weights of the step being trained, which
-serialises generation and update again; ``max_staleness=2`` (the default here) is the smallest value that overlaps
-them.
+how many completions were taken, the version from the sync schedule). Each trained micro-batch then records the lag
+it actually had (``staleness/*`` in ``metrics.jsonl``, per completion in ``trained_samples.jsonl``). Because of that
+one micro-batch of look-ahead, ``max_staleness=1`` lets the worker generate only with the weights of the step being
+trained, which serialises generation and update again; ``max_staleness=2`` (the default here) is the smallest value
+that overlaps them.
 
 **Importance sampling.** A stale completion was sampled by an older policy, so its log-probabilities under the current
 policy differ from the ones the server reported. TRL 1.16's ``AsyncGRPOTrainer`` has *no* importance-sampling
@@ -99,8 +99,8 @@ class AsyncConfig:
 
     max_staleness: int = DEFAULT_MAX_STALENESS
     """A completion is trained only if its policy version lags the trainer's by at most this many versions
-    (:class:`~grpo_lab.async_trainer.StalenessGate` enforces it at the step that trains it). At least 1; 2 overlaps generation and update
-    (see the module docstring), TRL's own default is 4."""
+    (:class:`~grpo_lab.async_trainer.StalenessGate` enforces it at the step that trains it). At least 1; 2 overlaps
+    generation and update (see the module docstring), TRL's own default is 4."""
     max_inflight_tasks: int = -1
     """Completion requests the worker keeps in flight at once (its concurrency against the server). -1: TRL's rule,
     ``max(max_staleness, 1) ×`` completions per step."""

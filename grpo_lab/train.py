@@ -136,7 +136,9 @@ class MetricsLogger(TrainerCallback):
     ``timing/generation_s`` / ``timing/reward_s`` / ``timing/update_s``; inside generation (vLLM colocate)
     ``timing/vllm_generate_s`` (the engine), ``timing/weight_sync_s`` and ``timing/generation_other_s`` (log-prob
     extraction, tokenizing); inside the update ``timing/old_ref_logps_s`` (no-grad forwards for the old and reference
-    log-probs) and ``timing/backward_optimizer_s`` (the loss's forward, the backward and the optimizer step).
+    log-probs; no old one where the correction comes from the loss's forward,
+    :func:`grpo_lab.trainer.defers_correction`) and ``timing/backward_optimizer_s`` (the loss's forward, the backward
+    and the optimizer step).
     """
 
     def __init__(self, run_dir: Path, live_plot: bool = True, plot_every: int = 10, resume_step: int | None = None):

@@ -1,8 +1,8 @@
 """Test-only fault injection for ``tests/test_faults.py``: ``grpo-lab train`` whose trainer SIGKILLs its own process at
 one point of one step.
 
-``python tests/fault_injection.py POINT:STEP train [grpo-lab train options]`` kills at ``generation`` (inside step STEP's HF
-``generate``, at its first forward pass), ``update`` (step STEP's gradients computed, the optimizer step not yet
+``python tests/fault_injection.py POINT:STEP train [grpo-lab train options]`` kills at ``generation`` (inside step
+STEP's HF ``generate``, at its first forward pass), ``update`` (step STEP's gradients computed, the optimizer step not yet
 applied) or ``checkpoint`` (checkpoint-STEP's weights written, its optimizer state not yet). SIGKILL cannot be caught,
 so nothing gets to clean up: what is on disk then is what a crash leaves. The production trainer has no such hooks;
 this script installs a subclass in its place.
