@@ -61,8 +61,8 @@ def test_the_correction_comes_from_the_loss_forward_only_when_that_is_exact(tmp_
 
     from grpo_lab.trainer import defers_correction
 
-    args = GRPOConfig(output_dir=str(tmp_path), use_vllm=True, per_device_train_batch_size=8, num_generations=4,
-                      use_cpu=True, report_to="none", **changes)
+    args = GRPOConfig(**{"output_dir": str(tmp_path), "use_vllm": True, "per_device_train_batch_size": 8,
+                         "num_generations": 4, "use_cpu": True, "report_to": "none", **changes})
     assert defers_correction(args) is deferred
     assert defers_correction(args, tools=True) is False
 

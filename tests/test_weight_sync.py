@@ -59,10 +59,46 @@ def test_colocate_step_runs_with_the_fix_installed(one_step):
     assert "vLLM colocate" in result.backend
 
 
+def test_vllm_matches_the_trainer_only_with_the_fix(one_step):
+    result, prompt_ids, completion_ids = one_step
+    generation = result.trainer.vllm_generation
+    stale = gap(result, prompt_ids, completion_ids)  # vLLM still holds the weights from before the step
+    weight_sync.sync_weights_via_reload(generation, repack_lm_head=False)
+    head_not_repacked = gap(result, prompt_ids, completion_ids)
+    generation.sync_weights()  # what TRL calls before the next rollout: the installed fix
+    synced = gap(result, prompt_ids, completion_ids)
+    print(f"max |logp gap|: stale {stale:.3f}, reload without lm_head repack {head_not_repacked:.3f}, "
+          f"fixed {synced:.3f}")
+    assert stale > STALE_GAP, "the large-lr step should have moved the policy far from vLLM's copy"
+    assert synced < SYNCED_GAP
+    assert head_not_repacked > max(HEAD_GAP, 5 * synced), "without re-packing the tied lm_head the logits stay stale"
+
+
+def test_the_trainers_engine_evaluates_with_the_trainers_weights(one_step):
+    """TrainResult.rollout_engine(): evaluation after training borrows the colocated engine (no second engine, no
+    second share of the device), synced to the trainer's weights first; stopping it leaves the trainer's engine."""
+    import torch
+
+    from grpo_lab import data, evaluation
+
+    result, prompt_ids, completion_ids = one_step
+    with torch.no_grad():  # the trainer moves on: vLLM's copy is stale
+        for parameter in result.trainer.model.parameters():
+            parameter.mul_(1.5)
+    assert gap(result, prompt_ids, completion_ids) > STALE_GAP
+    engine = result.rollout_engine()
+    assert gap(result, prompt_ids, completion_ids) < SYNCED_GAP
+    rows = data.load_split("eval")[:2]
+    evaluated = evaluation.evaluate(result.final_model_dir, rows, num_samples=2, max_tokens=8, engine=engine)
+    assert evaluated.backend == "vllm" and [len(s) for s in evaluated.sampled_texts] == [2, 2] and engine.stopped
+    assert gap(result, prompt_ids, completion_ids) < SYNCED_GAP  # the trainer's engine still runs
+
+
 def test_deferred_correction_equals_trls_and_saves_the_old_logprob_forward(one_step, monkeypatch):
     """One generation batch per optimizer step: grpo_lab computes vLLM's importance-sampling correction from the
     loss's forward (grpo_lab.trainer.defers_correction). On the same generated batch the ratio, the loss and every
-    gradient equal TRL's unmodified computation, and generation makes no no-grad policy forward (beta = 0 here)."""
+    gradient equal TRL's unmodified computation, and generation makes no no-grad policy forward (beta = 0 here). Runs
+    after the sync tests: its rollouts sync vLLM to the trainer's weights."""
     import torch
     from trl import GRPOTrainer
 
@@ -114,41 +150,6 @@ def test_deferred_correction_equals_trls_and_saves_the_old_logprob_forward(one_s
     for name, gradient in gradients.items():
         torch.testing.assert_close(gradient, trl_gradients[name], rtol=1e-4, atol=1e-7, msg=name)
     trainer.model.zero_grad()
-
-
-def test_vllm_matches_the_trainer_only_with_the_fix(one_step):
-    result, prompt_ids, completion_ids = one_step
-    generation = result.trainer.vllm_generation
-    stale = gap(result, prompt_ids, completion_ids)  # vLLM still holds the weights from before the step
-    weight_sync.sync_weights_via_reload(generation, repack_lm_head=False)
-    head_not_repacked = gap(result, prompt_ids, completion_ids)
-    generation.sync_weights()  # what TRL calls before the next rollout: the installed fix
-    synced = gap(result, prompt_ids, completion_ids)
-    print(f"max |logp gap|: stale {stale:.3f}, reload without lm_head repack {head_not_repacked:.3f}, "
-          f"fixed {synced:.3f}")
-    assert stale > STALE_GAP, "the large-lr step should have moved the policy far from vLLM's copy"
-    assert synced < SYNCED_GAP
-    assert head_not_repacked > max(HEAD_GAP, 5 * synced), "without re-packing the tied lm_head the logits stay stale"
-
-
-def test_the_trainers_engine_evaluates_with_the_trainers_weights(one_step):
-    """TrainResult.rollout_engine(): evaluation after training borrows the colocated engine (no second engine, no
-    second share of the device), synced to the trainer's weights first; stopping it leaves the trainer's engine."""
-    import torch
-
-    from grpo_lab import data, evaluation
-
-    result, prompt_ids, completion_ids = one_step
-    with torch.no_grad():  # the trainer moves on: vLLM's copy is stale
-        for parameter in result.trainer.model.parameters():
-            parameter.mul_(1.5)
-    assert gap(result, prompt_ids, completion_ids) > STALE_GAP
-    engine = result.rollout_engine()
-    assert gap(result, prompt_ids, completion_ids) < SYNCED_GAP
-    rows = data.load_split("eval")[:2]
-    evaluated = evaluation.evaluate(result.final_model_dir, rows, num_samples=2, max_tokens=8, engine=engine)
-    assert evaluated.backend == "vllm" and [len(s) for s in evaluated.sampled_texts] == [2, 2] and engine.stopped
-    assert gap(result, prompt_ids, completion_ids) < SYNCED_GAP  # the trainer's engine still runs
 
 
 def test_trl_stock_sync_fails_on_vllm_cpu(one_step):
