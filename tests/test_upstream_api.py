@@ -78,7 +78,7 @@ def test_trainer_internals_exist():
         elif kind == "attribute":
             ok = re.search(rf"self\.{name}\s*(: [^=]+)?=(?!=)", inspect.getsource(target)) is not None
         elif kind == "batch":
-            ok = f'output["{name}"]' in inspect.getsource(target)
+            ok = re.search(rf'output\["{name}"\] =|"{name}": ', inspect.getsource(target)) is not None
         elif kind in ("config", "sample"):
             ok = name in {f.name for f in dataclasses.fields(target)}
         else:
