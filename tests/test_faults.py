@@ -1,8 +1,8 @@
 """Faults: a training process killed at any point resumes to the same result; a reward that raises is handled.
 
 The crash tests run the real ``grpo-lab train`` (``python -m grpo_lab.cli train``) on the shipped tiny model
-(HF generate, CPU, 6 steps, a checkpoint every 2) and SIGKILL it through ``GRPO_LAB_FAULT`` (see
-``grpo_lab.train.fault_point``) during a generation, during an update and while a checkpoint is being written.
+(HF generate, CPU, 6 steps, a checkpoint every 2) and SIGKILL it (a test-only trainer subclass,
+``tests/fault_injection.py``) during a generation, during an update and while a checkpoint is being written.
 Resumed with ``--resume-from-checkpoint true``, each run must load only a complete checkpoint, log every step
 exactly once and end with the same weights as a run that was never interrupted. The reward tests train in this
 process with a reward function that raises at step 3.
@@ -30,13 +30,13 @@ SMALL = dict(profile="tiny", per_device_train_batch_size=8, num_generations=4, t
 
 
 def grpo_lab_train(run: Path, *extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
-    """``grpo-lab train`` in a fresh process (one thread, offline), optionally with ``GRPO_LAB_FAULT``."""
+    """``grpo-lab train`` in a fresh process (one thread, offline); with ``fault="point:step"`` its trainer kills
+    itself there (``tests/fault_injection.py``)."""
     env = {key: value for key, value in os.environ.items()
-           if key not in (T.FAULT_ENV, "GRPO_LAB_MODEL", "GRPO_LAB_PROFILE", runs.RUN_DIR_ENV)}
+           if key not in ("GRPO_LAB_MODEL", "GRPO_LAB_PROFILE", runs.RUN_DIR_ENV)}
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    if fault:
-        env[T.FAULT_ENV] = fault
-    return subprocess.run([sys.executable, "-m", "grpo_lab.cli", "train", *CLI_ARGS, "--output-dir", str(run), *extra],
+    command = [str(REPO / "tests" / "fault_injection.py"), fault] if fault else ["-m", "grpo_lab.cli"]
+    return subprocess.run([sys.executable, *command, "train", *CLI_ARGS, "--output-dir", str(run), *extra],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -47,6 +47,26 @@ def test_cli_options_mirror_the_config_fields():
     assert args.use_vllm is False and args.learning_rate == 1e-4 and args.resume_from_checkpoint is True
 
 
+@pytest.mark.parametrize("changes, deferred", [
+    ({}, True),
+    ({"gradient_accumulation_steps": 2}, True),  # steps_per_generation follows it: one generation, one step
+    ({"use_vllm": False}, False),
+    ({"vllm_importance_sampling_correction": False}, False),
+    ({"num_iterations": 2}, False),  # the second pass trains on weights the batch was not generated with
+    ({"steps_per_generation": 2}, False),  # one generation feeds two optimizer steps
+    ({"gradient_accumulation_steps": 2, "steps_per_generation": 1}, False),
+])
+def test_the_correction_comes_from_the_loss_forward_only_when_that_is_exact(tmp_path, changes, deferred):
+    from trl import GRPOConfig
+
+    from grpo_lab.trainer import defers_correction
+
+    args = GRPOConfig(**{"output_dir": str(tmp_path), "use_vllm": True, "per_device_train_batch_size": 8,
+                         "num_generations": 4, "use_cpu": True, "report_to": "none", **changes})
+    assert defers_correction(args) is deferred
+    assert defers_correction(args, tools=True) is False
+
+
 # --------------------------------------------------------------------------------------------------
 # Bad input: a clear message before anything runs
 # --------------------------------------------------------------------------------------------------

@@ -7,9 +7,11 @@ the grpo_lab module that depends on each name.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import inspect
+import re
 
 import pytest
 
@@ -18,20 +20,11 @@ def parameters(function) -> list[str]:
     return list(inspect.signature(function).parameters)
 
 
-# (object path, attribute, the grpo_lab module that relies on it)
+# (object path, attribute, the grpo_lab module that relies on it); the trainers' own names are in their TRL_INTERNALS
 ATTRIBUTES = [
-    ("trl.GRPOTrainer", "_generate", "train (generation timing, fault hook)"),
-    ("trl.GRPOTrainer", "_calculate_rewards", "train (reward timing and errors)"),
-    ("trl.GRPOTrainer", "training_step", "train (NaN guard)"),
-    ("transformers.Trainer", "_save_checkpoint", "train (checkpoints renamed into place)"),
-    ("transformers.Trainer", "_get_output_dir", "train (checkpoint staging folder)"),
-    ("transformers.Trainer", "_save_optimizer_and_scheduler", "train (checkpoint fault hook)"),
-    ("transformers.Trainer", "pop_callback", "train (quiet progress bar)"),
-    ("transformers.trainer_utils", "PREFIX_CHECKPOINT_DIR", "train"),
-    ("transformers.trainer_utils", "rotate_checkpoints", "train"),
+    ("transformers.Trainer", "_save_optimizer_and_scheduler", "tests/fault_injection.py (checkpoint fault)"),
     ("trl.generation.vllm_generation.VLLMGeneration", "sync_weights", "weight_sync (replaced on the CPU)"),
     ("trl.generation.vllm_generation.VLLMGeneration", "_iter_named_params", "weight_sync"),
-    ("trl.generation.vllm_generation", "LLM", "train (the colocated engine starts without load/capture bars)"),
     ("vllm.LLM", "collective_rpc", "weight_sync, rollout"),
     ("vllm.LLM", "reset_prefix_cache", "rollout, bench"),
     ("vllm.LLM", "sleep", "rollout"),
@@ -41,17 +34,19 @@ ATTRIBUTES = [
     ("vllm.benchmarks.serve", "add_cli_args", "load_test's reference (benchmarks/serving/run.py --vllm-bench)"),
     ("vllm.benchmarks.serve", "main", "load_test's reference (benchmarks/serving/run.py --vllm-bench)"),
     ("vllm.utils.argparse_utils", "FlexibleArgumentParser", "load_test's reference (benchmarks/serving/run.py)"),
-    ("trl.experimental.async_grpo.packing", "_flash_attn", "async_grpo (replaced where FA3 does not load)"),
-    ("trl.experimental.async_grpo.async_grpo_trainer", "get_peak_flops_per_device", "async_grpo (off CUDA: None)"),
-    ("trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer", "training_step", "async_grpo (lag records)"),
-    ("trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer", "get_train_dataloader",
-     "async_grpo (reads rollout_queue, which the staleness gate replaces)"),
     ("trl.experimental.async_grpo.vllm_client.VLLMClient", "pause", "weight_sync.FileWeightTransfer"),
     ("trl.experimental.async_grpo.vllm_client.VLLMClient", "resume", "weight_sync.FileWeightTransfer"),
     ("trl.experimental.async_grpo.vllm_client.VLLMClient", "get_server_info", "weight_sync.FileWeightTransfer"),
     ("trl.chat_template_utils", "add_response_schema", "async_grpo (response template)"),
     ("trl.chat_template_utils", "qwen3_template", "async_grpo (ChatML response template)"),
 ]
+
+
+def trainer_internals():
+    """Every TRL name the two trainer modules rely on, each with the module that lists it."""
+    from grpo_lab import async_trainer, trainer
+
+    return [(module.__name__, entry) for module in (trainer, async_trainer) for entry in module.TRL_INTERNALS]
 
 
 def resolve(path: str):
@@ -70,37 +65,80 @@ def test_attribute_exists(path, name, user):
     assert hasattr(resolve(path), name), f"{path}.{name} is gone; grpo_lab.{user} relies on it"
 
 
+def test_trainer_internals_exist():
+    """Each name in grpo_lab.trainer.TRL_INTERNALS and grpo_lab.async_trainer.TRL_INTERNALS, against the installed TRL:
+    methods and module names exist, attributes are set by the owner class, batch keys are written by the method that
+    builds the batch, config fields are fields (and a
+    ``not_config`` name is still not one: if TRL brings it back, grpo_lab should pass it)."""
+    problems = []
+    for module, (kind, owner, name, why) in trainer_internals():
+        target = resolve(owner)
+        if kind in ("method", "module"):
+            ok = hasattr(target, name)
+        elif kind == "attribute":
+            ok = re.search(rf"self\.{name}\s*(: [^=]+)?=(?!=)", inspect.getsource(target)) is not None
+        elif kind == "batch":
+            ok = re.search(rf'output\["{name}"\] =|"{name}": ', inspect.getsource(target)) is not None
+        elif kind in ("config", "sample"):
+            ok = name in {f.name for f in dataclasses.fields(target)}
+        else:
+            assert kind == "not_config", kind
+            ok = name not in {f.name for f in dataclasses.fields(target)}
+        if not ok:
+            problems.append(f"{kind} {owner}.{name} ({module}: {why})")
+    assert not problems, "TRL changed under grpo_lab:\n  " + "\n  ".join(problems)
+
+
+def passed_fields(monkeypatch, module: str, name: str, build) -> set[str]:
+    """The keyword arguments ``build()`` passes to ``module.name`` (a TRL config class, recorded, not built)."""
+    passed = {}
+    monkeypatch.setattr(importlib.import_module(module), name, lambda **kwargs: passed.update(kwargs))
+    build()
+    return set(passed)
+
+
+def test_the_config_fields_grpo_lab_sets_are_listed(monkeypatch, tmp_path):
+    """Every GRPOConfig / AsyncGRPOConfig field grpo_lab passes is in its trainer module's TRL_INTERNALS (so the test
+    above checks it against TRL); TrainConfig's max_prompt_length is listed as not being one."""
+    from trl import GRPOConfig
+
+    from grpo_lab import async_grpo, train
+    from grpo_lab.device import Machine
+    from grpo_lab.experiment import TrainConfig
+
+    config = TrainConfig(profile="tiny", output_dir=str(tmp_path), reward_weights=(1.0,)).resolve(
+        Machine("cpu", bf16=False, memory_gib=16))
+    listed = {(owner, name) for _, (kind, owner, name, _) in trainer_internals() if kind == "config"}
+    sync = passed_fields(monkeypatch, "trl", "GRPOConfig", lambda: train.grpo_args(config, use_vllm=True))
+    assert {("trl.GRPOConfig", name) for name in sync} <= listed, sorted(sync - {n for _, n in listed})
+    asynchronous = passed_fields(monkeypatch, "trl.experimental.async_grpo", "AsyncGRPOConfig",
+                                 lambda: async_grpo.async_grpo_args(config, async_grpo.AsyncConfig().resolved(8), "u"))
+    owner = "trl.experimental.async_grpo.AsyncGRPOConfig"
+    assert {(owner, name) for name in asynchronous} <= listed, sorted(asynchronous - {n for _, n in listed})
+    assert set(config.trl_kwargs()) <= sync & asynchronous  # the shared vocabulary reaches both trainers
+
+    not_trl = {name for _, (kind, _, name, _) in trainer_internals() if kind == "not_config"}
+    trl_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    ours = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert "max_prompt_length" in not_trl and not_trl <= ours and not not_trl & trl_fields
+
+
 def test_overridden_signatures_match():
     """grpo_lab's trainer overrides these with the same parameters; a changed signature would bypass it."""
     from transformers import Trainer
     from trl import GRPOTrainer
 
     assert parameters(GRPOTrainer._generate) == ["self", "prompts"]
+    assert parameters(GRPOTrainer._generate_and_score_completions) == ["self", "inputs"]
+    assert parameters(GRPOTrainer._compute_loss) == ["self", "model", "inputs"]
+    assert parameters(GRPOTrainer._get_per_token_logps_and_entropies)[:5] == [
+        "self", "model", "input_ids", "attention_mask", "logits_to_keep"]
+    assert parameters(GRPOTrainer.training_step) == ["self", "model", "inputs", "num_items_in_batch"]
     assert parameters(GRPOTrainer._calculate_rewards) == ["self", "inputs", "prompts", "completions",
                                                           "completion_ids_list"]
     assert parameters(Trainer._save_checkpoint)[:3] == ["self", "model", "trial"]
     assert parameters(Trainer._get_output_dir) == ["self", "trial"]
     assert parameters(Trainer._save_optimizer_and_scheduler) == ["self", "output_dir"]
-
-
-def test_grpo_config_has_the_fields_train_config_uses():
-    """Every TRL field name grpo_lab.train.TrainConfig mirrors is a real GRPOConfig field."""
-    from dataclasses import fields
-
-    from trl import GRPOConfig
-
-    from grpo_lab.experiment import TrainConfig
-
-    trl_fields = {f.name for f in fields(GRPOConfig)}
-    mirrored = ["num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
-                "max_completion_length", "learning_rate", "beta", "loss_type", "scale_rewards", "temperature",
-                "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "save_steps", "warmup_steps",
-                "lr_scheduler_type", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
-                "vllm_enable_sleep_mode"]
-    ours = {f.name for f in fields(TrainConfig)}
-    missing = [name for name in mirrored if name in ours and name not in trl_fields]
-    assert not missing, f"TrainConfig fields without a GRPOConfig counterpart: {missing}"
-    assert {"num_generations", "beta", "loss_type", "vllm_gpu_memory_utilization"} <= ours
 
 
 def test_lora_names_are_trl_and_peft_names():
@@ -140,20 +178,9 @@ def test_vllm_cpu_gemm_dispatch_exists():
     assert hasattr(utils, "dispatch_cpu_unquantized_gemm")
 
 
-def test_async_grpo_names_exist():
-    """grpo_lab.async_grpo passes these AsyncGRPOConfig fields and reads these trainer and sample attributes (TRL
-    1.16's experimental names; TRL 1.18 renames them)."""
-    from dataclasses import fields
+def test_async_grpo_signatures():
+    """grpo_lab.async_trainer passes these to AsyncGRPOTrainer and overrides training_step with the same parameters."""
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
-    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
-
-    config_fields = {f.name for f in fields(AsyncGRPOConfig)}
-    used = {"max_staleness", "max_inflight_tasks", "weight_sync_steps", "queue_maxsize", "token_budget", "dtype",
-            "vllm_server_base_url", "vllm_server_timeout", "num_generations", "max_completion_length", "temperature",
-            "top_p", "log_completions"}
-    assert used <= config_fields, f"AsyncGRPOConfig lost {sorted(used - config_fields)}"
     assert {"weight_transfer", "rollout_worker"} <= set(parameters(AsyncGRPOTrainer.__init__))
-    assert {"model_version", "group_id", "input_ids", "completion_mask", "old_log_probs"} <= {
-        f.name for f in fields(RolloutSample)}
     assert parameters(AsyncGRPOTrainer.training_step) == ["self", "model", "inputs", "num_items_in_batch"]

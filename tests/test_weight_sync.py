@@ -94,6 +94,64 @@ def test_the_trainers_engine_evaluates_with_the_trainers_weights(one_step):
     assert gap(result, prompt_ids, completion_ids) < SYNCED_GAP  # the trainer's engine still runs
 
 
+def test_deferred_correction_equals_trls_and_saves_the_old_logprob_forward(one_step, monkeypatch):
+    """One generation batch per optimizer step: grpo_lab computes vLLM's importance-sampling correction from the
+    loss's forward (grpo_lab.trainer.defers_correction). On the same generated batch the ratio, the loss and every
+    gradient equal TRL's unmodified computation, and generation makes no no-grad policy forward (beta = 0 here). Runs
+    after the sync tests: its rollouts sync vLLM to the trainer's weights."""
+    import torch
+    from trl import GRPOTrainer
+
+    result, _, _ = one_step
+    trainer = result.trainer
+    assert trainer.deferred_correction and trainer.beta == 0.0
+    forwards = []
+    original = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def counted(self, *args, **kwargs):
+        forwards.append(torch.is_grad_enabled())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", counted)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    rows = [trainer.train_dataset[i] for i in range(2) for _ in range(4)]
+    deferred_batch = trainer._generate_and_score_completions(rows)
+    assert forwards == [] and "old_per_token_logps" not in deferred_batch
+    assert "importance_sampling_ratio" not in deferred_batch and "sampling_per_token_logps" in deferred_batch
+
+    trainer.deferred_correction = False  # TRL's own path, on a fresh batch
+    try:
+        batch = trainer._generate_and_score_completions(rows)
+        assert forwards == [False]  # the old log-probs' no-grad forward
+        assert {"old_per_token_logps", "importance_sampling_ratio"} <= set(batch)
+
+        def loss_and_gradients(inputs):
+            trainer.model.zero_grad()
+            torch.manual_seed(0)
+            loss = trainer._compute_loss(trainer.model, inputs)
+            loss.backward()
+            return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+        trl_loss, trl_gradients = loss_and_gradients(batch)
+        trainer.deferred_correction = True
+        inputs = {k: v for k, v in batch.items() if k not in ("old_per_token_logps", "importance_sampling_ratio")}
+        forwards.clear()
+        loss, gradients = loss_and_gradients(inputs)
+    finally:
+        trainer.deferred_correction = True
+    assert forwards == [True]  # only the loss's own forward
+    ratio = batch["importance_sampling_ratio"]
+    assert (ratio > 0).any()  # not every sequence masked out: the comparison weighs real terms
+    print(f"ratio in [{ratio.min():.4f}, {ratio.max():.4f}], loss {trl_loss:.6f} (TRL) vs {loss:.6f}")
+    torch.testing.assert_close(inputs["importance_sampling_ratio"], ratio, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss, trl_loss, rtol=1e-5, atol=1e-7)
+    assert gradients.keys() == trl_gradients.keys() and gradients
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(gradient, trl_gradients[name], rtol=1e-4, atol=1e-7, msg=name)
+    trainer.model.zero_grad()
+
+
 def test_trl_stock_sync_fails_on_vllm_cpu(one_step):
     """Why the layer exists (runs last: the failed load leaves the engine half-updated)."""
     from trl.generation.vllm_generation import VLLMGeneration

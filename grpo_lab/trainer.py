@@ -1,0 +1,287 @@
+"""The trainer grpo_lab trains with: TRL's ``GRPOTrainer``, unchanged in what it computes, plus timings, a NaN guard,
+reward errors that say what to do, checkpoints renamed into place once complete, the vLLM-CPU weight sync, and no
+no-grad forward the loss does not need (:class:`GRPOLabTrainer`).
+
+This module imports TRL (whose trainer loads vLLM: seconds), so :mod:`grpo_lab.train` imports it only when it builds
+a trainer. Every TRL and transformers name the trainer overrides, reads or sets is listed once, in
+:data:`TRL_INTERNALS`; ``tests/test_upstream_api.py`` checks each against the installed versions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from trl import GRPOTrainer
+from trl.generation import vllm_generation
+
+from grpo_lab import device, env, runs, weight_sync
+from grpo_lab.errors import NAN_ADVICE, TrainingDivergedError
+from grpo_lab.rewards import RewardValidationError, ValidatedReward
+
+
+class TrlName(NamedTuple):
+    """One name of TRL (or transformers) that grpo_lab relies on."""
+
+    kind: str
+    """``method`` (overridden or called), ``attribute`` (set in ``owner.__init__``, read here), ``module`` (a
+    module-level name replaced or called), ``batch`` (a key of the batch ``owner`` returns, read or written here),
+    ``sample`` (a field of TRL's rollout sample), ``config`` (a ``GRPOConfig`` field grpo_lab sets or reads),
+    ``not_config`` (a :class:`~grpo_lab.experiment.TrainConfig` field under a TRL-style name that TRL's config does
+    *not* have)."""
+    owner: str
+    name: str
+    why: str
+
+
+TRL_INTERNALS: tuple[TrlName, ...] = (
+    TrlName("method", "trl.GRPOTrainer", "_generate", "generation time"),
+    TrlName("method", "trl.GRPOTrainer", "_generate_and_score_completions", "step timers; the deferred correction"),
+    TrlName("method", "trl.GRPOTrainer", "_get_per_token_logps_and_entropies", "no-grad forward time; the correction"),
+    TrlName("method", "trl.GRPOTrainer", "_compute_loss", "the importance-sampling correction from its forward"),
+    TrlName("method", "trl.GRPOTrainer", "_calculate_rewards", "reward timing, errors, skipped counts"),
+    TrlName("method", "trl.GRPOTrainer", "training_step", "NaN guard"),
+    TrlName("method", "transformers.Trainer", "_save_checkpoint", "checkpoints renamed into place"),
+    TrlName("method", "transformers.Trainer", "_get_output_dir", "checkpoint staging folder"),
+    TrlName("method", "transformers.Trainer", "pop_callback", "quiet progress bar (grpo_lab.train)"),
+    TrlName("module", "transformers.trainer_utils", "PREFIX_CHECKPOINT_DIR", "checkpoint names"),
+    TrlName("module", "transformers.trainer_utils", "rotate_checkpoints", "save_total_limit in checkpoints/"),
+    TrlName("module", "trl.generation.vllm_generation", "LLM", "the colocated engine starts without progress bars"),
+    TrlName("attribute", "trl.GRPOTrainer", "use_vllm", "which rollout backend"),
+    TrlName("attribute", "trl.GRPOTrainer", "vllm_generation", "timing, weight sync"),
+    TrlName("attribute", "trl.GRPOTrainer", "vllm_importance_sampling_correction", "the deferred correction"),
+    TrlName("attribute", "trl.GRPOTrainer", "vllm_importance_sampling_mode", "the correction's formula"),
+    TrlName("attribute", "trl.GRPOTrainer", "vllm_importance_sampling_clip_min", "the correction's formula"),
+    TrlName("attribute", "trl.GRPOTrainer", "vllm_importance_sampling_clip_max", "the correction's formula"),
+    TrlName("attribute", "trl.GRPOTrainer", "tools", "when the correction can be deferred"),
+    TrlName("attribute", "trl.GRPOTrainer", "reward_funcs", "reward errors"),
+    TrlName("attribute", "trl.GRPOTrainer", "reward_func_names", "which reward returned inf"),
+    TrlName("attribute", "trl.GRPOTrainer", "_metrics", "timings and counts in TRL's logs"),
+    *(TrlName("batch", "trl.GRPOTrainer._generate_and_score_completions", name, "the deferred correction")
+      for name in ("completion_mask", "sampling_per_token_logps", "old_per_token_logps", "importance_sampling_ratio")),
+    *(TrlName("config", "trl.GRPOConfig", name, "set by grpo_lab.train.grpo_args, or read here") for name in (
+        "output_dir", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
+        "max_completion_length", "learning_rate", "lr_scheduler_type", "warmup_steps", "temperature", "top_p",
+        "gradient_checkpointing", "bf16", "use_cpu", "logging_steps", "save_strategy", "save_steps",
+        "save_total_limit", "seed", "data_seed", "report_to", "log_completions", "vllm_server_timeout",
+        "vllm_server_base_url", "beta", "loss_type", "scale_rewards", "reward_weights", "use_vllm", "vllm_mode",
+        "vllm_group_port", "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_enable_sleep_mode",
+        "use_liger_kernel", "generation_kwargs", "dataloader_num_workers", "steps_per_generation", "num_iterations",
+        "vllm_importance_sampling_correction")),
+    TrlName("not_config", "trl.GRPOConfig", "max_prompt_length",
+            "TRL 1.16 has none and never truncates prompts: grpo_lab checks prompt lengths itself "
+            "(experiment.check_prompt_lengths) and sizes vLLM with vllm_max_model_length"),
+)
+
+
+@contextlib.contextmanager
+def _quiet_colocated_engine() -> Iterator[None]:
+    """While the trainer starts its colocated vLLM engine: no weight-loading or CUDA-graph-capture progress bars in a
+    notebook (TRL does not pass vLLM's ``use_tqdm_on_load``; the rollout engine does the same through its own
+    arguments)."""
+    original = getattr(vllm_generation, "LLM", None)
+    if original is None or env.show_progress():  # TRL without vLLM, or bars wanted
+        yield
+        return
+    vllm_generation.LLM = functools.partial(original, use_tqdm_on_load=False)
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = original
+
+
+def defers_correction(args: Any, tools: bool = False) -> bool:
+    """Whether a trainer with ``args`` (a ``GRPOConfig``) computes vLLM's importance-sampling correction
+    ``π_old / π_vLLM`` from the loss's own forward instead of TRL's separate no-grad forward at generation.
+
+    Exact when one generation batch feeds exactly one optimizer step (``steps_per_generation ==
+    gradient_accumulation_steps`` and ``num_iterations == 1``): every micro-batch's loss forward then runs before the
+    optimizer step, on the weights that generated the batch and on the same padded rows TRL's no-grad pass used, so
+    its log-probs, detached, *are* the old log-probs (TRL relies on the same identity without vLLM, where it skips the
+    old forward; with dropout on, each forward draws its own mask in both cases). Not with tool calls: TRL 1.16 does
+    not hand the loss the tool mask the correction needs. The reference model's forward (``beta > 0``) stays.
+    """
+    return bool(args.use_vllm and args.vllm_importance_sampling_correction and not tools and args.num_iterations == 1
+                and args.steps_per_generation == args.gradient_accumulation_steps)
+
+
+class GRPOLabTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer, unchanged in what it computes. It adds timings, a NaN guard, reward errors that say what to
+    do (and ``rewards/<name>/skipped`` counts), checkpoints renamed into place once complete, the CPU weight sync, and
+    computes vLLM's importance-sampling correction from the loss's own forward where that is exact
+    (:func:`defers_correction`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        with _quiet_colocated_engine():
+            super().__init__(*args, **kwargs)
+        self.weight_sync_installed = bool(self.use_vllm and weight_sync.install(self.vllm_generation))
+        self._staging: Path | None = None
+        self._timers: dict[str, float] = {}
+        self._loss_inputs: dict[str, Any] | None = None
+        self.deferred_correction = defers_correction(self.args, bool(self.tools))
+        """Compute vLLM's importance-sampling correction from the loss's forward (:func:`defers_correction`)."""
+        if self.use_vllm and self.vllm_generation.mode == "colocate":  # time vLLM's own calls inside _generate
+            self._time_calls(self.vllm_generation.llm, "generate", "timing/vllm_generate_s")
+            self._time_calls(self.vllm_generation, "sync_weights", "timing/weight_sync_s")
+
+    def _time_calls(self, owner: Any, name: str, key: str) -> None:
+        """Add the wall time of every call of ``owner.name`` to the step's ``key`` (device synchronised)."""
+        call = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            device.synchronize(self.model.device.type)
+            start = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                device.synchronize(self.model.device.type)
+                self._timers[key] = self._timers.get(key, 0.0) + time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+    @contextlib.contextmanager
+    def _correction_deferred(self) -> Iterator[None]:
+        """While TRL generates and scores: with ``deferred_correction``, no old-log-prob forward and no ratio
+        (``_compute_loss`` computes it)."""
+        if not self.deferred_correction:
+            yield
+            return
+        self.vllm_importance_sampling_correction = False
+        try:
+            yield
+        finally:
+            self.vllm_importance_sampling_correction = True
+
+    def _generate_and_score_completions(self, inputs):
+        """TRL's, with the step's timers reset before and logged after (one generation batch per call)."""
+        self._timers = {}
+        with self._correction_deferred():
+            result = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        for key, seconds in self._timers.items():
+            self._metrics[mode][key].append(seconds)
+        return result
+
+    def _compute_loss(self, model, inputs):
+        """TRL's; with ``deferred_correction`` the policy forward it starts with also yields the correction."""
+        deferred = self.deferred_correction and "importance_sampling_ratio" not in inputs
+        self._loss_inputs = inputs if deferred else None
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._loss_inputs = None
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        """TRL's. Inside a deferred ``_compute_loss`` its first call is the policy's forward: its log-probs, detached,
+        give the importance-sampling ratio. The no-grad calls (old and reference log-probs) are timed."""
+        if self._loss_inputs is not None:
+            inputs, self._loss_inputs = self._loss_inputs, None
+            result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            inputs["importance_sampling_ratio"] = self.importance_sampling_ratio(result[0].detach(), inputs)
+            return result
+        if torch.is_grad_enabled():
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        finally:
+            device.synchronize(self.model.device.type)
+            key = "timing/old_ref_logps_s"
+            self._timers[key] = self._timers.get(key, 0.0) + time.perf_counter() - start
+
+    def importance_sampling_ratio(self, old_logps: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor:
+        """vLLM's importance-sampling weight ``π_old / π_vLLM`` of a batch, by TRL 1.16's formula (in its
+        ``_generate_and_score_completions``): per token or per sequence, truncated or masked to
+        ``[clip_min, clip_max]``; tokens vLLM could not score weigh 1. Logs TRL's ``sampling/*`` metrics."""
+        mask = inputs["completion_mask"]
+        diff = torch.nan_to_num((old_logps - inputs["sampling_per_token_logps"]) * mask, nan=0.0)
+        mode = self.vllm_importance_sampling_mode
+        per_sequence = mode.startswith("sequence_")
+        ratio = torch.exp(diff.sum(dim=-1, keepdim=True) if per_sequence else diff)
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if mode.endswith("_truncate"):
+            ratio = torch.clamp(ratio, min=low, max=high)
+        elif mode.endswith("_mask"):
+            too_far = (ratio < (-math.inf if low is None else low)) | (ratio > (math.inf if high is None else high))
+            ratio = ratio.masked_fill(too_far, 0.0)
+        else:
+            raise ValueError(f"Unknown vLLM importance sampling mode: {mode}.")
+        delta = (old_logps - inputs["sampling_per_token_logps"]).abs()[mask.bool()]
+        self._log_correction(delta[~torch.isnan(delta)], ratio.flatten() if per_sequence else ratio[mask.bool()])
+        return ratio
+
+    def _log_correction(self, delta: torch.Tensor, ratios: torch.Tensor) -> None:
+        """TRL's ``sampling/*`` metrics of the correction (per micro-batch here, per generation batch in TRL)."""
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        for name, values, stats in (("sampling_logp_difference", delta, ("mean", "max")),
+                                    ("importance_sampling_ratio", ratios, ("min", "mean", "max"))):
+            for stat in stats:
+                value = getattr(values, stat)() if values.numel() else values.new_zeros(())
+                metrics[f"sampling/{name}/{stat}"].append(getattr(self.accelerator.gather(value), stat)().item())
+
+    def _generate(self, prompts):
+        start = time.perf_counter()
+        result = super()._generate(prompts)
+        self._metrics["train" if self.model.training else "eval"]["timing/generation_s"].append(
+            time.perf_counter() - start)
+        return result
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        start = time.perf_counter()
+        mode = "train" if self.model.training else "eval"
+        skipping = [(fn, len(fn.issues)) for fn in self.reward_funcs
+                    if isinstance(fn, ValidatedReward) and fn.mode == "skip"]
+        try:
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        except RewardValidationError as error:
+            raise RewardValidationError(
+                f"{error} This was at step {self.state.global_step + 1}, before its update: nothing of that step "
+                f"was applied and every saved checkpoint is intact. Fix the function and continue with "
+                f"resume_from_checkpoint=True (same output_dir), or set reward_errors='skip' to record None for "
+                f"such samples and go on.") from error
+        self._metrics[mode]["timing/reward_s"].append(time.perf_counter() - start)
+        for fn, seen in skipping:
+            skipped = sum(len(completions) if issue.index is None else 1 for issue in fn.issues[seen:])
+            self._metrics[mode][f"rewards/{fn.__name__}/skipped"].append(float(skipped))
+        if torch.isinf(rewards).any():
+            bad = [self.reward_func_names[j] for j in range(rewards.shape[1]) if torch.isinf(rewards[:, j]).any()]
+            raise TrainingDivergedError(f"reward function(s) {bad} returned inf at step {self.state.global_step}."
+                                        f" {NAN_ADVICE}")
+        return rewards
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if not torch.isfinite(loss).all():
+            raise TrainingDivergedError(f"the loss is {loss.item()} at step {self.state.global_step + 1} "
+                                        f"(before the optimizer step). {NAN_ADVICE}")
+        return loss
+
+    def _save_checkpoint(self, model, trial):
+        """The Trainer's save, into ``<run>/.partial/checkpoint-N``, then renamed into ``checkpoints/``."""
+        checkpoints = Path(super()._get_output_dir(trial))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging = checkpoints.parent / runs.PARTIAL
+        if self.args.should_save:
+            shutil.rmtree(staging / name, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self._staging = staging  # _get_output_dir answers with it while the Trainer writes
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            runs.publish_folder(staging / name, checkpoints / name)
+            rotate_checkpoints(output_dir=str(checkpoints), save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+
+    def _get_output_dir(self, trial):
+        return str(self._staging) if self._staging is not None else super()._get_output_dir(trial)
