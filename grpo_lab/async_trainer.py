@@ -33,6 +33,7 @@ import torch
 import trl.experimental.async_grpo.async_grpo_trainer as trainer_module
 from trl.experimental.async_grpo import AsyncGRPOTrainer, packing
 
+from grpo_lab import device
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.trainer import TrlName
 
@@ -193,7 +194,7 @@ class TorchTreeAttention:
 def attention_backend(kind: str) -> tuple[str, str]:
     """``("fa3" | "torch", why)``: TRL's FlashAttention-3 kernel where it loads (CUDA), else
     :class:`TorchTreeAttention`."""
-    if kind != "cuda":
+    if not device.is_cuda(kind):
         return "torch", f"FlashAttention-3 is a CUDA (Hopper) kernel; on {kind} the packed attention runs in torch"
     try:
         packing._flash_attn()
@@ -217,7 +218,7 @@ def trl_workarounds(kind: str) -> Iterator[dict[str, str]]:
     applied = {"attention": f"{backend}: {why}"}
     if backend == "torch":
         packing._flash_attn = lambda: TorchTreeAttention  # tree_attention looks it up in packing's globals
-    if kind != "cuda":
+    if not device.is_cuda(kind):
         trainer_module.get_peak_flops_per_device = _no_peak_flops
         applied["peak_flops"] = ("not queried: TRL asks torch.cuda for the device name, which fails off CUDA; no "
                                  "perf/mfu_* metrics")

@@ -52,7 +52,7 @@ from transformers import TrainerCallback
 from grpo_lab import device, env, experiment, lora, runs, weight_sync
 from grpo_lab.data import to_dataset
 from grpo_lab.device import Machine
-from grpo_lab.errors import NAN_ADVICE, ConfigError, GrpoLabError, TrainingDivergedError
+from grpo_lab.errors import NAN_ADVICE, ConfigError, ExistingFileError, GrpoLabError, TrainingDivergedError
 from grpo_lab.experiment import AUTO, TrainConfig
 from grpo_lab.memory import CPU_KV_CACHE_GIB, MemoryPlanError
 from grpo_lab.models import load_model_and_tokenizer, write_manifest
@@ -94,7 +94,7 @@ def choose_backend(config: TrainConfig) -> tuple[bool, str]:
     if config.use_vllm:
         where = "vLLM-CPU, weight sync through reload_weights" if weight_sync.vllm_runs_on_cpu() else "vLLM"
         return True, f"vLLM colocate ({where}), vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization}"
-    if config.device == "cpu":
+    if device.is_cpu(config.device):
         return False, experiment.CPU_BACKEND_REASON
     return False, "HF generate (use_vllm=False)"
 
@@ -110,14 +110,14 @@ def memory_note(asked: TrainConfig, config: TrainConfig, machine: Machine) -> di
     note: dict[str, Any] = {"vllm_gpu_memory_utilization": config.vllm_gpu_memory_utilization,
                             "chosen_by": chosen_by, "machine": dataclasses.asdict(machine)}
     try:
-        budget = experiment.plan_memory(config, machine)
+        budget = experiment.memory_budget(config, machine)
     except MemoryPlanError as error:
         note["planned"] = f"not planned: {error}"
         return note
     note.update(fits=budget.fits, training_peak_gib=round(budget.training_peak_bytes / 2**30, 3),
                 vllm_gib=round(budget.vllm_bytes / 2**30, 3), kv_cache_sequences=budget.sequences_in_kv_cache,
                 planned=budget.summary().splitlines()[0])
-    if chosen_by == "planner" and machine.kind == "cpu":
+    if chosen_by == "planner" and device.is_cpu(machine.kind):
         note["planned"] = experiment.choose_vllm_memory(config.with_profile(), machine)[1]
     if chosen_by == "given" and config.use_vllm and not budget.fits:
         warnings.warn(f"vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization} will not fit by the memory "
@@ -346,7 +346,7 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     experiment.check_lengths(config, getattr(model.config, "max_position_embeddings", None))
     experiment.check_prompt_lengths(rows, tokenizer, config.max_prompt_length)
     use_vllm, why = choose_backend(config)
-    if use_vllm and config.device == "cpu":  # GiB of host memory for the KV cache
+    if use_vllm and device.is_cpu(config.device):  # GiB of host memory for the KV cache
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{CPU_KV_CACHE_GIB:g}")
     columns = sorted({key for row in rows for key in row} & {"prompt", "answer", "unit", "type", "lang"})
     dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows])
@@ -368,8 +368,8 @@ def _prepare_run_dir(config: TrainConfig) -> tuple[Path, Path | None]:
     run_dir = Path(config.output_dir)
     resume = runs.resolve_resume(run_dir, config.resume_from_checkpoint)
     if resume is None and (run_dir / runs.CONFIG_FILE).exists():
-        raise FileExistsError(f"{run_dir} already holds a run. Continue it with resume_from_checkpoint=True, or "
-                              f"choose another output_dir (nothing was changed).")
+        raise ExistingFileError(f"{run_dir} already holds a run. Continue it with resume_from_checkpoint=True, or "
+                                f"choose another output_dir (nothing was changed).")
     run_dir.mkdir(parents=True, exist_ok=True)
     runs.discard_interrupted_saves(run_dir)
     return run_dir, resume

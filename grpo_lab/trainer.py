@@ -24,7 +24,7 @@ from trl import GRPOTrainer
 from trl.generation import vllm_generation
 
 from grpo_lab import device, env, runs, weight_sync
-from grpo_lab.errors import NAN_ADVICE, TrainingDivergedError
+from grpo_lab.errors import NAN_ADVICE, ConfigError, TrainingDivergedError
 from grpo_lab.rewards import RewardValidationError, ValidatedReward
 
 
@@ -213,7 +213,7 @@ class GRPOLabTrainer(GRPOTrainer):
             too_far = (ratio < (-math.inf if low is None else low)) | (ratio > (math.inf if high is None else high))
             ratio = ratio.masked_fill(too_far, 0.0)
         else:
-            raise ValueError(f"Unknown vLLM importance sampling mode: {mode}.")
+            raise ConfigError(f"vllm_importance_sampling_mode={mode!r}: unknown to this trainer (TRL 1.16's modes end in _truncate or _mask).")
         delta = (old_logps - inputs["sampling_per_token_logps"]).abs()[mask.bool()]
         self._log_correction(delta[~torch.isnan(delta)], ratio.flatten() if per_sequence else ratio[mask.bool()])
         return ratio

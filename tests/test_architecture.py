@@ -49,18 +49,13 @@ def test_grpo_lab_imports_sit_at_the_top_of_files():
     assert not late, "move these to the top of their file (or state why they must wait):\n" + "\n".join(late)
 
 
-# Modules another helper is rewriting while issue 27 lands: the two scans below skip them for now. They are next:
-# empty this after merging that branch, then fix what the scans report.
-NOT_YET_CONVERTED = {"train", "async_grpo"}
 BUILTIN_RAISES = {"ValueError", "RuntimeError", "FileNotFoundError"}
 DEVICE_KINDS = {"cpu", "cuda", "npu"}
 
 
 def _scanned_modules():
     for path in sorted(PACKAGE.rglob("*.py")):
-        top = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
-        if top not in NOT_YET_CONVERTED:
-            yield path, ast.parse(path.read_text(encoding="utf-8"))
+        yield path, ast.parse(path.read_text(encoding="utf-8"))
 
 
 def test_errors_derive_from_grpo_lab_error():

@@ -333,7 +333,7 @@ class TrainConfig:
                  "vllm_server_timeout")
         return {**{name: getattr(self, name) for name in names},
                 "output_dir": str(Path(self.output_dir) / CHECKPOINTS), "bf16": bool(self.bf16),
-                "use_cpu": self.device == "cpu", "save_strategy": "steps", "data_seed": self.seed, "report_to": "none",
+                "use_cpu": device.is_cpu(self.device), "save_strategy": "steps", "data_seed": self.seed, "report_to": "none",
                 "log_completions": False}
 
     def to_dict(self) -> dict[str, Any]:
