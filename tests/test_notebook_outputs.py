@@ -260,7 +260,7 @@ def test_notebook_05_served_the_run_notebook_03_trained():
     notebooks = {p.name: nbformat.read(p, as_version=4) for p in executed_notebooks() if p.name in names}
     if len(notebooks) < 2 or not all(_was_executed(nb) for nb in notebooks.values()):
         pytest.skip(f"notebooks 03 and 05 have not both been executed in {executed_dir()}")
-    trained = re.search(r"^run folder: (\S+)$", _printed(notebooks[names[0]]), re.MULTILINE)
+    trained = re.search(r"run folder: (\S+)", _printed(notebooks[names[0]]))
     assert trained, "notebook 03 printed no run folder"
     assert f"served = the trained run {Path(trained.group(1)).name} " in _printed(notebooks[names[1]])
 
