@@ -36,3 +36,11 @@ NAN_ADVICE = ("What to do: train in bf16 rather than fp16 (fp16 overflows), chec
 class TrainingDivergedError(GrpoLabError, RuntimeError):
     """The loss or a reward became NaN/inf; training stopped before the bad update was applied (its message ends with
     :data:`NAN_ADVICE`)."""
+
+
+class DeployError(GrpoLabError, RuntimeError):
+    """An export, a folder or a server that is not usable; the message says what to do."""
+
+
+class ServerDied(DeployError):
+    """The server process is not running (it died or was stopped) while a client needed it."""

@@ -43,7 +43,7 @@ from grpo_lab import (
     servers,
     train,
 )
-from grpo_lab.errors import ConfigError, DataError, MissingFileError
+from grpo_lab.errors import ConfigError, DataError, ExistingFileError, MissingFileError
 from grpo_lab.rollout import (
     RolloutConfig,
     Sampling,
@@ -550,7 +550,7 @@ def _(x: Inputs):
                                                  live_plot=False))
 
 
-@case("train/run-into-finished-run", FileExistsError, r"already holds a run", "resume_from_checkpoint=True, or choose "
+@case("train/run-into-finished-run", ExistingFileError, r"already holds a run", "resume_from_checkpoint=True, or choose "
       "another output_dir")
 def _(x: Inputs):
     run = x.finished_run()
@@ -895,7 +895,7 @@ def test_serve_cli_binds_loopback_and_reads_the_api_key_from_the_environment(mon
         def __exit__(self, *exc):
             return False
 
-    monkeypatch.setattr(deploy, "VLLMServer", Recorder)
+    monkeypatch.setattr(deploy.cli, "VLLMServer", Recorder)
     monkeypatch.setenv("GRPO_LAB_API_KEY", "from-env")
     with pytest.raises(Stop):
         deploy.main([str(TINY)])

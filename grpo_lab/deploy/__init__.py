@@ -1,0 +1,70 @@
+"""From a trained policy to a running vLLM OpenAI-compatible server.
+
+The seed's deployment section, every step real: export a self-contained folder (safetensors, tokenizer,
+chat template, generation config, manifest of checksums), verify it, reload it with transformers and
+compare greedy output with vLLM, serve it with ``python -m vllm.entrypoints.openai.api_server`` (the
+module exists in the CPU, CUDA and Ascend builds alike) and query it with the ``openai`` client.
+
+>>> from grpo_lab import deploy                                    # doctest: +SKIP
+>>> folder = deploy.export_model("runs/grpo/final", "runs/export")   # doctest: +SKIP
+>>> with deploy.VLLMServer(folder) as server:                        # doctest: +SKIP
+...     print(deploy.complete(server, "1 + 1 =").text)
+
+A package of one concern per module: ``export`` (the folder and its verification), ``server`` (vLLM's server as a
+watched child process, its settings, what a run serves), ``query`` (chat, completion, the greedy check) and ``cli``
+(``grpo-lab serve``); every name imports from ``grpo_lab.deploy``.
+"""
+
+from grpo_lab.deploy.cli import STOP_HELP, main
+from grpo_lab.deploy.export import REQUIRED_FILES, TOKENIZER_FILES, VerifyReport, export_model, verify_export
+from grpo_lab.deploy.query import (
+    GreedyCheck,
+    Reply,
+    chat,
+    compare_greedy,
+    complete,
+    curl_command,
+)
+from grpo_lab.deploy.server import (
+    ADAPTER_CONFIG,
+    ServeConfig,
+    VLLMServer,
+    VLLM_LORA_RANKS,
+    default_max_model_len,
+    serve_config,
+    served_weights,
+    suggest_max_model_len,
+)
+from grpo_lab.errors import DeployError, ServerDied
+
+__all__ = [
+    "ADAPTER_CONFIG",
+    "DeployError",
+    "GreedyCheck",
+    "REQUIRED_FILES",
+    "Reply",
+    "STOP_HELP",
+    "ServeConfig",
+    "ServerDied",
+    "TOKENIZER_FILES",
+    "VLLMServer",
+    "VLLM_LORA_RANKS",
+    "VerifyReport",
+    "chat",
+    "compare_greedy",
+    "complete",
+    "curl_command",
+    "default_max_model_len",
+    "export_model",
+    "main",
+    "serve_config",
+    "served_weights",
+    "suggest_max_model_len",
+    "verify_export",
+]
+
+# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
+from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
+
+__getattr__ = moved_names(__name__, moved={
+    name: f"grpo_lab.servers:{name}" for name in ("LOG_TAIL_LINES", "port_is_free", "wait_until_healthy")})
