@@ -79,6 +79,7 @@ MOVED = [
     ("grpo_lab.scale", "RELOAD_METHOD", "grpo_lab.weight_sync.RELOAD_METHOD"),
     ("grpo_lab.scale", "ReloadWeightsExtension", "grpo_lab.weight_sync.ReloadWeightsExtension"),
     ("grpo_lab.scale", "_indices", "grpo_lab.scale.device_indices"),  # benchmarks/async_grpo/run.py used it
+    ("grpo_lab.rollout.config", "MAX_MODEL_LEN_MARGIN", "grpo_lab.memory.CONTEXT_MARGIN"),
     ("grpo_lab.profiles", "get_profile", "grpo_lab.experiment.get_profile"),
     ("grpo_lab", "plan_memory", "grpo_lab.experiment.memory_budget"),
     ("grpo_lab.experiment", "plan_memory", "grpo_lab.experiment.memory_budget"),
