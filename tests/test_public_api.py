@@ -4,6 +4,8 @@ with its new place, `import grpo_lab` stays cheap, and the version is pyproject'
 pyproject filters DeprecationWarning out of test output; ``pytest.warns`` still sees it."""
 
 import importlib
+import json
+import re
 import subprocess
 import sys
 import warnings
@@ -37,6 +39,17 @@ def test_notebook_08_imports_are_public():
     for name in ("data", "doctor", "experiment", "rewards", "runs", "device", "paths", "train", "widgets", "env",
                  "TrainConfig", "Machine", "memory_budget", "register_reward", "load_jsonl", "write_jsonl"):
         assert name in grpo_lab.__all__, name
+
+
+def test_every_course_notebook_imports_only_public_names():
+    """What any notebook takes from grpo_lab's top level (``from grpo_lab import x, y``) is in the public list."""
+    for path in sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        source = "\n".join("".join(cell["source"]) for cell in json.loads(path.read_text())["cells"]
+                           if cell["cell_type"] == "code")
+        for names in re.findall(r"^from grpo_lab import ([\w, ]+)$", source, re.MULTILINE):
+            for name in names.split(","):
+                name = name.split(" as ")[0].strip()
+                assert name in grpo_lab.__all__, f"{path.name} imports grpo_lab.{name}"
 
 
 def test_import_grpo_lab_is_cheap():
@@ -78,7 +91,7 @@ MOVED = [
                                                                          "port_is_free")],
     ("grpo_lab.scale", "RELOAD_METHOD", "grpo_lab.weight_sync.RELOAD_METHOD"),
     ("grpo_lab.scale", "ReloadWeightsExtension", "grpo_lab.weight_sync.ReloadWeightsExtension"),
-    ("grpo_lab.scale", "_indices", "grpo_lab.scale.device_indices"),  # benchmarks/async_grpo/run.py used it
+    ("grpo_lab.scale", "_indices", "grpo_lab.scale.device_indices"),
     ("grpo_lab.rollout.config", "MAX_MODEL_LEN_MARGIN", "grpo_lab.memory.CONTEXT_MARGIN"),
     ("grpo_lab.profiles", "get_profile", "grpo_lab.experiment.get_profile"),
     ("grpo_lab", "plan_memory", "grpo_lab.experiment.memory_budget"),

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-devices", type=scale.device_indices, default=None)
     for name in SIZES:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
-    parser.add_argument("--train-option", type=bench._key_value, action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--train-option", type=bench.key_value, action="append", default=[], metavar="KEY=VALUE",
                         help="TrainConfig override for both parts, e.g. beta=0.0")
     args = parser.parse_args(argv)
     scale.exit_on_sigterm()

@@ -109,8 +109,6 @@ from grpo_lab.bench.workload import (
 )
 from grpo_lab.deprecation import moved_names
 
-_key_value = key_value  # benchmarks/scale_out/run.py's name for it
-
 __all__ = [
     "BENCH_PROFILES", "COMMITTED", "CONFIGS", "CONFIG_MEANING", "DATASHEET_RATES", "DEFAULT_PROFILE",
     "GRPO_STEP_TARGETS",

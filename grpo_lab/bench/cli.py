@@ -106,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         engine["hf_generate_options"] = dict(args.hf_option)
     try:
         profile = get_bench_profile(args.profile, **sizes)
-        command = "python -m grpo_lab.bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else
-                                                                                    sys.argv[1:]))
+        command = "python -m grpo_lab.bench " + " ".join(shlex.quote(a) for a in argv)
         results = run_bench(profile, model=args.model, shape=args.shape, parts=args.parts, configs=args.configs,
                             variants=args.variants, ragged=args.ragged, prefix_off=args.prefix_off, engine=engine,
                             grpo_backends=args.grpo_backends, train_overrides=dict(args.train_option),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.bench.results import SCHEMA, load_results, step_ratio
+from grpo_lab.bench.results import SCHEMA, check_results, load_results, step_ratio
 from grpo_lab.bench.roofline import DATASHEET_RATES, extra_forwards, model_cost, update_mfu
 from grpo_lab.bench.stats import RatioRange, Spread, median, speedup_range
 from grpo_lab.committed import Provenance, read_committed
@@ -46,8 +46,9 @@ def _provenance(path: Path, data: dict[str, Any]) -> Provenance:
 def _bench_files(folder: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     """This bench's results files in ``folder`` (other JSON files skipped), checked."""
     for path in sorted(Path(folder).glob("*.json")):
-        if read_committed(path).get("schema") == SCHEMA:
-            yield path, load_results(path)
+        data = read_committed(path)
+        if data.get("schema") == SCHEMA:
+            yield path, check_results(data)
 
 
 @dataclass(frozen=True)
