@@ -150,6 +150,10 @@ SUPPORTED_ONLY = {
                                   "scale_rewards='group'"),
     "resume_from_checkpoint": ((None, False), "resuming an asynchronous run is not supported by grpo_lab.async_grpo "
                                               "yet; start a fresh run"),
+    "use_peft": ((False,), "grpo_lab.async_grpo does not pass a LoRA config to AsyncGRPOTrainer (every weight would "
+                           "train); train LoRA with grpo_lab.train"),
+    "vllm_enable_sleep_mode": ((False,), "the rollout server of the asynchronous layout runs on its own device and "
+                                         "does not sleep; set vllm_enable_sleep_mode=False"),
 }
 
 

@@ -103,7 +103,8 @@ class StartSnapshot(TrainerCallback):
     tensors: dict[str, Any]
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.tensors = {name: tensor.clone() for name, tensor in tensors(model).items()}
+        # in host memory: a copy on the accelerator would hold a second model there for the whole run
+        self.tensors = {name: tensor.to("cpu", copy=True) for name, tensor in tensors(model).items()}
 
 
 def base_of(model: Any, names: Any = None) -> dict[str, Any]:

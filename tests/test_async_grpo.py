@@ -59,6 +59,8 @@ def test_experiments_async_grpo_cannot_run_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"beta=0.04(.|\n)*no reference model(.|\n)*loss_type='bnpo'"):
         async_grpo.async_train_config(TrainConfig(profile="tiny", beta=0.04, loss_type="bnpo",
                                                   output_dir=str(tmp_path / "other")))
+    with pytest.raises(ConfigError, match=r"use_peft=True: grpo_lab.async_grpo does not pass a LoRA config"):
+        async_grpo.async_train_config(TrainConfig(profile="tiny", use_peft=True, output_dir=str(tmp_path / "lora")))
 
 
 def test_reward_weights_are_folded_into_picklable_rewards():
