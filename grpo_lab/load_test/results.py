@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo_lab.committed import read_committed
 from grpo_lab.errors import ConfigError
 from grpo_lab.load_test.records import format_table
 from grpo_lab.paths import SERVING_RESULTS_DIR
@@ -24,16 +25,20 @@ def save_results(records: Sequence[dict[str, Any]], path: str | Path, command: s
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
-    body = json.loads(Path(path).read_text(encoding="utf-8"))
-    if body.get("schema") != SCHEMA:
-        raise ConfigError(f"{path} is not a load-test results file (schema {body.get('schema')!r}, want {SCHEMA}).")
-    return body
+    """A results file written by :func:`save_results`, checked."""
+    return _checked(path, json.loads(Path(path).read_text(encoding="utf-8")))
 
 
 def committed_results(prefix: str, folder: str | Path = SERVING_RESULTS_DIR) -> dict[str, dict[str, Any]]:
     """The committed results files whose name starts with ``prefix`` (``"cpu"``, ``"h200"``), by file stem;
     {} when none has been measured yet."""
-    return {path.stem: load_results(path) for path in sorted(Path(folder).glob(f"{prefix}*.json"))}
+    return {path.stem: _checked(path, read_committed(path)) for path in sorted(Path(folder).glob(f"{prefix}*.json"))}
+
+
+def _checked(path: str | Path, body: dict[str, Any]) -> dict[str, Any]:
+    if body.get("schema") != SCHEMA:
+        raise ConfigError(f"{path} is not a load-test results file (schema {body.get('schema')!r}, want {SCHEMA}).")
+    return body
 
 
 # How a run is named in each experiment of benchmarks/serving/run.py (its records list their "experiments")
