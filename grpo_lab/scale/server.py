@@ -46,7 +46,9 @@ def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: De
     if device_module.is_cpu(plan.kind):
         at = command.index("serve")
         command[at - 1:at + 2] = ["vllm.entrypoints.openai.api_server", "--model", train_config.model]
-        command += ["--kv-cache-memory-bytes", str(int(config.cpu_kvcache_gib * 2**30)), *CPU_SERVER_FLAGS]
+        kv_cache = device_module.vllm_kv_cache_arguments(train_config.vllm_gpu_memory_utilization,
+                                                          config.cpu_kvcache_gib, plan.kind)
+        command += ["--kv-cache-memory-bytes", str(kv_cache["kv_cache_memory_bytes"]), *CPU_SERVER_FLAGS]
     return command
 
 
