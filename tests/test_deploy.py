@@ -114,6 +114,8 @@ def test_serve_query_and_stop(exported, tmp_path):
         # transformers and vLLM agree on greedy output for the exported weights
         check = deploy.compare_greedy(exported, server, [messages], max_tokens=24)
         assert check.matches == check.total, check
+        # fed transformers' own greedy tokens, the server ranks every one of them first (prompt_logprobs)
+        assert check.compared_tokens > 0 and check.agreeing_tokens == check.compared_tokens and check.agrees(), check
         with pytest.raises(deploy.DeployError, match="longer than the server's max_model_len"):
             deploy.complete(server, "1 + 1 = " * 300, max_tokens=8)
         wrong_key = deploy.VLLMServer(server.config)

@@ -29,20 +29,25 @@ def varied_length_reward(prompts, completions, **kwargs):
 
 @pytest.fixture(scope="module")
 def one_step(tmp_path_factory):
+    from grpo_lab import evaluation
     from grpo_lab.data import load_split
-    from grpo_lab.train import TrainConfig, train
+    from grpo_lab.train import TrainConfig, prepare
 
     config = TrainConfig(profile="tiny", output_dir=str(tmp_path_factory.mktemp("run") / "colocate"), max_steps=1,
                          per_device_train_batch_size=8, num_generations=4, learning_rate=1e-2, use_vllm=True,
                          vllm_gpu_memory_utilization=0.3, save_steps=100, live_plot=False, train_size=16)
-    result = train(config, reward_funcs=[varied_length_reward])
+    training = prepare(config, reward_funcs=[varied_length_reward])
+    engine = training.rollout_engine()  # the trainer's engine, lent before training (notebook 03's base evaluation)
+    before = evaluation.evaluate(training.config.model, load_split("eval")[:2], num_samples=2, max_tokens=8,
+                                 engine=engine)
+    result = training.train()
     trainer = result.trainer
     tokenizer = trainer.processing_class
     row = load_split("eval")[0]
     prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     completion_ids = tokenizer(row["completion"] + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
-    yield result, prompt_ids, completion_ids
+    yield result, prompt_ids, completion_ids, before
     del trainer, result
     gc.collect()
 
@@ -53,14 +58,16 @@ def gap(result, prompt_ids, completion_ids):
 
 
 def test_colocate_step_runs_with_the_fix_installed(one_step):
-    result, _, _ = one_step
+    result, _, _, before = one_step
     assert result.global_step == 1
+    # before training, the trainer's own engine evaluated the base model: no second engine, and training went on
+    assert before.backend == "vllm" and before.engine_start_seconds < 1 and [len(s) for s in before.sampled_texts] == [2, 2]
     assert result.trainer.weight_sync_installed
     assert "vLLM colocate" in result.backend
 
 
 def test_vllm_matches_the_trainer_only_with_the_fix(one_step):
-    result, prompt_ids, completion_ids = one_step
+    result, prompt_ids, completion_ids, _ = one_step
     generation = result.trainer.vllm_generation
     stale = gap(result, prompt_ids, completion_ids)  # vLLM still holds the weights from before the step
     weight_sync.sync_weights_via_reload(generation, repack_lm_head=False)
@@ -81,7 +88,7 @@ def test_the_trainers_engine_evaluates_with_the_trainers_weights(one_step):
 
     from grpo_lab import data, evaluation
 
-    result, prompt_ids, completion_ids = one_step
+    result, prompt_ids, completion_ids, _ = one_step
     with torch.no_grad():  # the trainer moves on: vLLM's copy is stale
         for parameter in result.trainer.model.parameters():
             parameter.mul_(1.5)
@@ -102,7 +109,7 @@ def test_deferred_correction_equals_trls_and_saves_the_old_logprob_forward(one_s
     import torch
     from trl import GRPOTrainer
 
-    result, _, _ = one_step
+    result, _, _, _ = one_step
     trainer = result.trainer
     assert trainer.deferred_correction and trainer.beta == 0.0
     forwards = []
@@ -156,6 +163,6 @@ def test_trl_stock_sync_fails_on_vllm_cpu(one_step):
     """Why the layer exists (runs last: the failed load leaves the engine half-updated)."""
     from trl.generation.vllm_generation import VLLMGeneration
 
-    result, _, _ = one_step
+    result, _, _, _ = one_step
     with pytest.raises(AttributeError, match="weight_loader"):
         VLLMGeneration.sync_weights(result.trainer.vllm_generation)

@@ -18,12 +18,14 @@ watched child process, its settings, what a run serves), ``query`` (chat, comple
 from grpo_lab.deploy.cli import STOP_HELP, main
 from grpo_lab.deploy.export import REQUIRED_FILES, TOKENIZER_FILES, VerifyReport, export_model, verify_export
 from grpo_lab.deploy.query import (
+    TOKEN_AGREEMENT_FLOOR,
     GreedyCheck,
     Reply,
     chat,
     compare_greedy,
     complete,
     curl_command,
+    top_token_agreement,
 )
 from grpo_lab.deploy.server import (
     ADAPTER_CONFIG,
@@ -47,6 +49,7 @@ __all__ = [
     "ServeConfig",
     "ServerDied",
     "TOKENIZER_FILES",
+    "TOKEN_AGREEMENT_FLOOR",
     "VLLMServer",
     "VLLM_LORA_RANKS",
     "VerifyReport",
@@ -60,6 +63,7 @@ __all__ = [
     "serve_config",
     "served_weights",
     "suggest_max_model_len",
+    "top_token_agreement",
     "verify_export",
 ]
 

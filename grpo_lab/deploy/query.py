@@ -71,35 +71,80 @@ def chat(server: VLLMServer, messages: list[dict[str, str]], max_tokens: int = 3
                  out.usage.completion_tokens, time.perf_counter() - start)
 
 
+TOKEN_AGREEMENT_FLOOR = 0.95
+"""The share of transformers' greedy tokens the server must also rank first, fed transformers' own text.
+
+In fp32 on both sides (the CPU) the share is 1.0 and the texts are identical. A server computing in bf16 (a GPU or
+NPU serving fp32 weights) breaks near-ties differently, and one different token sends the rest of a greedy text
+elsewhere; fed the same text, it still ranks nearly every token first. Weights that differ do not."""
+
+
 @dataclass
 class GreedyCheck:
-    """transformers greedy vs vLLM greedy on the same chat prompts."""
+    """transformers greedy vs vLLM greedy on the same chat prompts: identical texts, and the share of transformers'
+    greedy tokens the server ranks first when fed transformers' text (teacher forcing), which rounding cannot
+    move much."""
 
     total: int
     matches: int
     pairs: list[tuple[str, str]]
+    agreeing_tokens: int = 0
+    compared_tokens: int = 0
+
+    @property
+    def token_agreement(self) -> float:
+        return self.agreeing_tokens / self.compared_tokens if self.compared_tokens else float("nan")
+
+    def agrees(self, floor: float = TOKEN_AGREEMENT_FLOOR) -> bool:
+        """The server holds the weights transformers loaded: every text identical, or ``floor`` of the tokens."""
+        return self.matches == self.total or self.token_agreement >= floor
 
     def __str__(self) -> str:
-        rows = [f"{self.matches}/{self.total} prompts: transformers and vLLM greedy outputs identical"]
+        rows = [f"{self.matches}/{self.total} prompts: transformers and vLLM greedy outputs identical; fed "
+                f"transformers' text, the server ranks {self.agreeing_tokens} of its {self.compared_tokens} tokens "
+                f"first ({self.token_agreement:.1%})"]
         rows += [f"  {'=' if a == b else '≠'} hf: {a!r}\n    vllm: {b!r}" for a, b in self.pairs]
         return "\n".join(rows)
+
+
+def top_token_agreement(server: VLLMServer, prompt_ids: list[int], completion_ids: list[int],
+                        model: str | None = None) -> int:
+    """How many of ``completion_ids`` the server ranks first at their position, given the prompt and the tokens
+    before them (vLLM's ``prompt_logprobs`` on ``/v1/completions``: one forward pass, nothing sampled)."""
+    from openai import OpenAIError
+
+    try:
+        out = server.client().completions.create(model=model or server.config.served_model_name,
+                                                 prompt=list(prompt_ids) + list(completion_ids), max_tokens=1,
+                                                 temperature=0.0, extra_body={"prompt_logprobs": 1})
+    except OpenAIError as exc:
+        raise _request_error(exc, server) from None
+    ranked = out.choices[0].model_dump().get("prompt_logprobs")
+    if not ranked:
+        raise DeployError("the server returned no prompt_logprobs: this vLLM does not support them on /v1/completions")
+    positions = ranked[len(prompt_ids):]
+    return sum(next(int(token) for token, entry in candidates.items() if entry["rank"] == 1) == expected
+               for candidates, expected in zip(positions, completion_ids))
 
 
 def compare_greedy(folder: str | Path, server: VLLMServer, prompts: list[list[dict[str, str]]],
                    max_tokens: int = 32, model: str | None = None) -> GreedyCheck:
     """Reload the folder with transformers (the rollout engine's HF backend, fp32) and compare its greedy output
-    with the server's.
+    with the server's: the texts, and each of transformers' tokens against the server's first choice at its place.
 
     Identical text is what intact weights and a shared tokenizer/chat template give in fp32; a mismatch
     on the first tokens means the export or the serving config differs from what was trained.
     """
     with open_engine(str(folder), backend="hf", dtype="float32", n=1, max_tokens=max_tokens, temperature=0.0,
                      prompts=prompts) as engine:
-        hf = [texts[0] for texts in engine.generate(prompts, Sampling(n=1, max_tokens=max_tokens,
-                                                                      temperature=0.0)).texts]
+        rollouts = engine.generate(prompts, Sampling(n=1, max_tokens=max_tokens, temperature=0.0)).outputs
+    hf = [rollout.completions[0].text for rollout in rollouts]
     served = [chat(server, p, max_tokens=max_tokens, model=model).text for p in prompts]
     pairs = list(zip(hf, served))
-    return GreedyCheck(len(pairs), sum(a.strip() == b.strip() for a, b in pairs), pairs)
+    agreeing = sum(top_token_agreement(server, r.prompt_token_ids, r.completions[0].token_ids, model)
+                   for r in rollouts)
+    compared = sum(len(r.completions[0].token_ids) for r in rollouts)
+    return GreedyCheck(len(pairs), sum(a.strip() == b.strip() for a, b in pairs), pairs, agreeing, compared)
 
 
 def curl_command(server: VLLMServer, messages: list[dict[str, str]], max_tokens: int = 32,

@@ -7,7 +7,7 @@ cannot run is an error (:class:`BackendUnavailableError`), never a silent fallba
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -95,17 +95,18 @@ def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConf
 
 
 def borrow_engine(llm, model_path: str | os.PathLike[str], config: RolloutConfig | None = None,
-                  **overrides) -> RolloutEngine:
+                  release: Callable[[], None] | None = None, **overrides) -> RolloutEngine:
     """The rollout interface over a running ``vllm.LLM`` that something else owns (a trainer's colocated engine):
-    ``generate`` works as on any engine; ``stop()`` leaves the engine running. ``config`` / ``overrides`` set the
-    sampling (the engine's own sizes stay as its owner started it)."""
+    ``generate`` works as on any engine; ``stop()`` leaves the engine running and calls ``release`` (the owner's way
+    of taking it back). ``config`` / ``overrides`` set the sampling (the engine's own sizes stay as its owner
+    started it)."""
     config = replace(config or RolloutConfig(), **overrides)
     model_path = str(model_path)
     kind = device.check_kind(config.device_kind) if config.device_kind else device.detect()
     max_model_len = llm.llm_engine.model_config.max_model_len
     config = replace(config, max_model_len=max_model_len).resolve(kind, None, model_path)
-    choice = BackendChoice("vllm", "the trainer's own colocated vLLM engine, with the trained weights")
-    return BorrowedVLLMEngine(llm, model_path, load_tokenizer(model_path), config, choice).start()
+    choice = BackendChoice("vllm", "the trainer's own colocated vLLM engine, with the policy's current weights")
+    return BorrowedVLLMEngine(llm, model_path, load_tokenizer(model_path), config, choice, release).start()
 
 
 def load_tokenizer(model_path: str):

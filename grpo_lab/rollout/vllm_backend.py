@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from grpo_lab import device, env
@@ -235,11 +235,14 @@ class VLLMEngine(RolloutEngine):
 
 class BorrowedVLLMEngine(VLLMEngine):
     """A ``vllm.LLM`` someone else started and owns (TRL's colocated engine inside a trainer), used through the rollout
-    interface: :meth:`stop` lets go of it without shutting it down; its memory stays with its owner."""
+    interface: :meth:`stop` lets go of it without shutting it down (``release``: what its owner needs done then, e.g.
+    putting a sleep-mode engine back to sleep); its memory stays with its owner."""
 
-    def __init__(self, llm, model_path: str, tokenizer, config: RolloutConfig, choice):
+    def __init__(self, llm, model_path: str, tokenizer, config: RolloutConfig, choice,
+                 release: Callable[[], None] | None = None):
         super().__init__(model_path, tokenizer, config, choice)
         self._borrowed = llm
+        self._release = release
 
     def _start(self) -> None:
         self.llm = self._borrowed
@@ -247,6 +250,8 @@ class BorrowedVLLMEngine(VLLMEngine):
 
     def _stop(self) -> None:
         self.llm = self._borrowed = None
+        if self._release is not None:
+            self._release()
 
 
 # ---- child processes ------------------------------------------------------------------------------------
