@@ -30,6 +30,7 @@ import contextlib
 import ctypes
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -229,6 +230,21 @@ def log_tail(path: str | Path | None, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
 
 
+ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)")
+
+
+def first_error(path: str | Path | None) -> str | None:
+    """The first ``SomeError: message`` line of a log (a crashed vLLM server logs its root cause first, then the
+    errors it causes further up, ending in "Engine core initialization failed. See root cause above"); None without."""
+    if path is None or not Path(path).is_file():
+        return None
+    for line in Path(path).read_text(errors="replace").splitlines():
+        found = ERROR_LINE.search(line)
+        if found:
+            return f"{found.group(1)}: {found.group(2).strip()}"
+    return None
+
+
 def wait_until_healthy(process: subprocess.Popen, base_url: str, timeout_s: float) -> int | None:
     """Poll ``base_url/health`` until it answers 200: None when ready, the exit code if the process ended first;
     :class:`TimeoutError` when neither happens within ``timeout_s``."""
@@ -310,8 +326,10 @@ class ServerProcess:
             remaining = max(1.0, startup_timeout_s - (time.perf_counter() - self._started))
             exit_code = wait_until_healthy(self.process, self.base_url, remaining)
             if exit_code is not None:
-                raise self.error(f"{self.name} exited with code {exit_code} while starting. Its log is "
-                                 f"{self.log_path}; last lines:\n{self.log_tail()}")
+                cause = first_error(self.log_path)
+                raise self.error(f"{self.name} exited with code {exit_code} while starting"
+                                 + (f", first error in its log: {cause}" if cause else "")
+                                 + f". Its log is {self.log_path}; last lines:\n{self.log_tail()}")
         except TimeoutError:
             self.stop()
             raise self.error(f"{self.name} did not answer {self.base_url}/health within {startup_timeout_s:.0f} s "

@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from grpo_lab import deploy, runs, scale, servers
+from grpo_lab.errors import GrpoLabError
 from grpo_lab.models import TINY_MODEL_DIR
 from grpo_lab.weight_sync import vllm_runs_on_cpu
 
@@ -456,3 +457,19 @@ def test_server_mode_killed_leaves_nothing_running_and_complete_checkpoints(tmp_
     print(f"scale, SIGKILL: everything gone after {stop_owner(owner, signal.SIGKILL, port):.1f} s")
     checkpoints = runs.list_checkpoints(run)
     assert checkpoints and all(runs.check_checkpoint(c) == c for c in checkpoints)
+
+
+def test_a_server_that_dies_while_starting_names_its_first_error(tmp_path):
+    """A vLLM server that cannot start logs its root cause first and a chain of errors after it; the exception a
+    learner sees names the first one (here: the device memory a trainer in the same kernel still held on the H200)."""
+    lines = ["(EngineCore pid=3477) INFO 12-01 20:52:09 [core.py:99] starting",
+             "(EngineCore pid=3477) ERROR 12-01 20:52:10 [core.py:1330] ValueError: Free memory on device cuda:0 "
+             "(69.79/139.8 GiB) on startup is less than desired GPU memory utilization (0.85, 118.83 GiB).",
+             "(APIServer pid=3409) RuntimeError: Engine core initialization failed. See root cause above."]
+    script = tmp_path / "dies.py"
+    script.write_text(f"import sys\nprint({chr(10).join(lines)!r}, flush=True)\nsys.exit(1)\n")
+    process = servers.ServerProcess([sys.executable, str(script)], env=os.environ, log_path=tmp_path / "server.log",
+                                    base_url="http://127.0.0.1:9", name="the vLLM server")
+    with pytest.raises(GrpoLabError, match=r"first error in its log: ValueError: Free memory on device cuda:0"):
+        process.start(startup_timeout_s=30)
+    assert servers.first_error(tmp_path / "missing.log") is None

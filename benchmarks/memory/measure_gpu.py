@@ -352,7 +352,8 @@ def colocate_budget(record: dict):
     c, raw = _parameters(COLOCATE_CASE, record["case"]), record["raw"]
     use_lora, sleep = VARIANTS[record.get("variant", "full")]
     model = ModelShape.from_config(CONFIG_DIR / f"{COLOCATE_CONFIG}.json")
-    bytes_per_weight = raw["policy_weight_bytes"] / model.num_parameters
+    adapter = model.num_hidden_layers * model.lora_layer_parameters(LORA["r"], LORA_TARGET_MODULES) if use_lora else 0
+    bytes_per_weight = raw["policy_weight_bytes"] / (model.num_parameters + adapter)  # the adapter in fp32 too
     if bytes_per_weight not in (2, 4):
         raise ValueError(f"The colocate record's policy has {bytes_per_weight:.2f} bytes per parameter; expected 2 "
                          "(bf16) or 4 (fp32 with bf16 autocast).")
