@@ -20,9 +20,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 from grpo_lab import env
+from grpo_lab.errors import GrpoLabError
 
 # subcommand -> (module whose main(argv) runs it, one-line help)
 SUBCOMMANDS = {
@@ -71,7 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     if name == "env":
         return env_main(rest)
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    return module.main(rest) or 0
+    try:
+        return module.main(rest) or 0
+    except GrpoLabError as exc:  # its message says what went wrong and what to do: no traceback
+        if os.environ.get("GRPO_LAB_DEBUG"):
+            raise
+        print(f"grpo-lab {name}: {exc}\n(GRPO_LAB_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -141,3 +141,17 @@ def test_quiet_notebook_filters_each_named_warning_and_nothing_else(monkeypatch,
     env.quiet_notebook()  # twice: no duplicate handler, no duplicate filter option
     assert os.environ["PYTHONWARNINGS"].count(env.HARMLESS_WARNINGS[0].as_option()) == 1
     assert env.in_notebook() is False and env.show_progress() is True  # a test is not a notebook
+
+
+def test_a_command_that_fails_for_a_known_reason_says_so_without_a_traceback(capsys, monkeypatch):
+    """`grpo-lab serve` on a folder that is not there: the message and the fix, exit code 1, no traceback (a
+    GrpoLabError's message is written for people); GRPO_LAB_DEBUG=1 brings the traceback back."""
+    from grpo_lab.errors import GrpoLabError
+
+    monkeypatch.delenv("GRPO_LAB_DEBUG", raising=False)
+    assert cli.main(["serve", "/nonexistent/grpo-lab-folder"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("grpo-lab serve: ") and "folder does not exist" in err and "Traceback" not in err
+    monkeypatch.setenv("GRPO_LAB_DEBUG", "1")
+    with pytest.raises(GrpoLabError):
+        cli.main(["serve", "/nonexistent/grpo-lab-folder"])
