@@ -97,7 +97,9 @@ def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int
     Sampling goes through :func:`grpo_lab.rollout.open_engine` (``backend="auto"``: vLLM where it runs, else HF
     ``generate``; pass the backend training used, ``TrainConfig.rollout_backend``); ``engine_settings`` are more
     RolloutConfig fields (e.g. ``gpu_memory_utilization``). ``engine``: an engine that is already running with
-    ``model``'s weights (``TrainResult.rollout_engine()``, the trainer's own vLLM) instead of starting one.
+    ``model``'s weights (``PreparedRun.rollout_engine()`` / ``TrainResult.rollout_engine()``, the trainer's own vLLM)
+    instead of starting one; it is stopped at the end like one opened here (a borrowed engine goes back to its owner,
+    which keeps it running).
     """
     if not rows:
         raise ConfigError("no rows to evaluate")
