@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -79,3 +80,22 @@ def test_device_kinds_are_compared_only_in_the_device_module():
              if isinstance(node, ast.Compare) and any(_names_a_device_kind(e) for e in [node.left, *node.comparators])]
     assert not found, ("ask grpo_lab.device (is_cpu, the per-device tables) instead of comparing device-kind "
                        "strings:\n" + "\n".join(found))
+
+
+DEVICE_CALL_BYTES = 64 * 2**20
+"""What one call of the lent GPU machine carries, the repository that travels with it included."""
+LARGEST_PART_BYTES = 38 * 2**20
+"""The GPU bundles' and the model's largest part (benchmarks/course_gpu/README.md, benchmarks/verl/build.sh)."""
+
+
+def test_the_repository_leaves_room_for_a_bundle_part_in_a_device_call():
+    """Every committed file travels with every GPU call, beside one part of a bundle: a repository grown past what is
+    left makes the staging calls fail (it did on 2026-12-01 with 47 MiB parts). Cut smaller parts, or commit less."""
+    if shutil.which("git") is None or not (REPO_ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True).stdout
+    paths = [REPO_ROOT / name.decode() for name in listed.split(b"\0") if name]
+    size = sum(path.stat().st_size for path in paths if path.is_file())
+    room = DEVICE_CALL_BYTES - LARGEST_PART_BYTES - 2**20  # 1 MiB for the carried SHA256 and scripts
+    assert size <= room, (f"the committed files take {size / 2**20:.1f} MiB; beside a {LARGEST_PART_BYTES >> 20} MiB "
+                          f"part a device call has room for {room / 2**20:.1f} MiB")
