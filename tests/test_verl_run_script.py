@@ -245,6 +245,38 @@ def test_smollm2_runs_the_trl_recipe_through_the_export(monkeypatch, tmp_path):
     assert (run.SITE / "trl").is_dir() and not (run.SITE / "trl.off").exists()
 
 
+def test_smollm2_at_verls_best_settings_overrides_the_constrained_ones(monkeypatch, tmp_path):
+    """Issue 26: the same SmolLM2 export with verl's own performance settings, each after the constrained value it
+    replaces (Hydra: the later value wins), every one with its reason; without flash-attn padding stays on, saying
+    why; the start is reported apart from the steps."""
+    import shutil
+
+    state = tmp_path / "smollm2"
+    shutil.copytree(REPO / "data" / "models" / "tiny-qwen2", state / "model")
+    (state / "model" / "manifest.json").unlink()
+    monkeypatch.setenv("GRPO_SMOLLM2_STATE", str(state))
+    run = load_run_script(monkeypatch, tmp_path)
+    install_stand_ins(monkeypatch, tmp_path, run)
+    out = tmp_path / "out"
+
+    code = run.main(["smollm2-best", "--out", str(out), "--smollm2-steps", "2", "--budget-s", "900"])
+
+    results = json.loads((out / "results.json").read_text())
+    assert code == 0 and results["phases"]["smollm2-best"]["status"] == "ok", results["phases"]
+    best = results["smollm2_best"]
+    forced = best["attempts"][0]["forced_overrides"]
+    keys = [o["key"] for o in forced]
+    assert all(o["reason"] for o in forced)
+    for key, value in (("actor_rollout_ref.rollout.enforce_eager", False), ("reward.num_workers", 8),
+                       ("actor_rollout_ref.rollout.agent.num_workers", 8),
+                       ("actor_rollout_ref.actor.use_torch_compile", True)):
+        constrained, chosen = keys.index(key), len(keys) - 1 - keys[::-1].index(key)
+        assert constrained < chosen and forced[chosen]["value"] == value, key
+    padding = next(o for o in forced if o["key"] == "actor_rollout_ref.model.use_remove_padding")
+    assert padding["value"] is False and "flash-attn" in padding["reason"]
+    assert best["steps_completed"] == 2 and best["startup_s"] is not None and best["startup_s"] >= 0
+
+
 def test_a_failing_verl_is_recorded_with_its_log_and_the_call_goes_on(monkeypatch, tmp_path):
     run = load_run_script(monkeypatch, tmp_path)
     stubs = tmp_path / "bin"

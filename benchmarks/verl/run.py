@@ -22,6 +22,9 @@ it started (Ray, vLLM) before the next phase; nothing is left running.
              ``verify_export``, the tensor digest, and a vLLM server (``deploy.VLLMServer``) answering a chat
     trl      TRL colocate (``grpo_lab.train``) on the same tiny workload and GPU: per-step times, side by side
     smollm2  verl on SmolLM2-135M-Instruct (the folder ``../grpo_smollm2/stage_model.sh`` converts), if staged
+    smollm2-best  the same with verl's own performance settings (``best_settings``: CUDA graphs, torch.compile, its
+             default workers, dynamic batch sizes, no checkpointing; padding removal where flash-attn imports), its
+             start reported apart from its steps
     report   ``results.json`` and ``verl-files.tgz`` (logs, metrics, rollout dumps, export files) in ``--out``, after
              every phase; the results of earlier calls on the same machine are kept (``/tmp/grpo-verl``)
 
@@ -68,7 +71,7 @@ VERL_TRANSFORMERS = Path(os.environ.get("GRPO_VERL_TRANSFORMERS", "/tmp/verl-tra
 CARRIED_TRANSFORMERS = REPO / ".wheels" / "gpu-verl-bundle" / "verl-transformers"
 TINY_MODEL = REPO / "data" / "models" / "tiny-qwen2"
 SMOLLM2_MODEL = Path(os.environ.get("GRPO_SMOLLM2_STATE", "/tmp/grpo-smollm2")) / "model"
-PHASES = ("env", "tiny", "merge", "deploy", "trl", "smollm2", "report")
+PHASES = ("env", "tiny", "merge", "deploy", "trl", "smollm2", "smollm2-best", "report")
 DEFAULT_PHASES = ("env", "tiny", "merge", "deploy")
 LOG_CAP_BYTES = 6 * 2**20
 FILES_ARCHIVE = "verl-files.tgz"
@@ -130,6 +133,38 @@ def forced_overrides(work: Path, steps: int, save_freq: int) -> list[dict[str, A
              reason="one GPU: one agent-loop worker instead of verl's 8 (fewer Ray actors to start)"),
         dict(key="reward.num_workers", value=1, reason="one GPU: one reward worker instead of verl's 8"),
     ]
+
+
+def best_settings(flash_attn: bool) -> list[dict[str, Any]]:
+    """verl at its own best on one GPU (issue 26): after :func:`forced_overrides`, so each replaces the constrained
+    value (a later Hydra value wins). Every value is verl 0.9.1's default or its performance guide's advice, with the
+    reason; what this image cannot run says why."""
+    settings = [
+        dict(key="actor_rollout_ref.rollout.enforce_eager", value=False,
+             reason="verl's default: the rollout's decode replays CUDA graphs (the constrained run was eager)"),
+        dict(key="actor_rollout_ref.actor.use_torch_compile", value=True, reason="verl's default"),
+        dict(key="actor_rollout_ref.rollout.agent.num_workers", value=8, reason="verl's default agent-loop workers"),
+        dict(key="reward.num_workers", value=8, reason="verl's default reward workers"),
+        dict(key="actor_rollout_ref.model.enable_gradient_checkpointing", value=False,
+             reason="memory does not need it: 135 M parameters on 140 GiB (the export copies TRL's setting)"),
+        dict(key="actor_rollout_ref.actor.use_dynamic_bsz", value=True,
+             reason="verl's performance guide: micro-batches packed up to a token budget, not a fixed row count; "
+                    "the ref and rollout log-prob passes follow it (their defaults select the actor's)"),
+        dict(key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu", value=16384,
+             reason="verl's default budget, about 39 of the recipe's longest rows (160 + 256 tokens)"),
+    ]
+    if flash_attn:
+        settings += [
+            dict(key="actor_rollout_ref.model.override_config.attn_implementation", value="flash_attention_2",
+                 reason="verl's default attention (the constrained override added the key: no '+')"),
+            dict(key="actor_rollout_ref.model.use_remove_padding", value=True,
+                 reason="verl's default: padding removed, sequences packed (needs flash-attn's varlen kernels)")]
+    else:
+        settings.append(dict(
+            key="actor_rollout_ref.model.use_remove_padding", value=False,
+            reason="not runnable here: verl's padding removal imports flash_attn.bert_padding, and PyPI has no "
+                   "flash-attn wheel (only its source; the prebuilt wheels live on GitHub, out of reach); sdpa, padded"))
+    return settings
 
 
 def hydra_args(overrides: list[dict[str, Any]]) -> list[str]:
@@ -779,7 +814,8 @@ def phase_trl(run: Run, args: argparse.Namespace) -> None:
                           tail(log))
 
 
-def phase_smollm2(run: Run, args: argparse.Namespace) -> None:
+def phase_smollm2(run: Run, args: argparse.Namespace, name: str = "smollm2",
+                  extra: list[dict[str, Any]] | None = None) -> None:
     if not (SMOLLM2_MODEL / "config.json").is_file():
         raise PhaseFailed(f"no SmolLM2 model at {SMOLLM2_MODEL}: stage it first (../grpo_smollm2/stage_model.sh)")
     spec = importlib.util.spec_from_file_location("grpo_smollm2_run", REPO / "benchmarks" / "grpo_smollm2" / "run.py")
@@ -788,11 +824,24 @@ def phase_smollm2(run: Run, args: argparse.Namespace) -> None:
     config = TrainConfig(**{**smollm2.RECIPE, "max_steps": args.smollm2_steps, "save_steps": args.smollm2_steps},
                          model=str(SMOLLM2_MODEL), dataset=str(smollm2.training_rows()),
                          rewards=("correctness", "format"), reward_weights=(1.0, 0.2))
-    train_with_verl(run, "smollm2", config, SMOLLM2_MODEL, args.smollm2_steps,
-                    args.smollm2_save_freq or args.smollm2_steps, reserve_s=20, extra=skip_validation_before(args))
-    run.results["smollm2"]["recipe_note"] = (
+    train_with_verl(run, name, config, SMOLLM2_MODEL, args.smollm2_steps, args.smollm2_save_freq or args.smollm2_steps,
+                    reserve_s=20, extra=[*(extra or []), *skip_validation_before(args)])
+    run.results[name]["recipe_note"] = (
         "the TRL SmolLM2 recipe (../grpo_smollm2/run.py RECIPE, English rows) through the export; its correctness "
         "reward is the registry's (the last number counts without '####'), where the TRL run required the marker")
+
+
+def phase_smollm2_best(run: Run, args: argparse.Namespace) -> None:
+    """The SmolLM2 run again with :func:`best_settings`; verl's start (Ray, workers, vLLM, validation) reported
+    apart from its steps."""
+    phase_smollm2(run, args, name="smollm2_best",
+                  extra=best_settings(importlib.util.find_spec("flash_attn") is not None))
+    section = run.results["smollm2_best"]
+    last = next((a for a in reversed(section["attempts"]) if "seconds" in a), {})
+    steps = sum(row.get("step_s", 0.0) for row in (section.get("timings") or {}).get("per_step", []))
+    section["startup_s"] = round(last.get("seconds", 0.0) - steps, 1) if last else None
+    section["startup_note"] = ("the run's wall time minus the sum of its steps' timing_s/step: Ray, the workers, "
+                               "vLLM's start, the validation before training and the shutdown")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -855,9 +904,9 @@ def main(argv: list[str] | None = None) -> int:
     restore_trl()  # a call stopped while verl ran may have left TRL aside
     run = Run(args.out, args.budget_s, args.fresh, args.continue_from)
     run.results.update(issue=17, verl_pin="0.9.1", updated=now())
-    needs = {"env": 60, "tiny": 240, "merge": 40, "deploy": 90, "trl": 150, "smollm2": 240}
+    needs = {"env": 60, "tiny": 240, "merge": 40, "deploy": 90, "trl": 150, "smollm2": 240, "smollm2-best": 240}
     functions = {"env": phase_env, "tiny": phase_tiny, "merge": phase_merge, "deploy": phase_deploy,
-                 "trl": phase_trl, "smollm2": phase_smollm2}
+                 "trl": phase_trl, "smollm2": phase_smollm2, "smollm2-best": phase_smollm2_best}
     try:
         for name in phases:
             run.phase(name, needs[name], functions[name], args)
