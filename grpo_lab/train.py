@@ -7,10 +7,10 @@ advantages by normalising inside each prompt's group, and take a policy-gradient
 above-average completions more likely. This module only configures and wraps that trainer:
 
 * :func:`build_trainer` / :func:`train` (= :func:`prepare`, then :meth:`PreparedRun.train`, with the trainer's
-  colocated engine lent in between, e.g. to evaluate the base model): the experiment resolved for this machine (vLLM's memory share from the
-  planner), its rows from :mod:`grpo_lab.data`, rewards through :func:`grpo_lab.rewards.prepare`, vLLM colocated
-  rollouts where vLLM imports (with the CPU fix from :mod:`grpo_lab.weight_sync`), HF ``generate`` otherwise,
-  said out loud;
+  colocated engine lent in between, e.g. to evaluate the base model): the experiment resolved for this machine
+  (vLLM's memory share from the planner), its rows from :mod:`grpo_lab.data`, rewards through
+  :func:`grpo_lab.rewards.prepare`, vLLM colocated rollouts where vLLM imports (with the CPU fix from
+  :mod:`grpo_lab.weight_sync`), HF ``generate`` otherwise, said out loud;
 * :class:`MetricsLogger`: per-step reward (total and per function), std, KL, entropy, completion length,
   clip ratio and the generation / update time split, to ``metrics.jsonl`` and a live plot;
 * a run folder laid out by :mod:`grpo_lab.runs` (``config.json``, ``metrics.jsonl``, ``curves.png``,

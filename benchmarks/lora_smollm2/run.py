@@ -80,7 +80,8 @@ def child(variant: str, steps: int, lora_lr: float, smoke: bool, out: Path) -> N
         "variant": variant, "command": f"python3 benchmarks/lora_smollm2/run.py {variant} --steps {steps}"
                                        + (f" --lora-lr {lora_lr:g}" if variant == "lora" else ""),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": machine.name,
-        "model": Path(config.model).name, "steps": result.global_step, "seconds_total": round(time.perf_counter() - started, 1),
+        "model": Path(config.model).name, "steps": result.global_step,
+        "seconds_total": round(time.perf_counter() - started, 1),
         "recipe": {k: getattr(config, k) for k in ("num_prompts_per_step", "num_generations", "learning_rate", "beta",
                                                    "temperature", "use_peft", "lora_r", "lora_alpha",
                                                    "vllm_gpu_memory_utilization", "rollout_backend")},
@@ -104,8 +105,8 @@ def child(variant: str, steps: int, lora_lr: float, smoke: bool, out: Path) -> N
 def describe(record: dict) -> str:
     steps, acc, memory = record["step_seconds"], record["greedy_accuracy"], record["memory_gib"]
     line = (f"{record['variant']:4s}: {record['steps']} steps, step {steps['median']:.2f} s "
-            f"({steps['min']:.2f}–{steps['max']:.2f}, n={steps['n']}); greedy {acc['before']:.1%} → {acc['after']:.1%} "
-            f"({acc['standard_errors']:+.1f} SE)")
+            f"({steps['min']:.2f}–{steps['max']:.2f}, n={steps['n']}); "
+            f"greedy {acc['before']:.1%} → {acc['after']:.1%} ({acc['standard_errors']:+.1f} SE)")
     if memory:
         line += (f"; device memory {memory['resident_after_prepare']:.1f} GiB resident, training peak "
                  f"+{memory['training_above_resident']:.2f} GiB above it")
