@@ -231,15 +231,17 @@ def log_tail(path: str | Path | None, lines: int = LOG_TAIL_LINES) -> str:
 
 
 ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)")
+NOT_AN_ERROR = re.compile(r"\b(DEBUG|INFO|WARNING)\b")  # e.g. an optional import that failed, logged and passed
 
 
 def first_error(path: str | Path | None) -> str | None:
     """The first ``SomeError: message`` line of a log (a crashed vLLM server logs its root cause first, then the
-    errors it causes further up, ending in "Engine core initialization failed. See root cause above"); None without."""
+    errors it causes further up, ending in "Engine core initialization failed. See root cause above"); lines logged
+    at DEBUG, INFO or WARNING do not count. None without one."""
     if path is None or not Path(path).is_file():
         return None
     for line in Path(path).read_text(errors="replace").splitlines():
-        found = ERROR_LINE.search(line)
+        found = None if NOT_AN_ERROR.search(line) else ERROR_LINE.search(line)
         if found:
             return f"{found.group(1)}: {found.group(2).strip()}"
     return None

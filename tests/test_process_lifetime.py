@@ -463,6 +463,7 @@ def test_a_server_that_dies_while_starting_names_its_first_error(tmp_path):
     """A vLLM server that cannot start logs its root cause first and a chain of errors after it; the exception a
     learner sees names the first one (here: the device memory a trainer in the same kernel still held on the H200)."""
     lines = ["(EngineCore pid=3477) INFO 12-01 20:52:09 [core.py:99] starting",
+             "(EngineCore pid=3477) WARNING 12-01 20:52:09 [x.py:1] ModuleNotFoundError: No module named 'optional'",
              "(EngineCore pid=3477) ERROR 12-01 20:52:10 [core.py:1330] ValueError: Free memory on device cuda:0 "
              "(69.79/139.8 GiB) on startup is less than desired GPU memory utilization (0.85, 118.83 GiB).",
              "(APIServer pid=3409) RuntimeError: Engine core initialization failed. See root cause above."]
