@@ -247,6 +247,22 @@ def first_error(path: str | Path | None) -> str | None:
     return None
 
 
+PROMETHEUS_SAMPLE = re.compile(r"^([\w:]+)(?:\{[^}]*\})?\s+([-+\deE.naif]+)$")
+
+
+def metric_totals(base_url: str, names: Sequence[str], timeout_s: float = 5.0) -> dict[str, float]:
+    """The totals of ``names`` (each summed over its labels) in a server's Prometheus ``/metrics``; a name the server
+    does not report is left out. :class:`OSError` when the server does not answer."""
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as response:
+        text = response.read().decode()
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        match = PROMETHEUS_SAMPLE.match(line)
+        if match and match.group(1) in names:
+            totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(2))
+    return totals
+
+
 def wait_until_healthy(process: subprocess.Popen, base_url: str, timeout_s: float) -> int | None:
     """Poll ``base_url/health`` until it answers 200: None when ready, the exit code if the process ended first;
     :class:`TimeoutError` when neither happens within ``timeout_s``."""

@@ -192,6 +192,9 @@ def test_sixteen_clients_128_requests_without_an_error(server):
     chats = run_load_test(server, LoadTest(concurrency=16, requests=32, workload="chat", turns=2))
     check_clean(chats, 32)
     assert chats.record()["mean_prompt_tokens"] > result.record()["mean_prompt_tokens"] + 100  # history re-sent
+    # the server's own counters over the run (its /metrics, read before and after): what the clients received
+    generated = chats.server_counters["vllm:generation_tokens_total"]
+    assert generated == sum(r.output_tokens for r in chats.records), chats.server_counters
 
 
 @pytest.mark.slow

@@ -474,3 +474,38 @@ def test_a_server_that_dies_while_starting_names_its_first_error(tmp_path):
     with pytest.raises(GrpoLabError, match=r"first error in its log: ValueError: Free memory on device cuda:0"):
         process.start(startup_timeout_s=30)
     assert servers.first_error(tmp_path / "missing.log") is None
+
+
+def test_metric_totals_sum_a_counter_over_its_labels_and_skip_the_rest(tmp_path):
+    """The one reader of a server's Prometheus /metrics (load tests and TRL server mode use it): each asked-for counter
+    summed over its labels, comments and other names ignored, an unanswered server an OSError."""
+    import http.server
+    import threading
+
+    body = ("# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n"
+            "# TYPE vllm:prompt_tokens_total counter\n"
+            'vllm:prompt_tokens_total{engine="0",model_name="m"} 120.0\n'
+            'vllm:prompt_tokens_total{engine="1",model_name="m"} 30.0\n'
+            "vllm:num_preemptions_total 0.0\n"
+            'vllm:generation_tokens_total{model_name="m"} 4.5e+02\n').encode()
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        totals = servers.metric_totals(url, ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                                             "vllm:request_success_total"))
+        assert totals == {"vllm:prompt_tokens_total": 150.0, "vllm:generation_tokens_total": 450.0}
+    finally:
+        httpd.shutdown()
+    with pytest.raises(OSError):
+        servers.metric_totals(url, ("vllm:prompt_tokens_total",), timeout_s=2)

@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import re
 import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +19,7 @@ from grpo_lab.errors import ConfigError
 from grpo_lab.load_test.config import LoadTest
 from grpo_lab.load_test.records import LoadResult, RequestRecord, error_kind, format_table
 from grpo_lab.load_test.workloads import Conversation
+from grpo_lab.servers import metric_totals
 
 WATCH_INTERVAL_S = 0.25  # how often the run checks that the server process still runs
 # Prometheus counters of vLLM's /metrics read before and after a run (same names in vLLM 0.26 and 0.31)
@@ -39,16 +38,9 @@ class ServerDiedDuringLoad(ServerDied):
 def server_counters(base_url: str) -> dict[str, float]:
     """The totals of :data:`SERVER_COUNTERS` from the server's ``/metrics`` (no API key needed); {} if unreadable."""
     try:
-        with urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as response:
-            text = response.read().decode()
+        return metric_totals(base_url, SERVER_COUNTERS)
     except OSError:
         return {}
-    totals: dict[str, float] = {}
-    for line in text.splitlines():
-        match = re.match(r"^([\w:]+)(?:\{[^}]*\})?\s+([-+\deE.naif]+)$", line)
-        if match and match.group(1) in SERVER_COUNTERS:
-            totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(2))
-    return totals
 
 
 def server_settings(server: VLLMServer) -> dict[str, Any]:

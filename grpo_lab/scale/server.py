@@ -18,7 +18,7 @@ from grpo_lab.experiment import TrainConfig
 from grpo_lab.rollout.vllm_backend import engine_environment
 from grpo_lab.scale.config import SERVER_LOG, ScaleOutError, ServerModeConfig
 from grpo_lab.scale.devices import DevicePlan, plan_devices
-from grpo_lab.servers import ServerProcess, free_port
+from grpo_lab.servers import ServerProcess, free_port, metric_totals
 from grpo_lab.weight_sync import WORKER_EXTENSION
 
 CPU_SERVER_FLAGS = ("--no-enable-chunked-prefill",)
@@ -116,16 +116,10 @@ class RolloutServer:
 
     def stats(self) -> dict[str, float]:
         """Totals from the server's Prometheus ``/metrics``: finished requests, prompt and generated tokens."""
-        with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=30) as response:
-            text = response.read().decode()
         wanted = {"vllm:request_success_total": "requests", "vllm:prompt_tokens_total": "prompt_tokens",
                   "vllm:generation_tokens_total": "generation_tokens"}
-        totals = dict.fromkeys(wanted.values(), 0.0)
-        for line in text.splitlines():
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in wanted:
-                totals[wanted[name]] += float(line.rsplit(" ", 1)[1])
-        return totals
+        totals = metric_totals(self.base_url, tuple(wanted), timeout_s=30)
+        return {label: totals.get(name, 0.0) for name, label in wanted.items()}
 
     def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
         """The server's log-probability of each completion token (the policy it samples from, temperature 1)."""
