@@ -7,6 +7,7 @@ the JSON into a small typed record; notebooks print records and never open the f
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,14 @@ class Provenance:
 
     command: str
     date: str
+    """The day it was measured, ``YYYY-MM-DD`` (a file's full timestamp is cut to its day)."""
     device: str
     path: Path
+
+    def __post_init__(self) -> None:
+        day = re.match(r"\d{4}-\d{2}-\d{2}", self.date)
+        if day:
+            object.__setattr__(self, "date", day.group(0))
 
     @property
     def file(self) -> str:

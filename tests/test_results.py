@@ -38,3 +38,18 @@ def test_run_record(tmp_path):
     recorded = runs.Run(tmp_path).recorded
     assert recorded.config["profile"] == "tiny" and recorded.device == "cpu" and recorded.backend == "HF generate"
     assert recorded.versions == {"trl": "1.16.0"} and recorded.resumed_from is None
+
+
+def test_every_committed_record_dates_its_measurement_by_the_day():
+    """Files keep a date or a full timestamp; a record's provenance is the day either way, so notebooks print one
+    format (``measured on DEVICE, YYYY-MM-DD: COMMAND``)."""
+    from pathlib import Path
+
+    from grpo_lab.committed import Provenance
+
+    stamped = Provenance("python x.py", "2026-12-01T16:02:34+00:00", "NVIDIA H200", Path("x.json"))
+    assert stamped.date == "2026-12-01" and stamped.line() == "measured on NVIDIA H200, 2026-12-01: python x.py"
+    assert Provenance("c", "2026-11-30", "d", Path("y.json")).date == "2026-11-30"
+    assert Provenance("c", "not recorded", "d", Path("y.json")).date == "not recorded"
+    kl = results.kl_brake()
+    assert len(kl.provenance.date) == 10

@@ -300,7 +300,7 @@ def test_async_reader_is_none_until_measured_then_a_record(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps({"created": "x", "speed": speed, "speedup_vs_sync_server": 1.5}))
     measured = scale.read_async_speed(tmp_path / "results.json")
     assert measured.layouts["async"] == scale.LayoutSpeed(60.0, 8.5) and measured.speedup_vs_sync_server == 1.5
-    assert measured.provenance.line() == ("measured on 2 × NVIDIA H200, 2026-12-02T00:00:00+0000: "
+    assert measured.provenance.line() == ("measured on 2 × NVIDIA H200, 2026-12-02: "
                                           "python benchmarks/async_grpo/run.py speed")
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(CommittedResultError, match="broken.json"):

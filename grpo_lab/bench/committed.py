@@ -39,7 +39,7 @@ def committed_file(key: str, folder: str | Path | None = None, suffix: str = ".j
 
 def _provenance(path: Path, data: dict[str, Any]) -> Provenance:
     """Where a bench file's numbers come from: its command, the day it was created, the device it names."""
-    return Provenance(command=data.get("command", ""), date=str(data.get("created", ""))[:10],
+    return Provenance(command=data.get("command", ""), date=str(data.get("created", "")),
                       device=data.get("environment", {}).get("device", {}).get("name", ""), path=path)
 
 
