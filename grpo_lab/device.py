@@ -247,6 +247,34 @@ def synchronize(kind: str | None = None) -> None:
         _module(kind).synchronize()
 
 
+def rng_state(kind: str | None = None) -> dict:
+    """Every random generator a training step draws from: Python's, NumPy's, torch's on the host and on the device
+    (what transformers keeps in a checkpoint), to hand to :func:`restore_rng_state`."""
+    import random
+
+    import numpy as np
+
+    kind = kind or detect()
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if kind != "cpu":
+        state["device"] = _module(kind).get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict, kind: str | None = None) -> None:
+    """Put back what :func:`rng_state` took: whatever drew random numbers in between leaves no trace."""
+    import random
+
+    import numpy as np
+
+    kind = kind or detect()
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "device" in state and kind != "cpu":
+        _module(kind).set_rng_state_all(state["device"])
+
+
 def empty_cache(kind: str | None = None) -> None:
     """Return cached blocks to the device allocator (no-op on CPU)."""
     kind = kind or detect()

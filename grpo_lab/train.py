@@ -423,6 +423,9 @@ class PreparedRun:
     resume: Path | None
     logger: MetricsLogger = field(repr=False)
     budget: TimeBudget | None = field(repr=False)
+    rng: dict = field(repr=False)
+    """The random generators' state when the trainer was built: :meth:`train` starts from it, so what ran in between
+    (an evaluation sampling on the lent engine) does not change the run."""
     trained: bool = False
 
     def rollout_engine(self, **sampling: Any) -> RolloutEngine | None:
@@ -436,6 +439,7 @@ class PreparedRun:
             raise ConfigError(f"{self.run_dir} has trained already: prepare() a new run (or resume this one).")
         self.trained = True
         config, trainer, budget = self.config, self.trainer, self.budget
+        device.restore_rng_state(self.rng, config.device)
         start = time.perf_counter()
         trainer.train(resume_from_checkpoint=str(self.resume) if self.resume else None)
         seconds = time.perf_counter() - start
@@ -477,7 +481,7 @@ def prepare(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
         print(f"Resuming from {resume} (step {resume_step}) to step {config.max_steps}")
     write_run_record(run_dir, config, backend=trainer.backend_reason, memory_plan=plan,
                      resumed_from=str(resume) if resume else None)
-    return PreparedRun(config, trainer, run_dir, resume, logger, budget)
+    return PreparedRun(config, trainer, run_dir, resume, logger, budget, device.rng_state(config.device))
 
 
 def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),

@@ -147,6 +147,28 @@ def test_checkpoints_and_resume_reach_the_same_final_step(tmp_path):
     assert json.loads((run / runs.CONFIG_FILE).read_text())["resumed_from"].endswith("checkpoint-2")
 
 
+def test_what_runs_between_prepare_and_train_does_not_change_the_run(tmp_path):
+    """Notebook 03 evaluates the base model between prepare() and train() (on the trainer's engine, or its own HF
+    copy on the CPU), and sampling draws random numbers: train() starts from the generators' state at prepare(), so
+    the run is the one train(config) gives — the same rewards, losses and final weights."""
+    from grpo_lab import evaluation
+    from grpo_lab.models import weights_digest
+
+    def run(name, evaluate_first):
+        config = T.TrainConfig(**SMALL, output_dir=str(tmp_path / name), max_steps=2, train_size=16)
+        if not evaluate_first:
+            return T.train(config)
+        training = T.prepare(config)
+        evaluation.evaluate(training.config.model, load_split("eval")[:4], num_samples=2, max_tokens=16,
+                            backend="hf", engine=training.rollout_engine())
+        return training.train()
+
+    plain, evaluated_first = run("plain", False), run("evaluated-first", True)
+    keys = ("reward", "loss", "completions/mean_length")
+    assert [[m[k] for k in keys] for m in plain.metrics] == [[m[k] for k in keys] for m in evaluated_first.metrics]
+    assert weights_digest(plain.final_model_dir) == weights_digest(evaluated_first.final_model_dir)
+
+
 # --------------------------------------------------------------------------------------------------
 # GRPO learns: the training reward rises on the types with a deliberate slip
 # --------------------------------------------------------------------------------------------------
