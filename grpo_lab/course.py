@@ -87,6 +87,16 @@ def course_notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
     return sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
 
 
+def cell_error(exc: CellExecutionError) -> str:
+    """The failed cell's exception as one line: its name and the first line of its message (which names the cause;
+    the last line of a traceback is often a library's generic wrapper)."""
+    message = (exc.evalue or "").strip().splitlines()
+    if exc.ename:
+        return f"{exc.ename}: {message[0]}" if message else exc.ename
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else repr(exc)
+
+
 def run_notebook(path: Path, out_dir: Path, timeout_s: int = 1800) -> NotebookResult:
     """Execute one notebook with its own folder as working directory; save the executed copy."""
     nb = nbformat.read(path, as_version=4)
@@ -98,7 +108,7 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 1800) -> NotebookRe
     try:
         client.execute()
     except CellExecutionError as exc:
-        status, error = "failed", str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+        status, error = "failed", cell_error(exc)
     except Exception as exc:  # a dead kernel or a timeout: keep what ran
         status, error = "failed", f"{type(exc).__name__}: {exc}"
     finally:

@@ -282,6 +282,21 @@ def empty_cache(kind: str | None = None) -> None:
         _module(kind).empty_cache()
 
 
+def release_memory(kind: str | None = None) -> None:
+    """Free what this process no longer references: collect garbage (a trainer's reference cycles keep its model
+    and optimizer alive until then), then return the allocator's cached blocks to the device."""
+    import gc
+
+    gc.collect()
+    empty_cache(kind)
+
+
+def allocated_bytes(index: int = 0, kind: str | None = None) -> int:
+    """Device memory held by this process's live torch tensors now (0 on the CPU)."""
+    kind = kind or detect()
+    return 0 if kind == "cpu" else int(_module(kind).memory_allocated(index))
+
+
 def peak_memory_bytes(index: int = 0, kind: str | None = None) -> int:
     """Peak memory allocated by torch on the device since the last reset; peak RSS on the CPU."""
     kind = kind or detect()

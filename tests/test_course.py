@@ -22,14 +22,15 @@ def test_runs_in_order_and_stops_after_a_failure(tmp_path, monkeypatch):
     first = write_notebook(src / "00_ok.ipynb",
                            "from grpo_lab import runs\n(runs.workspace('x') / 'result.txt').write_text('42')\n"
                            "(runs.root() / 'grpo-x').mkdir(); runs.record_use(runs.root() / 'grpo-x', 'used')")
-    second = write_notebook(src / "01_fail.ipynb", "raise ValueError('broken on purpose')")
+    second = write_notebook(src / "01_fail.ipynb",  # the cause first, a log's last lines after it (as a DeployError)
+                            "raise ValueError('broken on purpose\\nTraceback of a child\\nRuntimeError: see above')")
     third = write_notebook(src / "02_later.ipynb", "print('never')")
     assert course.course_notebooks(src) == [first, second, third]
 
     out = tmp_path / "run"
     results = course.run_course(out, course.course_notebooks(src))
     assert [r.status for r in results] == ["ok", "failed", "not run"]
-    assert "broken on purpose" in results[1].error
+    assert results[1].error == "ValueError: broken on purpose"  # the summary names the cause, not the log's end
     assert (out / "x" / "result.txt").read_text() == "42"  # the notebook saved into the run folder
     executed = nbformat.read(out / "00_ok.ipynb", as_version=4)
     assert executed.cells[0].execution_count == 1

@@ -8,6 +8,7 @@ import psutil
 import pytest
 
 from grpo_lab import deploy, device, models
+from grpo_lab.deploy import server
 from grpo_lab.errors import ConfigError
 
 
@@ -80,6 +81,33 @@ def test_bad_settings_fail_before_start(exported):
         port = s.getsockname()[1]
         with pytest.raises(ConfigError, match=f"port={port} .* already in use"):
             deploy.VLLMServer(exported, port=port).start()
+
+
+GIB = 2**30
+H200_AFTER_LORA = device.MemoryInfo(total_bytes=int(139.8 * GIB), free_bytes=int(97.24 * GIB))
+"""What vLLM found on the H200 when notebook 05 started the adapter's server in the kernel that had trained LoRA."""
+
+
+def test_a_share_larger_than_the_free_memory_is_refused_with_the_share_that_fits():
+    with pytest.raises(deploy.DeployError, match=r"asks vLLM for 118\.8 GiB of the device's 139\.8 GiB, but 97\.2 "
+                                                 r"GiB are free\. This process's tensors hold 41\.5 GiB.*"
+                                                 r"gpu_memory_utilization=0\.68 \(the largest share free now\)"):
+        server.check_free_memory(0.85, H200_AFTER_LORA, int(41.5 * GIB))
+    server.check_free_memory(0.68, H200_AFTER_LORA, 0)  # what it suggests does start
+    with pytest.raises(deploy.DeployError, match="nothing useful is free now"):
+        server.check_free_memory(0.5, device.MemoryInfo(total_bytes=100 * GIB, free_bytes=3 * GIB), 0)
+
+
+def test_on_an_accelerator_the_server_frees_this_process_memory_then_checks_it_before_spawning(exported, monkeypatch):
+    calls = []
+    monkeypatch.setattr(device, "detect", lambda: "cuda")
+    monkeypatch.setattr(device, "release_memory", lambda kind=None: calls.append(("release", kind)))
+    monkeypatch.setattr(device, "memory_info", lambda index=0, kind=None: calls.append(("read", kind)) or H200_AFTER_LORA)
+    monkeypatch.setattr(device, "allocated_bytes", lambda index=0, kind=None: int(41.5 * GIB))
+    monkeypatch.setattr(server, "ServerProcess", lambda *a, **k: pytest.fail("a server process was spawned"))
+    with pytest.raises(deploy.DeployError, match="gpu_memory_utilization=0.68"):
+        deploy.VLLMServer(exported, gpu_memory_utilization=0.85).start()
+    assert calls == [("release", "cuda"), ("read", "cuda")]
 
 
 def test_eager_on_the_cpu_and_the_block_size_are_flags(exported):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
@@ -235,8 +234,7 @@ def _release_trainer(trainer, kind: str) -> None:
         with contextlib.suppress(Exception):
             engine.llm_engine.engine_core.shutdown()
     trainer.model = trainer.optimizer = trainer.ref_model = None
-    gc.collect()
-    device.empty_cache(kind)
+    device.release_memory(kind)
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
 import signal
 import sys
@@ -200,6 +201,23 @@ def serve_config(model: str | Path, experiment: TrainConfig, **knobs) -> ServeCo
     return ServeConfig(model=str(model), **{"max_model_len": experiment.max_model_len, **knobs})
 
 
+def check_free_memory(gpu_memory_utilization: float, memory: device.MemoryInfo, held_bytes: int) -> None:
+    """Refuse a share of the device larger than what is free, before vLLM spends its start finding out (it wants
+    ``gpu_memory_utilization`` × total free when it starts). ``held_bytes``: what this process's tensors hold."""
+    wanted = gpu_memory_utilization * memory.total_bytes
+    if memory.free_bytes >= wanted:
+        return
+    fits = math.floor(memory.free_bytes / memory.total_bytes * 100 - 1) / 100  # one point of the device as margin
+    remedy = (f"or serve with gpu_memory_utilization={fits:.2f} (the largest share free now)" if fits >= 0.05
+              else "nothing useful is free now")
+    raise DeployError(
+        f"gpu_memory_utilization={gpu_memory_utilization} asks vLLM for {wanted / 2**30:.1f} GiB of the device's "
+        f"{memory.total_gib:.1f} GiB, but {memory.free_gib:.1f} GiB are free. This process's tensors hold "
+        f"{held_bytes / 2**30:.1f} GiB (a model or trainer still referenced: `del` it; a trainer's colocated vLLM "
+        f"engine keeps its share while the trainer lives); other processes hold the rest (nvidia-smi or npu-smi "
+        f"lists them). Free that memory, {remedy}.")
+
+
 class VLLMServer:
     """vLLM's OpenAI-compatible server as a child process; a context manager that always stops it.
 
@@ -225,7 +243,14 @@ class VLLMServer:
         return None if self.server is None else self.server.process
 
     def start(self) -> VLLMServer:
+        """Start the server and wait until ``/health`` answers. On an accelerator this process first gives back the
+        device memory it no longer uses (a trainer that finished in this kernel leaves its allocator's cache)."""
         self.config.validate()
+        kind = device.detect()
+        if not device.is_cpu(kind):
+            device.release_memory(kind)
+            check_free_memory(self.config.gpu_memory_utilization, device.memory_info(kind=kind),
+                              device.allocated_bytes(kind=kind))
         self.port = self.config.port or free_port(self.config.host)
         if self.log_path is None:
             self.log_path = Path(tempfile.mkdtemp(prefix="grpo-lab-serve-")) / "server.log"

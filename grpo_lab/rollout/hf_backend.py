@@ -7,7 +7,6 @@ does not (see notebook 01).
 
 from __future__ import annotations
 
-import gc
 
 import torch
 from tqdm.auto import tqdm
@@ -106,8 +105,7 @@ class HFEngine(RolloutEngine):
 
     def _stop(self) -> None:
         self.model = None
-        gc.collect()
-        device.empty_cache(self.config.device_kind)
+        device.release_memory(self.config.device_kind)
 
     @property
     def supports_sleep(self) -> bool:
