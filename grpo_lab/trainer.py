@@ -105,15 +105,16 @@ def defers_correction(args: Any, tools: bool = False) -> bool:
     """Whether a trainer with ``args`` (a ``GRPOConfig``) computes vLLM's importance-sampling correction
     ``π_old / π_vLLM`` from the loss's own forward instead of TRL's separate no-grad forward at generation.
 
-    Exact when one generation batch feeds exactly one optimizer step (``steps_per_generation ==
-    gradient_accumulation_steps`` and ``num_iterations == 1``): every micro-batch's loss forward then runs before the
-    optimizer step, on the weights that generated the batch and on the same padded rows TRL's no-grad pass used, so
-    its log-probs, detached, *are* the old log-probs (TRL relies on the same identity without vLLM, where it skips the
-    old forward; with dropout on, each forward draws its own mask in both cases). Not with tool calls: TRL 1.16 does
-    not hand the loss the tool mask the correction needs. The reference model's forward (``beta > 0``) stays.
+    Exact when no optimizer step falls between a batch's generation and its last use: ``gradient_accumulation_steps``
+    a multiple of ``steps_per_generation × num_iterations`` (TRL's own condition for skipping the old forward without
+    vLLM). Every micro-batch's loss forward then runs on the weights that generated the batch and on the same padded
+    rows TRL's no-grad pass used, so its log-probs, detached, *are* the old log-probs (with dropout on, each forward
+    draws its own mask in both cases). Not with tool calls: TRL 1.16 does not hand the loss the tool mask the
+    correction needs. The reference model's forward (``beta > 0``) stays.
     """
-    return bool(args.use_vllm and args.vllm_importance_sampling_correction and not tools and args.num_iterations == 1
-                and args.steps_per_generation == args.gradient_accumulation_steps)
+    generate_every = args.steps_per_generation * args.num_iterations
+    return bool(args.use_vllm and args.vllm_importance_sampling_correction and not tools
+                and args.gradient_accumulation_steps % generate_every == 0)
 
 
 class GRPOLabTrainer(GRPOTrainer):

@@ -54,7 +54,12 @@ def test_cli_options_mirror_the_config_fields():
     ({"vllm_importance_sampling_correction": False}, False),
     ({"num_iterations": 2}, False),  # the second pass trains on weights the batch was not generated with
     ({"steps_per_generation": 2}, False),  # one generation feeds two optimizer steps
-    ({"gradient_accumulation_steps": 2, "steps_per_generation": 1}, False),
+    # two generations per optimizer step: both micro-batches' forwards still run on the weights that generated them
+    ({"gradient_accumulation_steps": 2, "steps_per_generation": 1}, True),
+    # the batch's second pass comes before the optimizer step (TRL's own condition: 2 % (1 x 2) == 0)
+    ({"gradient_accumulation_steps": 2, "steps_per_generation": 1, "num_iterations": 2}, True),
+    ({"gradient_accumulation_steps": 4, "steps_per_generation": 2}, True),
+    ({"gradient_accumulation_steps": 3, "steps_per_generation": 2}, False),  # the second batch spans a step
 ])
 def test_the_correction_comes_from_the_loss_forward_only_when_that_is_exact(tmp_path, changes, deferred):
     from trl import GRPOConfig
