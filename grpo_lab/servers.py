@@ -263,6 +263,15 @@ def metric_totals(base_url: str, names: Sequence[str], timeout_s: float = 5.0) -
     return totals
 
 
+def ranked_prompt_tokens(prompt_logprobs: Sequence[Mapping[str, Mapping[str, float]] | None]
+                         ) -> list[dict[int, tuple[float, int]]]:
+    """vLLM's ``prompt_logprobs`` (``/v1/completions`` with ``prompt_logprobs=k``: one forward pass over the prompt,
+    nothing sampled) as ``{token id: (log-prob, rank)}`` per prompt position: the token that is there and the ``k``
+    most likely. The first position has nothing before it: empty."""
+    return [{int(token): (float(entry["logprob"]), int(entry["rank"])) for token, entry in (position or {}).items()}
+            for position in prompt_logprobs]
+
+
 def wait_until_healthy(process: subprocess.Popen, base_url: str, timeout_s: float) -> int | None:
     """Poll ``base_url/health`` until it answers 200: None when ready, the exit code if the process ended first;
     :class:`TimeoutError` when neither happens within ``timeout_s``."""

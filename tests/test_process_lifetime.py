@@ -509,3 +509,13 @@ def test_metric_totals_sum_a_counter_over_its_labels_and_skip_the_rest(tmp_path)
         httpd.shutdown()
     with pytest.raises(OSError):
         servers.metric_totals(url, ("vllm:prompt_tokens_total",), timeout_s=2)
+
+
+def test_ranked_prompt_tokens_reads_vllms_prompt_logprobs_once_for_both_readers():
+    """The one reader of vLLM's ``prompt_logprobs`` (the greedy check in deploy and TRL server mode's log-probs): JSON
+    keys are token ids as strings, the first position has no context (null), each entry its log-prob and rank."""
+    payload = [None,
+               {"1234": {"logprob": -0.5, "rank": 1, "decoded_token": "a"}},
+               {"88": {"logprob": -2.25, "rank": 3, "decoded_token": "b"},
+                "7": {"logprob": -0.125, "rank": 1, "decoded_token": "c"}}]
+    assert servers.ranked_prompt_tokens(payload) == [{}, {1234: (-0.5, 1)}, {88: (-2.25, 3), 7: (-0.125, 1)}]

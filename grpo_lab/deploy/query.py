@@ -11,6 +11,7 @@ from pathlib import Path
 from grpo_lab.deploy.server import VLLMServer
 from grpo_lab.errors import DeployError, ServerDied
 from grpo_lab.rollout import Sampling, open_engine
+from grpo_lab.servers import ranked_prompt_tokens
 
 
 @dataclass
@@ -123,8 +124,8 @@ def top_token_agreement(server: VLLMServer, prompt_ids: list[int], completion_id
     ranked = out.choices[0].model_dump().get("prompt_logprobs")
     if not ranked:
         raise DeployError("the server returned no prompt_logprobs: this vLLM does not support them on /v1/completions")
-    positions = ranked[len(prompt_ids):]
-    return sum(next(int(token) for token, entry in candidates.items() if entry["rank"] == 1) == expected
+    positions = ranked_prompt_tokens(ranked)[len(prompt_ids):]
+    return sum(next(token for token, (_, rank) in candidates.items() if rank == 1) == expected
                for candidates, expected in zip(positions, completion_ids))
 
 

@@ -18,7 +18,7 @@ from grpo_lab.experiment import TrainConfig
 from grpo_lab.rollout.vllm_backend import engine_environment
 from grpo_lab.scale.config import SERVER_LOG, ScaleOutError, ServerModeConfig
 from grpo_lab.scale.devices import DevicePlan, plan_devices
-from grpo_lab.servers import ServerProcess, free_port, metric_totals
+from grpo_lab.servers import ServerProcess, free_port, metric_totals, ranked_prompt_tokens
 from grpo_lab.weight_sync import WORKER_EXTENSION
 
 CPU_SERVER_FLAGS = ("--no-enable-chunked-prefill",)
@@ -126,8 +126,9 @@ class RolloutServer:
         ids = [int(i) for i in prompt_ids] + [int(i) for i in completion_ids]
         payload = {"model": self.model_id(), "prompt": ids, "max_tokens": 1, "temperature": 1.0,
                    "prompt_logprobs": 0}
-        positions = _http_json(f"{self.base_url}/v1/completions", payload)["choices"][0]["prompt_logprobs"]
-        return [positions[i][str(ids[i])]["logprob"] for i in range(len(prompt_ids), len(ids))]
+        positions = ranked_prompt_tokens(_http_json(f"{self.base_url}/v1/completions", payload)["choices"][0]
+                                         ["prompt_logprobs"])
+        return [positions[i][ids[i]][0] for i in range(len(prompt_ids), len(ids))]
 
     def stop(self, timeout_s: float = 30.0) -> None:
         self.server.stop(timeout_s)
