@@ -263,6 +263,17 @@ def metric_totals(base_url: str, names: Sequence[str], timeout_s: float = 5.0) -
     return totals
 
 
+LOG_FILE_LEVELS = ("DEBUG", "INFO")
+
+
+def log_file_level(asked: str | None) -> str:
+    """vLLM's log level for a server whose output goes to a log file: at least INFO (its start's timings, the KV
+    cache it sized, why it stopped), DEBUG when asked for. ``quiet_notebook()`` asks ERROR for the engines a notebook
+    shows; a log file nobody reads unless something failed should keep what explains it."""
+    level = (asked or "INFO").upper()
+    return level if level in LOG_FILE_LEVELS else "INFO"
+
+
 def ranked_prompt_tokens(prompt_logprobs: Sequence[Mapping[str, Mapping[str, float]] | None]
                          ) -> list[dict[int, tuple[float, int]]]:
     """vLLM's ``prompt_logprobs`` (``/v1/completions`` with ``prompt_logprobs=k``: one forward pass over the prompt,

@@ -166,3 +166,13 @@ def test_server_dying_at_start_shows_the_log(exported, tmp_path):
     leftover = [p for p in children() if p.pid not in before and p.is_running()
                 and p.status() != psutil.STATUS_ZOMBIE]
     assert not leftover
+
+
+def test_the_server_log_keeps_vllms_info_lines_in_a_quiet_notebook(exported, monkeypatch):
+    """quiet_notebook() asks ERROR of the engines a notebook shows; the server writes to its log file, which keeps
+    what explains a start (its timings, the KV cache it sized) and a failure, so at least INFO there."""
+    config = deploy.ServeConfig(model=str(exported))
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "ERROR")
+    assert config.environment()["VLLM_LOGGING_LEVEL"] == "INFO"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "debug")
+    assert config.environment()["VLLM_LOGGING_LEVEL"] == "DEBUG"

@@ -25,7 +25,7 @@ from grpo_lab.memory import (
     context_window,
 )
 from grpo_lab.rollout.vllm_backend import engine_environment
-from grpo_lab.servers import ServerProcess, free_port, require_free_port
+from grpo_lab.servers import ServerProcess, free_port, log_file_level, require_free_port
 
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -129,7 +129,7 @@ class ServeConfig:
         """The rollout engine's per-device variables, the allocator setting, and INFO logs for the log file."""
         kind = device.detect()
         env = {**os.environ, **engine_environment(kind), **device.allocator_env(kind)}
-        env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "INFO")
+        env["VLLM_LOGGING_LEVEL"] = log_file_level(os.environ.get("VLLM_LOGGING_LEVEL"))
         return env
 
 

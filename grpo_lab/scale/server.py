@@ -18,7 +18,7 @@ from grpo_lab.experiment import TrainConfig
 from grpo_lab.rollout.vllm_backend import engine_environment
 from grpo_lab.scale.config import SERVER_LOG, ScaleOutError, ServerModeConfig
 from grpo_lab.scale.devices import DevicePlan, plan_devices
-from grpo_lab.servers import ServerProcess, free_port, metric_totals, ranked_prompt_tokens
+from grpo_lab.servers import ServerProcess, free_port, log_file_level, metric_totals, ranked_prompt_tokens
 from grpo_lab.weight_sync import WORKER_EXTENSION
 
 CPU_SERVER_FLAGS = ("--no-enable-chunked-prefill",)
@@ -58,7 +58,7 @@ def server_environment(plan: DevicePlan) -> dict[str, str]:
     env = {**os.environ, **engine_environment(plan.kind), **device_module.allocator_env(plan.kind)}
     env.update(plan.rollout_env())
     env["VLLM_SERVER_DEV_MODE"] = "1"
-    env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "INFO")
+    env["VLLM_LOGGING_LEVEL"] = log_file_level(os.environ.get("VLLM_LOGGING_LEVEL"))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
