@@ -291,6 +291,13 @@ def release_memory(kind: str | None = None) -> None:
     empty_cache(kind)
 
 
+def started_here(kind: str | None = None) -> bool:
+    """Whether this process has started the device's runtime (a CUDA or NPU context): only then can it hold device
+    memory. Asking the device anything else (free memory, allocated bytes) would start one, ~0.5 GiB."""
+    kind = kind or detect()
+    return kind != "cpu" and bool(_module(kind).is_initialized())
+
+
 def allocated_bytes(index: int = 0, kind: str | None = None) -> int:
     """Device memory held by this process's live torch tensors now (0 on the CPU)."""
     kind = kind or detect()

@@ -101,13 +101,25 @@ def test_a_share_larger_than_the_free_memory_is_refused_with_the_share_that_fits
 def test_on_an_accelerator_the_server_frees_this_process_memory_then_checks_it_before_spawning(exported, monkeypatch):
     calls = []
     monkeypatch.setattr(device, "detect", lambda: "cuda")
+    monkeypatch.setattr(device, "started_here", lambda kind=None: calls.append(("started?", kind)) or True)
     monkeypatch.setattr(device, "release_memory", lambda kind=None: calls.append(("release", kind)))
     monkeypatch.setattr(device, "memory_info", lambda index=0, kind=None: calls.append(("read", kind)) or H200_AFTER_LORA)
     monkeypatch.setattr(device, "allocated_bytes", lambda index=0, kind=None: int(41.5 * GIB))
-    monkeypatch.setattr(server, "ServerProcess", lambda *a, **k: pytest.fail("a server process was spawned"))
+    class Spawned(Exception):
+        pass
+
+    def spawn(*args, **kwargs):
+        raise Spawned("a server process was spawned")
+
+    monkeypatch.setattr(server, "ServerProcess", spawn)
     with pytest.raises(deploy.DeployError, match="gpu_memory_utilization=0.68"):
         deploy.VLLMServer(exported, gpu_memory_utilization=0.85).start()
-    assert calls == [("release", "cuda"), ("read", "cuda")]
+    assert calls == [("started?", "cuda"), ("release", "cuda"), ("read", "cuda")]
+    calls.clear()  # a process that never touched the device: nothing to give back, and no context started to ask
+    monkeypatch.setattr(device, "started_here", lambda kind=None: False)
+    with pytest.raises(Spawned):
+        deploy.VLLMServer(exported, gpu_memory_utilization=0.85).start()
+    assert calls == []
 
 
 def test_eager_on_the_cpu_and_the_block_size_are_flags(exported):

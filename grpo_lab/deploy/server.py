@@ -243,11 +243,11 @@ class VLLMServer:
         return None if self.server is None else self.server.process
 
     def start(self) -> VLLMServer:
-        """Start the server and wait until ``/health`` answers. On an accelerator this process first gives back the
-        device memory it no longer uses (a trainer that finished in this kernel leaves its allocator's cache)."""
+        """Start the server and wait until ``/health`` answers. A process that has used the accelerator (a notebook
+        kernel that trained) first gives back the device memory it no longer uses, then checks the share is free."""
         self.config.validate()
         kind = device.detect()
-        if not device.is_cpu(kind):
+        if device.started_here(kind):  # otherwise this process holds nothing, and asking would start a context
             device.release_memory(kind)
             check_free_memory(self.config.gpu_memory_utilization, device.memory_info(kind=kind),
                               device.allocated_bytes(kind=kind))
