@@ -5,6 +5,7 @@
 #   bash benchmarks/course_gpu/run.sh start     # in its own process session: outlives the calling command
 #   bash benchmarks/course_gpu/run.sh wait      # waits (<= COURSE_WAIT_S) for it, then packs the results into $OUT
 #   bash benchmarks/course_gpu/run.sh           # in the foreground (a machine you sit at), then packs
+#   COURSE_NOTEBOOKS="notebooks/03_grpo_training.ipynb notebooks/05_deployment.ipynb" bash ... start   # a subset
 #
 # Needs on that machine, from the earlier calls of the same session (README.md beside this file): the GPU bundle
 # in /tmp/grpo-gpu-site (vLLM, TRL, datasets, the notebook kernel packages, liger-kernel) and the converted model
@@ -24,15 +25,17 @@ WAIT_S=${COURSE_WAIT_S:-540}
 run() {
   mkdir -p "$COURSE"
   python3 - "$COURSE/run.json" <<PYEOF
-import json, subprocess, sys, datetime
+import datetime, json, shutil, subprocess, sys
 gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                     capture_output=True, text=True).stdout.strip()
+                     capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "no nvidia-smi"
 json.dump({"command": "bash benchmarks/course_gpu/run.sh", "commit": "${GRPO_LAB_COMMIT:-unknown}",
            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": gpu, "profile": "$GRPO_LAB_PROFILE", "model": "$GRPO_LAB_MODEL",
-           "train_steps": int("$GRPO_LAB_TRAIN_STEPS")}, open(sys.argv[1], "w"), indent=2)
+           "train_steps": int("$GRPO_LAB_TRAIN_STEPS"),
+           "notebooks": "${COURSE_NOTEBOOKS:-all}".split()}, open(sys.argv[1], "w"), indent=2)
 PYEOF
-  python3 -m grpo_lab.course --keep-going --out "$COURSE" > "$COURSE/course.log" 2>&1
+  # shellcheck disable=SC2086  # COURSE_NOTEBOOKS: a space-separated subset (default: every notebook, in order)
+  python3 -m grpo_lab.course --keep-going --out "$COURSE" ${COURSE_NOTEBOOKS:-} > "$COURSE/course.log" 2>&1
   echo $? > "$COURSE/exit_code"
 }
 
