@@ -11,6 +11,7 @@ True
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -285,8 +286,6 @@ def empty_cache(kind: str | None = None) -> None:
 def release_memory(kind: str | None = None) -> None:
     """Free what this process no longer references: collect garbage (a trainer's reference cycles keep its model
     and optimizer alive until then), then return the allocator's cached blocks to the device."""
-    import gc
-
     gc.collect()
     empty_cache(kind)
 

@@ -105,6 +105,7 @@ def test_on_an_accelerator_the_server_frees_this_process_memory_then_checks_it_b
     monkeypatch.setattr(device, "release_memory", lambda kind=None: calls.append(("release", kind)))
     monkeypatch.setattr(device, "memory_info", lambda index=0, kind=None: calls.append(("read", kind)) or H200_AFTER_LORA)
     monkeypatch.setattr(device, "allocated_bytes", lambda index=0, kind=None: int(41.5 * GIB))
+
     class Spawned(Exception):
         pass
 

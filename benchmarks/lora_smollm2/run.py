@@ -45,12 +45,9 @@ SMOKE = dict(profile="tiny", per_device_train_batch_size=8, num_generations=4, m
              use_vllm=False, save_steps=1000)
 
 
-def device_in_use() -> int:
-    """Bytes of device memory in use (total - free, the driver's view)."""
-    import torch
-
-    free, total = torch.cuda.mem_get_info()
-    return total - free
+def in_use(memory) -> int:
+    """Bytes of device memory in use (total - free: the driver's view, which also sees allocations outside torch)."""
+    return memory.total_bytes - memory.free_bytes
 
 
 def child(variant: str, steps: int, lora_lr: float, smoke: bool, out: Path) -> None:
@@ -79,7 +76,7 @@ def child(variant: str, steps: int, lora_lr: float, smoke: bool, out: Path) -> N
     started = time.perf_counter()
     training = prepare(config, machine=machine)
     resident = torch.cuda.memory_allocated() if cuda else None
-    in_use_after_prepare = device_in_use() if cuda else None
+    in_use_after_prepare = in_use(device.memory_info(kind=config.device)) if cuda else None
     before = evaluation.evaluate(config.model, rows, max_tokens=config.max_completion_length,
                                  backend=config.rollout_backend, engine=training.rollout_engine())
     if cuda:
@@ -87,7 +84,7 @@ def child(variant: str, steps: int, lora_lr: float, smoke: bool, out: Path) -> N
         torch.cuda.reset_peak_memory_stats()
     result = training.train()
     peak = torch.cuda.max_memory_allocated() if cuda else None
-    in_use_after_training = device_in_use() if cuda else None
+    in_use_after_training = in_use(device.memory_info(kind=config.device)) if cuda else None
     after = evaluation.evaluate(result.final_model_dir, rows, max_tokens=config.max_completion_length,
                                 backend=config.rollout_backend, engine=result.rollout_engine())
     step_times = [m["step_time"] for m in result.metrics if "step_time" in m]

@@ -7,7 +7,6 @@ does not (see notebook 01).
 
 from __future__ import annotations
 
-
 import torch
 from tqdm.auto import tqdm
 
