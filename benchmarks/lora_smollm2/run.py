@@ -125,8 +125,11 @@ def describe(record: dict) -> str:
             f"({steps['min']:.2f}–{steps['max']:.2f}, n={steps['n']}); "
             f"greedy {acc['before']:.1%} → {acc['after']:.1%} ({acc['standard_errors']:+.1f} SE)")
     if memory:
-        line += (f"; device memory {memory['resident_after_prepare']:.1f} GiB resident, training peak "
+        line += (f"; torch: {memory['resident_after_prepare']:.1f} GiB allocated after prepare, training peak "
                  f"+{memory['training_above_resident']:.2f} GiB above it")
+    if memory and "device_in_use_after_prepare" in memory:  # the driver's view: sees a sleeping engine's release
+        line += (f"; device in use {memory['device_in_use_after_prepare']:.1f} GiB after prepare, "
+                 f"{memory['device_in_use_after_training']:.1f} GiB after training")
     return line
 
 
