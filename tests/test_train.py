@@ -75,6 +75,34 @@ def test_the_correction_comes_from_the_loss_forward_only_when_that_is_exact(tmp_
 # --------------------------------------------------------------------------------------------------
 # Bad input: a clear message before anything runs
 # --------------------------------------------------------------------------------------------------
+def test_trls_colocated_engine_starts_in_the_environment_of_the_courses_other_engines(tmp_path, monkeypatch):
+    """TRL builds its colocated engine inside the trainer's constructor: it must compile into the same cache folder
+    as the course's own engines and servers, so that a later start finds what an earlier one cached."""
+    import os
+
+    import grpo_lab.trainer
+    from grpo_lab.rollout.vllm_backend import engine_environment
+
+    pytest.importorskip("vllm")
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    seen = {}
+
+    class Built(Exception):
+        pass
+
+    class RecordingTrainer:  # stands in for GRPOLabTrainer: notes the environment its engine would start in
+        def __init__(self, **kwargs):
+            seen.update(root=os.environ.get("VLLM_CACHE_ROOT"), use_vllm=kwargs["args"].use_vllm)
+            raise Built
+
+    monkeypatch.setattr(grpo_lab.trainer, "GRPOLabTrainer", RecordingTrainer)
+    config = T.TrainConfig(**SMALL, use_vllm=True, output_dir=str(tmp_path / "run")).resolve(CPU)
+    with pytest.raises(Built):
+        T.build_trainer(config)
+    assert seen == {"root": engine_environment("cpu")["VLLM_CACHE_ROOT"], "use_vllm": True}
+    assert "VLLM_CACHE_ROOT" not in os.environ, "the variable is set only while the engine starts"
+
+
 def test_num_generations_must_divide_the_batch():
     with pytest.raises(ValueError, match=r"num_generations=3 does not divide.*8"):
         T.TrainConfig(**{**SMALL, "num_generations": 3}, output_dir="unused")

@@ -3,7 +3,8 @@
 The course starts five engines (01, 03, 05 twice, 06), each 90-112 s on one H200 for a 135 M model. This probe starts
 one engine configuration in fresh processes: cold (an empty compile cache), again with the same cache (warm), and
 eager (no torch.compile, no CUDA graphs), each timed from the process's start to its first generated token, and
-keeps vLLM's own INFO lines about weights, torch.compile, graph capture and engine init.
+keeps vLLM's own INFO lines about weights, torch.compile, graph capture and engine init; then which modules make
+``import vllm`` slow (``python -X importtime``).
 
     python3 benchmarks/course_gpu/engine_start.py --model /tmp/grpo-smollm2/model --out $OUT/engine_start.json
 """
@@ -52,6 +53,23 @@ def start_once(label: str, engine: dict, cache_root: Path) -> dict:
             "error_tail": "" if done.returncode == 0 else (done.stderr or done.stdout)[-3000:]}
 
 
+def import_profile(top: int = 15) -> list[dict]:
+    """``python -X importtime -c "import vllm"``: the modules whose import (their own and their imports') took longest;
+    ``depth`` 0 is ``vllm`` itself."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import vllm"], capture_output=True, text=True,
+                          timeout=300)
+    rows = []
+    for line in done.stderr.splitlines():  # "import time: self [us] | cumulative | imported package"
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) == 3 and parts[1].strip().isdigit():
+            name = parts[2].rstrip()
+            rows.append({"module": name.strip(), "depth": (len(name) - len(name.lstrip())) // 2,
+                         "self_s": int(parts[0]) / 1e6, "cumulative_s": int(parts[1]) / 1e6})
+    rows.sort(key=lambda row: -row["cumulative_s"])
+    print("slowest imports:", ", ".join(f"{r['module']} {r['cumulative_s']:.1f} s" for r in rows[:5]), flush=True)
+    return rows[:top]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -66,8 +84,10 @@ def main() -> int:
         records.append(start_once("cold (empty compile cache)", engine, compiled))
         records.append(start_once("warm (same configuration, same cache)", engine, compiled))
         records.append(start_once("eager (enforce_eager=True)", {**engine, "enforce_eager": True}, eager))
+    imports = import_profile()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "records": records}, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "records": records, "slowest_imports": imports},
+                                         indent=2) + "\n")
     return 0 if all(r["exit"] == 0 for r in records) else 1
 
 
