@@ -230,6 +230,23 @@ def test_the_committed_gpu_run_follows_the_rule(rule):
     _report(f"rule '{rule}' on the committed GPU run", {name: RULES[rule](nb) for name, nb in notebooks.items()})
 
 
+def _latest_partial_gpu_run() -> Path:
+    """The newest ``run_<commit>`` folder beside ``results/`` (a later run of some notebooks, by its run.json)."""
+    folders = sorted(GPU_RUN_DIR.parent.glob("run_*/run.json"), key=lambda p: json.loads(p.read_text())["started"])
+    return folders[-1].parent
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_the_latest_partial_gpu_run_follows_the_rule(rule):
+    """The newest GPU run of some notebooks (the rules as they are now: older runs record what they showed then)."""
+    folder = _latest_partial_gpu_run()
+    names = json.loads((folder / "run.json").read_text())["notebooks"]
+    notebooks = {path.name: nbformat.read(path, as_version=4) for path in sorted(folder.glob("[0-9][0-9]_*.ipynb"))}
+    assert sorted(notebooks) == sorted(Path(name).name for name in names), "an executed copy is missing"
+    assert all(_was_executed(nb) for nb in notebooks.values())
+    _report(f"rule '{rule}' on {folder.name}", {name: RULES[rule](nb) for name, nb in notebooks.items()})
+
+
 def _report(what: str, found: dict[str, list[str]]) -> None:
     """Fail with every problem found, named by notebook."""
     problems = [f"{name}: {problem}" for name, items in found.items() for problem in items]
