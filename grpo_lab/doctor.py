@@ -1,6 +1,7 @@
 """`grpo-lab doctor`: one check per row of the write-up's troubleshooting section, each with its fix.
 
-Rows covered: device mismatch, operator errors from unverified versions, OOM at step N (memory plan),
+Rows covered: device mismatch, operator errors from unverified versions, slow starts from uncompiled packages
+(PYTHONDONTWRITEBYTECODE), OOM at step N (memory plan),
 garbled output from a tokenizer mismatch, NaN loss (fp16), slow vLLM without prefix caching,
 fragmentation (allocator setting), vLLM missing for this device, slow serving (concurrency), and vLLM processes left
 running that hold a device or a port ("out of memory" or "address already in use" at the next start).
@@ -141,6 +142,19 @@ def check_vllm() -> Check:
     usable, reason = vllm_usable(kind)
     return Check("vllm", "pass" if usable else "warn", reason,
                  "" if usable else "rollouts fall back to HF generate (several times slower); " + reason)
+
+
+def check_bytecode() -> Check:
+    status = env.bytecode_status()
+    if not status.missing:
+        return Check("python bytecode", "pass", "torch, transformers, TRL and vLLM load compiled bytecode")
+    if status.ok:
+        return Check("python bytecode", "pass", f"{', '.join(status.missing)} not compiled yet: Python saves the "
+                                                "bytecode at their first import")
+    return Check("python bytecode", "warn",
+                 f"PYTHONDONTWRITEBYTECODE is set and {', '.join(status.missing)} have no bytecode: every process "
+                 "(each kernel, vLLM engine and server) compiles them from source, seconds to tens of seconds per start",
+                 f"compile them once: {status.command()}")
 
 
 def check_dtype(config: DoctorConfig) -> Check:
@@ -311,7 +325,7 @@ def run_checks(config: DoctorConfig | None = None) -> list[Check]:
     config = config or DoctorConfig()
     checks = [
         ("versions", check_stack), ("device", lambda: check_device(config)), ("vllm", check_vllm),
-        ("memory plan", lambda: check_memory(config)), ("tokenizer", lambda: check_tokenizer(config)),
+        ("python bytecode", check_bytecode), ("memory plan", lambda: check_memory(config)), ("tokenizer", lambda: check_tokenizer(config)),
         ("dtype", lambda: check_dtype(config)), ("prefix caching", lambda: check_prefix_caching(config)),
         ("allocator", check_allocator), ("serving", lambda: check_serving(config)),
         ("vllm processes", check_vllm_processes),
@@ -361,6 +375,13 @@ SYMPTOMS: tuple[Symptom, ...] = (
             "start; a request without the server's API key is refused",
             "wait for GET /health before sending requests (TRL waits vllm_server_timeout seconds); check host and port; "
             "read the server's log; send the key the server was started with (notebook 05)"),
+    Symptom("every start is slow: a notebook's first cell, a vLLM engine or server, each takes tens of seconds",
+            "Python compiles torch, transformers and vLLM from source in every process: the image sets "
+            "PYTHONDONTWRITEBYTECODE=1 and its site-packages hold no bytecode (an H200 image here: import torch 5.2 s, "
+            "2.4 s compiled); then vLLM's first start of an engine configuration compiles its graphs (a later one of "
+            "the same configuration loads them from VLLM_CACHE_ROOT)",
+            "compile the packages once (the command doctor prints); keep one VLLM_CACHE_ROOT for every engine (grpo_lab "
+            "does)", ("python bytecode",)),
     Symptom("garbled completions, rewards computed on nonsense",
             "vLLM and the trainer loaded different tokenizers or chat templates",
             "load both from the model's own folder", ("tokenizer",)),

@@ -17,10 +17,22 @@ def test_healthy_cpu_setup_passes(monkeypatch):
     monkeypatch.delenv("GRPO_LAB_PROFILE", raising=False)
     monkeypatch.delenv("GRPO_LAB_MODEL", raising=False)
     checks = by_name(doctor.run_checks())
-    assert set(checks) == {"versions", "device", "vllm", "memory plan", "tokenizer", "dtype", "prefix caching",
-                           "allocator", "serving", "vllm processes"}
+    assert set(checks) == {"versions", "device", "vllm", "python bytecode", "memory plan", "tokenizer", "dtype",
+                           "prefix caching", "allocator", "serving", "vllm processes"}
     for name in ("device", "memory plan", "tokenizer", "dtype", "prefix caching", "allocator", "serving"):
         assert checks[name].status == "pass", checks[name]
+
+
+def test_packages_without_bytecode_under_pythondontwritebytecode_warn_with_the_command(monkeypatch):
+    from grpo_lab import env
+
+    missing = env.BytecodeStatus(writes=False, missing=("torch", "vllm"), folders=("/opt/venv/site-packages",))
+    monkeypatch.setattr(env, "bytecode_status", lambda: missing)
+    check = doctor.check_bytecode()
+    assert check.status == "warn" and "torch, vllm" in check.detail
+    assert check.fix.endswith("-m compileall -q -j 0 /opt/venv/site-packages")
+    monkeypatch.setattr(env, "bytecode_status", lambda: env.BytecodeStatus(True, ("torch",), ("/x",)))
+    assert doctor.check_bytecode().status == "pass", "Python writes the bytecode itself at the first import"
 
 
 def test_device_mismatch_fails_with_fix():

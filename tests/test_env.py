@@ -87,6 +87,22 @@ def test_report_survives_a_broken_device(monkeypatch):
     assert "device        ERROR" in str(report)
 
 
+def test_bytecode_status_finds_a_package_without_bytecode_and_its_command_compiles_it(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    package = tmp_path / "site" / "uncompiled_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    status = env.bytecode_status(("uncompiled_pkg", "no_such_package_here"))
+    assert (status.writes, status.missing, status.folders) == (False, ("uncompiled_pkg",), (str(tmp_path / "site"),))
+    assert not status.ok
+    subprocess.run(status.command().split(), check=True)
+    assert env.bytecode_status(("uncompiled_pkg",)).missing == ()
+
+
 def test_smoke_test_on_this_device():
     result = env.smoke_test()
     assert result.ok and result.grad_norm > 0 and result.loss > 0
