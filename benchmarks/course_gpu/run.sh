@@ -5,6 +5,7 @@
 #   bash benchmarks/course_gpu/run.sh start     # in its own process session: outlives the calling command
 #   bash benchmarks/course_gpu/run.sh wait      # waits (<= COURSE_WAIT_S) for it, then packs the results into $OUT
 #   bash benchmarks/course_gpu/run.sh           # in the foreground (a machine you sit at), then packs
+#   bash benchmarks/course_gpu/run.sh compile   # only the bytecode step `start` begins with (for other GPU scripts)
 #   COURSE_NOTEBOOKS="notebooks/03_grpo_training.ipynb notebooks/05_deployment.ipynb" bash ... start   # a subset
 #
 # Needs on that machine, from the earlier calls of the same session (README.md beside this file): the GPU bundle
@@ -22,6 +23,17 @@ export GRPO_LAB_PROFILE=${GRPO_LAB_PROFILE:-gpu} GRPO_LAB_MODEL=${GRPO_LAB_MODEL
 COURSE=${COURSE:-/tmp/course-gpu}
 WAIT_S=${COURSE_WAIT_S:-540}
 
+compile_bytecode() {
+  # The image sets PYTHONDONTWRITEBYTECODE=1 and ships no bytecode: compiled once here (tens of seconds, 16 cores),
+  # each later process loads it instead of compiling torch, transformers and vLLM again (grpo-lab doctor's "python
+  # bytecode" check; import torch 5.2 s -> 2.4 s on the H200 machine)
+  local began=$SECONDS
+  mkdir -p "$COURSE"
+  python3 -m compileall -q -j 0 /tmp/grpo-gpu-site "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    > "$COURSE/compileall.log" 2>&1
+  echo "compileall: $((SECONDS - began)) s" | tee -a "$COURSE/compileall.log"
+}
+
 run() {
   mkdir -p "$COURSE"
   python3 - "$COURSE/run.json" <<PYEOF
@@ -34,13 +46,7 @@ json.dump({"command": "bash benchmarks/course_gpu/run.sh", "commit": "${GRPO_LAB
            "train_steps": int("$GRPO_LAB_TRAIN_STEPS"),
            "notebooks": "${COURSE_NOTEBOOKS:-all}".split()}, open(sys.argv[1], "w"), indent=2)
 PYEOF
-  # The image sets PYTHONDONTWRITEBYTECODE=1 and ships no bytecode: compiled once here (tens of seconds, 16 cores),
-  # each later process loads it instead of compiling torch, transformers and vLLM again (grpo-lab doctor's "python
-  # bytecode" check; import torch 5.2 s -> 2.4 s on the H200 machine)
-  local began=$SECONDS
-  python3 -m compileall -q -j 0 /tmp/grpo-gpu-site "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-    > "$COURSE/compileall.log" 2>&1
-  echo "compileall: $((SECONDS - began)) s" >> "$COURSE/compileall.log"
+  compile_bytecode
   # shellcheck disable=SC2086  # COURSE_NOTEBOOKS: a space-separated subset (default: every notebook, in order)
   python3 -m grpo_lab.course --keep-going --out "$COURSE" ${COURSE_NOTEBOOKS:-} > "$COURSE/course.log" 2>&1
   echo $? > "$COURSE/exit_code"
@@ -63,6 +69,7 @@ case ${1:-foreground} in
            || echo "course still running after ${waited} s of waiting: call 'wait' again"
          pack ;;
   foreground-no-pack) run ;;
+  compile) compile_bytecode ;;
   foreground) run; pack ;;
-  *) echo "usage: run.sh [start|wait]"; exit 2 ;;
+  *) echo "usage: run.sh [start|wait|compile]"; exit 2 ;;
 esac
