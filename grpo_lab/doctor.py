@@ -151,10 +151,7 @@ def check_bytecode() -> Check:
     if status.ok:
         return Check("python bytecode", "pass", f"{', '.join(status.missing)} not compiled yet: Python saves the "
                                                 "bytecode at their first import")
-    return Check("python bytecode", "warn",
-                 f"PYTHONDONTWRITEBYTECODE is set and {', '.join(status.missing)} have no bytecode: every process "
-                 "(each kernel, vLLM engine and server) compiles them from source, seconds to tens of seconds per start",
-                 f"compile them once: {status.command()}")
+    return Check("python bytecode", "warn", status.describe(), f"compile them once: {status.command()}")
 
 
 def check_dtype(config: DoctorConfig) -> Check:
@@ -325,7 +322,8 @@ def run_checks(config: DoctorConfig | None = None) -> list[Check]:
     config = config or DoctorConfig()
     checks = [
         ("versions", check_stack), ("device", lambda: check_device(config)), ("vllm", check_vllm),
-        ("python bytecode", check_bytecode), ("memory plan", lambda: check_memory(config)), ("tokenizer", lambda: check_tokenizer(config)),
+        ("python bytecode", check_bytecode), ("memory plan", lambda: check_memory(config)),
+        ("tokenizer", lambda: check_tokenizer(config)),
         ("dtype", lambda: check_dtype(config)), ("prefix caching", lambda: check_prefix_caching(config)),
         ("allocator", check_allocator), ("serving", lambda: check_serving(config)),
         ("vllm processes", check_vllm_processes),

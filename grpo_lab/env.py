@@ -204,8 +204,8 @@ class BytecodeStatus:
 
     Container images often set ``PYTHONDONTWRITEBYTECODE=1`` and ship site-packages without bytecode: then every
     process — each notebook kernel, each vLLM engine core and server, each subprocess vLLM starts to inspect a model —
-    compiles torch, transformers and vLLM from source. On the H200 machine that image cost 5.2 s for ``import torch``
-    (2.4 s once compiled) and 23-27 s for importing vLLM (``benchmarks/course_gpu/``)."""
+    compiles torch, transformers and vLLM from source. On the H200 machine's image ``import torch`` took 5.2 s, 2.4 s
+    once compiled (``benchmarks/course_gpu/``)."""
 
     writes: bool
     """False when ``PYTHONDONTWRITEBYTECODE`` (``sys.dont_write_bytecode``) stops Python from saving what it compiles."""
@@ -218,6 +218,11 @@ class BytecodeStatus:
     def ok(self) -> bool:
         """Bytecode is there, or Python will save it at the first import."""
         return not self.missing or self.writes
+
+    def describe(self) -> str:
+        """What is wrong when not :attr:`ok`, for the environment report and the doctor (the fix: :meth:`command`)."""
+        return (f"PYTHONDONTWRITEBYTECODE is set and {', '.join(self.missing)} have no bytecode: every process (each "
+                f"kernel, vLLM engine and server) compiles them from source, seconds per start")
 
     def command(self) -> str:
         """Compiles the folders once (in parallel); later imports load the bytecode even where Python writes none."""
@@ -361,8 +366,7 @@ def report(smoke: bool = False) -> EnvReport:
                             f"`import transformers`. Fix: pip uninstall -y {bad}")
     compiled = bytecode_status()
     if not compiled.ok:
-        problems.append(f"PYTHONDONTWRITEBYTECODE is set and {', '.join(compiled.missing)} have no bytecode: every "
-                        f"process compiles them from source (seconds per start). Fix, once: {compiled.command()}")
+        problems.append(f"{compiled.describe()}. Fix, once: {compiled.command()}")
     result = EnvReport(
         python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}",
         versions=versions, cann=cann_version(), device=device_summary(), stack=best_stack(versions),
