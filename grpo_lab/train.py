@@ -356,7 +356,8 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     # TRL starts its colocated engine here: in the environment of the course's other engines (one cache folder)
     with in_engine_environment(config.device) if use_vllm else contextlib.nullcontext():
         trainer = GRPOLabTrainer(model=model, reward_funcs=reward_set.funcs, args=args, train_dataset=dataset,
-                                 processing_class=tokenizer, callbacks=list(callbacks), peft_config=peft_config)
+                                 processing_class=tokenizer, callbacks=list(callbacks), peft_config=peft_config,
+                                 engine_max_num_seqs=device.COLOCATED_MAX_NUM_SEQS[config.device])
     trainer.backend_reason = why
     _quiet_progress(trainer)
     return trainer

@@ -10,7 +10,6 @@ a trainer. Every TRL and transformers name the trainer overrides, reads or sets 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import shutil
 import time
@@ -54,7 +53,8 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
     TrlName("method", "transformers.Trainer", "pop_callback", "quiet progress bar (grpo_lab.train)"),
     TrlName("module", "transformers.trainer_utils", "PREFIX_CHECKPOINT_DIR", "checkpoint names"),
     TrlName("module", "transformers.trainer_utils", "rotate_checkpoints", "save_total_limit in checkpoints/"),
-    TrlName("module", "trl.generation.vllm_generation", "LLM", "the colocated engine starts without progress bars"),
+    TrlName("module", "trl.generation.vllm_generation", "LLM",
+            "the colocated engine starts without progress bars, with room for an evaluation's batch"),
     TrlName("attribute", "trl.GRPOTrainer", "use_vllm", "which rollout backend"),
     TrlName("attribute", "trl.GRPOTrainer", "vllm_generation", "timing, weight sync"),
     TrlName("method", "trl.generation.vllm_generation.VLLMGeneration", "sync_weights", "the engine lent to evaluation"),
@@ -86,15 +86,25 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
 
 
 @contextlib.contextmanager
-def _quiet_colocated_engine() -> Iterator[None]:
-    """While the trainer starts its colocated vLLM engine: no weight-loading or CUDA-graph-capture progress bars in a
-    notebook (TRL does not pass vLLM's ``use_tqdm_on_load``; the rollout engine does the same through its own
-    arguments)."""
+def _colocated_engine_arguments(max_num_seqs: int | None = None) -> Iterator[None]:
+    """While the trainer starts its colocated vLLM engine, what grpo_lab changes in TRL's ``LLM(...)`` call: no
+    weight-loading or CUDA-graph-capture progress bars in a notebook (TRL does not pass vLLM's ``use_tqdm_on_load``;
+    the rollout engine does the same through its own arguments), and ``max_num_seqs`` raised to at least
+    ``max_num_seqs`` (TRL sizes it to one generation batch; an evaluation lent the engine sends more at once)."""
     original = getattr(vllm_generation, "LLM", None)
-    if original is None or env.show_progress():  # TRL without vLLM, or bars wanted
+    quiet = not env.show_progress()
+    if original is None or (not quiet and max_num_seqs is None):  # TRL without vLLM, or nothing to change
         yield
         return
-    vllm_generation.LLM = functools.partial(original, use_tqdm_on_load=False)
+
+    def start_engine(*args: Any, **kwargs: Any) -> Any:
+        if quiet:
+            kwargs.setdefault("use_tqdm_on_load", False)
+        if max_num_seqs is not None:
+            kwargs["max_num_seqs"] = max(kwargs.get("max_num_seqs") or 0, max_num_seqs)
+        return original(*args, **kwargs)
+
+    vllm_generation.LLM = start_engine
     try:
         yield
     finally:
@@ -121,10 +131,13 @@ class GRPOLabTrainer(GRPOTrainer):
     """TRL's GRPOTrainer, unchanged in what it computes. It adds timings, a NaN guard, reward errors that say what to
     do (and ``rewards/<name>/skipped`` counts), checkpoints renamed into place once complete, the CPU weight sync, and
     computes vLLM's importance-sampling correction from the loss's own forward where that is exact
-    (:func:`defers_correction`)."""
+    (:func:`defers_correction`).
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        with _quiet_colocated_engine():
+    ``engine_max_num_seqs``: the colocated engine decodes at least this many sequences at once (None: TRL's sizing,
+    one generation batch; ``grpo_lab.train`` passes ``device.COLOCATED_MAX_NUM_SEQS``)."""
+
+    def __init__(self, *args: Any, engine_max_num_seqs: int | None = None, **kwargs: Any):
+        with _colocated_engine_arguments(engine_max_num_seqs):
             super().__init__(*args, **kwargs)
         self.weight_sync_installed = bool(self.use_vllm and weight_sync.install(self.vllm_generation))
         self._staging: Path | None = None

