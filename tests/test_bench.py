@@ -284,18 +284,23 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
     assert all(0 < r["update MFU"] < 1 for r in rows)
     targets = bench.committed_grpo_step_targets(RESULTS_DIR / "h200")
     assert [t["target"] for t in targets[:3]] == [t[0] for t in bench.GRPO_STEP_TARGETS]
-    assert targets[1]["verdict"] == "2 runs each, not interleaved: no spread, not a claim"
-    # the same file, as if its backends had alternated over five steps each: a verdict from the low end
-    for path in (RESULTS_DIR / "h200").glob("grpo_step_seed_qwen2.5-0.5b_*.json"):
+    assert [t["target"] for t in targets[3:]] == [bench.MFU_TARGET[0], bench.REPEAT_TARGET]
+    assert targets[2]["verdict"] == "2 runs each, not interleaved: no spread, not a claim"  # ragged: the old file
+    runs = [bench.step_ratio(bench.load_results(bench.committed_file(key))["grpo_step"]) for key in bench.INTERLEAVED_RUNS]
+    assert all(r.is_claim for r in runs) and f"range {runs[0].low:.2f}x..{runs[0].high:.2f}x" in targets[1]["measured"]
+    # the fixed-length verdict and the overlap, from made-up interleaved files: a verdict from each low end
+    for path in (RESULTS_DIR / "h200").glob("grpo_step_seed_qwen2.5-0.5b*.json"):
         shutil.copy(path, tmp_path / path.name)
-    changed = json.loads(bench.committed_file("grpo step fixed", tmp_path).read_text())
-    changed["grpo_step"]["interleaved"] = True
-    changed["grpo_step"]["backends"]["hf"]["step_s"] = [10.0, 10.5, 11.0, 10.2, 10.8]
-    changed["grpo_step"]["backends"]["vllm"]["step_s"] = [4.0, 4.5, 4.8, 4.2, 5.2]  # 10 / 5.2 = 1.92 .. 11 / 4 = 2.75
-    bench.committed_file("grpo step fixed", tmp_path).write_text(json.dumps(changed))
-    again = bench.committed_grpo_step_targets(tmp_path)[1]
-    assert again["verdict"] == "not met (only the high end reaches 2.00x)"
-    assert "range 1.92x..2.75x" in again["measured"]
+    for key, vllm in zip(bench.INTERLEAVED_RUNS, ([4.0, 4.5, 4.8, 4.2, 5.2], [3.0, 3.1, 3.2, 3.1, 3.0])):
+        changed = json.loads(bench.committed_file(key, tmp_path).read_text())
+        changed["grpo_step"]["backends"]["hf"]["step_s"] = [10.0, 10.5, 11.0, 10.2, 10.8]
+        changed["grpo_step"]["backends"]["vllm"]["step_s"] = vllm  # 10 / 5.2 = 1.92 .. 2.75; 10 / 3.2 = 3.12 .. 3.67
+        bench.committed_file(key, tmp_path).write_text(json.dumps(changed))
+    again = bench.committed_grpo_step_targets(tmp_path)
+    assert "range 1.92x..2.75x" in again[1]["measured"] and "range 3.12x..3.67x" in again[1]["measured"]
+    assert again[1]["verdict"].endswith("_1.json: not met (only the high end reaches 2.00x); "
+                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_2.json: met")
+    assert again[4]["verdict"] == "missed", "1.92..2.75 and 3.12..3.67 do not overlap"
 
 
 def test_a_ratio_range_pairs_the_extremes_and_its_verdict_uses_the_conservative_end():
