@@ -287,11 +287,16 @@ def grpo_args(config: TrainConfig, use_vllm: bool):
         vllm_max_model_length=config.max_model_len,
         vllm_enable_sleep_mode=config.vllm_enable_sleep_mode,
         use_liger_kernel=bool(config.use_liger_kernel),
-        # vLLM detokenizes every sampled token by default, in the decode loop's thread when colocated; TRL never reads
-        # that text (it decodes the token ids itself), so switch it off (stop strings would need it: none are set)
-        generation_kwargs={"detokenize": False} if use_vllm and config.vllm_mode == "colocate" else None,
+        # colocated: no detokenizing in the decode loop's thread, flat log-probs (grpo_lab.trainer says why)
+        generation_kwargs=_colocated_sampling_arguments() if use_vllm and config.vllm_mode == "colocate" else None,
         dataloader_num_workers=0,
     )
+
+
+def _colocated_sampling_arguments() -> dict[str, bool]:
+    from grpo_lab.trainer import colocated_sampling_arguments  # imports TRL and vLLM: only where vLLM samples
+
+    return colocated_sampling_arguments()
 
 
 @dataclass

@@ -10,10 +10,11 @@ a trainer. Every TRL and transformers name the trainer overrides, reads or sets 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -53,6 +54,8 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
     TrlName("method", "transformers.Trainer", "pop_callback", "quiet progress bar (grpo_lab.train)"),
     TrlName("module", "transformers.trainer_utils", "PREFIX_CHECKPOINT_DIR", "checkpoint names"),
     TrlName("module", "transformers.trainer_utils", "rotate_checkpoints", "save_total_limit in checkpoints/"),
+    TrlName("module", "trl.generation.vllm_generation", "extract_logprobs",
+            "flat log-probs read without a dict per token"),
     TrlName("module", "trl.generation.vllm_generation", "LLM",
             "the colocated engine starts without progress bars, with room for an evaluation's batch"),
     TrlName("attribute", "trl.GRPOTrainer", "use_vllm", "which rollout backend"),
@@ -109,6 +112,59 @@ def _colocated_engine_arguments(max_num_seqs: int | None = None) -> Iterator[Non
         yield
     finally:
         vllm_generation.LLM = original
+
+
+def colocated_sampling_arguments() -> dict[str, bool]:
+    """``SamplingParams`` fields for TRL's colocated engine (``GRPOConfig.generation_kwargs``): no detokenizing (vLLM
+    would decode every sampled token in the thread that drives the device; TRL decodes the ids itself, and no stop
+    strings are set), and the log-probs as a few flat lists per sequence where this vLLM has ``flat_logprobs``
+    (instead of a dict per token; :func:`extract_flat_logprobs` reads them as TRL reads the dicts)."""
+    from vllm import SamplingParams
+
+    arguments = {"detokenize": False}
+    if "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ()):
+        arguments["flat_logprobs"] = True
+    return arguments
+
+
+def extract_flat_logprobs(all_outputs: list, fallback: Callable[[list], tuple]) -> tuple:
+    """TRL's ``extract_logprobs`` (``fallback``) for outputs with flat log-probs: per sequence, per position, the
+    log-probs and token ids ordered by rank (NaN as None, a token listed twice once), the same lists TRL builds from
+    vLLM's per-token dicts, without building them; any other output goes to ``fallback``."""
+    from vllm.logprobs import FlatLogprobs
+
+    samples = [output for request in all_outputs for output in request.outputs]
+    if not samples or not all(isinstance(output.logprobs, FlatLogprobs) for output in samples):
+        return fallback(all_outputs)
+    all_logprobs, all_token_ids = [], []
+    for output in samples:
+        flat = output.logprobs
+        values, ids, ranks = flat.logprobs, flat.token_ids, flat.ranks
+        if len(ids) == len(flat.start_indices):  # one entry per position (TRL's logprobs=0: the sampled token)
+            all_logprobs.append([[None if math.isnan(value) else value] for value in values])
+            all_token_ids.append([[token_id] for token_id in ids])
+            continue
+        positions = []
+        for start, end in zip(flat.start_indices, flat.end_indices):
+            entries: dict[int, int] = {}  # token id -> index, as vLLM's dict keeps it: first place, last value
+            for index in range(start, end):  # (the sampled token comes again when it is also among the top ones)
+                entries[ids[index]] = index
+            positions.append(sorted(entries.values(), key=ranks.__getitem__))
+        all_logprobs.append([[None if math.isnan(values[i]) else values[i] for i in order] for order in positions])
+        all_token_ids.append([[ids[i] for i in order] for order in positions])
+    return all_logprobs, all_token_ids
+
+
+@contextlib.contextmanager
+def _flat_logprob_extraction() -> Iterator[None]:
+    """While TRL generates: its ``extract_logprobs`` also reads the flat log-probs the colocated engine returns
+    (:func:`colocated_sampling_arguments`), the same lists without a dict per token."""
+    original = vllm_generation.extract_logprobs
+    vllm_generation.extract_logprobs = functools.partial(extract_flat_logprobs, fallback=original)
+    try:
+        yield
+    finally:
+        vllm_generation.extract_logprobs = original
 
 
 def defers_correction(args: Any, tools: bool = False) -> bool:
@@ -264,7 +320,8 @@ class GRPOLabTrainer(GRPOTrainer):
 
     def _generate(self, prompts):
         start = time.perf_counter()
-        result = super()._generate(prompts)
+        with _flat_logprob_extraction():
+            result = super()._generate(prompts)
         self._metrics["train" if self.model.training else "eval"]["timing/generation_s"].append(
             time.perf_counter() - start)
         return result

@@ -286,7 +286,8 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
     assert [t["target"] for t in targets[:3]] == [t[0] for t in bench.GRPO_STEP_TARGETS]
     assert [t["target"] for t in targets[3:]] == [bench.MFU_TARGET[0], bench.REPEAT_TARGET]
     assert targets[2]["verdict"] == "2 runs each, not interleaved: no spread, not a claim"  # ragged: the old file
-    runs = [bench.step_ratio(bench.load_results(bench.committed_file(key))["grpo_step"]) for key in bench.INTERLEAVED_RUNS]
+    runs = [bench.step_ratio(bench.load_results(bench.committed_file(key))["grpo_step"])
+            for key in bench.INTERLEAVED_RUNS]
     assert all(r.is_claim for r in runs) and f"range {runs[0].low:.2f}x..{runs[0].high:.2f}x" in targets[1]["measured"]
     # the fixed-length verdict and the overlap, from made-up interleaved files: a verdict from each low end
     for path in (RESULTS_DIR / "h200").glob("grpo_step_seed_qwen2.5-0.5b*.json"):

@@ -116,7 +116,8 @@ def committed_grpo_table(folder: str | Path = RESULTS_DIR / "h200") -> str:
     generation and update, and the step ratio's range with its caveat."""
     files = list(_bench_files(folder))
     width = max((len(path.name) + 2 for path, _ in files), default=41)
-    lines = [f"{'file':<{width}}{'model':<14}{'backend':<9}{'step s':>8}{'min..max':>14}{'gen s':>8}{'update s':>9}  vs hf"]
+    lines = [f"{'file':<{width}}{'model':<14}{'backend':<9}{'step s':>8}{'min..max':>14}{'gen s':>8}"
+             f"{'update s':>9}  vs hf"]
     for path, data in files:
         step = data.get("grpo_step") or {}
         for name, r in step.get("backends", {}).items():
