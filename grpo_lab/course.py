@@ -15,8 +15,11 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from queue import Empty
+from typing import Any
 
 import nbformat
 from nbclient import NotebookClient
@@ -97,8 +100,43 @@ def cell_error(exc: CellExecutionError) -> str:
     return text.splitlines()[-1] if text else repr(exc)
 
 
+WAIT_SLICE_S = 1.0
+"""The longest single poll of a wait for a kernel message (:func:`poll_in_slices`)."""
+
+
+def poll_in_slices(slice_s: float = WAIT_SLICE_S) -> None:
+    """Make every wait for a kernel message (jupyter_client's asyncio channels, which nbclient and nbmake use) a
+    series of polls of at most ``slice_s``. pyzmq's asyncio poll can miss the wake-up of a message that has arrived
+    and find it only when its timeout ends with a real poll: under ``make test`` the notebook client then waited out
+    its whole cell timeout (900 s) after notebook 04's widget cell, and went on as if nothing had happened (two of the
+    rehearsals of 2026-12-02). Sliced, a missed wake-up costs at most ``slice_s``. Installed once per process."""
+    from jupyter_client.channels import AsyncZMQSocketChannel
+
+    if not getattr(AsyncZMQSocketChannel.get_msg, "sliced", False):
+        AsyncZMQSocketChannel.get_msg = sliced_waits(AsyncZMQSocketChannel.get_msg, slice_s)
+
+
+def sliced_waits(get_msg: Callable[..., Awaitable[Any]], slice_s: float) -> Callable[..., Awaitable[Any]]:
+    """``get_msg(channel, timeout=None)`` that polls at most ``slice_s`` at a time until ``timeout`` (None: for
+    ever), raising ``queue.Empty`` as the original does when the whole timeout passes."""
+
+    async def get_msg_in_slices(channel: Any, timeout: float | None = None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            try:
+                return await get_msg(channel, timeout=slice_s if left is None else max(0.0, min(slice_s, left)))
+            except Empty:
+                if left is not None and left <= slice_s:
+                    raise
+
+    get_msg_in_slices.sliced = True  # type: ignore[attr-defined]
+    return get_msg_in_slices
+
+
 def run_notebook(path: Path, out_dir: Path, timeout_s: int = 1800) -> NotebookResult:
     """Execute one notebook with its own folder as working directory; save the executed copy."""
+    poll_in_slices()
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})

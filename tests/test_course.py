@@ -3,6 +3,7 @@
 import json
 
 import nbformat
+import pytest
 
 from grpo_lab import course, runs
 
@@ -69,3 +70,40 @@ def test_where_next_names_notebooks_and_commands_that_exist():
             if "grpo-lab" in words:
                 assert words[words.index("grpo-lab") + 1] in cli.SUBCOMMANDS, command
     assert any("--profile npu" in c for c, _ in course.next_commands("cpu"))
+
+
+def test_a_wait_for_a_kernel_message_polls_in_slices():
+    """A missed wake-up in pyzmq's asyncio poll made the notebook client wait out its 900 s cell timeout; sliced, each
+    poll is at most a second, a message that arrives later is still returned, and a timeout still ends in Empty."""
+    import asyncio
+    from queue import Empty
+
+    from jupyter_client.channels import AsyncZMQSocketChannel
+
+    from grpo_lab.course import poll_in_slices, sliced_waits
+
+    asked = []
+
+    async def get_msg(channel, timeout=None):  # stands in for the channel's own: the message is there on the 4th poll
+        asked.append(timeout)
+        if len(asked) < 4:
+            raise Empty
+        return {"msg_type": "execute_reply"}
+
+    sliced = sliced_waits(get_msg, slice_s=0.01)
+    assert asyncio.run(sliced(None, timeout=None)) == {"msg_type": "execute_reply"}
+    assert asked == [0.01] * 4
+    asked.clear()
+    assert asyncio.run(sliced(None, timeout=900)) == {"msg_type": "execute_reply"}
+    assert all(t <= 0.01 for t in asked)
+
+    async def never(channel, timeout=None):
+        await asyncio.sleep(timeout)
+        raise Empty
+
+    with pytest.raises(Empty):
+        asyncio.run(sliced_waits(never, slice_s=0.01)(None, timeout=0.05))
+    poll_in_slices()
+    installed = AsyncZMQSocketChannel.get_msg
+    poll_in_slices()  # once per process: not wrapped twice
+    assert installed.sliced and AsyncZMQSocketChannel.get_msg is installed
