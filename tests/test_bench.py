@@ -285,14 +285,18 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
     targets = bench.committed_grpo_step_targets(RESULTS_DIR / "h200")
     assert [t["target"] for t in targets[:3]] == [t[0] for t in bench.GRPO_STEP_TARGETS]
     assert [t["target"] for t in targets[3:]] == [bench.MFU_TARGET[0], bench.REPEAT_TARGET]
-    assert targets[2]["verdict"] == "2 runs each, not interleaved: no spread, not a claim"  # ragged: the old file
+    ragged = bench.step_ratio(bench.load_results(bench.committed_file(bench.RAGGED_RUN))["grpo_step"])
+    assert ragged.is_claim and targets[2]["measured"] == ragged.describe()  # the interleaved ragged file
+    assert targets[2]["verdict"] == ragged.verdict(bench.GRPO_STEP_TARGETS[2][1])
     runs = [bench.step_ratio(bench.load_results(bench.committed_file(key))["grpo_step"])
             for key in bench.INTERLEAVED_RUNS]
     assert all(r.is_claim for r in runs) and f"range {runs[0].low:.2f}x..{runs[0].high:.2f}x" in targets[1]["measured"]
+    assert " and ".join(f"{r.low:.2f}x..{r.high:.2f}x" for r in runs) == targets[4]["measured"]
     # the fixed-length verdict and the overlap, from made-up interleaved files: a verdict from each low end
     for path in (RESULTS_DIR / "h200").glob("grpo_step_seed_qwen2.5-0.5b*.json"):
         shutil.copy(path, tmp_path / path.name)
-    for key, vllm in zip(bench.INTERLEAVED_RUNS, ([4.0, 4.5, 4.8, 4.2, 5.2], [3.0, 3.1, 3.2, 3.1, 3.0])):
+    made_up = ([4.0, 4.5, 4.8, 4.2, 5.2], [3.0, 3.1, 3.2, 3.1, 3.0], [3.0, 3.1, 3.2, 3.1, 3.0])
+    for key, vllm in zip(bench.INTERLEAVED_RUNS, made_up, strict=True):
         changed = json.loads(bench.committed_file(key, tmp_path).read_text())
         changed["grpo_step"]["backends"]["hf"]["step_s"] = [10.0, 10.5, 11.0, 10.2, 10.8]
         changed["grpo_step"]["backends"]["vllm"]["step_s"] = vllm  # 10 / 5.2 = 1.92 .. 2.75; 10 / 3.2 = 3.12 .. 3.67
@@ -300,7 +304,8 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
     again = bench.committed_grpo_step_targets(tmp_path)
     assert "range 1.92x..2.75x" in again[1]["measured"] and "range 3.12x..3.67x" in again[1]["measured"]
     assert again[1]["verdict"].endswith("_1.json: not met (only the high end reaches 2.00x); "
-                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_2.json: met")
+                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_2.json: met; "
+                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_3.json: met")
     assert again[4]["verdict"] == "missed", "1.92..2.75 and 3.12..3.67 do not overlap"
 
 

@@ -39,6 +39,7 @@ from grpo_lab.bench.committed import (
     INTERLEAVED_RUNS,
     MFU_TARGET,
     PERFORMANCE_TARGETS,
+    RAGGED_RUN,
     REPEAT_TARGET,
     Provenance,
     RolloutHeadline,
@@ -113,7 +114,7 @@ from grpo_lab.deprecation import moved_names
 
 __all__ = [
     "BENCH_PROFILES", "COMMITTED", "CONFIGS", "CONFIG_MEANING", "DATASHEET_RATES", "DEFAULT_PROFILE",
-    "GRPO_STEP_TARGETS", "INTERLEAVED_RUNS", "REPEAT_TARGET",
+    "GRPO_STEP_TARGETS", "INTERLEAVED_RUNS", "RAGGED_RUN", "REPEAT_TARGET",
     "GRPO_WORKLOADS", "MFU_TARGET", "MIN_RUNS", "OWN_LENGTHS", "PARTS", "PERFORMANCE_TARGETS", "PREFIX_OFF_MEANING",
     "PREFIX_OFF_MODES", "RAGGED_MODES", "RAGGED_STOP_PROBABILITY", "REQUIRED_KEYS", "SCHEMA", "SEED_REFERENCE",
     "STEP_FIELDS", "STEP_SPLIT", "VARIANTS", "BenchError", "BenchProfile", "DeviceRates", "Measurement", "ModelCost",

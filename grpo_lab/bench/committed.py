@@ -29,6 +29,8 @@ COMMITTED = {
     "grpo step ragged": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged"),
     "grpo step interleaved 1": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_1"),
     "grpo step interleaved 2": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_2"),
+    "grpo step interleaved 3": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_3"),
+    "grpo step ragged interleaved": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged_interleaved_1"),
 }
 """The committed bench runs: key -> (folder under ``benchmarks/results``, file stem; ``.json`` and ``.png``)."""
 
@@ -179,9 +181,12 @@ GRPO_STEP_TARGETS = (
 )
 """The targets set for the colocated GRPO step on one H200: (what, threshold, how the ratio must compare)."""
 MFU_TARGET = ("update MFU at least 35 %", 0.35)
-REPEAT_TARGET = "two runs of the same command: their GRPO-step ratio ranges overlap"
-INTERLEAVED_RUNS = ("grpo step interleaved 1", "grpo step interleaved 2")
-"""The same command run twice back to back on one machine, the backends alternating step by step (fixed lengths)."""
+REPEAT_TARGET = "repeated runs of the same command: their GRPO-step ratio ranges overlap"
+INTERLEAVED_RUNS = ("grpo step interleaved 1", "grpo step interleaved 2", "grpo step interleaved 3")
+"""One command (fixed lengths), the backends alternating step by step: runs 1 and 2 back to back on one machine, run 3
+on another machine of the same kind a session later, with flat log-probs (``trainer.extract_flat_logprobs``)."""
+RAGGED_RUN = "grpo step ragged interleaved"
+"""The ragged-length step, the backends alternating step by step (the ragged target's file)."""
 
 
 def _overlap(ranges: list[RatioRange]) -> str:
@@ -195,21 +200,23 @@ def _overlap(ranges: list[RatioRange]) -> str:
 def committed_grpo_step_targets(folder: str | Path = RESULTS_DIR / "h200") -> list[dict[str, str]]:
     """Each of :data:`GRPO_STEP_TARGETS`, :data:`MFU_TARGET` and :data:`REPEAT_TARGET` with what the committed step
     files measured and a verdict from the ratio's conservative end, or why the files make no claim. Fixed lengths:
-    the interleaved runs (:data:`INTERLEAVED_RUNS`), each with its own verdict where they differ."""
-    steps = {w: load_results(committed_file(f"grpo step {w}", folder))["grpo_step"] for w in ("fixed", "ragged")}
-    fresh = steps["fixed"]["fresh_engine"]
-    in_trainer = steps["fixed"]["backends"]["vllm"]["vllm_generate_s"]
+    the interleaved runs (:data:`INTERLEAVED_RUNS`), each with its own verdict where they differ; ragged lengths:
+    :data:`RAGGED_RUN`."""
+    fixed = load_results(committed_file("grpo step fixed", folder))["grpo_step"]
+    fresh = fixed["fresh_engine"]
+    in_trainer = fixed["backends"]["vllm"]["vllm_generate_s"]
     # separate processes at separate times: never interleaved
     engine = speedup_range(in_trainer, fresh["generate_s"], interleaved=False)
     runs = [(committed_file(key, folder).name, step_ratio(load_results(committed_file(key, folder))["grpo_step"]))
             for key in INTERLEAVED_RUNS]
     (what, threshold, how), (fixed_what, fixed_threshold, _), (ragged_what, ragged_threshold, _) = GRPO_STEP_TARGETS
-    ragged = step_ratio(steps["ragged"])
+    ragged = step_ratio(load_results(committed_file(RAGGED_RUN, folder))["grpo_step"])
     rows = [{"target": what, "measured": engine.describe(), "verdict": engine.verdict(threshold, how)},
             {"target": fixed_what, "measured": "; ".join(f"{name}: {ratio.describe()}" for name, ratio in runs),
              "verdict": _verdicts(runs, fixed_threshold)},
             {"target": ragged_what, "measured": ragged.describe(), "verdict": ragged.verdict(ragged_threshold)}]
-    files = {committed_file(key, folder).name for key in ("grpo step fixed", "grpo step ragged", *INTERLEAVED_RUNS)}
+    files = {committed_file(key, folder).name
+             for key in ("grpo step fixed", "grpo step ragged", *INTERLEAVED_RUNS, RAGGED_RUN)}
     split = [r for r in committed_grpo_split(folder) if r["file"] in files]
     mfu = max(r["update MFU"] for r in split)
     rows.append({"target": MFU_TARGET[0], "measured": f"{mfu:.1%} at best (" + ", ".join(
