@@ -22,6 +22,7 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 from trl.generation import vllm_generation
+from trl.trainer import grpo_trainer
 
 from grpo_lab import device, env, runs, weight_sync
 from grpo_lab.errors import NAN_ADVICE, ConfigError, TrainingDivergedError
@@ -42,6 +43,12 @@ class TrlName(NamedTuple):
     why: str
 
 
+COMPLETION_TOKEN_KEYS = ("completion_ids", "completion_mask", "old_per_token_logps", "sampling_per_token_logps",
+                         "ref_per_token_logps", "importance_sampling_ratio", "tool_mask")
+"""TRL 1.16's tensors of a micro-batch with a column per completion token (``importance_sampling_ratio`` only when
+per token)."""
+_BATCH_KEYS = frozenset({"prompt_ids", "prompt_mask", "advantages", "num_items_in_batch", *COMPLETION_TOKEN_KEYS})
+
 TRL_INTERNALS: tuple[TrlName, ...] = (
     TrlName("method", "trl.GRPOTrainer", "_generate", "generation time"),
     TrlName("method", "trl.GRPOTrainer", "_generate_and_score_completions", "step timers; the deferred correction"),
@@ -49,6 +56,9 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
     TrlName("method", "trl.GRPOTrainer", "_compute_loss", "the importance-sampling correction from its forward"),
     TrlName("method", "trl.GRPOTrainer", "_calculate_rewards", "reward timing, errors, skipped counts"),
     TrlName("method", "trl.GRPOTrainer", "training_step", "NaN guard"),
+    TrlName("method", "trl.GRPOTrainer", "_prepare_inputs", "micro-batches grouped by completion length"),
+    TrlName("module", "trl.trainer.grpo_trainer", "shuffle_sequence_dict",
+            "the generation batch's shuffle, followed by the length order"),
     TrlName("method", "transformers.Trainer", "_save_checkpoint", "checkpoints renamed into place"),
     TrlName("method", "transformers.Trainer", "_get_output_dir", "checkpoint staging folder"),
     TrlName("method", "transformers.Trainer", "pop_callback", "quiet progress bar (grpo_lab.train)"),
@@ -73,6 +83,8 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
     TrlName("attribute", "trl.GRPOTrainer", "_metrics", "timings and counts in TRL's logs"),
     *(TrlName("batch", "trl.GRPOTrainer._generate_and_score_completions", name, "the deferred correction")
       for name in ("completion_mask", "sampling_per_token_logps", "old_per_token_logps", "importance_sampling_ratio")),
+    *(TrlName("batch", "trl.GRPOTrainer._generate_and_score_completions", name, "length grouping: a known batch")
+      for name in sorted(_BATCH_KEYS)),
     *(TrlName("config", "trl.GRPOConfig", name, "set by grpo_lab.train.grpo_args, or read here") for name in (
         "output_dir", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
         "max_completion_length", "learning_rate", "lr_scheduler_type", "warmup_steps", "temperature", "top_p",
@@ -81,7 +93,7 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
         "vllm_server_base_url", "beta", "loss_type", "scale_rewards", "reward_weights", "use_vllm", "vllm_mode",
         "vllm_group_port", "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_enable_sleep_mode",
         "use_liger_kernel", "generation_kwargs", "dataloader_num_workers", "steps_per_generation", "num_iterations",
-        "vllm_importance_sampling_correction")),
+        "top_entropy_quantile", "vllm_importance_sampling_correction")),
     TrlName("not_config", "trl.GRPOConfig", "max_prompt_length",
             "TRL 1.16 has none and never truncates prompts: grpo_lab checks prompt lengths itself "
             "(experiment.check_prompt_lengths) and sizes vLLM with vllm_max_model_length"),
@@ -183,11 +195,83 @@ def defers_correction(args: Any, tools: bool = False) -> bool:
                 and args.gradient_accumulation_steps % generate_every == 0)
 
 
+ROW_ORDER_FREE_LOSSES = ("dapo", "cispo", "dr_grpo", "grpo")
+"""TRL loss types whose sum over one optimizer step's micro-batches does not depend on which rows share a
+micro-batch (all micro-batches of one generation batch are the same size). Not ``bnpo``: it divides by each
+micro-batch's own token count."""
+
+
+def groups_by_length(args: Any) -> bool:
+    """Whether a trainer with ``args`` (a ``GRPOConfig``) may order a generation batch's rows by completion length
+    before TRL splits it into micro-batches, each then cut to its own longest completion.
+
+    Worth it when a generation batch is split (``steps_per_generation`` > 1): TRL pads every micro-batch to the longest
+    completion of the whole batch, and on ragged lengths most micro-batches end well before it. Exact where the
+    gradient cannot tell: every micro-batch of a generation lands in one optimizer step (as in
+    :func:`defers_correction`), the loss type sums rows the same way whatever their grouping
+    (:data:`ROW_ORDER_FREE_LOSSES`), and no mask depends on the micro-batch (``top_entropy_quantile`` = 1). Cutting a
+    micro-batch's right-hand columns that no row uses leaves every kept token's position and log-prob as they were."""
+    generate_every = args.steps_per_generation * args.num_iterations
+    return bool(args.steps_per_generation > 1 and args.loss_type in ROW_ORDER_FREE_LOSSES
+                and args.top_entropy_quantile >= 1.0 and args.gradient_accumulation_steps % generate_every == 0)
+
+
+def completion_widths(completion_mask: torch.Tensor) -> torch.Tensor:
+    """Per row, the columns up to and including its last completion token (0 for a row without any)."""
+    if completion_mask.size(1) == 0:
+        return completion_mask.new_zeros(completion_mask.size(0), dtype=torch.long)
+    columns = torch.arange(1, completion_mask.size(1) + 1, device=completion_mask.device)
+    return (completion_mask.to(columns.dtype) * columns).amax(dim=1)
+
+
+def order_rows_by_length(batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` (a generation batch, as TRL's ``shuffle_sequence_dict`` returns it) with its rows ordered by
+    completion width; equal widths keep their (shuffled) order."""
+    order = torch.argsort(completion_widths(batch["completion_mask"]), stable=True)
+
+    def reorder(value: Any) -> Any:
+        if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
+            return value
+        if isinstance(value, torch.Tensor):
+            return value[order.to(value.device)]
+        return [value[i] for i in order.tolist()]
+
+    return {key: reorder(value) for key, value in batch.items()}
+
+
+def trim_completions(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A micro-batch cut to its longest completion: the completion columns after it, padding in every row, dropped
+    from every per-token tensor (:data:`COMPLETION_TOKEN_KEYS`). A batch with other keys (images, token types) is
+    returned as it is."""
+    if set(inputs) - _BATCH_KEYS:
+        return inputs
+    width = inputs["completion_ids"].size(1)
+    if inputs["completion_ids"].numel() == 0:
+        return inputs
+    used = max(int(completion_widths(inputs["completion_mask"]).max()), 1)
+    if used >= width:
+        return inputs
+    return {key: value[:, :used] if key in COMPLETION_TOKEN_KEYS and isinstance(value, torch.Tensor)
+            and value.ndim == 2 and value.size(1) == width else value for key, value in inputs.items()}
+
+
+@contextlib.contextmanager
+def _rows_by_length() -> Iterator[None]:
+    """While TRL prepares a generation batch: its shuffle is followed by :func:`order_rows_by_length`."""
+    shuffle = grpo_trainer.shuffle_sequence_dict
+    grpo_trainer.shuffle_sequence_dict = lambda batch: order_rows_by_length(shuffle(batch))
+    try:
+        yield
+    finally:
+        grpo_trainer.shuffle_sequence_dict = shuffle
+
+
 class GRPOLabTrainer(GRPOTrainer):
     """TRL's GRPOTrainer, unchanged in what it computes. It adds timings, a NaN guard, reward errors that say what to
     do (and ``rewards/<name>/skipped`` counts), checkpoints renamed into place once complete, the CPU weight sync, and
     computes vLLM's importance-sampling correction from the loss's own forward where that is exact
-    (:func:`defers_correction`).
+    (:func:`defers_correction`), and groups micro-batches by completion length, each cut to its longest, where that is
+    exact (:func:`groups_by_length`).
 
     ``engine_max_num_seqs``: the colocated engine decodes at least this many sequences at once (None: TRL's sizing,
     one generation batch; ``grpo_lab.train`` passes ``device.COLOCATED_MAX_NUM_SEQS``)."""
@@ -201,6 +285,8 @@ class GRPOLabTrainer(GRPOTrainer):
         self._loss_inputs: dict[str, Any] | None = None
         self.deferred_correction = defers_correction(self.args, bool(self.tools))
         """Compute vLLM's importance-sampling correction from the loss's forward (:func:`defers_correction`)."""
+        self.length_grouping = groups_by_length(self.args)
+        """Micro-batches of similar completion lengths, each cut to its longest (:func:`groups_by_length`)."""
         if self.use_vllm and self.vllm_generation.mode == "colocate":  # time vLLM's own calls inside _generate
             self._time_calls(self.vllm_generation.llm, "generate", "timing/vllm_generate_s")
             self._time_calls(self.vllm_generation, "sync_weights", "timing/weight_sync_s")
@@ -260,6 +346,14 @@ class GRPOLabTrainer(GRPOTrainer):
         for key, seconds in self._timers.items():
             self._metrics[mode][key].append(seconds)
         return result
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's; in training with ``length_grouping``, rows ordered by completion length and each micro-batch cut to
+        its longest completion (:func:`groups_by_length`)."""
+        if not (self.length_grouping and self.model.training):
+            return super()._prepare_inputs(generation_batch)
+        with _rows_by_length():
+            return trim_completions(super()._prepare_inputs(generation_batch))
 
     def _compute_loss(self, model, inputs):
         """TRL's; with ``deferred_correction`` the policy forward it starts with also yields the correction."""

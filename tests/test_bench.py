@@ -196,6 +196,9 @@ def test_hf_end_to_end_with_a_grpo_step_writes_json_and_plot(tmp_path):
     assert fixed["roofline"]["seconds"] > 0 and fixed["x_roofline_time"] > 1
     step = results["grpo_step"]["backends"]["hf"]
     assert len(step["step_s"]) == 1 and step["median"]["generation_s"] > 0
+    # which of the trainer's exact speed-ups ran: no correction to defer without vLLM; the step's 8 completions in
+    # micro-batches of 4, grouped by length
+    assert step["settings"]["deferred_correction"] is False and step["settings"]["length_grouping"] is True
     assert results["environment"]["device"]["kind"] == "cpu"
     json_path, png_path = bench.save_results(results, tmp_path, "bench_test")
     assert bench.load_results(json_path)["model"]["params"] == results["model"]["params"]

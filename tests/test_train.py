@@ -72,6 +72,52 @@ def test_the_correction_comes_from_the_loss_forward_only_when_that_is_exact(tmp_
     assert defers_correction(args, tools=True) is False
 
 
+@pytest.mark.parametrize("changes, grouped", [
+    ({}, False),  # TRL's defaults: one micro-batch per generation, already as wide as its longest completion
+    ({"gradient_accumulation_steps": 4}, True),  # four micro-batches of one generation, one optimizer step (dapo)
+    ({"gradient_accumulation_steps": 4, "loss_type": "bnpo"}, False),  # divides by each micro-batch's token count
+    ({"gradient_accumulation_steps": 4, "loss_type": "grpo"}, True),
+    ({"steps_per_generation": 2}, False),  # one generation feeds two optimizer steps: each would see one length band
+    ({"gradient_accumulation_steps": 4, "steps_per_generation": 2}, True),
+    ({"gradient_accumulation_steps": 4, "top_entropy_quantile": 0.2}, False),  # its quantile is per micro-batch
+])
+def test_rows_are_grouped_by_length_only_when_the_gradient_cannot_tell(tmp_path, changes, grouped):
+    from trl import GRPOConfig
+
+    from grpo_lab.trainer import groups_by_length
+
+    args = GRPOConfig(**{"output_dir": str(tmp_path), "per_device_train_batch_size": 8, "num_generations": 4,
+                         "use_cpu": True, "report_to": "none", **changes})
+    assert groups_by_length(args) is grouped
+
+
+def test_a_micro_batch_is_cut_to_its_longest_completion_and_rows_are_ordered_by_it():
+    import torch
+
+    from grpo_lab.trainer import completion_widths, order_rows_by_length, trim_completions
+
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0]])
+    assert completion_widths(mask).tolist() == [3, 1, 4, 0]  # a masked-out tool token inside still counts
+    inputs = {"prompt_ids": torch.ones(4, 6, dtype=torch.long), "prompt_mask": torch.ones(4, 6, dtype=torch.long),
+              "completion_ids": torch.arange(24).view(4, 6), "completion_mask": mask,
+              "sampling_per_token_logps": torch.zeros(4, 6), "importance_sampling_ratio": torch.ones(4, 1),
+              "advantages": torch.tensor([0.5, -0.5, 1.0, 0.0]), "num_items_in_batch": torch.tensor(7)}
+    cut = trim_completions(inputs)
+    assert cut["completion_ids"].tolist() == [[0, 1, 2, 3], [6, 7, 8, 9], [12, 13, 14, 15], [18, 19, 20, 21]]
+    assert cut["completion_mask"].shape == cut["sampling_per_token_logps"].shape == (4, 4)
+    assert cut["prompt_ids"].shape == (4, 6) and cut["importance_sampling_ratio"].shape == (4, 1)  # per sequence
+    images = {**inputs, "pixel_values": torch.zeros(4, 3)}
+    assert trim_completions(images) is images  # keys TRL's text batches do not have: left as they are
+    full = dict(inputs, completion_mask=torch.ones(4, 6, dtype=torch.long))
+    assert trim_completions(full) is full
+    ordered = order_rows_by_length({**inputs, "rows": ["a", "b", "c", "d"], "images": None})
+    assert ordered["rows"] == ["d", "b", "a", "c"] and ordered["images"] is None
+    assert ordered["advantages"].tolist() == [0.0, -0.5, 0.5, 1.0] and ordered["num_items_in_batch"].item() == 7
+    assert ordered["completion_ids"][:, 0].tolist() == [18, 6, 0, 12]
+    ties = order_rows_by_length({"completion_mask": torch.ones(3, 2), "rows": ["x", "y", "z"]})
+    assert ties["rows"] == ["x", "y", "z"]  # equal widths keep the shuffled order
+
+
 # --------------------------------------------------------------------------------------------------
 # Bad input: a clear message before anything runs
 # --------------------------------------------------------------------------------------------------

@@ -159,6 +159,63 @@ def test_deferred_correction_equals_trls_and_saves_the_old_logprob_forward(one_s
     trainer.model.zero_grad()
 
 
+def test_length_grouping_gives_trls_gradient_from_fewer_columns(one_step, monkeypatch):
+    """grpo_lab.trainer.groups_by_length: one generation batch, two micro-batches accumulated into one optimizer step.
+    Ordered by completion length after TRL's shuffle and each cut to its longest completion, the summed loss and
+    every gradient equal TRL's (shuffled, every micro-batch as wide as the batch's longest completion), from fewer
+    columns."""
+    import torch
+
+    from grpo_lab.trainer import completion_widths, groups_by_length
+
+    result, _, _, _ = one_step
+    trainer = result.trainer
+    assert not trainer.length_grouping, "one micro-batch per generation: nothing to group"
+    monkeypatch.setattr(trainer.args, "steps_per_generation", 2)
+    monkeypatch.setattr(trainer.args, "gradient_accumulation_steps", 2)
+    assert groups_by_length(trainer.args) and trainer.args.loss_type == "dapo"
+    trainer.model.train()
+    rows = [trainer.train_dataset[i] for i in range(2) for _ in range(4)]
+    batch = trainer._generate_and_score_completions(rows)
+    width = batch["completion_mask"].size(1)
+    for row, keep in enumerate((1, 2, 3, 4, width, width - 1, 5, width)):  # ragged, as GRPO's completions are
+        batch["completion_mask"][row, keep:] = 0
+        batch["completion_ids"][row, keep:] = trainer.processing_class.pad_token_id
+    batch["num_items_in_batch"] = batch["completion_mask"].sum()
+    monkeypatch.setattr(trainer, "_generate_and_score_completions", lambda _: dict(batch))
+    trainer.current_gradient_accumulation_steps = 2
+
+    def one_optimizer_step(grouping: bool):
+        trainer.length_grouping, trainer._buffered_inputs = grouping, None
+        trainer.model.zero_grad()
+        torch.manual_seed(0)  # the same shuffle in both
+        losses, columns = [], 0
+        for step in range(2):
+            trainer._step = step
+            inputs = trainer._prepare_inputs(rows)
+            columns += inputs["completion_ids"].size(1)
+            assert (completion_widths(inputs["completion_mask"]) <= inputs["completion_ids"].size(1)).all()
+            torch.manual_seed(1)
+            loss = trainer._compute_loss(trainer.model, inputs)
+            loss.backward()
+            losses.append(loss.detach())
+        gradients = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        return sum(losses), gradients, columns
+
+    try:
+        trl_loss, trl_gradients, trl_columns = one_optimizer_step(False)
+        loss, gradients, columns = one_optimizer_step(True)
+    finally:
+        trainer.length_grouping, trainer._buffered_inputs, trainer._step = False, None, 0
+        trainer.model.zero_grad()
+    print(f"columns {trl_columns} (TRL) vs {columns}; loss {trl_loss:.6f} vs {loss:.6f}")
+    assert trl_columns == 2 * width and columns <= width + 5  # the short half is cut to its longest, 5
+    torch.testing.assert_close(loss, trl_loss, rtol=1e-5, atol=1e-7)
+    assert gradients.keys() == trl_gradients.keys() and gradients
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(gradient, trl_gradients[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
 def test_trl_stock_sync_fails_on_vllm_cpu(one_step):
     """Why the layer exists (runs last: the failed load leaves the engine half-updated)."""
     from trl.generation.vllm_generation import VLLMGeneration

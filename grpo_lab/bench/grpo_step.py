@@ -200,7 +200,9 @@ def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, bac
                                                      trainers[backend].backend_reason)
             out["backends"][backend]["settings"] = {key: getattr(configs[backend], key) for key in (
                 "gradient_checkpointing", "use_liger_kernel", "bf16", "vllm_gpu_memory_utilization", "beta")}
-            out["backends"][backend]["settings"]["deferred_correction"] = trainers[backend].deferred_correction
+            settings = out["backends"][backend]["settings"]
+            settings["deferred_correction"] = trainers[backend].deferred_correction
+            settings["length_grouping"] = trainers[backend].length_grouping
         del trainers
         out["model_dir"] = str(model)
         out["max_prompt_length"] = longest

@@ -1,0 +1,95 @@
+"""Time per GRPO step with one of GRPOLabTrainer's exact speed-ups switched on and off, step by step in one trainer:
+``deferred_correction`` (vLLM's importance-sampling correction from the loss's own forward instead of TRL's no-grad
+forward, :func:`grpo_lab.trainer.defers_correction`) or ``length_grouping`` (micro-batches of similar completion
+lengths, each cut to its longest, :func:`grpo_lab.trainer.groups_by_length`). Both modes alternate after warm-up
+steps, so they see the same machine load.
+
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/trainer_switches/run.py --switch deferred_correction \\
+        --steps 16 [--profile tiny] [--set gradient_accumulation_steps=4 ...]
+
+Prints min / median / max per mode of the step, the update (the step less generation and rewards), TRL's no-grad
+forwards (``timing/old_ref_logps_s``) and the completion columns the loss's forwards computed, and the ratio of the
+medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+
+from transformers import TrainerCallback
+
+from grpo_lab.bench.cli import key_value
+from grpo_lab.device import Machine
+from grpo_lab.experiment import TrainConfig
+from grpo_lab.train import StepClock, build_trainer
+from grpo_lab.trainer import defers_correction, groups_by_length
+
+SWITCHES = {"deferred_correction": defers_correction, "length_grouping": groups_by_length}
+"""Each switch (a GRPOLabTrainer attribute) and the condition under which the trainer turns it on by itself."""
+
+
+class Alternate(TrainerCallback):
+    """Odd steps switch on, even steps off; remembers which step ran which and the loss's completion columns."""
+
+    def __init__(self, switch: str) -> None:
+        self.switch, self.trainer = switch, None
+        self.on: list[bool] = []
+        self.columns: list[int] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        setattr(self.trainer, self.switch, state.global_step % 2 == 1)
+        self.on.append(getattr(self.trainer, self.switch))
+        self.columns.append(0)
+
+    def count_columns(self, inputs: dict) -> None:
+        self.columns[-1] += inputs["completion_ids"].size(1)
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}" if values else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--switch", choices=sorted(SWITCHES), required=True)
+    parser.add_argument("--steps", type=int, default=16, help="measured steps, half each mode")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--profile", default="tiny")
+    parser.add_argument("--set", type=key_value, action="append", default=[], metavar="KEY=VALUE",
+                        help="a TrainConfig field (e.g. gradient_accumulation_steps=4)")
+    args = parser.parse_args()
+    machine = Machine.detect()
+    with tempfile.TemporaryDirectory() as run_dir:
+        fields = {"use_vllm": True, **dict(args.set)}  # vLLM colocate unless --set use_vllm=false
+        config = TrainConfig(profile=args.profile, max_steps=args.warmup + args.steps, output_dir=run_dir,
+                             save_steps=10**6, live_plot=False, **fields).resolve(machine)
+        clock, alternate = StepClock(machine.kind, keep_checkpoints=False), Alternate(args.switch)
+        trainer = build_trainer(config, callbacks=[clock, alternate])
+        alternate.trainer = trainer
+        if not SWITCHES[args.switch](trainer.args):
+            parser.error(f"{args.switch} is not exact for this configuration ({SWITCHES[args.switch].__name__} is "
+                         "False): nothing to compare")
+        compute_loss = trainer._compute_loss
+        trainer._compute_loss = lambda model, inputs: (alternate.count_columns(inputs), compute_loss(model, inputs))[1]
+        print(f"{config.step_summary()}; {trainer.backend_reason}")
+        trainer.train()
+        logged = {r["step"]: r for r in trainer.state.log_history if "step" in r and "reward" in r}
+    rows = [(on, seconds, logged.get(i + 1, {}), columns)
+            for i, (on, seconds, columns) in enumerate(zip(alternate.on, clock.seconds, alternate.columns))]
+    medians = {}
+    for on in (False, True):
+        measured = [row for row in rows[args.warmup:] if row[0] == on]
+        medians[on] = statistics.median(seconds for _, seconds, _, _ in measured)
+        updates = [s - r.get("timing/generation_s", 0.0) - r.get("timing/reward_s", 0.0) for _, s, r, _ in measured]
+        parts = (f"update s {spread(updates)}; no-grad forwards s "
+                 f"{spread([r.get('timing/old_ref_logps_s', 0.0) for _, _, r, _ in measured])}")
+        columns = spread([float(c) for *_, c in measured]).replace(".000", "")
+        print(f"{args.switch} {'on ' if on else 'off'}: {len(measured)} steps: step s min/median/max "
+              f"{spread([s for _, s, _, _ in measured])}; {parts}; completion columns in the loss {columns}")
+    print(f"median step, off / on: {medians[False] / medians[True]:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
