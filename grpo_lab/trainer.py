@@ -81,10 +81,8 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
     TrlName("attribute", "trl.GRPOTrainer", "reward_funcs", "reward errors"),
     TrlName("attribute", "trl.GRPOTrainer", "reward_func_names", "which reward returned inf"),
     TrlName("attribute", "trl.GRPOTrainer", "_metrics", "timings and counts in TRL's logs"),
-    *(TrlName("batch", "trl.GRPOTrainer._generate_and_score_completions", name, "the deferred correction")
-      for name in ("completion_mask", "sampling_per_token_logps", "old_per_token_logps", "importance_sampling_ratio")),
-    *(TrlName("batch", "trl.GRPOTrainer._generate_and_score_completions", name, "length grouping: a known batch")
-      for name in sorted(_BATCH_KEYS)),
+    *(TrlName("batch", "trl.GRPOTrainer._generate_and_score_completions", name,
+              "length grouping: a batch it knows (and the deferred correction)") for name in sorted(_BATCH_KEYS)),
     *(TrlName("config", "trl.GRPOConfig", name, "set by grpo_lab.train.grpo_args, or read here") for name in (
         "output_dir", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
         "max_completion_length", "learning_rate", "lr_scheduler_type", "warmup_steps", "temperature", "top_p",
@@ -243,11 +241,9 @@ def trim_completions(inputs: dict[str, Any]) -> dict[str, Any]:
     """A micro-batch cut to its longest completion: the completion columns after it, padding in every row, dropped
     from every per-token tensor (:data:`COMPLETION_TOKEN_KEYS`). A batch with other keys (images, token types) is
     returned as it is."""
-    if set(inputs) - _BATCH_KEYS:
+    if set(inputs) - _BATCH_KEYS or inputs["completion_ids"].numel() == 0:
         return inputs
     width = inputs["completion_ids"].size(1)
-    if inputs["completion_ids"].numel() == 0:
-        return inputs
     used = max(int(completion_widths(inputs["completion_mask"]).max()), 1)
     if used >= width:
         return inputs

@@ -72,7 +72,12 @@ def main() -> None:
             parser.error(f"{args.switch} is not exact for this configuration ({SWITCHES[args.switch].__name__} is "
                          "False): nothing to compare")
         compute_loss = trainer._compute_loss
-        trainer._compute_loss = lambda model, inputs: (alternate.count_columns(inputs), compute_loss(model, inputs))[1]
+
+        def counted_loss(model, inputs):
+            alternate.count_columns(inputs)
+            return compute_loss(model, inputs)
+
+        trainer._compute_loss = counted_loss
         print(f"{config.step_summary()}; {trainer.backend_reason}")
         trainer.train()
         logged = {r["step"]: r for r in trainer.state.log_history if "step" in r and "reward" in r}
