@@ -309,6 +309,15 @@ def allocated_bytes(index: int = 0, kind: str | None = None) -> int:
     return 0 if kind == "cpu" else int(_module(kind).memory_allocated(index))
 
 
+def driver_allocations(index: int = 0, kind: str | None = None) -> int:
+    """How many times torch's caching allocator has asked the driver for device memory so far (``num_device_alloc``:
+    cudaMalloc or, with expandable segments, each mapping); 0 on the CPU. A cache emptied between steps shows here."""
+    kind = kind or detect()
+    if kind == "cpu" or not started_here(kind):
+        return 0
+    return int(_module(kind).memory_stats(index).get("num_device_alloc", 0))
+
+
 def peak_memory_bytes(index: int = 0, kind: str | None = None) -> int:
     """Peak memory allocated by torch on the device since the last reset; peak RSS on the CPU."""
     kind = kind or detect()

@@ -199,6 +199,9 @@ def test_hf_end_to_end_with_a_grpo_step_writes_json_and_plot(tmp_path):
     # which of the trainer's exact speed-ups ran: no correction to defer without vLLM; the step's 8 completions in
     # micro-batches of 4, grouped by length
     assert step["settings"]["deferred_correction"] is False and step["settings"]["length_grouping"] is True
+    # the host beside the step: CPU seconds of the process, garbage-collection pauses, no device allocator on a CPU
+    assert step["host"]["host_cpu_s"][0] > 0 and step["host"]["gc_pause_s"][0] >= 0
+    assert step["host"]["driver_allocations"] == [0]
     assert results["environment"]["device"]["kind"] == "cpu"
     json_path, png_path = bench.save_results(results, tmp_path, "bench_test")
     assert bench.load_results(json_path)["model"]["params"] == results["model"]["params"]
@@ -207,6 +210,7 @@ def test_hf_end_to_end_with_a_grpo_step_writes_json_and_plot(tmp_path):
     assert "fixed" in text and "GRPO step" in text and "min..max" in text
     mfu = next(line for line in text.splitlines() if "MFU" in line)  # the tiny model's FLOPs in GFLOP, not "0 TFLOP"
     assert " 0 TFLOP" not in mfu and "GFLOP/s" in mfu, mfu
+    assert "hf host per step (median): CPU" in text
     assert "vLLM colocate not measured" in " ".join(results["notes"])
 
 
@@ -248,6 +252,8 @@ def test_update_mfu_counts_model_flops_of_forward_backward_and_extra_forwards():
     flops = 8 * bench.sequence_flops(cost, 4, 6) * 5  # forward + backward (3) + old log-probs + reference
     assert mfu["mfu"] == pytest.approx(flops / 2.0 / 1e6) and mfu["extra_forwards"] == 2
     assert bench.extra_forwards("hf", 0.0) == 0
+    # the correction taken from the loss's own forward (grpo_lab.trainer.defers_correction): no old log-prob pass
+    assert bench.extra_forwards("vllm", 0.04, deferred_correction=True) == 1
 
 
 def test_committed_numbers_are_read_from_their_files():
@@ -357,3 +363,13 @@ def test_two_real_trainers_take_whole_steps_in_turn(tmp_path):
     turns.run(trainers, main="other")
     assert turns.log == [(name, event) for name in order for event in ("begin", "end")]
     assert [len(clock.seconds) for clock in clocks.values()] == [3, 3]
+
+
+def test_committed_mfu_counts_only_the_forwards_the_trainer_ran():
+    vllm, hf = {"settings": {"beta": 0.04}}, {"settings": {"beta": 0.04}}
+    # before the bench recorded it: the trainer deferred the correction from 2026-12-01 17:56 UTC (commit 095862f)
+    assert bench.deferred_correction(vllm, "vllm", "2026-12-02T04:43:46+0000")
+    assert not bench.deferred_correction(vllm, "vllm", "2026-12-01T08:44:29+0000")
+    assert not bench.deferred_correction(hf, "hf", "2026-12-02T04:43:46+0000")
+    recorded = {"settings": {"beta": 0.04, "deferred_correction": False}}
+    assert not bench.deferred_correction(recorded, "vllm", "2026-12-02T04:43:46+0000")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -273,10 +274,25 @@ def targets_markdown() -> str:
                       *(f"| {r['target']} | {r['measured']} | {r['verdict']} |" for r in rows)])
 
 
+DEFERRED_CORRECTION_SINCE = datetime(2026, 12, 1, 17, 56, 18, tzinfo=timezone.utc)
+"""When GRPOLabTrainer began taking vLLM's correction from the loss's own forward (commit 095862f) wherever
+:func:`grpo_lab.trainer.defers_correction` holds, as it does on every bench profile (one generation per optimizer
+step). The bench records it (``settings.deferred_correction``) since the run after; older files say it by their date."""
+
+
+def deferred_correction(block: dict[str, Any], backend: str, created: str) -> bool:
+    """Whether a committed GRPO-step backend ran without TRL's old-log-prob forward: as recorded, else from the date."""
+    recorded = block.get("settings", {}).get("deferred_correction")
+    if recorded is not None:
+        return bool(recorded)
+    return backend == "vllm" and datetime.strptime(created, "%Y-%m-%dT%H:%M:%S%z") >= DEFERRED_CORRECTION_SINCE
+
+
 def committed_grpo_split(folder: str | Path = RESULTS_DIR / "h200") -> list[dict[str, Any]]:
     """One row per committed GRPO-step result and backend: the median step, its split (what the trainer timed; the
     files written before the split existed have only generation / reward / update), and the update's MFU against the
-    H200's dense bf16 peak, computed the same way for every file (:func:`update_mfu`, the gpu profile's beta)."""
+    H200's dense bf16 peak, computed the same way for every file (:func:`update_mfu`, the gpu profile's beta, the
+forwards the trainer ran: :func:`deferred_correction`)."""
     rows = []
     peak = DATASHEET_RATES["NVIDIA H200"].matmul_flops_per_s
     for path, data in _bench_files(folder):
@@ -289,12 +305,13 @@ def committed_grpo_split(folder: str | Path = RESULTS_DIR / "h200") -> list[dict
         for name, block in step["backends"].items():
             m = block["median"]
             beta = block.get("settings", {}).get("beta", 0.04)
+            deferred = deferred_correction(block, name, data["created"])
             row = {"file": path.name, "workload": step.get("workload", "fixed"), "backend": name,
                    **{key.removesuffix("_s"): round(value, 2) for key, value in m.items() if key.endswith("_s")},
                    "tokens": round(m["mean_completion_tokens"]),
                    "vs hf": round(hf / m["step_s"], 2) if hf else None,
                    "update MFU": round(update_mfu(block, cost, prompt, step["completions_per_step"], peak,
-                                                  extra_forwards(name, beta))["mfu"], 3)}
+                                                  extra_forwards(name, beta, deferred))["mfu"], 3)}
             rows.append(row)
     return rows
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -138,6 +140,45 @@ class Turns:
             raise errors[0]
 
 
+class HostCounters(TrainerCallback):
+    """What the host did during each of one trainer's steps, beside the device's work: Python's garbage-collection
+    pauses (``gc_pause_s``), the process's CPU seconds over all its threads (``host_cpu_s``: the trainer, vLLM's
+    in-process engine, and anything another trainer left running) and the allocator's requests to the driver
+    (``driver_allocations``: memory coming back after the hand-over's ``empty_cache``). Put it inside the step clock's
+    window (after the gate, before the release)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.steps: dict[str, list[float]] = {"gc_pause_s": [], "host_cpu_s": [], "driver_allocations": []}
+        self._active, self._pause, self._gc_start = False, 0.0, 0.0
+        self._start: tuple[float, int] = (0.0, 0)
+
+    def _collecting(self, phase: str, info: dict) -> None:
+        if not self._active:
+            return
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self._pause += time.perf_counter() - self._gc_start
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        gc.callbacks.append(self._collecting)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._pause, self._active = 0.0, True
+        self._start = (time.process_time(), device.driver_allocations(kind=self.kind))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._active = False
+        self.steps["gc_pause_s"].append(self._pause)
+        self.steps["host_cpu_s"].append(time.process_time() - self._start[0])
+        self.steps["driver_allocations"].append(device.driver_allocations(kind=self.kind) - self._start[1])
+
+    def on_train_end(self, args, state, control, **kwargs):
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._collecting)
+
+
 def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, backends: Sequence[str] | None = None,
                     workdir: str | Path | None = None, workload: str = "fixed", stop_ids: bool = True,
                     **train_overrides) -> dict[str, Any]:
@@ -181,23 +222,24 @@ def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, bac
         write_jsonl(rows, dataset)
         step = grpo_step_config(profile, model, dataset, longest, kind, **train_overrides)
         turns = Turns(order, kind)
-        trainers, clocks, loggers, configs = {}, {}, {}, {}
+        trainers, clocks, loggers, configs, hosts = {}, {}, {}, {}, {}
         try:
             for backend in sorted(backends, key=lambda b: b == "vllm"):  # vLLM's engine sizes itself last
                 configs[backend] = dataclasses.replace(step, output_dir=str(Path(scratch) / f"run-{backend}"),
                                                        use_vllm=backend == "vllm").resolve(machine)
                 loggers[backend] = MetricsLogger(Path(configs[backend].output_dir), live_plot=False)
                 clocks[backend] = StepClock(kind, keep_checkpoints=False)
+                hosts[backend] = HostCounters(kind)
                 gate, release = turns.callbacks(backend)
-                trainers[backend] = build_trainer(configs[backend],
-                                                  callbacks=[gate, loggers[backend], clocks[backend], release])
+                trainers[backend] = build_trainer(configs[backend], callbacks=[
+                    gate, loggers[backend], clocks[backend], hosts[backend], release])
             turns.run(trainers, main="vllm" if "vllm" in trainers else backends[0])
         finally:
             for trainer in trainers.values():
                 _release_trainer(trainer, kind)
         for backend in backends:
             out["backends"][backend] = _step_summary(clocks[backend].seconds, loggers[backend].records, profile,
-                                                     trainers[backend].backend_reason)
+                                                     trainers[backend].backend_reason, hosts[backend].steps)
             out["backends"][backend]["settings"] = {key: getattr(configs[backend], key) for key in (
                 "gradient_checkpointing", "use_liger_kernel", "bf16", "vllm_gpu_memory_utilization", "beta")}
             settings = out["backends"][backend]["settings"]
@@ -213,7 +255,8 @@ def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, bac
     return out
 
 
-def _step_summary(seconds: list[float], records: list[dict], profile: BenchProfile, reason: str) -> dict[str, Any]:
+def _step_summary(seconds: list[float], records: list[dict], profile: BenchProfile, reason: str,
+                  host: dict[str, list[float]] | None = None) -> dict[str, Any]:
     skip = profile.grpo_warmup_steps
     steps = seconds[skip:]
     logged = records[skip:skip + len(steps)]
@@ -224,7 +267,9 @@ def _step_summary(seconds: list[float], records: list[dict], profile: BenchProfi
                                                                              split["old_ref_logps_s"])]
     split = {name: values for name, values in split.items() if any(v == v for v in values)}  # drop absent (NaN)
     lengths = [r.get("completions/mean_length", float("nan")) for r in logged]
+    host = {name: values[skip:skip + len(steps)] for name, values in (host or {}).items()}
     return {"backend": reason, "step_s": steps, **split, "mean_completion_tokens": lengths, "all_steps_s": seconds,
+            "host": host,
             "median": {"step_s": median(steps), **{name: median(values) for name, values in split.items()},
                        "mean_completion_tokens": median(lengths)},
             "spread": {"step_s": Spread.of(steps).as_dict()}}

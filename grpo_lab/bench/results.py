@@ -109,6 +109,12 @@ def summary(results: dict[str, Any]) -> str:
                 lines.append(f"  {name} update: {_flop(u['update_tflop'] * 1e12)} of model FLOPs in "
                              f"{block['median']['update_s']:.2f} s = {_flop(u['update_tflop_per_s'] * 1e12)}/s, MFU "
                              f"{u['mfu']:.1%} of {_flop(u['peak_tflop_per_s'] * 1e12)}/s")
+        for name, block in step["backends"].items():
+            if block.get("host"):
+                h = {key: median(values) for key, values in block["host"].items() if values}
+                lines.append(f"  {name} host per step (median): CPU {h['host_cpu_s']:.2f} s over all threads, "
+                             f"garbage collection {h['gc_pause_s']:.3f} s, "
+                             f"{h['driver_allocations']:.0f} device allocations from the driver")
         if "fresh_engine" in step:
             f = step["fresh_engine"]
             lines.append(f"  vLLM generate in the trainer vs the same engine in a fresh process: "
