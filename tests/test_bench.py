@@ -304,7 +304,8 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
     # the fixed-length verdict and the overlap, from made-up interleaved files: a verdict from each low end
     for path in (RESULTS_DIR / "h200").glob("grpo_step_seed_qwen2.5-0.5b*.json"):
         shutil.copy(path, tmp_path / path.name)
-    made_up = ([4.0, 4.5, 4.8, 4.2, 5.2], [3.0, 3.1, 3.2, 3.1, 3.0], [3.0, 3.1, 3.2, 3.1, 3.0])
+    made_up = ([4.0, 4.5, 4.8, 4.2, 5.2], [3.0, 3.1, 3.2, 3.1, 3.0], [3.0, 3.1, 3.2, 3.1, 3.0],
+               [3.0, 3.1, 3.2, 3.1, 3.0])
     for key, vllm in zip(bench.INTERLEAVED_RUNS, made_up, strict=True):
         changed = json.loads(bench.committed_file(key, tmp_path).read_text())
         changed["grpo_step"]["backends"]["hf"]["step_s"] = [10.0, 10.5, 11.0, 10.2, 10.8]
@@ -314,7 +315,8 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
     assert "range 1.92x..2.75x" in again[1]["measured"] and "range 3.12x..3.67x" in again[1]["measured"]
     assert again[1]["verdict"].endswith("_1.json: not met (only the high end reaches 2.00x); "
                                         "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_2.json: met; "
-                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_3.json: met")
+                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_3.json: met; "
+                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_4.json: met")
     assert again[4]["verdict"] == "missed", "1.92..2.75 and 3.12..3.67 do not overlap"
 
 

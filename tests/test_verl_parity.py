@@ -373,3 +373,22 @@ def test_reward_change_uses_whole_parts_of_the_steps():
     records = [{"reward": float(r)} for r in range(10)]
     assert P.reward_change(records, 3) == (3, P.Change(1.0, 8.0))
     assert P.reward_change(records[:2], 4) == (1, P.Change(0.0, 1.0))
+
+
+def test_the_two_committed_verl_configurations_on_smollm2_and_what_changed_between_them():
+    """Issue 26: verl constrained to fit a device call, then at its own settings; each with its start apart from its
+    steps, and the settings that changed read from the overrides each run was given."""
+    from grpo_lab import verl_parity
+
+    runs = verl_parity.smollm2_configurations()
+    constrained, best = runs["smollm2"], runs["smollm2_best"]
+    assert constrained.steps_logged == constrained.steps_asked == 14
+    assert best.steps_logged == 9 and best.steps_asked == 10  # stopped at its time limit during step 10
+    for run in (constrained, best):
+        assert 0 < run.steps_s < run.wall_s and run.startup_s == run.wall_s - run.steps_s
+    changes = {key: (old, new) for key, old, new, _ in verl_parity.configuration_changes(constrained, best)}
+    assert changes["actor_rollout_ref.rollout.enforce_eager"] == (True, False)
+    assert changes["actor_rollout_ref.model.enable_gradient_checkpointing"] == (True, False)  # the export's value
+    assert changes["actor_rollout_ref.model.use_remove_padding"] == ("verl's default", False)
+    assert not any(key.startswith("trainer.") for key in changes)
+    assert best.step.generation_s < constrained.step.generation_s  # CUDA graphs in the rollout

@@ -247,8 +247,8 @@ def test_smollm2_runs_the_trl_recipe_through_the_export(monkeypatch, tmp_path):
 
 def test_smollm2_at_verls_best_settings_overrides_the_constrained_ones(monkeypatch, tmp_path):
     """Issue 26: the same SmolLM2 export with verl's own performance settings, each after the constrained value it
-    replaces (Hydra: the later value wins), every one with its reason; without flash-attn padding stays on, saying
-    why; the start is reported apart from the steps."""
+    replaces (Hydra: the later value wins), every one with its reason; padding removal stays verl's default (on) with or
+    without flash-attn; the start is reported apart from the steps."""
     import shutil
 
     state = tmp_path / "smollm2"
@@ -272,8 +272,8 @@ def test_smollm2_at_verls_best_settings_overrides_the_constrained_ones(monkeypat
                        ("actor_rollout_ref.actor.use_torch_compile", True)):
         constrained, chosen = keys.index(key), len(keys) - 1 - keys[::-1].index(key)
         assert constrained < chosen and forced[chosen]["value"] == value, key
-    padding = next(o for o in forced if o["key"] == "actor_rollout_ref.model.use_remove_padding")
-    assert padding["value"] is False and "flash-attn" in padding["reason"]
+    # padding removal stays verl's default (on): verl 0.9.1 has pure-torch fallbacks where flash-attn is missing
+    assert "actor_rollout_ref.model.use_remove_padding" not in keys
     assert best["steps_completed"] == 2 and best["startup_s"] is not None and best["startup_s"] >= 0
 
 

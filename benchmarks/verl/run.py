@@ -154,16 +154,11 @@ def best_settings(flash_attn: bool) -> list[dict[str, Any]]:
              reason="verl's default budget, about 39 of the recipe's longest rows (160 + 256 tokens)"),
     ]
     if flash_attn:
-        settings += [
-            dict(key="actor_rollout_ref.model.override_config.attn_implementation", value="flash_attention_2",
-                 reason="verl's default attention (the constrained override added the key: no '+')"),
-            dict(key="actor_rollout_ref.model.use_remove_padding", value=True,
-                 reason="verl's default: padding removed, sequences packed (needs flash-attn's varlen kernels)")]
-    else:
         settings.append(dict(
-            key="actor_rollout_ref.model.use_remove_padding", value=False,
-            reason="not runnable here: verl's padding removal imports flash_attn.bert_padding, and PyPI has no "
-                   "flash-attn wheel (only its source; the prebuilt wheels live on GitHub, out of reach); sdpa, padded"))
+            key="actor_rollout_ref.model.override_config.attn_implementation", value="flash_attention_2",
+            reason="verl's default attention (the constrained override added the key: no '+')"))
+    # Padding removal is verl's default (use_remove_padding=True) and stays on: without flash-attn, verl 0.9.1 unpads
+    # and repacks with pure-torch fallbacks (verl/utils/attention_utils.py), which every constrained run here used.
     return settings
 
 

@@ -32,6 +32,8 @@ COMMITTED = {
     "grpo step interleaved 2": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_2"),
     "grpo step interleaved 3": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_3"),
     "grpo step ragged interleaved": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged_interleaved_1"),
+    "grpo step interleaved 4": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_4"),
+    "grpo step ragged interleaved 2": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged_interleaved_2"),
 }
 """The committed bench runs: key -> (folder under ``benchmarks/results``, file stem; ``.json`` and ``.png``)."""
 
@@ -183,11 +185,19 @@ GRPO_STEP_TARGETS = (
 """The targets set for the colocated GRPO step on one H200: (what, threshold, how the ratio must compare)."""
 MFU_TARGET = ("update MFU at least 35 %", 0.35)
 REPEAT_TARGET = "repeated runs of the same command: their GRPO-step ratio ranges overlap"
-INTERLEAVED_RUNS = ("grpo step interleaved 1", "grpo step interleaved 2", "grpo step interleaved 3")
+INTERLEAVED_RUNS = ("grpo step interleaved 1", "grpo step interleaved 2", "grpo step interleaved 3",
+                    "grpo step interleaved 4")
 """One command (fixed lengths), the backends alternating step by step: runs 1 and 2 back to back on one machine, run 3
-on another machine of the same kind a session later, with flat log-probs (``trainer.extract_flat_logprobs``)."""
-RAGGED_RUN = "grpo step ragged interleaved"
-"""The ragged-length step, the backends alternating step by step (the ragged target's file)."""
+on another machine of the same kind a session later, with flat log-probs (``trainer.extract_flat_logprobs``), run 4 on
+a third machine with the same engine timed in a fresh process beside it (``fresh_engine``) and the host's work per step
+(``host``)."""
+RAGGED_RUNS = ("grpo step ragged interleaved", "grpo step ragged interleaved 2")
+"""The ragged-length step, the backends alternating step by step: run 2 with length-grouped micro-batches
+(``trainer.groups_by_length``), on run 4's machine."""
+RAGGED_RUN = RAGGED_RUNS[-1]
+"""The ragged target's file: the newest ragged run."""
+ENGINE_RUN = "grpo step interleaved 4"
+"""The engine target's file: the newest run that timed the trainer's engine against a fresh one on the same machine."""
 
 
 def _overlap(ranges: list[RatioRange]) -> str:
@@ -203,7 +213,7 @@ def committed_grpo_step_targets(folder: str | Path = RESULTS_DIR / "h200") -> li
     files measured and a verdict from the ratio's conservative end, or why the files make no claim. Fixed lengths:
     the interleaved runs (:data:`INTERLEAVED_RUNS`), each with its own verdict where they differ; ragged lengths:
     :data:`RAGGED_RUN`."""
-    fixed = load_results(committed_file("grpo step fixed", folder))["grpo_step"]
+    fixed = load_results(committed_file(ENGINE_RUN, folder))["grpo_step"]
     fresh = fixed["fresh_engine"]
     in_trainer = fixed["backends"]["vllm"]["vllm_generate_s"]
     # separate processes at separate times: never interleaved
@@ -217,7 +227,7 @@ def committed_grpo_step_targets(folder: str | Path = RESULTS_DIR / "h200") -> li
              "verdict": _verdicts(runs, fixed_threshold)},
             {"target": ragged_what, "measured": ragged.describe(), "verdict": ragged.verdict(ragged_threshold)}]
     files = {committed_file(key, folder).name
-             for key in ("grpo step fixed", "grpo step ragged", *INTERLEAVED_RUNS, RAGGED_RUN)}
+             for key in ("grpo step fixed", "grpo step ragged", *INTERLEAVED_RUNS, *RAGGED_RUNS)}
     split = [r for r in committed_grpo_split(folder) if r["file"] in files]
     mfu = max(r["update MFU"] for r in split)
     rows.append({"target": MFU_TARGET[0], "measured": f"{mfu:.1%} at best (" + ", ".join(

@@ -97,6 +97,59 @@ class VerlResults:
     provenance: Provenance
 
 
+@dataclass(frozen=True)
+class VerlConfiguration:
+    """verl on SmolLM2 in one configuration on one GPU (``benchmarks/verl/run.py smollm2`` or ``smollm2-best``): the
+    median step by part after verl's warm-up steps, and its start apart from its steps."""
+
+    name: str
+    step: StepParts
+    steps_logged: int
+    steps_asked: int
+    wall_s: float
+    """verl's whole run: Ray, the workers, vLLM's start, every step, the shutdown (or the stop at the time limit)."""
+    steps_s: float
+    """The sum of the logged steps' ``timing_s/step``."""
+    settings: dict[str, Any]
+    """The export's overrides, then every override passed after them, last value per key (a later Hydra value wins)."""
+    reasons: dict[str, str]
+    """Why each override after the export's was passed."""
+
+    @property
+    def startup_s(self) -> float:
+        """The run's wall time less its logged steps: verl's start, its shutdown, and a step cut off by a time limit."""
+        return self.wall_s - self.steps_s
+
+
+def smollm2_configurations(path: str | Path = VERL_RESULTS) -> dict[str, VerlConfiguration]:
+    """The committed SmolLM2 runs of verl by phase name: ``smollm2`` (overrides chosen to fit a device call) and, where
+    it ran, ``smollm2_best`` (verl's own defaults and performance settings, ``run.py best_settings``)."""
+    body = read_committed(path)
+    runs = {}
+    for name in ("smollm2", "smollm2_best"):
+        section = body.get(name)
+        if not section or not section.get("timings", {}).get("median"):
+            continue
+        attempt = next(a for a in reversed(section["attempts"]) if "seconds" in a)
+        overrides = attempt["forced_overrides"]
+        runs[name] = VerlConfiguration(
+            name=name, step=StepParts.from_median(section["timings"]["median"]),
+            steps_logged=section["steps_completed"], steps_asked=section["steps_asked"], wall_s=attempt["seconds"],
+            steps_s=sum(row["step_s"] for row in section["timings"]["per_step"]),
+            settings={**section["export"]["overrides"], **{o["key"].lstrip("+"): o["value"] for o in overrides}},
+            reasons={o["key"].lstrip("+"): o["reason"] for o in overrides})
+    return runs
+
+
+def configuration_changes(before: VerlConfiguration, after: VerlConfiguration,
+                          ignore: Sequence[str] = ("trainer.",)) -> list[tuple[str, Any, Any, str]]:
+    """The settings ``after`` runs with that ``before`` did not: (key, before's value, after's, after's reason); the
+    bookkeeping keys (``ignore`` prefixes: step counts, folders) left out."""
+    keys = [k for k in after.settings if not k.startswith(tuple(ignore))]
+    return [(k, before.settings.get(k, "verl's default"), after.settings[k], after.reasons.get(k, "the export's"))
+            for k in keys if before.settings.get(k) != after.settings[k]]
+
+
 def read_verl_results(path: str | Path = VERL_RESULTS) -> VerlResults:
     """The committed ``benchmarks/verl/results.json`` as a record."""
     body = read_committed(path)
