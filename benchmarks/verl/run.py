@@ -23,8 +23,8 @@ it started (Ray, vLLM) before the next phase; nothing is left running.
     trl      TRL colocate (``grpo_lab.train``) on the same tiny workload and GPU: per-step times, side by side
     smollm2  verl on SmolLM2-135M-Instruct (the folder ``../grpo_smollm2/stage_model.sh`` converts), if staged
     smollm2-best  the same with verl's own performance settings (``best_settings``: CUDA graphs, torch.compile, its
-             default workers, dynamic batch sizes, no checkpointing; padding removal where flash-attn imports), its
-             start reported apart from its steps
+             default workers, dynamic batch sizes, no checkpointing, padding removal left on; flash-attn's attention
+             where it imports), its start reported apart from its steps
     report   ``results.json`` and ``verl-files.tgz`` (logs, metrics, rollout dumps, export files) in ``--out``, after
              every phase; the results of earlier calls on the same machine are kept (``/tmp/grpo-verl``)
 

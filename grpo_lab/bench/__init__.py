@@ -51,6 +51,7 @@ from grpo_lab.bench.committed import (
     committed_grpo_step_targets,
     committed_grpo_steps,
     committed_grpo_table,
+    committed_host_work,
     committed_rollout_headlines,
     committed_rollout_table,
     committed_smollm2_steps,
@@ -62,6 +63,7 @@ from grpo_lab.bench.engine_probe import engine_probe, trl_engine_settings
 from grpo_lab.bench.grpo_step import (
     OWN_LENGTHS,
     STEP_SPLIT,
+    HostCounters,
     Turns,
     bottleneck,
     grpo_step_bench,
@@ -129,7 +131,7 @@ __all__ = [
     "grpo_step_config", "interleaved_turns", "key_value", "load_results", "main", "measure_device", "median",
     "model_cost", "ragged_description", "ragged_model_dir", "rollout_bench", "roofline", "run_bench", "save_results",
     "seed_workload", "sequence_flops", "speedup_range", "step_ratio", "summary", "targets_markdown",
-    "trl_engine_settings", "update_mfu", "workload_roofline",
+    "trl_engine_settings", "update_mfu", "workload_roofline", "committed_host_work", "HostCounters",
 ]
 
 # Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)

@@ -326,6 +326,25 @@ forwards the trainer ran: :func:`deferred_correction`)."""
     return rows
 
 
+def committed_host_work(folder: str | Path = RESULTS_DIR / "h200") -> list[dict[str, Any]]:
+    """One row per committed GRPO-step file and backend that recorded the host beside each step
+    (:class:`~grpo_lab.bench.grpo_step.HostCounters`): the median step, the process's CPU seconds over all threads in
+    it and their share of the step's wall time, Python's garbage-collection pauses and the device allocator's requests
+    to the driver (medians over the timed steps)."""
+    rows = []
+    for path, data in _bench_files(folder):
+        for name, block in ((data.get("grpo_step") or {}).get("backends") or {}).items():
+            host = block.get("host")
+            if not host:
+                continue
+            step, cpu = median(block["step_s"]), median(host["host_cpu_s"])
+            rows.append({"file": path.name, "workload": data["grpo_step"].get("workload", "fixed"), "backend": name,
+                         "step s": round(step, 2), "host CPU s": round(cpu, 2), "CPU / step": round(cpu / step, 2),
+                         "GC pause s": round(median(host["gc_pause_s"]), 3),
+                         "driver allocations": round(median(host["driver_allocations"]))})
+    return rows
+
+
 def committed_smollm2_steps(folder: str | Path = SMOLLM2_DIR, first: int = 3, last: int = 6) -> dict[str, Any]:
     """The committed SmolLM2-135M GRPO step on the H200 (:func:`grpo_lab.results.smollm2_run` of ``folder``), vLLM
     colocate against HF ``generate`` over the same steps: ``run.py`` times HF's steps ``first``-``last``

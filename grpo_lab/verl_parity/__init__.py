@@ -67,9 +67,11 @@ from grpo_lab.verl_parity.results import (
     StepParts,
     VerlConfiguration,
     VerlResults,
+    changes_table,
     committed_check,
     committed_side_by_side,
     configuration_changes,
+    configurations_table,
     difference_z,
     read_verl_results,
     reward_change,
@@ -87,5 +89,5 @@ __all__ = [
     "load_verl_grpo_advantage", "read_metrics", "read_rollouts", "read_verl_results", "reward_change", "reward_curve",
     "reward_parity", "side_by_side", "side_by_side_table", "smollm2_validation", "step_ratio", "step_timings",
     "training_records", "trl_smollm2_greedy_before", "validation_metric", "validation_scores", "VerlConfiguration",
-    "configuration_changes", "smollm2_configurations",
+    "configuration_changes", "smollm2_configurations", "changes_table", "configurations_table",
 ]

@@ -110,6 +110,8 @@ class VerlConfiguration:
     """verl's whole run: Ray, the workers, vLLM's start, every step, the shutdown (or the stop at the time limit)."""
     steps_s: float
     """The sum of the logged steps' ``timing_s/step``."""
+    step_range: tuple[float, float]
+    """The fastest and slowest step of those in the median (after verl's warm-up steps)."""
     settings: dict[str, Any]
     """The export's overrides, then every override passed after them, last value per key (a later Hydra value wins)."""
     reasons: dict[str, str]
@@ -136,9 +138,15 @@ def smollm2_configurations(path: str | Path = VERL_RESULTS) -> dict[str, VerlCon
             name=name, step=StepParts.from_median(section["timings"]["median"]),
             steps_logged=section["steps_completed"], steps_asked=section["steps_asked"], wall_s=attempt["seconds"],
             steps_s=sum(row["step_s"] for row in section["timings"]["per_step"]),
+            step_range=_step_range(section["timings"]),
             settings={**section["export"]["overrides"], **{o["key"].lstrip("+"): o["value"] for o in overrides}},
             reasons={o["key"].lstrip("+"): o["reason"] for o in overrides})
     return runs
+
+
+def _step_range(timings: dict[str, Any]) -> tuple[float, float]:
+    kept = [row["step_s"] for row in timings["per_step"] if row["step"] in set(timings["steps_in_median"])]
+    return min(kept), max(kept)
 
 
 def configuration_changes(before: VerlConfiguration, after: VerlConfiguration,
@@ -148,6 +156,30 @@ def configuration_changes(before: VerlConfiguration, after: VerlConfiguration,
     keys = [k for k in after.settings if not k.startswith(tuple(ignore))]
     return [(k, before.settings.get(k, "verl's default"), after.settings[k], after.reasons.get(k, "the export's"))
             for k in keys if before.settings.get(k) != after.settings[k]]
+
+
+def configurations_table(runs: dict[str, VerlConfiguration], labels: dict[str, str]) -> str:
+    """verl's runs side by side as a Markdown table: each part's median, the steps' min..max, the steps logged and the
+    start apart from the steps; ``labels`` names each run's column (by phase name)."""
+    names = list(labels)
+    lines = ["| | " + " | ".join(labels[n] for n in names) + " |", "|---|" + "---|" * len(names)]
+    for field, label in StepParts.LABELS.items():
+        values = [getattr(runs[n].step, field) for n in names]
+        lines.append(f"| {label}, median | " + " | ".join("not logged" if v is None else f"{v:.2f} s"
+                                                          for v in values) + " |")
+    lines.append("| whole step, min..max | " + " | ".join(
+        f"{min(runs[n].step_range):.2f}..{max(runs[n].step_range):.2f} s" for n in names) + " |")
+    lines.append("| steps logged (of asked) | " + " | ".join(
+        f"{runs[n].steps_logged} of {runs[n].steps_asked}" for n in names) + " |")
+    lines.append("| start and stop, not steps | " + " | ".join(f"{runs[n].startup_s:.0f} s" for n in names) + " |")
+    return "\n".join(lines)
+
+
+def changes_table(before: VerlConfiguration, after: VerlConfiguration) -> str:
+    """:func:`configuration_changes` as a Markdown table (setting, before, after, why)."""
+    lines = ["| setting | before | after | why |", "|---|---|---|---|"]
+    lines += [f"| `{key}` | {old} | {new} | {why} |" for key, old, new, why in configuration_changes(before, after)]
+    return "\n".join(lines)
 
 
 def read_verl_results(path: str | Path = VERL_RESULTS) -> VerlResults:
