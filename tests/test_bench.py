@@ -375,3 +375,15 @@ def test_committed_mfu_counts_only_the_forwards_the_trainer_ran():
     assert not bench.deferred_correction(hf, "hf", "2026-12-02T04:43:46+0000")
     recorded = {"settings": {"beta": 0.04, "deferred_correction": False}}
     assert not bench.deferred_correction(recorded, "vllm", "2026-12-02T04:43:46+0000")
+
+
+def test_committed_host_work_reads_the_host_counters_of_each_backend():
+    rows = bench.committed_host_work()
+    files = {r["file"] for r in rows}
+    assert files == {bench.committed_file("grpo step interleaved 4").name,
+                     bench.committed_file("grpo step ragged interleaved 2").name}  # the files that recorded them
+    data = bench.load_results(bench.committed_file("grpo step interleaved 4"))["grpo_step"]["backends"]["vllm"]
+    row = next(r for r in rows if r["file"].endswith("_fixed_interleaved_4.json") and r["backend"] == "vllm")
+    assert row["host CPU s"] == round(bench.median(data["host"]["host_cpu_s"]), 2)
+    assert row["CPU / step"] == round(bench.median(data["host"]["host_cpu_s"]) / bench.median(data["step_s"]), 2)
+    assert row["driver allocations"] == round(bench.median(data["host"]["driver_allocations"]))

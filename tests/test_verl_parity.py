@@ -392,3 +392,16 @@ def test_the_two_committed_verl_configurations_on_smollm2_and_what_changed_betwe
     assert changes["actor_rollout_ref.model.use_remove_padding"] == ("verl's default", False)
     assert not any(key.startswith("trainer.") for key in changes)
     assert best.step.generation_s < constrained.step.generation_s  # CUDA graphs in the rollout
+
+
+def test_the_verl_configuration_tables_show_every_part_and_every_changed_setting():
+    from grpo_lab import verl_parity
+
+    runs = verl_parity.smollm2_configurations()
+    table = verl_parity.configurations_table(runs, {"smollm2": "constrained", "smollm2_best": "own"})
+    assert table.splitlines()[0] == "| | constrained | own |"
+    assert "| generation, median | 6.06 s | 2.07 s |" in table
+    assert "| steps logged (of asked) | 14 of 14 | 9 of 10 |" in table
+    changes = verl_parity.changes_table(runs["smollm2"], runs["smollm2_best"]).splitlines()
+    assert len(changes) == 2 + len(verl_parity.configuration_changes(runs["smollm2"], runs["smollm2_best"]))
+    assert "| `actor_rollout_ref.rollout.enforce_eager` | True | False |" in changes[3]
