@@ -8,10 +8,11 @@ through :func:`file_sync_client`, ``AsyncGRPOTrainer`` through its ``weight_tran
 (:class:`FileWeightTransfer`). Only the transport changes: TRL still decides when and what to sync.
 
 **The problem (colocate, CPU).** In ``vllm_mode="colocate"`` TRL copies the trainer's weights into the in-process vLLM engine
-before each rollout, one parameter at a time, through ``model.load_weights([(name, tensor)])``. vLLM-CPU
-*repacks* every Linear weight after loading (into a oneDNN / SGL-kernel layout held by the layer's
-``cpu_linear`` function) and leaves an empty ``Parameter`` behind, without the ``weight_loader`` that
-``load_weights`` needs. So the very first sync fails with::
+before each rollout, one parameter at a time, through ``model.load_weights([(name, tensor)])``. On hosts where its
+oneDNN kernels apply (AVX-512), vLLM-CPU *repacks* every Linear weight after loading (into a oneDNN / SGL-kernel
+layout held by the layer's ``cpu_linear`` function) and leaves an empty ``Parameter`` behind, without the
+``weight_loader`` that ``load_weights`` needs (:func:`cpu_weights_repacked`; with AVX2 alone it keeps the loaded
+weights, and both paths work). There the very first sync fails with::
 
     AttributeError: 'Parameter' object has no attribute 'weight_loader'
 
@@ -95,6 +96,24 @@ def repack_tied_lm_head(worker: Any) -> bool:
         return False
     dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
     return True
+
+
+def _linear_weights_repacked(worker: Any) -> bool:
+    """Inside the vLLM worker: whether a Linear layer's weight lost the ``weight_loader`` that ``load_weights`` needs,
+    as vLLM-CPU leaves it where it repacks weights for its oneDNN kernels (an AVX-512 host); with AVX2 alone it keeps
+    the loaded weights and TRL's own sync works."""
+    model = worker.model_runner.get_model()
+    head = getattr(model, "lm_head", None)
+    for module in model.modules():
+        if hasattr(module, "cpu_linear") and module is not head:
+            return not hasattr(getattr(module, "weight", None), "weight_loader")
+    return False
+
+
+def cpu_weights_repacked(llm: Any) -> bool:
+    """Whether this colocated vLLM-CPU engine repacked its Linear weights (see :func:`_linear_weights_repacked`): then
+    TRL's own sync fails and a tied ``lm_head`` keeps a packed copy that :func:`repack_tied_lm_head` refreshes."""
+    return bool(llm.collective_rpc(_linear_weights_repacked)[0])
 
 
 def _named_weights(vllm_generation: Any) -> list[tuple[str, torch.Tensor]]:

