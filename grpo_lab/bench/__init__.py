@@ -118,20 +118,20 @@ from grpo_lab.bench.workload import (
 from grpo_lab.deprecation import moved_names
 
 __all__ = [
-    "BENCH_PROFILES", "COMMITTED", "CONFIGS", "CONFIG_MEANING", "DATASHEET_RATES", "DEFAULT_PROFILE",
-    "GRPO_STEP_TARGETS", "INTERLEAVED_RUNS", "ENGINE_RUN", "RAGGED_RUN", "RAGGED_RUNS", "REPEAT_TARGET",
-    "GRPO_WORKLOADS", "MFU_TARGET", "MIN_RUNS", "OWN_LENGTHS", "PARTS", "PERFORMANCE_TARGETS", "PREFIX_OFF_MEANING",
-    "PREFIX_OFF_MODES", "RAGGED_MODES", "RAGGED_STOP_PROBABILITY", "REQUIRED_KEYS", "SCHEMA", "SEED_REFERENCE",
-    "STEP_FIELDS", "STEP_SPLIT", "VARIANTS", "BenchError", "BenchProfile", "DeviceRates", "Measurement", "ModelCost",
-    "Provenance", "RatioRange", "RolloutHeadline", "Roofline", "Spread", "StepRatio", "Turns", "add_roofline",
-    "alternating_orders", "bench_engine_config", "bottleneck", "build_parser", "check_results", "committed_file",
-    "committed_grpo_split", "committed_grpo_step_targets", "committed_grpo_steps", "committed_grpo_table",
+    "BENCH_PROFILES", "COMMITTED", "CONFIGS", "CONFIG_MEANING", "DATASHEET_RATES", "DEFAULT_PROFILE", "ENGINE_RUN",
+    "GRPO_STEP_TARGETS", "INTERLEAVED_RUNS", "RAGGED_RUN", "RAGGED_RUNS", "REPEAT_TARGET", "GRPO_WORKLOADS",
+    "MFU_TARGET", "MIN_RUNS", "OWN_LENGTHS", "PARTS", "PERFORMANCE_TARGETS", "PREFIX_OFF_MEANING", "PREFIX_OFF_MODES",
+    "RAGGED_MODES", "RAGGED_STOP_PROBABILITY", "REQUIRED_KEYS", "SCHEMA", "SEED_REFERENCE", "STEP_FIELDS", "STEP_SPLIT",
+    "VARIANTS", "BenchError", "BenchProfile", "DeviceRates", "HostCounters", "Measurement", "ModelCost", "Provenance",
+    "RatioRange", "RolloutHeadline", "Roofline", "Spread", "StepRatio", "Turns", "add_roofline", "alternating_orders",
+    "bench_engine_config", "bottleneck", "build_parser", "check_results", "committed_file", "committed_grpo_split",
+    "committed_grpo_step_targets", "committed_grpo_steps", "committed_grpo_table", "committed_host_work",
     "committed_rollout_headlines", "committed_rollout_table", "committed_smollm2_steps", "committed_targets",
     "deferred_correction", "draw_lengths", "engine_probe", "extra_forwards", "get_bench_profile", "grpo_step_bench",
     "grpo_step_config", "interleaved_turns", "key_value", "load_results", "main", "measure_device", "median",
     "model_cost", "ragged_description", "ragged_model_dir", "rollout_bench", "roofline", "run_bench", "save_results",
     "seed_workload", "sequence_flops", "speedup_range", "step_ratio", "summary", "targets_markdown",
-    "trl_engine_settings", "update_mfu", "workload_roofline", "committed_host_work", "HostCounters",
+    "trl_engine_settings", "update_mfu", "workload_roofline",
 ]
 
 # Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)

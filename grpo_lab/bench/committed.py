@@ -302,7 +302,7 @@ def committed_grpo_split(folder: str | Path = RESULTS_DIR / "h200") -> list[dict
     """One row per committed GRPO-step result and backend: the median step, its split (what the trainer timed; the
     files written before the split existed have only generation / reward / update), and the update's MFU against the
     H200's dense bf16 peak, computed the same way for every file (:func:`update_mfu`, the gpu profile's beta, the
-forwards the trainer ran: :func:`deferred_correction`)."""
+    forwards the trainer ran: :func:`deferred_correction`)."""
     rows = []
     peak = DATASHEET_RATES["NVIDIA H200"].matmul_flops_per_s
     for path, data in _bench_files(folder):

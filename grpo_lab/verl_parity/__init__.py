@@ -84,10 +84,10 @@ from grpo_lab.verl_parity.results import (
 __all__ = [
     "ADVANTAGE_RANGE_KEYS", "CORE_ALGOS", "COURSE_METRIC_NAMES", "SCORE_KEY", "STEP_PARTS", "TIMING_PREFIX",
     "TRL_SMOLLM2", "VERL_ADVANTAGE_FUNCTION", "VERL_RESULTS", "VERL_RUNS", "AdvantageParity", "Change", "MergedModel",
-    "RewardParity", "RunCheck", "StepParts", "VerlResults", "advantage_parity", "as_course_records", "as_float32",
-    "check_run", "committed_check", "committed_side_by_side", "difference_z", "group_key", "group_records",
+    "RewardParity", "RunCheck", "StepParts", "VerlConfiguration", "VerlResults", "advantage_parity",
+    "as_course_records", "as_float32", "changes_table", "check_run", "committed_check", "committed_side_by_side",
+    "configuration_changes", "configurations_table", "difference_z", "group_key", "group_records",
     "load_verl_grpo_advantage", "read_metrics", "read_rollouts", "read_verl_results", "reward_change", "reward_curve",
-    "reward_parity", "side_by_side", "side_by_side_table", "smollm2_validation", "step_ratio", "step_timings",
-    "training_records", "trl_smollm2_greedy_before", "validation_metric", "validation_scores", "VerlConfiguration",
-    "configuration_changes", "smollm2_configurations", "changes_table", "configurations_table",
+    "reward_parity", "side_by_side", "side_by_side_table", "smollm2_configurations", "smollm2_validation", "step_ratio",
+    "step_timings", "training_records", "trl_smollm2_greedy_before", "validation_metric", "validation_scores",
 ]

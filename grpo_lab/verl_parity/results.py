@@ -145,7 +145,8 @@ def smollm2_configurations(path: str | Path = VERL_RESULTS) -> dict[str, VerlCon
 
 
 def _step_range(timings: dict[str, Any]) -> tuple[float, float]:
-    kept = [row["step_s"] for row in timings["per_step"] if row["step"] in set(timings["steps_in_median"])]
+    in_median = set(timings["steps_in_median"])
+    kept = [row["step_s"] for row in timings["per_step"] if row["step"] in in_median]
     return min(kept), max(kept)
 
 
