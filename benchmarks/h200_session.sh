@@ -68,14 +68,40 @@ job() {
     async-colocate) CUDA_VISIBLE_DEVICES=0,1 python3 $ASYNC speed --layouts colocate $ASYNC_SEED ;;
     async-curve)    CUDA_VISIBLE_DEVICES=0,1 python3 $ASYNC curve --model /tmp/grpo-smollm2/model \
                       --rollout-devices 0 --train-devices 1 --steps "${ASYNC_CURVE_STEPS:-60}" ;;
+    # issue 26, session 8 (one H200, 2026-12-02): five interleaved steps per backend after the frozen heap and the
+    # hand-over without empty_cache; the fixed one under py-spy (50 samples/s, --nonblocking: the process never
+    # stops; raw stacks, one line per distinct stack, for benchmarks/results/h200/profile_stacks.py)
+    grpo-fixed5)  $(spy "$out/pyspy_fixed.txt") python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b \
+                    --grpo-steps 5 --parts grpo --grpo-backends hf,vllm --grpo-workload fixed --out "$out" \
+                    --name grpo_step_seed_qwen2.5-0.5b_fixed ;;
+    grpo-ragged5) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
+                    --grpo-backends hf,vllm --grpo-workload ragged --out "$out" \
+                    --name grpo_step_seed_qwen2.5-0.5b_ragged ;;
+    # verl at its own settings with padding removal on (best_settings() fixed after session 7)
+    verl-best)    python3 benchmarks/verl/run.py env smollm2-best --smollm2-steps 8 --smollm2-save-freq 8 \
+                    --skip-val-before --continue-from benchmarks/verl/results.json \
+                    --verl-transformers /tmp/verl-tf-carried --out "$out" --budget-s "${VERL_BUDGET:-540}" ;;
+    # the trainer's switches, each on and off step by step in one SmolLM2 run (benchmarks/trainer_switches)
+    switch-length) GRPO_LAB_MODEL=/tmp/grpo-smollm2/model python3 benchmarks/trainer_switches/run.py \
+                     --switch length_grouping --profile gpu --steps 16 \
+                     --set per_device_train_batch_size=32 --set gradient_accumulation_steps=4 ;;
+    switch-heap)  GRPO_LAB_MODEL=/tmp/grpo-smollm2/model python3 benchmarks/trainer_switches/run.py \
+                    --switch frozen_heap --profile gpu --steps 16 ;;
     *)        echo "unknown job $1"; return 2 ;;
   esac
+}
+
+spy() {  # spy FILE: the py-spy command line to put before a job's command, or nothing without py-spy
+  local bin=/tmp/grpo-extra-site/bin/py-spy
+  [ -x "$bin" ] && echo "$bin record --nonblocking --rate 50 --format raw --output $1 --"
 }
 
 stream() {  # stream GPU "job job ..."
   export CUDA_VISIBLE_DEVICES=$1 GPU=$1
   for name in $2; do
     local start=$SECONDS
+    # a verl run killed at its limit may leave TRL moved aside (benchmarks/verl/run.py puts it back otherwise)
+    [ -d /tmp/grpo-gpu-site/trl.off ] && [ ! -e /tmp/grpo-gpu-site/trl ] && mv /tmp/grpo-gpu-site/trl.off /tmp/grpo-gpu-site/trl
     job "$name" > "$R/logs/$name.log" 2>&1
     echo "[gpu $1] $name: exit $? after $((SECONDS - start)) s"
   done

@@ -355,7 +355,7 @@ def test_two_real_trainers_take_whole_steps_in_turn(tmp_path):
     rows = bench.seed_workload(load_tokenizer(resolve_model()), 2, 32)
     write_jsonl(rows, tmp_path / "rows.jsonl")
     order = [name.replace("vllm", "other") for name in bench.interleaved_turns(("hf", "vllm"), 1, 2)]
-    turns, trainers, clocks = bench.Turns(order, "cpu"), {}, {}
+    turns, trainers, clocks = bench.Turns(order), {}, {}
     for name in ("hf", "other"):
         config = bench.grpo_step_config(profile, resolve_model(), tmp_path / "rows.jsonl", 48, "cpu",
                                         output_dir=str(tmp_path / name)).resolve(Machine.detect())

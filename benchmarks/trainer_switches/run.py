@@ -1,15 +1,16 @@
 """Time per GRPO step with one of GRPOLabTrainer's exact speed-ups switched on and off, step by step in one trainer:
 ``deferred_correction`` (vLLM's importance-sampling correction from the loss's own forward instead of TRL's no-grad
 forward, :func:`grpo_lab.trainer.defers_correction`) or ``length_grouping`` (micro-batches of similar completion
-lengths, each cut to its longest, :func:`grpo_lab.trainer.groups_by_length`). Both modes alternate after warm-up
+lengths, each cut to its longest, :func:`grpo_lab.trainer.groups_by_length`) or ``frozen_heap`` (garbage collection
+off the objects that outlive training, :class:`grpo_lab.trainer.FrozenHeap`). Both modes alternate after warm-up
 steps, so they see the same machine load.
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/trainer_switches/run.py --switch deferred_correction \\
         --steps 16 [--profile tiny] [--set gradient_accumulation_steps=4 ...]
 
 Prints min / median / max per mode of the step, the update (the step less generation and rewards), TRL's no-grad
-forwards (``timing/old_ref_logps_s``) and the completion columns the loss's forwards computed, and the ratio of the
-medians.
+forwards (``timing/old_ref_logps_s``), Python's garbage-collection pauses and the completion columns the loss's
+forwards computed, and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -20,13 +21,19 @@ import tempfile
 
 from transformers import TrainerCallback
 
+from grpo_lab.bench import HostCounters
 from grpo_lab.bench.cli import key_value
 from grpo_lab.device import Machine
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.train import StepClock, build_trainer
 from grpo_lab.trainer import defers_correction, groups_by_length
 
-SWITCHES = {"deferred_correction": defers_correction, "length_grouping": groups_by_length}
+def always(args) -> bool:
+    """The frozen heap changes no number the trainer computes: on for every configuration."""
+    return True
+
+
+SWITCHES = {"deferred_correction": defers_correction, "length_grouping": groups_by_length, "frozen_heap": always}
 """Each switch (a GRPOLabTrainer attribute) and the condition under which the trainer turns it on by itself."""
 
 
@@ -66,7 +73,8 @@ def main() -> None:
         config = TrainConfig(profile=args.profile, max_steps=args.warmup + args.steps, output_dir=run_dir,
                              save_steps=10**6, live_plot=False, **fields).resolve(machine)
         clock, alternate = StepClock(machine.kind, keep_checkpoints=False), Alternate(args.switch)
-        trainer = build_trainer(config, callbacks=[clock, alternate])
+        host = HostCounters(machine.kind)
+        trainer = build_trainer(config, callbacks=[clock, alternate, host])
         alternate.trainer = trainer
         if not SWITCHES[args.switch](trainer.args):
             parser.error(f"{args.switch} is not exact for this configuration ({SWITCHES[args.switch].__name__} is "
@@ -81,15 +89,16 @@ def main() -> None:
         print(f"{config.step_summary()}; {trainer.backend_reason}")
         trainer.train()
         logged = {r["step"]: r for r in trainer.state.log_history if "step" in r and "reward" in r}
-    rows = [(on, seconds, logged.get(i + 1, {}), columns)
-            for i, (on, seconds, columns) in enumerate(zip(alternate.on, clock.seconds, alternate.columns))]
+    rows = [(on, seconds, {**logged.get(i + 1, {}), "gc_pause_s": pause}, columns) for i, (on, seconds, columns, pause)
+            in enumerate(zip(alternate.on, clock.seconds, alternate.columns, host.steps["gc_pause_s"]))]
     medians = {}
     for on in (False, True):
         measured = [row for row in rows[args.warmup:] if row[0] == on]
         medians[on] = statistics.median(seconds for _, seconds, _, _ in measured)
         updates = [s - r.get("timing/generation_s", 0.0) - r.get("timing/reward_s", 0.0) for _, s, r, _ in measured]
         parts = (f"update s {spread(updates)}; no-grad forwards s "
-                 f"{spread([r.get('timing/old_ref_logps_s', 0.0) for _, _, r, _ in measured])}")
+                 f"{spread([r.get('timing/old_ref_logps_s', 0.0) for _, _, r, _ in measured])}; garbage-collection "
+                 f"pauses s {spread([r['gc_pause_s'] for _, _, r, _ in measured])}")
         columns = spread([float(c) for *_, c in measured]).replace(".000", "")
         print(f"{args.switch} {'on ' if on else 'off'}: {len(measured)} steps: step s min/median/max "
               f"{spread([s for _, s, _, _ in measured])}; {parts}; completion columns in the loss {columns}")

@@ -4,8 +4,9 @@ backends interleaved step by step, each step split into generation, reward and u
 **How the backends interleave.** Both trainers are built once and stay alive; each runs ``trainer.train()`` in its
 own thread, and a baton (:class:`Turns`) lets exactly one of them run one whole optimizer step at a time, in the order
 of :func:`interleaved_turns`: every backend's warm-up steps first, then hf, vllm, hf, vllm, ... The vLLM trainer runs
-in the main thread, where its engine was built (CUDA streams and graphs are per thread); the device's memory cache
-is emptied at every hand-over. Rebuilding a trainer per step would time start-up, not steps; running the backends one
+in the main thread, where its engine was built (CUDA streams and graphs are per thread). The device's memory cache
+stays as a step leaves it, as it does between the steps of one run (the bench emptied it at every hand-over until
+2026-12-02: then every step asked the driver for its memory again, ~300 times, which no single run does). Rebuilding a trainer per step would time start-up, not steps; running the backends one
 after the other (as the bench did up to 0.2.0) put any drift of the machine between them into the ratio. This design runs on
 the CPU tiny model and on one GPU when both trainers fit beside vLLM's share (``vllm_gpu_memory_utilization``, which
 ``--train-option`` can lower).
@@ -19,6 +20,7 @@ import gc
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,8 +75,12 @@ class Turns:
     One process, one device: accelerate's gradient state is shared by the trainers, and each sets it again within its
     own step before it matters (the optimizer step at the last micro-batch), so whole-step turns keep it consistent."""
 
-    def __init__(self, order: Sequence[str], kind: str):
-        self.order, self.kind, self.position = list(order), kind, 0
+    def __init__(self, order: Sequence[str], kind: str | None = None):
+        if kind is not None:  # the hand-over emptied the device's cache until 0.2.x
+            warnings.warn("Turns(order, kind): kind is no longer used (the hand-over leaves the device's memory "
+                          "cache as it is) and goes in grpo-lab 0.3.0; call Turns(order). See CHANGELOG.md.",
+                          DeprecationWarning, stacklevel=2)
+        self.order, self.position = list(order), 0
         self.log: list[tuple[str, str]] = []
         self.failed = False
         self._condition = threading.Condition()
@@ -109,7 +115,6 @@ class Turns:
         with self._condition:
             self.log.append((name, "end"))
             self.position += 1
-            device.empty_cache(self.kind)
             self._condition.notify_all()
 
     def fail(self) -> None:
@@ -144,7 +149,7 @@ class HostCounters(TrainerCallback):
     """What the host did during each of one trainer's steps, beside the device's work: Python's garbage-collection
     pauses (``gc_pause_s``), the process's CPU seconds over all its threads (``host_cpu_s``: the trainer, vLLM's
     in-process engine, and anything another trainer left running) and the allocator's requests to the driver
-    (``driver_allocations``: memory coming back after the hand-over's ``empty_cache``). Put it inside the step clock's
+    (``driver_allocations``: memory the step needed beyond what the cache held). Put it inside the step clock's
     window (after the gate, before the release)."""
 
     def __init__(self, kind: str):
@@ -221,7 +226,7 @@ def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, bac
         dataset = Path(scratch) / "seed_workload.jsonl"
         write_jsonl(rows, dataset)
         step = grpo_step_config(profile, model, dataset, longest, kind, **train_overrides)
-        turns = Turns(order, kind)
+        turns = Turns(order)
         trainers, clocks, loggers, configs, hosts = {}, {}, {}, {}, {}
         try:
             for backend in sorted(backends, key=lambda b: b == "vllm"):  # vLLM's engine sizes itself last
