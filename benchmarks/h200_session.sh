@@ -68,9 +68,9 @@ job() {
     async-colocate) CUDA_VISIBLE_DEVICES=0,1 python3 $ASYNC speed --layouts colocate $ASYNC_SEED ;;
     async-curve)    CUDA_VISIBLE_DEVICES=0,1 python3 $ASYNC curve --model /tmp/grpo-smollm2/model \
                       --rollout-devices 0 --train-devices 1 --steps "${ASYNC_CURVE_STEPS:-60}" ;;
-    # issue 26, session 8 (one H200, 2026-12-02): five interleaved steps per backend after the frozen heap and the
-    # hand-over without empty_cache; the fixed one under py-spy (50 samples/s, --nonblocking: the process never
-    # stops; raw stacks, one line per distinct stack, for benchmarks/results/h200/profile_stacks.py)
+    # issue 26, session 8 (one H200, 2026-12-02): five interleaved steps per backend, the hand-over keeping the
+    # device's memory cache; the fixed one under py-spy (50 samples/s, --nonblocking: the process never stops; raw
+    # stacks, one line per distinct stack, read by grpo_lab.bench.Stacks)
     grpo-fixed5)  $(spy "$out/pyspy_fixed.txt") python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b \
                     --grpo-steps 5 --parts grpo --grpo-backends hf,vllm --grpo-workload fixed --out "$out" \
                     --name grpo_step_seed_qwen2.5-0.5b_fixed ;;
@@ -85,8 +85,6 @@ job() {
     switch-length) GRPO_LAB_MODEL=/tmp/grpo-smollm2/model python3 benchmarks/trainer_switches/run.py \
                      --switch length_grouping --profile gpu --steps 16 \
                      --set per_device_train_batch_size=32 --set gradient_accumulation_steps=4 ;;
-    switch-heap)  GRPO_LAB_MODEL=/tmp/grpo-smollm2/model python3 benchmarks/trainer_switches/run.py \
-                    --switch frozen_heap --profile gpu --steps 16 ;;
     *)        echo "unknown job $1"; return 2 ;;
   esac
 }

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import math
 import shutil
 import time
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 from trl.generation import vllm_generation
@@ -64,7 +62,6 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
     TrlName("method", "transformers.Trainer", "_save_checkpoint", "checkpoints renamed into place"),
     TrlName("method", "transformers.Trainer", "_get_output_dir", "checkpoint staging folder"),
     TrlName("method", "transformers.Trainer", "pop_callback", "quiet progress bar (grpo_lab.train)"),
-    TrlName("method", "transformers.Trainer", "add_callback", "the frozen heap (FrozenHeap)"),
     TrlName("module", "transformers.trainer_utils", "PREFIX_CHECKPOINT_DIR", "checkpoint names"),
     TrlName("module", "transformers.trainer_utils", "rotate_checkpoints", "save_total_limit in checkpoints/"),
     TrlName("module", "trl.generation.vllm_generation", "extract_logprobs",
@@ -265,42 +262,12 @@ def _rows_by_length() -> Iterator[None]:
         grpo_trainer.shuffle_sequence_dict = shuffle
 
 
-class FrozenHeap(TrainerCallback):
-    """While ``trainer.frozen_heap`` is on, Python's garbage collector leaves alone the objects that existed before
-    training (``gc.freeze``): modules, tokenizers, the engine's state, which every full collection would otherwise walk
-    again while vLLM's in-process engine makes objects by the thousand per decoded token. One full collection at the
-    start of training clears what is garbage already; the heap is frozen once, at the first step, and unfrozen when
-    training ends (or the switch goes off), so objects made during training are collected as usual and nothing stays
-    frozen after the run. Put it after any callback that sets the switch."""
-
-    def __init__(self, trainer: GRPOLabTrainer):
-        self.trainer, self.frozen = trainer, False
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if self.trainer.frozen_heap:
-            gc.collect()
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        wanted = self.trainer.frozen_heap
-        if wanted and not self.frozen:
-            gc.freeze()  # moves the collector's lists: walks nothing
-        elif self.frozen and not wanted:
-            gc.unfreeze()
-        self.frozen = wanted
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self.frozen:
-            gc.unfreeze()
-        self.frozen = False
-
-
 class GRPOLabTrainer(GRPOTrainer):
     """TRL's GRPOTrainer, unchanged in what it computes. It adds timings, a NaN guard, reward errors that say what to
     do (and ``rewards/<name>/skipped`` counts), checkpoints renamed into place once complete, the CPU weight sync, and
     computes vLLM's importance-sampling correction from the loss's own forward where that is exact
-    (:func:`defers_correction`), groups micro-batches by completion length, each cut to its longest, where that is
-    exact (:func:`groups_by_length`), and keeps garbage collection off the objects that outlive training
-    (:class:`FrozenHeap`).
+    (:func:`defers_correction`), and groups micro-batches by completion length, each cut to its longest, where that is
+    exact (:func:`groups_by_length`).
 
     ``engine_max_num_seqs``: the colocated engine decodes at least this many sequences at once (None: TRL's sizing,
     one generation batch; ``grpo_lab.train`` passes ``device.COLOCATED_MAX_NUM_SEQS``)."""
@@ -316,9 +283,6 @@ class GRPOLabTrainer(GRPOTrainer):
         """Compute vLLM's importance-sampling correction from the loss's forward (:func:`defers_correction`)."""
         self.length_grouping = groups_by_length(self.args)
         """Micro-batches of similar completion lengths, each cut to its longest (:func:`groups_by_length`)."""
-        self.frozen_heap = True
-        """Garbage collection skips the objects that outlive a step (:class:`FrozenHeap`)."""
-        self.add_callback(FrozenHeap(self))
         if self.use_vllm and self.vllm_generation.mode == "colocate":  # time vLLM's own calls inside _generate
             self._time_calls(self.vllm_generation.llm, "generate", "timing/vllm_generate_s")
             self._time_calls(self.vllm_generation, "sync_weights", "timing/weight_sync_s")

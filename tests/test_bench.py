@@ -304,8 +304,7 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
     # the fixed-length verdict and the overlap, from made-up interleaved files: a verdict from each low end
     for path in (RESULTS_DIR / "h200").glob("grpo_step_seed_qwen2.5-0.5b*.json"):
         shutil.copy(path, tmp_path / path.name)
-    made_up = ([4.0, 4.5, 4.8, 4.2, 5.2], [3.0, 3.1, 3.2, 3.1, 3.0], [3.0, 3.1, 3.2, 3.1, 3.0],
-               [3.0, 3.1, 3.2, 3.1, 3.0])
+    made_up = ([4.0, 4.5, 4.8, 4.2, 5.2], *[[3.0, 3.1, 3.2, 3.1, 3.0]] * (len(bench.INTERLEAVED_RUNS) - 1))
     for key, vllm in zip(bench.INTERLEAVED_RUNS, made_up, strict=True):
         changed = json.loads(bench.committed_file(key, tmp_path).read_text())
         changed["grpo_step"]["backends"]["hf"]["step_s"] = [10.0, 10.5, 11.0, 10.2, 10.8]
@@ -316,7 +315,9 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
     assert again[1]["verdict"].endswith("_1.json: not met (only the high end reaches 2.00x); "
                                         "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_2.json: met; "
                                         "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_3.json: met; "
-                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_4.json: met")
+                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_4.json: met; "
+                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_5.json: met; "
+                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_6.json: met")
     assert again[4]["verdict"] == "missed", "1.92..2.75 and 3.12..3.67 do not overlap"
 
 
@@ -380,10 +381,35 @@ def test_committed_mfu_counts_only_the_forwards_the_trainer_ran():
 def test_committed_host_work_reads_the_host_counters_of_each_backend():
     rows = bench.committed_host_work()
     files = {r["file"] for r in rows}
-    assert files == {bench.committed_file("grpo step interleaved 4").name,
-                     bench.committed_file("grpo step ragged interleaved 2").name}  # the files that recorded them
+    assert files == {bench.committed_file(key).name for key in (  # the files that recorded them
+        "grpo step interleaved 4", "grpo step interleaved 5", "grpo step interleaved 6", "grpo step ragged interleaved 2",
+        "grpo step ragged interleaved 3")}
     data = bench.load_results(bench.committed_file("grpo step interleaved 4"))["grpo_step"]["backends"]["vllm"]
     row = next(r for r in rows if r["file"].endswith("_fixed_interleaved_4.json") and r["backend"] == "vllm")
     assert row["host CPU s"] == round(bench.median(data["host"]["host_cpu_s"]), 2)
     assert row["CPU / step"] == round(bench.median(data["host"]["host_cpu_s"]) / bench.median(data["step_s"]), 2)
     assert row["driver allocations"] == round(bench.median(data["host"]["driver_allocations"]))
+
+
+def test_the_committed_engine_profile_splits_vllms_generate_into_its_parts():
+    """py-spy's samples inside LLM.generate in the trainer (session 8): the engine's loop is mostly the host's Python,
+    the device's forward and sampling a fifth of it."""
+    stacks = bench.Stacks.read(bench.ENGINE_PROFILE)
+    assert stacks.total > 500 and all(len(stack) <= 12 for stack in stacks.counts)
+    assert not any(":" in frame.rsplit("(", 1)[-1] for stack in stacks.counts for frame in stack)  # no line numbers
+    rows = {row["part"]: row["share"] for row in bench.committed_engine_profile()}
+    assert len(rows) == len(bench.ENGINE_PARTS) + 1 and all(0 <= share <= 1 for share in rows.values())
+    host = sum(share for part, share in rows.items() if "Scheduler" in part or "OutputProcessor" in part)
+    device = sum(share for part, share in rows.items() if "execute_model" in part or "sample_tokens" in part)
+    assert host > 0.6 and device < 0.3  # what notebook 06 says
+
+
+def test_stacks_cut_under_a_call_merge_line_numbers_and_write_back(tmp_path):
+    raw = tmp_path / "raw.txt"
+    raw.write_text("main (a.py:1);run (b.py:2);step (c.py:3) 5\nmain (a.py:1);run (b.py:2);step (c.py:4) 2\n"
+                   "main (a.py:1);run (b.py:9) 4\nmain (a.py:1) 1\n", encoding="utf-8")
+    stacks = bench.Stacks.read(raw)
+    inside = stacks.under("run (b.py")
+    assert inside.counts == {("step (c.py)",): 7}  # the samples in run's own body have no frame below it
+    assert bench.Stacks.read(inside.write(tmp_path / "cut.txt")) == inside
+    assert stacks.share("run (") == 11 / 12 and bench.function_of("f (x.py:12)") == "f (x.py)"

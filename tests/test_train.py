@@ -91,32 +91,6 @@ def test_rows_are_grouped_by_length_only_when_the_gradient_cannot_tell(tmp_path,
     assert groups_by_length(args) is grouped
 
 
-def test_the_heap_is_frozen_from_the_first_step_to_the_end_of_training_and_follows_its_switch():
-    import gc
-    from types import SimpleNamespace
-
-    from grpo_lab.trainer import FrozenHeap
-
-    trainer = SimpleNamespace(frozen_heap=True)
-    heap = FrozenHeap(trainer)
-    assert gc.get_freeze_count() == 0
-    heap.on_train_begin(None, None, None)
-    heap.on_step_begin(None, None, None)
-    frozen = gc.get_freeze_count()
-    assert frozen > 1000  # every module and object the test process holds
-    kept = [object() for _ in range(100)]  # made during training: collected as usual, not frozen later
-    heap.on_step_begin(None, None, None)
-    assert gc.get_freeze_count() == frozen
-    trainer.frozen_heap = False  # the switch (benchmarks/trainer_switches) turns it off for a step
-    heap.on_step_begin(None, None, None)
-    assert gc.get_freeze_count() == 0
-    trainer.frozen_heap = True
-    heap.on_step_begin(None, None, None)
-    assert gc.get_freeze_count() > 0
-    heap.on_train_end(None, None, None)
-    assert gc.get_freeze_count() == 0 and len(kept) == 100  # nothing stays frozen after training
-
-
 def test_a_micro_batch_is_cut_to_its_longest_completion_and_rows_are_ordered_by_it():
     import torch
 

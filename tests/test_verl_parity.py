@@ -375,22 +375,26 @@ def test_reward_change_uses_whole_parts_of_the_steps():
     assert P.reward_change(records[:2], 4) == (1, P.Change(0.0, 1.0))
 
 
-def test_the_two_committed_verl_configurations_on_smollm2_and_what_changed_between_them():
-    """Issue 26: verl constrained to fit a device call, then at its own settings; each with its start apart from its
-    steps, and the settings that changed read from the overrides each run was given."""
+def test_the_committed_verl_configurations_on_smollm2_and_what_changed_between_them():
+    """Issue 26: verl constrained to fit a device call, then at its own settings (once with padding removal wrongly
+    off, then corrected); each with its start apart from its steps, and the settings that changed read from the
+    overrides each run was given."""
     from grpo_lab import verl_parity
 
     runs = verl_parity.smollm2_configurations()
-    constrained, best = runs["smollm2"], runs["smollm2_best"]
+    constrained, padded, best = runs["smollm2"], runs["smollm2_best_padded"], runs["smollm2_best"]
     assert constrained.steps_logged == constrained.steps_asked == 14
-    assert best.steps_logged == 9 and best.steps_asked == 10  # stopped at its time limit during step 10
-    for run in (constrained, best):
+    assert padded.steps_logged == 9 and padded.steps_asked == 10  # stopped at its time limit during step 10
+    assert best.steps_logged == best.steps_asked == 8
+    for run in (constrained, padded, best):
         assert 0 < run.steps_s < run.wall_s and run.startup_s == run.wall_s - run.steps_s
     changes = {key: (old, new) for key, old, new, _ in verl_parity.configuration_changes(constrained, best)}
     assert changes["actor_rollout_ref.rollout.enforce_eager"] == (True, False)
     assert changes["actor_rollout_ref.model.enable_gradient_checkpointing"] == (True, False)  # the export's value
-    assert changes["actor_rollout_ref.model.use_remove_padding"] == ("verl's default", False)
+    assert "actor_rollout_ref.model.use_remove_padding" not in changes  # verl's default in both: on
     assert not any(key.startswith("trainer.") for key in changes)
+    mistake = {key: (old, new) for key, old, new, _ in verl_parity.configuration_changes(best, padded)}
+    assert mistake == {"actor_rollout_ref.model.use_remove_padding": ("verl's default", False)}
     assert best.step.generation_s < constrained.step.generation_s  # CUDA graphs in the rollout
 
 
@@ -398,10 +402,11 @@ def test_the_verl_configuration_tables_show_every_part_and_every_changed_setting
     from grpo_lab import verl_parity
 
     runs = verl_parity.smollm2_configurations()
-    table = verl_parity.configurations_table(runs, {"smollm2": "constrained", "smollm2_best": "own"})
-    assert table.splitlines()[0] == "| | constrained | own |"
-    assert "| generation, median | 6.06 s | 2.07 s |" in table
-    assert "| steps logged (of asked) | 14 of 14 | 9 of 10 |" in table
+    table = verl_parity.configurations_table(runs, {"smollm2": "constrained", "smollm2_best_padded": "own, padded",
+                                                    "smollm2_best": "own"})
+    assert table.splitlines()[0] == "| | constrained | own, padded | own |"
+    assert "| generation, median | 6.06 s | 2.07 s | 2.07 s |" in table
+    assert "| steps logged (of asked) | 14 of 14 | 9 of 10 | 8 of 8 |" in table
     changes = verl_parity.changes_table(runs["smollm2"], runs["smollm2_best"]).splitlines()
     assert len(changes) == 2 + len(verl_parity.configuration_changes(runs["smollm2"], runs["smollm2_best"]))
     assert "| `actor_rollout_ref.rollout.enforce_eager` | True | False |" in changes[3]

@@ -1,8 +1,7 @@
 """Time per GRPO step with one of GRPOLabTrainer's exact speed-ups switched on and off, step by step in one trainer:
 ``deferred_correction`` (vLLM's importance-sampling correction from the loss's own forward instead of TRL's no-grad
 forward, :func:`grpo_lab.trainer.defers_correction`) or ``length_grouping`` (micro-batches of similar completion
-lengths, each cut to its longest, :func:`grpo_lab.trainer.groups_by_length`) or ``frozen_heap`` (garbage collection
-off the objects that outlive training, :class:`grpo_lab.trainer.FrozenHeap`). Both modes alternate after warm-up
+lengths, each cut to its longest, :func:`grpo_lab.trainer.groups_by_length`). Both modes alternate after warm-up
 steps, so they see the same machine load.
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/trainer_switches/run.py --switch deferred_correction \\
@@ -28,12 +27,7 @@ from grpo_lab.experiment import TrainConfig
 from grpo_lab.train import StepClock, build_trainer
 from grpo_lab.trainer import defers_correction, groups_by_length
 
-def always(args) -> bool:
-    """The frozen heap changes no number the trainer computes: on for every configuration."""
-    return True
-
-
-SWITCHES = {"deferred_correction": defers_correction, "length_grouping": groups_by_length, "frozen_heap": always}
+SWITCHES = {"deferred_correction": defers_correction, "length_grouping": groups_by_length}
 """Each switch (a GRPOLabTrainer attribute) and the condition under which the trainer turns it on by itself."""
 
 

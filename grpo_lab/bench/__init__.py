@@ -16,7 +16,8 @@ Three measurements in one process, written to one results file:
    and each sequence's KV cache; every token costs 2 FLOPs per weight), against which tokens/s are reported.
 
 The modules, from the bottom up: :mod:`~grpo_lab.bench.profiles` and :mod:`~grpo_lab.bench.stats` (spreads and
-ratio ranges), :mod:`~grpo_lab.bench.workload` and :mod:`~grpo_lab.bench.roofline`, the three measurements
+ratio ranges), :mod:`~grpo_lab.bench.workload` and :mod:`~grpo_lab.bench.roofline`, py-spy's stacks (:mod:`~grpo_lab.bench.stacks`),
+the three measurements
 (:mod:`~grpo_lab.bench.rollout_bench`, :mod:`~grpo_lab.bench.grpo_step`, :mod:`~grpo_lab.bench.engine_probe`), the
 results file (:mod:`~grpo_lab.bench.results`), the committed runs' readers (:mod:`~grpo_lab.bench.committed`), the
 whole run (:mod:`~grpo_lab.bench.run`) and the command line (:mod:`~grpo_lab.bench.cli`).
@@ -35,6 +36,8 @@ From a shell (``--help`` lists every option)::
 from grpo_lab.bench.cli import build_parser, key_value, main
 from grpo_lab.bench.committed import (
     COMMITTED,
+    ENGINE_PARTS,
+    ENGINE_PROFILE,
     ENGINE_RUN,
     GRPO_STEP_TARGETS,
     INTERLEAVED_RUNS,
@@ -46,6 +49,7 @@ from grpo_lab.bench.committed import (
     Provenance,
     RolloutHeadline,
     StepRatio,
+    committed_engine_profile,
     committed_file,
     committed_grpo_split,
     committed_grpo_step_targets,
@@ -107,6 +111,7 @@ from grpo_lab.bench.roofline import (
     workload_roofline,
 )
 from grpo_lab.bench.run import SEED_REFERENCE, run_bench
+from grpo_lab.bench.stacks import Stacks, function_of
 from grpo_lab.bench.stats import MIN_RUNS, RatioRange, Spread, alternating_orders, median, speedup_range
 from grpo_lab.bench.workload import (
     RAGGED_STOP_PROBABILITY,
@@ -118,16 +123,17 @@ from grpo_lab.bench.workload import (
 from grpo_lab.deprecation import moved_names
 
 __all__ = [
-    "BENCH_PROFILES", "COMMITTED", "CONFIGS", "CONFIG_MEANING", "DATASHEET_RATES", "DEFAULT_PROFILE", "ENGINE_RUN",
+    "BENCH_PROFILES", "COMMITTED", "CONFIGS", "CONFIG_MEANING", "DATASHEET_RATES", "DEFAULT_PROFILE", "ENGINE_PARTS",
+    "ENGINE_PROFILE", "ENGINE_RUN",
     "GRPO_STEP_TARGETS", "INTERLEAVED_RUNS", "RAGGED_RUN", "RAGGED_RUNS", "REPEAT_TARGET", "GRPO_WORKLOADS",
     "MFU_TARGET", "MIN_RUNS", "OWN_LENGTHS", "PARTS", "PERFORMANCE_TARGETS", "PREFIX_OFF_MEANING", "PREFIX_OFF_MODES",
     "RAGGED_MODES", "RAGGED_STOP_PROBABILITY", "REQUIRED_KEYS", "SCHEMA", "SEED_REFERENCE", "STEP_FIELDS", "STEP_SPLIT",
     "VARIANTS", "BenchError", "BenchProfile", "DeviceRates", "HostCounters", "Measurement", "ModelCost", "Provenance",
-    "RatioRange", "RolloutHeadline", "Roofline", "Spread", "StepRatio", "Turns", "add_roofline", "alternating_orders",
-    "bench_engine_config", "bottleneck", "build_parser", "check_results", "committed_file", "committed_grpo_split",
+    "RatioRange", "RolloutHeadline", "Roofline", "Spread", "Stacks", "StepRatio", "Turns", "add_roofline", "alternating_orders",
+    "bench_engine_config", "bottleneck", "build_parser", "check_results", "committed_engine_profile", "committed_file", "committed_grpo_split",
     "committed_grpo_step_targets", "committed_grpo_steps", "committed_grpo_table", "committed_host_work",
     "committed_rollout_headlines", "committed_rollout_table", "committed_smollm2_steps", "committed_targets",
-    "deferred_correction", "draw_lengths", "engine_probe", "extra_forwards", "get_bench_profile", "grpo_step_bench",
+    "deferred_correction", "draw_lengths", "engine_probe", "extra_forwards", "function_of", "get_bench_profile", "grpo_step_bench",
     "grpo_step_config", "interleaved_turns", "key_value", "load_results", "main", "measure_device", "median",
     "model_cost", "ragged_description", "ragged_model_dir", "rollout_bench", "roofline", "run_bench", "save_results",
     "seed_workload", "sequence_flops", "speedup_range", "step_ratio", "summary", "targets_markdown",

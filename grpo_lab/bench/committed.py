@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab.bench.results import SCHEMA, check_results, load_results, step_ratio
+from grpo_lab.bench.stacks import Stacks
 from grpo_lab.bench.roofline import DATASHEET_RATES, extra_forwards, model_cost, update_mfu
 from grpo_lab.bench.stats import RatioRange, Spread, median, speedup_range
 from grpo_lab.committed import Provenance, read_committed
@@ -34,6 +35,9 @@ COMMITTED = {
     "grpo step ragged interleaved": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged_interleaved_1"),
     "grpo step interleaved 4": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_4"),
     "grpo step ragged interleaved 2": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged_interleaved_2"),
+    "grpo step interleaved 5": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_5"),
+    "grpo step interleaved 6": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_6"),
+    "grpo step ragged interleaved 3": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged_interleaved_3"),
 }
 """The committed bench runs: key -> (folder under ``benchmarks/results``, file stem; ``.json`` and ``.png``)."""
 
@@ -186,18 +190,32 @@ GRPO_STEP_TARGETS = (
 MFU_TARGET = ("update MFU at least 35 %", 0.35)
 REPEAT_TARGET = "repeated runs of the same command: their GRPO-step ratio ranges overlap"
 INTERLEAVED_RUNS = ("grpo step interleaved 1", "grpo step interleaved 2", "grpo step interleaved 3",
-                    "grpo step interleaved 4")
+                    "grpo step interleaved 4", "grpo step interleaved 5", "grpo step interleaved 6")
 """One command (fixed lengths), the backends alternating step by step: runs 1 and 2 back to back on one machine, run 3
 on another machine of the same kind a session later, with flat log-probs (``trainer.extract_flat_logprobs``), run 4 on
 a third machine with the same engine timed in a fresh process beside it (``fresh_engine``) and the host's work per step
-(``host``)."""
-RAGGED_RUNS = ("grpo step ragged interleaved", "grpo step ragged interleaved 2")
+(``host``); runs 5 and 6 on a fourth machine, the device's memory cache kept between steps (no ``empty_cache`` at the
+hand-over), run 5 under py-spy (:data:`ENGINE_PROFILE`)."""
+RAGGED_RUNS = ("grpo step ragged interleaved", "grpo step ragged interleaved 2", "grpo step ragged interleaved 3")
 """The ragged-length step, the backends alternating step by step: run 2 with length-grouped micro-batches
-(``trainer.groups_by_length``), on run 4's machine."""
+(``trainer.groups_by_length``), on run 4's machine; run 3 also with the cache kept, on runs 5-6's machine."""
 RAGGED_RUN = RAGGED_RUNS[-1]
 """The ragged target's file: the newest ragged run."""
 ENGINE_RUN = "grpo step interleaved 4"
 """The engine target's file: the newest run that timed the trainer's engine against a fresh one on the same machine."""
+ENGINE_PROFILE = RESULTS_DIR / "h200" / "profile_vllm_generate_fixed_interleaved_5.txt"
+"""py-spy's samples (50 a second) inside vLLM's ``LLM.generate`` during the GRPO-step bench of ``grpo step interleaved
+5``, the trainer's engine in the trainer's thread, each stack cut to 12 frames below the call (:class:`Stacks`)."""
+ENGINE_PARTS = (
+    ("scheduling the next step (Scheduler.schedule)", "Scheduler.schedule ("),
+    ("recording each request's new token (Scheduler.update_from_output)", "Scheduler.update_from_output ("),
+    ("outputs for the caller (OutputProcessor.process_outputs)", "OutputProcessor.process_outputs ("),
+    ("  of which the sampled tokens' log-probs (LogprobsProcessor)", "LogprobsProcessor.update_from_output ("),
+    ("the model's forward on the device (execute_model)", "UniProcExecutor.execute_model ("),
+    ("sampling on the device (sample_tokens)", "UniProcExecutor.sample_tokens ("),
+)
+"""The parts of vLLM 0.26's engine step as :func:`committed_engine_profile` reports them: (label, the function whose
+inclusive samples it counts). The first five are separate calls of one step; the log-probs are inside the outputs."""
 
 
 def _overlap(ranges: list[RatioRange]) -> str:
@@ -342,6 +360,17 @@ def committed_host_work(folder: str | Path = RESULTS_DIR / "h200") -> list[dict[
                          "step s": round(step, 2), "host CPU s": round(cpu, 2), "CPU / step": round(cpu / step, 2),
                          "GC pause s": round(median(host["gc_pause_s"]), 3),
                          "driver allocations": round(median(host["driver_allocations"]))})
+    return rows
+
+
+def committed_engine_profile(path: str | Path = ENGINE_PROFILE) -> list[dict[str, Any]]:
+    """Where vLLM's generate spent the host's time inside the trainer (:data:`ENGINE_PROFILE`): each of
+    :data:`ENGINE_PARTS` as a share of the samples, then the rest of the engine's loop. Shares, not seconds: py-spy
+    missed some samples, and the ones it took are spread the same way."""
+    stacks = Stacks.read(path)
+    rows = [{"part": label, "share": stacks.share(function)} for label, function in ENGINE_PARTS]
+    counted = sum(row["share"] for row in rows if not row["part"].startswith(" "))
+    rows.append({"part": "the rest of the engine's loop", "share": 1.0 - counted})
     return rows
 
 

@@ -125,10 +125,11 @@ class VerlConfiguration:
 
 def smollm2_configurations(path: str | Path = VERL_RESULTS) -> dict[str, VerlConfiguration]:
     """The committed SmolLM2 runs of verl by phase name: ``smollm2`` (overrides chosen to fit a device call) and, where
-    it ran, ``smollm2_best`` (verl's own defaults and performance settings, ``run.py best_settings``)."""
+    they ran, ``smollm2_best`` (verl's own defaults and performance settings, ``run.py best_settings``) and
+    ``smollm2_best_padded`` (the same but padding removal off, a mistake of ``best_settings`` until 2026-12-02)."""
     body = read_committed(path)
     runs = {}
-    for name in ("smollm2", "smollm2_best"):
+    for name in ("smollm2", "smollm2_best_padded", "smollm2_best"):
         section = body.get(name)
         if not section or not section.get("timings", {}).get("median"):
             continue

@@ -50,10 +50,10 @@ python3 -m verl.trainer.main_ppo \
     trainer.device=cuda \
     trainer.n_gpus_per_node=1 \
     trainer.nnodes=1 \
-    trainer.total_training_steps=10 \
+    trainer.total_training_steps=8 \
     trainer.total_epochs=1 \
-    trainer.save_freq=10 \
-    trainer.test_freq=10 \
+    trainer.save_freq=8 \
+    trainer.test_freq=8 \
     trainer.critic_warmup=0 \
     'trainer.logger=[console]' \
     trainer.project_name=grpo_lab \
