@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import math
 import shutil
 import time
@@ -166,6 +167,26 @@ def extract_flat_logprobs(all_outputs: list, fallback: Callable[[list], tuple]) 
 
 
 @contextlib.contextmanager
+def collection_paused(paused: bool = True) -> Iterator[None]:
+    """While the block runs, Python's cyclic garbage collector waits (``gc.disable``), then resumes as it was.
+
+    Generation makes containers by the hundred thousand that all stay alive to the end of the step: vLLM's per-request
+    outputs, then TRL's nested lists of one log-prob and one token id per sampled token (512 × 256 of each on the
+    ``seed`` workload). Each few hundred of them start a young-generation collection that walks every survivor so far,
+    and their number sets off full collections over the whole heap, none of which frees anything. Memory cannot grow
+    past what the block itself makes: objects without cycles are still freed at once, and the first collection after
+    the block finds any cycle the block left."""
+    if not paused or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@contextlib.contextmanager
 def _flat_logprob_extraction() -> Iterator[None]:
     """While TRL generates: its ``extract_logprobs`` also reads the flat log-probs the colocated engine returns
     (:func:`colocated_sampling_arguments`), the same lists without a dict per token."""
@@ -266,8 +287,8 @@ class GRPOLabTrainer(GRPOTrainer):
     """TRL's GRPOTrainer, unchanged in what it computes. It adds timings, a NaN guard, reward errors that say what to
     do (and ``rewards/<name>/skipped`` counts), checkpoints renamed into place once complete, the CPU weight sync, and
     computes vLLM's importance-sampling correction from the loss's own forward where that is exact
-    (:func:`defers_correction`), and groups micro-batches by completion length, each cut to its longest, where that is
-    exact (:func:`groups_by_length`).
+    (:func:`defers_correction`), groups micro-batches by completion length, each cut to its longest, where that is
+    exact (:func:`groups_by_length`), and generates with the garbage collector paused (:func:`collection_paused`).
 
     ``engine_max_num_seqs``: the colocated engine decodes at least this many sequences at once (None: TRL's sizing,
     one generation batch; ``grpo_lab.train`` passes ``device.COLOCATED_MAX_NUM_SEQS``)."""
@@ -283,6 +304,8 @@ class GRPOLabTrainer(GRPOTrainer):
         """Compute vLLM's importance-sampling correction from the loss's forward (:func:`defers_correction`)."""
         self.length_grouping = groups_by_length(self.args)
         """Micro-batches of similar completion lengths, each cut to its longest (:func:`groups_by_length`)."""
+        self.pause_collection = True
+        """Generation runs with the garbage collector paused (:func:`collection_paused`)."""
         if self.use_vllm and self.vllm_generation.mode == "colocate":  # time vLLM's own calls inside _generate
             self._time_calls(self.vllm_generation.llm, "generate", "timing/vllm_generate_s")
             self._time_calls(self.vllm_generation, "sync_weights", "timing/weight_sync_s")
@@ -409,8 +432,10 @@ class GRPOLabTrainer(GRPOTrainer):
                 metrics[f"sampling/{name}/{stat}"].append(getattr(self.accelerator.gather(value), stat)().item())
 
     def _generate(self, prompts):
+        """TRL's, timed, reading flat log-probs (:func:`extract_flat_logprobs`), with the garbage collector paused
+        while ``pause_collection`` (:func:`collection_paused`)."""
         start = time.perf_counter()
-        with _flat_logprob_extraction():
+        with _flat_logprob_extraction(), collection_paused(self.pause_collection):
             result = super()._generate(prompts)
         self._metrics["train" if self.model.training else "eval"]["timing/generation_s"].append(
             time.perf_counter() - start)

@@ -91,6 +91,37 @@ def test_rows_are_grouped_by_length_only_when_the_gradient_cannot_tell(tmp_path,
     assert groups_by_length(args) is grouped
 
 
+def test_generation_runs_with_the_garbage_collector_paused_and_resumes_it_after(monkeypatch):
+    import gc
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    from grpo_lab.trainer import GRPOLabTrainer, collection_paused
+
+    seen = []
+    monkeypatch.setattr(GRPOTrainer, "_generate", lambda self, prompts: seen.append(gc.isenabled()) or ("ids",))
+    trainer = object.__new__(GRPOLabTrainer)  # only what _generate reads
+    trainer.model, trainer._metrics = SimpleNamespace(training=True), {"train": defaultdict(list)}
+    for paused in (True, False):
+        trainer.pause_collection = paused
+        assert trainer._generate(["a prompt"]) == ("ids",) and gc.isenabled()
+    assert seen == [False, True] and len(trainer._metrics["train"]["timing/generation_s"]) == 2
+    gc.disable()  # a caller who paused it already keeps it paused
+    try:
+        with collection_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    try:
+        with collection_paused():
+            raise KeyError("the block failed")
+    except KeyError:
+        assert gc.isenabled()
+
+
 def test_a_micro_batch_is_cut_to_its_longest_completion_and_rows_are_ordered_by_it():
     import torch
 

@@ -1,7 +1,8 @@
 """Time per GRPO step with one of GRPOLabTrainer's exact speed-ups switched on and off, step by step in one trainer:
 ``deferred_correction`` (vLLM's importance-sampling correction from the loss's own forward instead of TRL's no-grad
-forward, :func:`grpo_lab.trainer.defers_correction`) or ``length_grouping`` (micro-batches of similar completion
-lengths, each cut to its longest, :func:`grpo_lab.trainer.groups_by_length`). Both modes alternate after warm-up
+forward, :func:`grpo_lab.trainer.defers_correction`), ``length_grouping`` (micro-batches of similar completion
+lengths, each cut to its longest, :func:`grpo_lab.trainer.groups_by_length`) or ``pause_collection`` (generation with
+Python's garbage collector paused, :func:`grpo_lab.trainer.collection_paused`). Both modes alternate after warm-up
 steps, so they see the same machine load.
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/trainer_switches/run.py --switch deferred_correction \\
@@ -27,7 +28,12 @@ from grpo_lab.experiment import TrainConfig
 from grpo_lab.train import StepClock, build_trainer
 from grpo_lab.trainer import defers_correction, groups_by_length
 
-SWITCHES = {"deferred_correction": defers_correction, "length_grouping": groups_by_length}
+def always(args) -> bool:
+    """A switch that changes no number the trainer computes: exact for every configuration."""
+    return True
+
+
+SWITCHES = {"deferred_correction": defers_correction, "length_grouping": groups_by_length, "pause_collection": always}
 """Each switch (a GRPOLabTrainer attribute) and the condition under which the trainer turns it on by itself."""
 
 
