@@ -382,8 +382,8 @@ def test_committed_host_work_reads_the_host_counters_of_each_backend():
     rows = bench.committed_host_work()
     files = {r["file"] for r in rows}
     assert files == {bench.committed_file(key).name for key in (  # the files that recorded them
-        "grpo step interleaved 4", "grpo step interleaved 5", "grpo step interleaved 6", "grpo step ragged interleaved 2",
-        "grpo step ragged interleaved 3")}
+        "grpo step interleaved 4", "grpo step interleaved 5", "grpo step interleaved 6",
+        "grpo step ragged interleaved 2", "grpo step ragged interleaved 3")}
     data = bench.load_results(bench.committed_file("grpo step interleaved 4"))["grpo_step"]["backends"]["vllm"]
     row = next(r for r in rows if r["file"].endswith("_fixed_interleaved_4.json") and r["backend"] == "vllm")
     assert row["host CPU s"] == round(bench.median(data["host"]["host_cpu_s"]), 2)

@@ -15,12 +15,12 @@ Three measurements in one process, written to one results file:
    with torch, and from them the shortest time the workload could take (every decode step reads all weights
    and each sequence's KV cache; every token costs 2 FLOPs per weight), against which tokens/s are reported.
 
-The modules, from the bottom up: :mod:`~grpo_lab.bench.profiles` and :mod:`~grpo_lab.bench.stats` (spreads and
-ratio ranges), :mod:`~grpo_lab.bench.workload` and :mod:`~grpo_lab.bench.roofline`, py-spy's stacks (:mod:`~grpo_lab.bench.stacks`),
-the three measurements
-(:mod:`~grpo_lab.bench.rollout_bench`, :mod:`~grpo_lab.bench.grpo_step`, :mod:`~grpo_lab.bench.engine_probe`), the
-results file (:mod:`~grpo_lab.bench.results`), the committed runs' readers (:mod:`~grpo_lab.bench.committed`), the
-whole run (:mod:`~grpo_lab.bench.run`) and the command line (:mod:`~grpo_lab.bench.cli`).
+The modules, from the bottom up: :mod:`~grpo_lab.bench.profiles` and :mod:`~grpo_lab.bench.stats` (spreads and ratio
+ranges), :mod:`~grpo_lab.bench.workload` and :mod:`~grpo_lab.bench.roofline`, py-spy's stacks
+(:mod:`~grpo_lab.bench.stacks`), the three measurements (:mod:`~grpo_lab.bench.rollout_bench`,
+:mod:`~grpo_lab.bench.grpo_step`, :mod:`~grpo_lab.bench.engine_probe`), the results file
+(:mod:`~grpo_lab.bench.results`), the committed runs' readers (:mod:`~grpo_lab.bench.committed`), the whole run
+(:mod:`~grpo_lab.bench.run`) and the command line (:mod:`~grpo_lab.bench.cli`).
 
 From a shell (``--help`` lists every option)::
 
@@ -124,19 +124,19 @@ from grpo_lab.deprecation import moved_names
 
 __all__ = [
     "BENCH_PROFILES", "COMMITTED", "CONFIGS", "CONFIG_MEANING", "DATASHEET_RATES", "DEFAULT_PROFILE", "ENGINE_PARTS",
-    "ENGINE_PROFILE", "ENGINE_RUN",
-    "GRPO_STEP_TARGETS", "INTERLEAVED_RUNS", "RAGGED_RUN", "RAGGED_RUNS", "REPEAT_TARGET", "GRPO_WORKLOADS",
-    "MFU_TARGET", "MIN_RUNS", "OWN_LENGTHS", "PARTS", "PERFORMANCE_TARGETS", "PREFIX_OFF_MEANING", "PREFIX_OFF_MODES",
-    "RAGGED_MODES", "RAGGED_STOP_PROBABILITY", "REQUIRED_KEYS", "SCHEMA", "SEED_REFERENCE", "STEP_FIELDS", "STEP_SPLIT",
-    "VARIANTS", "BenchError", "BenchProfile", "DeviceRates", "HostCounters", "Measurement", "ModelCost", "Provenance",
-    "RatioRange", "RolloutHeadline", "Roofline", "Spread", "Stacks", "StepRatio", "Turns", "add_roofline", "alternating_orders",
-    "bench_engine_config", "bottleneck", "build_parser", "check_results", "committed_engine_profile", "committed_file", "committed_grpo_split",
+    "ENGINE_PROFILE", "ENGINE_RUN", "GRPO_STEP_TARGETS", "INTERLEAVED_RUNS", "RAGGED_RUN", "RAGGED_RUNS",
+    "REPEAT_TARGET", "GRPO_WORKLOADS", "MFU_TARGET", "MIN_RUNS", "OWN_LENGTHS", "PARTS", "PERFORMANCE_TARGETS",
+    "PREFIX_OFF_MEANING", "PREFIX_OFF_MODES", "RAGGED_MODES", "RAGGED_STOP_PROBABILITY", "REQUIRED_KEYS", "SCHEMA",
+    "SEED_REFERENCE", "STEP_FIELDS", "STEP_SPLIT", "VARIANTS", "BenchError", "BenchProfile", "DeviceRates",
+    "HostCounters", "Measurement", "ModelCost", "Provenance", "RatioRange", "RolloutHeadline", "Roofline", "Spread",
+    "Stacks", "StepRatio", "Turns", "add_roofline", "alternating_orders", "bench_engine_config", "bottleneck",
+    "build_parser", "check_results", "committed_engine_profile", "committed_file", "committed_grpo_split",
     "committed_grpo_step_targets", "committed_grpo_steps", "committed_grpo_table", "committed_host_work",
     "committed_rollout_headlines", "committed_rollout_table", "committed_smollm2_steps", "committed_targets",
-    "deferred_correction", "draw_lengths", "engine_probe", "extra_forwards", "function_of", "get_bench_profile", "grpo_step_bench",
-    "grpo_step_config", "interleaved_turns", "key_value", "load_results", "main", "measure_device", "median",
-    "model_cost", "ragged_description", "ragged_model_dir", "rollout_bench", "roofline", "run_bench", "save_results",
-    "seed_workload", "sequence_flops", "speedup_range", "step_ratio", "summary", "targets_markdown",
+    "deferred_correction", "draw_lengths", "engine_probe", "extra_forwards", "function_of", "get_bench_profile",
+    "grpo_step_bench", "grpo_step_config", "interleaved_turns", "key_value", "load_results", "main", "measure_device",
+    "median", "model_cost", "ragged_description", "ragged_model_dir", "rollout_bench", "roofline", "run_bench",
+    "save_results", "seed_workload", "sequence_flops", "speedup_range", "step_ratio", "summary", "targets_markdown",
     "trl_engine_settings", "update_mfu", "workload_roofline",
 ]
 

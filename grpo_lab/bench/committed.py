@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab.bench.results import SCHEMA, check_results, load_results, step_ratio
-from grpo_lab.bench.stacks import Stacks
 from grpo_lab.bench.roofline import DATASHEET_RATES, extra_forwards, model_cost, update_mfu
+from grpo_lab.bench.stacks import Stacks
 from grpo_lab.bench.stats import RatioRange, Spread, median, speedup_range
 from grpo_lab.committed import Provenance, read_committed
 from grpo_lab.errors import ConfigError

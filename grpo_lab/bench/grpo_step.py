@@ -1,15 +1,15 @@
 """The GRPO step benchmark: TRL's ``GRPOTrainer`` with HF generate and with vLLM colocate on the same workload, the
 backends interleaved step by step, each step split into generation, reward and update.
 
-**How the backends interleave.** Both trainers are built once and stay alive; each runs ``trainer.train()`` in its
-own thread, and a baton (:class:`Turns`) lets exactly one of them run one whole optimizer step at a time, in the order
-of :func:`interleaved_turns`: every backend's warm-up steps first, then hf, vllm, hf, vllm, ... The vLLM trainer runs
-in the main thread, where its engine was built (CUDA streams and graphs are per thread). The device's memory cache
-stays as a step leaves it, as it does between the steps of one run (the bench emptied it at every hand-over until
-2026-12-02: then every step asked the driver for its memory again, ~300 times, which no single run does). Rebuilding a trainer per step would time start-up, not steps; running the backends one
-after the other (as the bench did up to 0.2.0) put any drift of the machine between them into the ratio. This design runs on
-the CPU tiny model and on one GPU when both trainers fit beside vLLM's share (``vllm_gpu_memory_utilization``, which
-``--train-option`` can lower).
+**How the backends interleave.** Both trainers are built once and stay alive; each runs ``trainer.train()`` in its own
+thread, and a baton (:class:`Turns`) lets exactly one of them run one whole optimizer step at a time, in the order of
+:func:`interleaved_turns`: every backend's warm-up steps first, then hf, vllm, hf, vllm, ... The vLLM trainer runs in
+the main thread, where its engine was built (CUDA streams and graphs are per thread). The device's memory cache stays
+as a step leaves it, as it does between the steps of one run (the bench emptied it at every hand-over until
+2026-12-02: then every step asked the driver for its memory again, ~300 times, which no single run does). Rebuilding a
+trainer per step would time start-up, not steps; running the backends one after the other (as the bench did up to
+0.2.0) put any drift of the machine between them into the ratio. This design runs on the CPU tiny model and on one GPU
+when both trainers fit beside vLLM's share (``vllm_gpu_memory_utilization``, which ``--train-option`` can lower).
 """
 
 from __future__ import annotations
