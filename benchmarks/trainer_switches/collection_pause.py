@@ -48,7 +48,7 @@ def read_like_trl(outputs: list) -> list:
 
 
 class Pauses:
-    """The collector's pauses, summed while ``active``."""
+    """The collector's pauses and collections, summed from the last reset (``seconds``, ``collections``)."""
 
     def __init__(self) -> None:
         self.seconds, self.collections, self._start = 0.0, 0, 0.0
