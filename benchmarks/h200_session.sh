@@ -77,6 +77,16 @@ job() {
     grpo-ragged5) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
                     --grpo-backends hf,vllm --grpo-workload ragged --out "$out" \
                     --name grpo_step_seed_qwen2.5-0.5b_ragged ;;
+    # session 9: the same with vLLM's importance-sampling correction off (the loss HF generate's path computes): the
+    # colocated engine samples without log-probs (grpo_lab.trainer.reads_sampling_logprobs)
+    grpo-fixed-nocorr)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
+                          --grpo-backends hf,vllm --grpo-workload fixed \
+                          --train-option vllm_importance_sampling_correction=false --out "$out" \
+                          --name grpo_step_seed_qwen2.5-0.5b_fixed_nocorrection ;;
+    grpo-ragged-nocorr) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
+                          --grpo-backends hf,vllm --grpo-workload ragged \
+                          --train-option vllm_importance_sampling_correction=false --out "$out" \
+                          --name grpo_step_seed_qwen2.5-0.5b_ragged_nocorrection ;;
     # verl at its own settings with padding removal on (best_settings() fixed after session 7)
     verl-best)    python3 benchmarks/verl/run.py env smollm2-best --smollm2-steps 8 --smollm2-save-freq 8 \
                     --skip-val-before --continue-from benchmarks/verl/results.json \

@@ -74,6 +74,9 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
     TrlName("method", "trl.generation.vllm_generation.VLLMGeneration", "sync_weights", "the engine lent to evaluation"),
     *(TrlName("attribute", "trl.generation.vllm_generation.VLLMGeneration", name, "the engine lent to evaluation")
       for name in ("llm", "mode", "enable_sleep_mode", "_llm_weights_sleeping")),
+    TrlName("attribute", "trl.generation.vllm_generation.VLLMGeneration", "logprobs",
+            "no sampled-token log-probs where nothing reads them"),
+    TrlName("attribute", "trl.GRPOTrainer", "rollout_func", "when the sampled-token log-probs can be skipped"),
     TrlName("attribute", "trl.GRPOTrainer", "vllm_importance_sampling_correction", "the deferred correction"),
     TrlName("attribute", "trl.GRPOTrainer", "vllm_importance_sampling_mode", "the correction's formula"),
     TrlName("attribute", "trl.GRPOTrainer", "vllm_importance_sampling_clip_min", "the correction's formula"),
@@ -92,7 +95,7 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
         "vllm_server_base_url", "beta", "loss_type", "scale_rewards", "reward_weights", "use_vllm", "vllm_mode",
         "vllm_group_port", "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_enable_sleep_mode",
         "use_liger_kernel", "generation_kwargs", "dataloader_num_workers", "steps_per_generation", "num_iterations",
-        "top_entropy_quantile", "vllm_importance_sampling_correction")),
+        "top_entropy_quantile", "vllm_importance_sampling_correction", "off_policy_mask_threshold")),
     TrlName("not_config", "trl.GRPOConfig", "max_prompt_length",
             "TRL 1.16 has none and never truncates prompts: grpo_lab checks prompt lengths itself "
             "(experiment.check_prompt_lengths) and sizes vLLM with vllm_max_model_length"),
@@ -187,6 +190,19 @@ def collection_paused(paused: bool = True) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _no_sampling_logprobs(generation: Any) -> Iterator[None]:
+    """While TRL generates: the colocated engine (``generation``, TRL's ``VLLMGeneration``) samples without log-probs,
+    and TRL's ``extract_logprobs`` hands back an empty list per sequence (TRL indexes them before it looks)."""
+    requested, extract = generation.logprobs, vllm_generation.extract_logprobs
+    generation.logprobs = None
+    vllm_generation.extract_logprobs = lambda outputs: ([[] for request in outputs for _ in request.outputs], None)
+    try:
+        yield
+    finally:
+        generation.logprobs, vllm_generation.extract_logprobs = requested, extract
+
+
+@contextlib.contextmanager
 def _flat_logprob_extraction() -> Iterator[None]:
     """While TRL generates: its ``extract_logprobs`` also reads the flat log-probs the colocated engine returns
     (:func:`colocated_sampling_arguments`), the same lists without a dict per token."""
@@ -212,6 +228,16 @@ def defers_correction(args: Any, tools: bool = False) -> bool:
     generate_every = args.steps_per_generation * args.num_iterations
     return bool(args.use_vllm and args.vllm_importance_sampling_correction and not tools
                 and args.gradient_accumulation_steps % generate_every == 0)
+
+
+def reads_sampling_logprobs(args: Any, tools: bool = False) -> bool:
+    """Whether a trainer with ``args`` (a ``GRPOConfig``) reads the log-prob vLLM returns with each sampled token
+    (TRL 1.16 asks for it on every rollout): for the importance-sampling correction, the off-policy mask
+    (``off_policy_mask_threshold``), VESPO's loss, or the tool-call loop that extends them. Otherwise they are thrown
+    away, and the engine need not compute them (in a fresh process on the H200, vLLM's generate took 4.0 s with them
+    and 3.5 s without on fixed lengths, 2.4 and 1.6 s on ragged ones: ``../shared/gpu/probes/README.md``)."""
+    return bool(not args.use_vllm or args.vllm_importance_sampling_correction or tools or args.loss_type == "vespo"
+                or args.off_policy_mask_threshold is not None)
 
 
 ROW_ORDER_FREE_LOSSES = ("dapo", "cispo", "dr_grpo", "grpo")
@@ -288,7 +314,8 @@ class GRPOLabTrainer(GRPOTrainer):
     do (and ``rewards/<name>/skipped`` counts), checkpoints renamed into place once complete, the CPU weight sync, and
     computes vLLM's importance-sampling correction from the loss's own forward where that is exact
     (:func:`defers_correction`), groups micro-batches by completion length, each cut to its longest, where that is
-    exact (:func:`groups_by_length`), and generates with the garbage collector paused (:func:`collection_paused`).
+    exact (:func:`groups_by_length`), generates with the garbage collector paused (:func:`collection_paused`) and
+    without the sampled tokens' log-probs where nothing reads them (:func:`reads_sampling_logprobs`).
 
     ``engine_max_num_seqs``: the colocated engine decodes at least this many sequences at once (None: TRL's sizing,
     one generation batch; ``grpo_lab.train`` passes ``device.COLOCATED_MAX_NUM_SEQS``)."""
@@ -306,6 +333,11 @@ class GRPOLabTrainer(GRPOTrainer):
         """Micro-batches of similar completion lengths, each cut to its longest (:func:`groups_by_length`)."""
         self.pause_collection = True
         """Generation runs with the garbage collector paused (:func:`collection_paused`)."""
+        self.sampling_logprobs = bool(reads_sampling_logprobs(self.args, bool(self.tools)) or self.rollout_func
+                                      or not (self.use_vllm and self.vllm_generation.mode == "colocate"))
+        """The colocated engine returns each sampled token's log-prob (False only where nothing reads it:
+        :func:`reads_sampling_logprobs`); without them TRL's batch has no ``sampling_per_token_logps``, as with HF
+        generate."""
         if self.use_vllm and self.vllm_generation.mode == "colocate":  # time vLLM's own calls inside _generate
             self._time_calls(self.vllm_generation.llm, "generate", "timing/vllm_generate_s")
             self._time_calls(self.vllm_generation, "sync_weights", "timing/weight_sync_s")
@@ -432,11 +464,14 @@ class GRPOLabTrainer(GRPOTrainer):
                 metrics[f"sampling/{name}/{stat}"].append(getattr(self.accelerator.gather(value), stat)().item())
 
     def _generate(self, prompts):
-        """TRL's, timed, reading flat log-probs (:func:`extract_flat_logprobs`), with the garbage collector paused
-        while ``pause_collection`` (:func:`collection_paused`)."""
+        """TRL's, timed, reading flat log-probs (:func:`extract_flat_logprobs`), or none without
+        ``sampling_logprobs``, with the garbage collector paused while ``pause_collection`` (:func:`collection_paused`)."""
         start = time.perf_counter()
-        with _flat_logprob_extraction(), collection_paused(self.pause_collection):
+        logprobs = _flat_logprob_extraction() if self.sampling_logprobs else _no_sampling_logprobs(self.vllm_generation)
+        with logprobs, collection_paused(self.pause_collection):
             result = super()._generate(prompts)
+        if not self.sampling_logprobs:  # TRL 1.16's (prompt_ids, completion_ids, tool_mask, completions, logprobs, ...)
+            result = (*result[:4], None, *result[5:])
         self._metrics["train" if self.model.training else "eval"]["timing/generation_s"].append(
             time.perf_counter() - start)
         return result

@@ -72,6 +72,33 @@ def test_the_correction_comes_from_the_loss_forward_only_when_that_is_exact(tmp_
     assert defers_correction(args, tools=True) is False
 
 
+@pytest.mark.parametrize("changes, read", [
+    ({}, True),  # TRL's default: the importance-sampling correction reads them
+    ({"vllm_importance_sampling_correction": False}, False),
+    ({"vllm_importance_sampling_correction": False, "off_policy_mask_threshold": 0.5}, True),
+    ({"vllm_importance_sampling_correction": False, "loss_type": "vespo"}, True),
+    ({"vllm_importance_sampling_correction": False, "use_vllm": False}, True),  # HF generate: not vLLM's to skip
+])
+def test_vllm_samples_without_log_probs_only_where_nothing_reads_them(tmp_path, changes, read):
+    from trl import GRPOConfig
+
+    from grpo_lab.trainer import reads_sampling_logprobs
+
+    args = GRPOConfig(**{"output_dir": str(tmp_path), "use_vllm": True, "per_device_train_batch_size": 8,
+                         "num_generations": 4, "use_cpu": True, "report_to": "none", **changes})
+    assert reads_sampling_logprobs(args) is read
+    assert reads_sampling_logprobs(args, tools=True) is True  # TRL's tool loop extends them
+
+
+def test_the_correction_switch_reaches_trl(tmp_path):
+    config = T.TrainConfig(profile="tiny", output_dir=str(tmp_path / "run"),
+                           vllm_importance_sampling_correction=False).resolve(CPU)
+    assert T.grpo_args(config, use_vllm=True).vllm_importance_sampling_correction is False
+    assert T.grpo_args(T.TrainConfig(profile="tiny", output_dir=str(tmp_path / "r")).resolve(CPU),
+                       use_vllm=True).vllm_importance_sampling_correction is True  # TRL's default stays
+    assert "vllm_importance_sampling_correction" in config.describe()
+
+
 @pytest.mark.parametrize("changes, grouped", [
     ({}, False),  # TRL's defaults: one micro-batch per generation, already as wide as its longest completion
     ({"gradient_accumulation_steps": 4}, True),  # four micro-batches of one generation, one optimizer step (dapo)
@@ -104,6 +131,7 @@ def test_generation_runs_with_the_garbage_collector_paused_and_resumes_it_after(
     monkeypatch.setattr(GRPOTrainer, "_generate", lambda self, prompts: seen.append(gc.isenabled()) or ("ids",))
     trainer = object.__new__(GRPOLabTrainer)  # only what _generate reads
     trainer.model, trainer._metrics = SimpleNamespace(training=True), {"train": defaultdict(list)}
+    trainer.sampling_logprobs = True
     for paused in (True, False):
         trainer.pause_collection = paused
         assert trainer._generate(["a prompt"]) == ("ids",) and gc.isenabled()

@@ -220,6 +220,55 @@ def test_length_grouping_gives_trls_gradient_from_fewer_columns(one_step, monkey
         torch.testing.assert_close(gradient, trl_gradients[name], rtol=1e-4, atol=1e-7, msg=name)
 
 
+def test_without_the_correction_vllm_samples_no_log_probs_and_the_loss_never_read_them(one_step, monkeypatch):
+    """grpo_lab.trainer.reads_sampling_logprobs: with vLLM's importance-sampling correction off, TRL still asks the
+    engine for every sampled token's log-prob and throws it away. grpo_lab's trainer asks for none: the engine's
+    outputs carry none, the batch has no ``sampling_per_token_logps`` (as with HF generate), and the loss and every
+    gradient of a batch that has them equal those of the same batch without them."""
+    import torch
+
+    from grpo_lab.trainer import reads_sampling_logprobs
+
+    result, _, _, _ = one_step
+    trainer = result.trainer
+    monkeypatch.setattr(trainer.args, "vllm_importance_sampling_correction", False)
+    monkeypatch.setattr(trainer, "vllm_importance_sampling_correction", False)
+    monkeypatch.setattr(trainer, "deferred_correction", False)
+    assert trainer.sampling_logprobs and not reads_sampling_logprobs(trainer.args)
+    llm, seen = trainer.vllm_generation.llm, []
+    generate = llm.generate
+    monkeypatch.setattr(llm, "generate", lambda *args, **kwargs: seen.append(generate(*args, **kwargs)) or seen[-1])
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    rows = [trainer.train_dataset[i] for i in range(2) for _ in range(4)]
+    with_logprobs = trainer._generate_and_score_completions(rows)
+    monkeypatch.setattr(trainer, "sampling_logprobs", False)
+    without = trainer._generate_and_score_completions(rows)
+    assert [all(o.logprobs is not None for r in s for o in r.outputs) for s in seen] == [True, False]
+    assert trainer.vllm_generation.logprobs == 0  # TRL's own request is back after the call
+    assert "sampling_per_token_logps" in with_logprobs and "sampling_per_token_logps" not in without
+    assert without["completion_ids"].shape[0] == 8 and without["completion_mask"].sum() > 0
+
+    def loss_and_gradients(inputs):
+        trainer.model.zero_grad()
+        torch.manual_seed(0)
+        loss = trainer._compute_loss(trainer.model, inputs)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+    try:
+        loss, gradients = loss_and_gradients(with_logprobs)
+        stripped = {k: v for k, v in with_logprobs.items() if k != "sampling_per_token_logps"}
+        same_loss, same_gradients = loss_and_gradients(stripped)
+        loss_and_gradients(without)  # a batch sampled without them trains
+    finally:
+        trainer.model.zero_grad()
+    torch.testing.assert_close(same_loss, loss, rtol=0, atol=0)
+    assert gradients.keys() == same_gradients.keys() and gradients
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(same_gradients[name], gradient, rtol=0, atol=0, msg=name)
+
+
 def test_trl_stock_sync_fails_on_vllm_cpu(one_step):
     """Why the layer exists (runs last: the failed load leaves the engine half-updated)."""
     from trl.generation.vllm_generation import VLLMGeneration

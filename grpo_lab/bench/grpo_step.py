@@ -246,10 +246,11 @@ def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, bac
             out["backends"][backend] = _step_summary(clocks[backend].seconds, loggers[backend].records, profile,
                                                      trainers[backend].backend_reason, hosts[backend].steps)
             out["backends"][backend]["settings"] = {key: getattr(configs[backend], key) for key in (
-                "gradient_checkpointing", "use_liger_kernel", "bf16", "vllm_gpu_memory_utilization", "beta")}
+                "gradient_checkpointing", "use_liger_kernel", "bf16", "vllm_gpu_memory_utilization", "beta",
+                "vllm_importance_sampling_correction")}
             settings = out["backends"][backend]["settings"]
-            settings["deferred_correction"] = trainers[backend].deferred_correction
-            settings["length_grouping"] = trainers[backend].length_grouping
+            for switch in ("deferred_correction", "length_grouping", "pause_collection", "sampling_logprobs"):
+                settings[switch] = getattr(trainers[backend], switch)
         del trainers
         out["model_dir"] = str(model)
         out["max_prompt_length"] = longest

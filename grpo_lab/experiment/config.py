@@ -91,6 +91,11 @@ class TrainConfig:
     """Sampling temperature of the rollouts; default the profile's (1.0 on the tiny model, 0.7 on a real one)."""
     top_p: float = 1.0
     use_vllm: bool | None = None
+    vllm_importance_sampling_correction: bool = True
+    """Weigh the loss by ``π_θ / π_vLLM`` (TRL's correction for the gap between vLLM's numerics and the trainer's;
+    by default per sequence, a sequence whose ratio exceeds 3 left out). Off: the loss HF generate's path computes,
+    and the colocated engine samples without log-probs (``grpo_lab.trainer.reads_sampling_logprobs``). The
+    synchronous trainer's; the asynchronous one has no correction."""
     vllm_mode: str = "colocate"
     """``"colocate"``: vLLM inside the trainer process; ``"server"``: a vLLM server on other devices
     (``grpo_lab.scale`` starts it and fills the three fields below)."""
@@ -390,6 +395,7 @@ class TrainConfig:
             "scale_rewards": "advantage = (reward - group mean) / group std",
             "max_steps": "optimizer steps",
             "use_vllm": f"rollouts with vLLM (vllm_mode={self.vllm_mode!r}) instead of HF generate",
+            "vllm_importance_sampling_correction": "with vLLM: tokens weighed by pi_theta / pi_vLLM (TRL's correction)",
             "vllm_gpu_memory_utilization": "vLLM's share of the device (planned in notebook 04)",
             "bf16": "bf16 autocast (weights stay fp32)",
             "use_peft": f"LoRA adapters (r={self.lora_r}, alpha={self.lora_alpha}) instead of every weight",
