@@ -95,6 +95,12 @@ job() {
     switch-length) GRPO_LAB_MODEL=/tmp/grpo-smollm2/model python3 benchmarks/trainer_switches/run.py \
                      --switch length_grouping --profile gpu --steps 16 \
                      --set per_device_train_batch_size=32 --set gradient_accumulation_steps=4 ;;
+    # session 9: vLLM's sampled-token log-probs on and off step by step in one trainer, the bench's 0.5B shape and
+    # 512 completions of 256 tokens per step, the correction off (nothing reads them then)
+    switch-logprobs) python3 benchmarks/trainer_switches/run.py --switch sampling_logprobs --profile gpu \
+                       --shape qwen2.5-0.5b --steps 8 --set vllm_importance_sampling_correction=false \
+                       --set num_generations=4 --set per_device_train_batch_size=128 \
+                       --set gradient_accumulation_steps=4 --set max_completion_length=256 ;;
     *)        echo "unknown job $1"; return 2 ;;
   esac
 }

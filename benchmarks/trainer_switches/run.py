@@ -1,9 +1,10 @@
 """Time per GRPO step with one of GRPOLabTrainer's exact speed-ups switched on and off, step by step in one trainer:
 ``deferred_correction`` (vLLM's importance-sampling correction from the loss's own forward instead of TRL's no-grad
 forward, :func:`grpo_lab.trainer.defers_correction`), ``length_grouping`` (micro-batches of similar completion
-lengths, each cut to its longest, :func:`grpo_lab.trainer.groups_by_length`) or ``pause_collection`` (generation with
-Python's garbage collector paused, :func:`grpo_lab.trainer.collection_paused`). Both modes alternate after warm-up
-steps, so they see the same machine load.
+lengths, each cut to its longest, :func:`grpo_lab.trainer.groups_by_length`), ``pause_collection`` (generation with
+Python's garbage collector paused, :func:`grpo_lab.trainer.collection_paused`) or ``sampling_logprobs`` (vLLM returns
+each sampled token's log-prob; off only where nothing reads it, :func:`grpo_lab.trainer.reads_sampling_logprobs`).
+Both modes alternate after warm-up steps, so they see the same machine load.
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/trainer_switches/run.py --switch deferred_correction \\
         --steps 16 [--profile tiny] [--set gradient_accumulation_steps=4 ...]
@@ -26,14 +27,21 @@ from grpo_lab.bench.cli import key_value
 from grpo_lab.device import Machine
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.train import StepClock, build_trainer
-from grpo_lab.trainer import defers_correction, groups_by_length
+from grpo_lab.rollout.compare import shaped_model_dir
+from grpo_lab.trainer import defers_correction, groups_by_length, reads_sampling_logprobs
 
 def always(args) -> bool:
     """A switch that changes no number the trainer computes: exact for every configuration."""
     return True
 
 
-SWITCHES = {"deferred_correction": defers_correction, "length_grouping": groups_by_length, "pause_collection": always}
+def nothing_reads_sampling_logprobs(args) -> bool:
+    """``sampling_logprobs`` may be off: nothing reads them (``--set vllm_importance_sampling_correction=false``)."""
+    return not reads_sampling_logprobs(args)
+
+
+SWITCHES = {"deferred_correction": defers_correction, "length_grouping": groups_by_length, "pause_collection": always,
+            "sampling_logprobs": nothing_reads_sampling_logprobs}
 """Each switch (a GRPOLabTrainer attribute) and the condition under which the trainer turns it on by itself."""
 
 
@@ -64,13 +72,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16, help="measured steps, half each mode")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--profile", default="tiny")
+    parser.add_argument("--shape", help="random weights of this architecture (the bench's qwen2.5-0.5b, ...) "
+                                        "instead of the profile's model")
     parser.add_argument("--set", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                         help="a TrainConfig field (e.g. gradient_accumulation_steps=4)")
     args = parser.parse_args()
     machine = Machine.detect()
     with tempfile.TemporaryDirectory() as run_dir:
         fields = {"use_vllm": True, **dict(args.set)}  # vLLM colocate unless --set use_vllm=false
-        config = TrainConfig(profile=args.profile, max_steps=args.warmup + args.steps, output_dir=run_dir,
+        if args.shape:
+            fields["model"] = str(shaped_model_dir(args.shape, f"{run_dir}/model", random_weights=True))
+        config = TrainConfig(profile=args.profile, max_steps=args.warmup + args.steps, output_dir=f"{run_dir}/run",
                              save_steps=10**6, live_plot=False, **fields).resolve(machine)
         clock, alternate = StepClock(machine.kind, keep_checkpoints=False), Alternate(args.switch)
         host = HostCounters(machine.kind)
