@@ -293,7 +293,8 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
     assert all(0 < r["update MFU"] < 1 for r in rows)
     targets = bench.committed_grpo_step_targets(RESULTS_DIR / "h200")
     assert [t["target"] for t in targets[:3]] == [t[0] for t in bench.GRPO_STEP_TARGETS]
-    assert [t["target"] for t in targets[3:]] == [bench.MFU_TARGET[0], bench.REPEAT_TARGET]
+    assert [t["target"] for t in targets[3:]] == [bench.MFU_TARGET[0], bench.REPEAT_TARGET,
+                                                  *(t[0] for t in bench.LOW_END_TARGETS)]
     ragged = bench.step_ratio(bench.load_results(bench.committed_file(bench.RAGGED_RUN))["grpo_step"])
     assert ragged.is_claim and targets[2]["measured"] == ragged.describe()  # the interleaved ragged file
     assert targets[2]["verdict"] == ragged.verdict(bench.GRPO_STEP_TARGETS[2][1])
@@ -317,7 +318,8 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
                                         "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_3.json: met; "
                                         "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_4.json: met; "
                                         "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_5.json: met; "
-                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_6.json: met")
+                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_6.json: met; "
+                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_7.json: met")
     assert again[4]["verdict"] == "missed", "1.92..2.75 and 3.12..3.67 do not overlap"
 
 
@@ -383,7 +385,8 @@ def test_committed_host_work_reads_the_host_counters_of_each_backend():
     files = {r["file"] for r in rows}
     assert files == {bench.committed_file(key).name for key in (  # the files that recorded them
         "grpo step interleaved 4", "grpo step interleaved 5", "grpo step interleaved 6",
-        "grpo step ragged interleaved 2", "grpo step ragged interleaved 3")}
+        "grpo step ragged interleaved 2", "grpo step ragged interleaved 3", "grpo step interleaved 7",
+        *bench.NO_CORRECTION_RUNS)}
     data = bench.load_results(bench.committed_file("grpo step interleaved 4"))["grpo_step"]["backends"]["vllm"]
     row = next(r for r in rows if r["file"].endswith("_fixed_interleaved_4.json") and r["backend"] == "vllm")
     assert row["host CPU s"] == round(bench.median(data["host"]["host_cpu_s"]), 2)

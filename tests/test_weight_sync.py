@@ -53,6 +53,17 @@ def one_step(tmp_path_factory):
     gc.collect()
 
 
+def loss_and_gradients(trainer, inputs):
+    """The trainer's loss on ``inputs`` (dropout seeded) and every parameter's gradient from it."""
+    import torch
+
+    trainer.model.zero_grad()
+    torch.manual_seed(0)
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
 def gap(result, prompt_ids, completion_ids):
     trainer = result.trainer
     return weight_sync.logprob_gap(trainer.model, trainer.vllm_generation.llm, prompt_ids, completion_ids)
@@ -137,18 +148,11 @@ def test_deferred_correction_equals_trls_and_saves_the_old_logprob_forward(one_s
         assert forwards == [False]  # the old log-probs' no-grad forward
         assert {"old_per_token_logps", "importance_sampling_ratio"} <= set(batch)
 
-        def loss_and_gradients(inputs):
-            trainer.model.zero_grad()
-            torch.manual_seed(0)
-            loss = trainer._compute_loss(trainer.model, inputs)
-            loss.backward()
-            return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-
-        trl_loss, trl_gradients = loss_and_gradients(batch)
+        trl_loss, trl_gradients = loss_and_gradients(trainer, batch)
         trainer.deferred_correction = True
         inputs = {k: v for k, v in batch.items() if k not in ("old_per_token_logps", "importance_sampling_ratio")}
         forwards.clear()
-        loss, gradients = loss_and_gradients(inputs)
+        loss, gradients = loss_and_gradients(trainer, inputs)
     finally:
         trainer.deferred_correction = True
     assert forwards == [True]  # only the loss's own forward
@@ -249,18 +253,11 @@ def test_without_the_correction_vllm_samples_no_log_probs_and_the_loss_never_rea
     assert "sampling_per_token_logps" in with_logprobs and "sampling_per_token_logps" not in without
     assert without["completion_ids"].shape[0] == 8 and without["completion_mask"].sum() > 0
 
-    def loss_and_gradients(inputs):
-        trainer.model.zero_grad()
-        torch.manual_seed(0)
-        loss = trainer._compute_loss(trainer.model, inputs)
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-
     try:
-        loss, gradients = loss_and_gradients(with_logprobs)
+        loss, gradients = loss_and_gradients(trainer, with_logprobs)
         stripped = {k: v for k, v in with_logprobs.items() if k != "sampling_per_token_logps"}
-        same_loss, same_gradients = loss_and_gradients(stripped)
-        loss_and_gradients(without)  # a batch sampled without them trains
+        same_loss, same_gradients = loss_and_gradients(trainer, stripped)
+        loss_and_gradients(trainer, without)  # a batch sampled without them trains
     finally:
         trainer.model.zero_grad()
     torch.testing.assert_close(same_loss, loss, rtol=0, atol=0)

@@ -38,6 +38,9 @@ COMMITTED = {
     "grpo step interleaved 5": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_5"),
     "grpo step interleaved 6": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_6"),
     "grpo step ragged interleaved 3": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged_interleaved_3"),
+    "grpo step interleaved 7": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_7"),
+    "grpo step fixed no correction": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_nocorrection"),
+    "grpo step ragged no correction": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged_nocorrection"),
 }
 """The committed bench runs: key -> (folder under ``benchmarks/results``, file stem; ``.json`` and ``.png``)."""
 
@@ -190,15 +193,29 @@ GRPO_STEP_TARGETS = (
 MFU_TARGET = ("update MFU at least 35 %", 0.35)
 REPEAT_TARGET = "repeated runs of the same command: their GRPO-step ratio ranges overlap"
 INTERLEAVED_RUNS = ("grpo step interleaved 1", "grpo step interleaved 2", "grpo step interleaved 3",
-                    "grpo step interleaved 4", "grpo step interleaved 5", "grpo step interleaved 6")
+                    "grpo step interleaved 4", "grpo step interleaved 5", "grpo step interleaved 6",
+                    "grpo step interleaved 7")
 """One command (fixed lengths), the backends alternating step by step: runs 1 and 2 back to back on one machine, run 3
 on another machine of the same kind a session later, with flat log-probs (``trainer.extract_flat_logprobs``), run 4 on
 a third machine with the same engine timed in a fresh process beside it (``fresh_engine``) and the host's work per step
 (``host``); runs 5 and 6 on a fourth machine, the device's memory cache kept between steps (no ``empty_cache`` at the
-hand-over), run 5 under py-spy (:data:`ENGINE_PROFILE`)."""
+hand-over), run 5 under py-spy (:data:`ENGINE_PROFILE`); run 7 on a fifth machine, generation with the garbage collector
+paused (``trainer.collection_paused``), beside :data:`NO_CORRECTION_RUNS`."""
+NO_CORRECTION_RUNS = ("grpo step fixed no correction", "grpo step ragged no correction")
+"""The step with vLLM's importance-sampling correction off (``TrainConfig.vllm_importance_sampling_correction``): the
+loss HF generate's path computes, the colocated engine sampling without log-probs
+(``trainer.reads_sampling_logprobs``). Fixed and ragged lengths, on run 7's machine, just before it."""
 RAGGED_RUNS = ("grpo step ragged interleaved", "grpo step ragged interleaved 2", "grpo step ragged interleaved 3")
 """The ragged-length step, the backends alternating step by step: run 2 with length-grouped micro-batches
 (``trainer.groups_by_length``), on run 4's machine; run 3 also with the cache kept, on runs 5-6's machine."""
+LOW_END_TARGETS = (
+    ("GRPO step's low end, fixed lengths: vLLM colocate at least 1.6x HF generate (issue 26)", 1.6,
+     (*INTERLEAVED_RUNS, NO_CORRECTION_RUNS[0])),
+    ("GRPO step's low end, ragged lengths: vLLM colocate at least 2x HF generate (issue 26)", 2.0,
+     (*RAGGED_RUNS, NO_CORRECTION_RUNS[1])),
+)
+"""Issue 26's targets for the ratio's conservative end: (what, threshold, the runs it is read from, each with its own
+verdict)."""
 RAGGED_RUN = RAGGED_RUNS[-1]
 """The ragged target's file: the newest ragged run."""
 ENGINE_RUN = "grpo step interleaved 4"
@@ -245,7 +262,7 @@ def committed_grpo_step_targets(folder: str | Path = RESULTS_DIR / "h200") -> li
              "verdict": _verdicts(runs, fixed_threshold)},
             {"target": ragged_what, "measured": ragged.describe(), "verdict": ragged.verdict(ragged_threshold)}]
     files = {committed_file(key, folder).name
-             for key in ("grpo step fixed", "grpo step ragged", *INTERLEAVED_RUNS, *RAGGED_RUNS)}
+             for key in ("grpo step fixed", "grpo step ragged", *INTERLEAVED_RUNS, *RAGGED_RUNS, *NO_CORRECTION_RUNS)}
     split = [r for r in committed_grpo_split(folder) if r["file"] in files]
     mfu = max(r["update MFU"] for r in split)
     rows.append({"target": MFU_TARGET[0], "measured": f"{mfu:.1%} at best (" + ", ".join(
@@ -254,6 +271,11 @@ def committed_grpo_step_targets(folder: str | Path = RESULTS_DIR / "h200") -> li
                  "verdict": "met" if mfu >= MFU_TARGET[1] else "missed"})
     rows.append({"target": REPEAT_TARGET, "measured": " and ".join(
         f"{ratio.low:.2f}x..{ratio.high:.2f}x" for _, ratio in runs), "verdict": _overlap([r for _, r in runs])})
+    for target, threshold, keys in LOW_END_TARGETS:
+        ratios = [(committed_file(key, folder).name, step_ratio(load_results(committed_file(key, folder))["grpo_step"]))
+                  for key in keys]
+        rows.append({"target": target, "measured": "; ".join(f"{name}: {ratio.describe()}" for name, ratio in ratios),
+                     "verdict": _verdicts(ratios, threshold)})
     return rows
 
 
