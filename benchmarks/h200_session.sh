@@ -87,6 +87,17 @@ job() {
                           --grpo-backends hf,vllm --grpo-workload ragged \
                           --train-option vllm_importance_sampling_correction=false --out "$out" \
                           --name grpo_step_seed_qwen2.5-0.5b_ragged_nocorrection ;;
+    # session 10: the fixed step (TRL's default, correction on) with the whole generation batch in 4 micro-batches of
+    # 128 instead of 16 of 32, vLLM's share lowered to make room (the planner: 72 GiB training peak at 128, vLLM's
+    # KV cache needs 2.4 GiB for the step's 512 x 384 tokens)
+    grpo-fixed-mb128) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
+                        --grpo-backends hf,vllm --grpo-workload fixed --per-device-train-batch-size 128 \
+                        --train-option vllm_gpu_memory_utilization=0.25 --out "$out" \
+                        --name grpo_step_seed_qwen2.5-0.5b_fixed_mb128 ;;
+    grpo-fixed-mb64)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
+                        --grpo-backends hf,vllm --grpo-workload fixed --per-device-train-batch-size 64 \
+                        --train-option vllm_gpu_memory_utilization=0.45 --out "$out" \
+                        --name grpo_step_seed_qwen2.5-0.5b_fixed_mb64 ;;
     # verl at its own settings with padding removal on (best_settings() fixed after session 7)
     verl-best)    python3 benchmarks/verl/run.py env smollm2-best --smollm2-steps 8 --smollm2-save-freq 8 \
                     --skip-val-before --continue-from benchmarks/verl/results.json \

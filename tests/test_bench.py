@@ -14,6 +14,7 @@ import pytest
 from grpo_lab import bench
 from grpo_lab.bench import DeviceRates, ModelCost, roofline
 from grpo_lab.bench.grpo_step import _step_summary
+from grpo_lab.paths import RESULTS_DIR
 from grpo_lab.rollout import RolloutConfig, Sampling, load_tokenizer
 from grpo_lab.rollout.engine import check_completion_lengths
 
@@ -254,6 +255,21 @@ def test_update_mfu_counts_model_flops_of_forward_backward_and_extra_forwards():
     assert bench.extra_forwards("hf", 0.0) == 0
     # the correction taken from the loss's own forward (grpo_lab.trainer.defers_correction): no old log-prob pass
     assert bench.extra_forwards("vllm", 0.04, deferred_correction=True) == 1
+    # the correction off: TRL 1.16 computes no old log-probs when one generation feeds one optimizer step
+    assert bench.extra_forwards("vllm", 0.04, importance_sampling_correction=False) == 1
+
+
+def test_committed_mfu_counts_no_old_forward_where_the_correction_was_off():
+    """Session 9's file with the correction off was first reported at 28.1 % with an old-log-prob forward TRL never
+    ran; the split counts the forwards from the recorded settings."""
+    rows = {(r["file"], r["backend"]): r for r in bench.committed_grpo_split()}
+    off = rows[("grpo_step_seed_qwen2.5-0.5b_fixed_nocorrection.json", "vllm")]
+    on = rows[("grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_7.json", "vllm")]
+    data = json.loads((RESULTS_DIR / "h200" / "grpo_step_seed_qwen2.5-0.5b_fixed_nocorrection.json").read_text())
+    block = data["grpo_step"]["backends"]["vllm"]
+    assert block["settings"]["vllm_importance_sampling_correction"] is False
+    assert off["update MFU"] == pytest.approx(block["mfu"]["mfu"] * 4 / 5, abs=1e-3)  # 3 + reference, not 3 + 2
+    assert on["update MFU"] < 0.25 and off["update MFU"] < 0.25
 
 
 def test_committed_numbers_are_read_from_their_files():

@@ -342,7 +342,7 @@ def committed_grpo_split(folder: str | Path = RESULTS_DIR / "h200") -> list[dict
     """One row per committed GRPO-step result and backend: the median step, its split (what the trainer timed; the
     files written before the split existed have only generation / reward / update), and the update's MFU against the
     H200's dense bf16 peak, computed the same way for every file (:func:`update_mfu`, the gpu profile's beta, the
-    forwards the trainer ran: :func:`deferred_correction`)."""
+    forwards the trainer ran: :func:`deferred_correction`, and no old log-probs with the correction off)."""
     rows = []
     peak = DATASHEET_RATES["NVIDIA H200"].matmul_flops_per_s
     for path, data in _bench_files(folder):
@@ -356,12 +356,13 @@ def committed_grpo_split(folder: str | Path = RESULTS_DIR / "h200") -> list[dict
             m = block["median"]
             beta = block.get("settings", {}).get("beta", 0.04)
             deferred = deferred_correction(block, name, data["created"])
+            correction = block.get("settings", {}).get("vllm_importance_sampling_correction", True)  # TRL's default
             row = {"file": path.name, "workload": step.get("workload", "fixed"), "backend": name,
                    **{key.removesuffix("_s"): round(value, 2) for key, value in m.items() if key.endswith("_s")},
                    "tokens": round(m["mean_completion_tokens"]),
                    "vs hf": round(hf / m["step_s"], 2) if hf else None,
                    "update MFU": round(update_mfu(block, cost, prompt, step["completions_per_step"], peak,
-                                                  extra_forwards(name, beta, deferred))["mfu"], 3)}
+                                                  extra_forwards(name, beta, deferred, correction))["mfu"], 3)}
             rows.append(row)
     return rows
 

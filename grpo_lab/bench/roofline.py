@@ -223,8 +223,11 @@ def update_mfu(step: dict[str, Any], cost: ModelCost, prompt_tokens: float, comp
             "extra_forwards": extra_forwards}
 
 
-def extra_forwards(backend: str, beta: float, deferred_correction: bool = False) -> int:
-    """No-grad forwards TRL adds before the update: old log-probs when vLLM samples (its importance-sampling
-    correction; HF generate with steps_per_generation = accumulation steps needs none, and neither does a trainer that
-    takes the correction from the loss's own forward, ``deferred_correction``) and the reference (beta > 0)."""
-    return int(backend == "vllm" and not deferred_correction) + int(beta > 0)
+def extra_forwards(backend: str, beta: float, deferred_correction: bool = False,
+                   importance_sampling_correction: bool = True) -> int:
+    """No-grad forwards TRL adds before the update when one generation feeds one optimizer step (every bench step):
+    old log-probs when vLLM samples with its importance-sampling correction on (TRL skips them with the correction
+    off, and HF generate needs none; neither does a trainer that takes the correction from the loss's own forward,
+    ``deferred_correction``) and the reference (beta > 0)."""
+    old = backend == "vllm" and importance_sampling_correction and not deferred_correction
+    return int(old) + int(beta > 0)

@@ -120,7 +120,8 @@ def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None
                 if peak:
                     block["mfu"] = update_mfu(block, cost, step["max_prompt_length"], profile.sequences, peak,
                                               extra_forwards(name, block["settings"]["beta"],
-                                                             block["settings"]["deferred_correction"]))
+                                                             block["settings"]["deferred_correction"],
+                                                             block["settings"]["vllm_importance_sampling_correction"]))
             if probe is not None and "vllm" in step["backends"]:
                 in_trainer = step["backends"]["vllm"]["median"].get("vllm_generate_s", float("nan"))
                 step["fresh_engine"] = {**probe, "in_trainer_vs_fresh": in_trainer / probe["median_s"]}
