@@ -286,9 +286,11 @@ def test_committed_numbers_are_read_from_their_files():
     assert large.provenance.device == "NVIDIA H200" and "--shape qwen2.5-1.5b" in large.provenance.command
     targets = bench.committed_targets(RESULTS_DIR / "h200", BENCHMARKS_DIR / "grpo_smollm2")
     assert [t["target"] for t in targets] == [t[0] for t in bench.PERFORMANCE_TARGETS]
-    # the committed rollout files have 3 repeats per config and the step files 2 steps, run one backend after the
-    # other: no claim, whatever the medians say
-    assert targets[0]["verdict"] == "3 runs each: no spread, not a claim"
+    # the 1.5B rollout file has 3 repeats per config and the first step files 2 steps, run one backend after the
+    # other: no claim, whatever the medians say; the 0.5B rollout's newest file (5 repeats) gets a verdict
+    assert targets[0]["verdict"] == "qwen2.5-0.5b: missed; qwen2.5-1.5b: 3 runs each: no spread, not a claim"
+    small = bench.committed_ragged_headlines(RESULTS_DIR / "h200")["qwen2.5-0.5b"]
+    assert small.provenance.path.name == "bench_seed_qwen2.5-0.5b_repeats5.json" and small.speedup.is_claim
     assert "2 runs each, not interleaved: no spread, not a claim" in targets[1]["verdict"]
     assert "0.98x" in targets[1]["measured"] and "5.8" in targets[0]["measured"]
 
@@ -309,15 +311,19 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
     assert all(0 < r["update MFU"] < 1 for r in rows)
     targets = bench.committed_grpo_step_targets(RESULTS_DIR / "h200")
     assert [t["target"] for t in targets[:3]] == [t[0] for t in bench.GRPO_STEP_TARGETS]
-    assert [t["target"] for t in targets[3:]] == [bench.MFU_TARGET[0], bench.REPEAT_TARGET,
+    assert [t["target"] for t in targets[3:]] == [bench.MFU_TARGET[0], bench.VLLM_MFU_TARGET[0], bench.REPEAT_TARGET,
                                                   *(t[0] for t in bench.LOW_END_TARGETS)]
+    best = max(r["update MFU"] for r in rows if r["backend"] == "vllm" and r["workload"] == "fixed")
+    assert targets[4]["measured"].startswith(f"{best:.1%} at best")
+    assert targets[4]["verdict"] == ("met" if best >= bench.VLLM_MFU_TARGET[1] else "missed")
     ragged = bench.step_ratio(bench.load_results(bench.committed_file(bench.RAGGED_RUN))["grpo_step"])
     assert ragged.is_claim and targets[2]["measured"] == ragged.describe()  # the interleaved ragged file
     assert targets[2]["verdict"] == ragged.verdict(bench.GRPO_STEP_TARGETS[2][1])
     runs = [bench.step_ratio(bench.load_results(bench.committed_file(key))["grpo_step"])
             for key in bench.INTERLEAVED_RUNS]
     assert all(r.is_claim for r in runs) and f"range {runs[0].low:.2f}x..{runs[0].high:.2f}x" in targets[1]["measured"]
-    assert " and ".join(f"{r.low:.2f}x..{r.high:.2f}x" for r in runs) == targets[4]["measured"]
+    assert targets[5]["measured"].startswith(
+        "micro-batches of 32: " + " and ".join(f"{r.low:.2f}x..{r.high:.2f}x" for r in runs) + "; micro-batches of 128: ")
     # the fixed-length verdict and the overlap, from made-up interleaved files: a verdict from each low end
     for path in (RESULTS_DIR / "h200").glob("grpo_step_seed_qwen2.5-0.5b*.json"):
         shutil.copy(path, tmp_path / path.name)
@@ -336,7 +342,8 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
                                         "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_5.json: met; "
                                         "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_6.json: met; "
                                         "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_7.json: met")
-    assert again[4]["verdict"] == "missed", "1.92..2.75 and 3.12..3.67 do not overlap"
+    assert again[5]["verdict"] == "micro-batches of 32: missed; micro-batches of 128: met", (
+        "1.92..2.75 and 3.12..3.67 do not overlap; the two committed runs in micro-batches of 128 do")
 
 
 def test_a_ratio_range_pairs_the_extremes_and_its_verdict_uses_the_conservative_end():
@@ -402,7 +409,7 @@ def test_committed_host_work_reads_the_host_counters_of_each_backend():
     assert files == {bench.committed_file(key).name for key in (  # the files that recorded them
         "grpo step interleaved 4", "grpo step interleaved 5", "grpo step interleaved 6",
         "grpo step ragged interleaved 2", "grpo step ragged interleaved 3", "grpo step interleaved 7",
-        *bench.NO_CORRECTION_RUNS)}
+        "grpo step ragged interleaved 4", *bench.NO_CORRECTION_RUNS, *bench.MICRO_BATCH_RUNS)}
     data = bench.load_results(bench.committed_file("grpo step interleaved 4"))["grpo_step"]["backends"]["vllm"]
     row = next(r for r in rows if r["file"].endswith("_fixed_interleaved_4.json") and r["backend"] == "vllm")
     assert row["host CPU s"] == round(bench.median(data["host"]["host_cpu_s"]), 2)

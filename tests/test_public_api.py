@@ -102,6 +102,10 @@ MOVED = [
     *[("grpo_lab.vllm_cpu_sync", name, f"grpo_lab.weight_sync.{name}") for name in (
         "install", "logprob_gap", "needs_cpu_sync", "repack_tied_lm_head", "sync_weights_via_reload",
         "trainer_logprobs", "vllm_logprobs", "vllm_runs_on_cpu")],
+    *[("grpo_lab.bench.committed", name, f"grpo_lab.bench.targets.{name}") for name in (
+        "GRPO_STEP_TARGETS", "MFU_TARGET", "REPEAT_TARGET", "INTERLEAVED_RUNS", "NO_CORRECTION_RUNS", "RAGGED_RUNS",
+        "LOW_END_TARGETS", "RAGGED_RUN", "ENGINE_RUN", "PERFORMANCE_TARGETS", "committed_grpo_step_targets",
+        "committed_targets", "targets_markdown")],
 ]
 
 

@@ -19,8 +19,9 @@ The modules, from the bottom up: :mod:`~grpo_lab.bench.profiles` and :mod:`~grpo
 ranges), :mod:`~grpo_lab.bench.workload` and :mod:`~grpo_lab.bench.roofline`, py-spy's stacks
 (:mod:`~grpo_lab.bench.stacks`), the three measurements (:mod:`~grpo_lab.bench.rollout_bench`,
 :mod:`~grpo_lab.bench.grpo_step`, :mod:`~grpo_lab.bench.engine_probe`), the results file
-(:mod:`~grpo_lab.bench.results`), the committed runs' readers (:mod:`~grpo_lab.bench.committed`), the whole run
-(:mod:`~grpo_lab.bench.run`) and the command line (:mod:`~grpo_lab.bench.cli`).
+(:mod:`~grpo_lab.bench.results`), the committed runs' readers (:mod:`~grpo_lab.bench.committed`), the project's
+targets for those runs and their verdicts (:mod:`~grpo_lab.bench.targets`), the whole run (:mod:`~grpo_lab.bench.run`)
+and the command line (:mod:`~grpo_lab.bench.cli`).
 
 From a shell (``--help`` lists every option)::
 
@@ -38,32 +39,20 @@ from grpo_lab.bench.committed import (
     COMMITTED,
     ENGINE_PARTS,
     ENGINE_PROFILE,
-    ENGINE_RUN,
-    GRPO_STEP_TARGETS,
-    INTERLEAVED_RUNS,
-    LOW_END_TARGETS,
-    NO_CORRECTION_RUNS,
-    MFU_TARGET,
-    PERFORMANCE_TARGETS,
-    RAGGED_RUN,
-    RAGGED_RUNS,
-    REPEAT_TARGET,
     Provenance,
     RolloutHeadline,
     StepRatio,
     committed_engine_profile,
     committed_file,
     committed_grpo_split,
-    committed_grpo_step_targets,
     committed_grpo_steps,
     committed_grpo_table,
     committed_host_work,
+    committed_ragged_headlines,
     committed_rollout_headlines,
     committed_rollout_table,
     committed_smollm2_steps,
-    committed_targets,
     deferred_correction,
-    targets_markdown,
 )
 from grpo_lab.bench.engine_probe import engine_probe, trl_engine_settings
 from grpo_lab.bench.grpo_step import (
@@ -115,6 +104,23 @@ from grpo_lab.bench.roofline import (
 from grpo_lab.bench.run import SEED_REFERENCE, run_bench
 from grpo_lab.bench.stacks import Stacks, function_of
 from grpo_lab.bench.stats import MIN_RUNS, RatioRange, Spread, alternating_orders, median, speedup_range
+from grpo_lab.bench.targets import (
+    ENGINE_RUN,
+    GRPO_STEP_TARGETS,
+    INTERLEAVED_RUNS,
+    LOW_END_TARGETS,
+    MFU_TARGET,
+    MICRO_BATCH_RUNS,
+    NO_CORRECTION_RUNS,
+    PERFORMANCE_TARGETS,
+    RAGGED_RUN,
+    RAGGED_RUNS,
+    REPEAT_TARGET,
+    VLLM_MFU_TARGET,
+    committed_grpo_step_targets,
+    committed_targets,
+    targets_markdown,
+)
 from grpo_lab.bench.workload import (
     RAGGED_STOP_PROBABILITY,
     draw_lengths,
@@ -127,7 +133,7 @@ from grpo_lab.deprecation import moved_names
 __all__ = [
     "BENCH_PROFILES", "COMMITTED", "CONFIGS", "CONFIG_MEANING", "DATASHEET_RATES", "DEFAULT_PROFILE", "ENGINE_PARTS",
     "ENGINE_PROFILE", "ENGINE_RUN", "GRPO_STEP_TARGETS", "INTERLEAVED_RUNS", "LOW_END_TARGETS", "NO_CORRECTION_RUNS",
-    "RAGGED_RUN", "RAGGED_RUNS",
+    "MICRO_BATCH_RUNS", "RAGGED_RUN", "RAGGED_RUNS", "VLLM_MFU_TARGET",
     "REPEAT_TARGET", "GRPO_WORKLOADS", "MFU_TARGET", "MIN_RUNS", "OWN_LENGTHS", "PARTS", "PERFORMANCE_TARGETS",
     "PREFIX_OFF_MEANING", "PREFIX_OFF_MODES", "RAGGED_MODES", "RAGGED_STOP_PROBABILITY", "REQUIRED_KEYS", "SCHEMA",
     "SEED_REFERENCE", "STEP_FIELDS", "STEP_SPLIT", "VARIANTS", "BenchError", "BenchProfile", "DeviceRates",
@@ -135,7 +141,7 @@ __all__ = [
     "Stacks", "StepRatio", "Turns", "add_roofline", "alternating_orders", "bench_engine_config", "bottleneck",
     "build_parser", "check_results", "committed_engine_profile", "committed_file", "committed_grpo_split",
     "committed_grpo_step_targets", "committed_grpo_steps", "committed_grpo_table", "committed_host_work",
-    "committed_rollout_headlines", "committed_rollout_table", "committed_smollm2_steps", "committed_targets",
+    "committed_ragged_headlines", "committed_rollout_headlines", "committed_rollout_table", "committed_smollm2_steps", "committed_targets",
     "deferred_correction", "draw_lengths", "engine_probe", "extra_forwards", "function_of", "get_bench_profile",
     "grpo_step_bench", "grpo_step_config", "interleaved_turns", "key_value", "load_results", "main", "measure_device",
     "median", "model_cost", "ragged_description", "ragged_model_dir", "rollout_bench", "roofline", "run_bench",

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from grpo_lab import runs
-from grpo_lab.bench.committed import targets_markdown
+from grpo_lab.bench.targets import targets_markdown
 from grpo_lab.bench.engine_probe import run_engine_probe
 from grpo_lab.bench.profiles import (
     BENCH_PROFILES,

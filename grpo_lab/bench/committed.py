@@ -1,7 +1,8 @@
 """Readers of the committed bench results (``benchmarks/results/``): each returns small typed records or rows with
 the file's provenance (command, date, device), and every ratio with its range; a ratio from too few runs, or from
 backends that did not alternate, is reported as no claim rather than given a verdict (:class:`~grpo_lab.bench.stats.
-RatioRange`). Every committed bench file is named once, in :data:`COMMITTED`."""
+RatioRange`). Every committed bench file is named once, in :data:`COMMITTED`. The project's targets for these files,
+and their verdicts, are in :mod:`grpo_lab.bench.targets`."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.bench.results import SCHEMA, check_results, load_results, step_ratio
+from grpo_lab.bench.results import SCHEMA, check_results, step_ratio
 from grpo_lab.bench.roofline import DATASHEET_RATES, extra_forwards, model_cost, update_mfu
 from grpo_lab.bench.stacks import Stacks
 from grpo_lab.bench.stats import RatioRange, Spread, median, speedup_range
 from grpo_lab.committed import Provenance, read_committed
+from grpo_lab.deprecation import moved_names
 from grpo_lab.errors import ConfigError
 from grpo_lab.paths import RESULTS_DIR
 from grpo_lab.results import SMOLLM2_DIR, smollm2_run
@@ -41,6 +43,12 @@ COMMITTED = {
     "grpo step interleaved 7": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_7"),
     "grpo step fixed no correction": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_nocorrection"),
     "grpo step ragged no correction": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged_nocorrection"),
+    "grpo step fixed micro-batch 128": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_mb128"),
+    "grpo step ragged interleaved 4": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged_interleaved_4"),
+    "grpo step ragged no correction 2": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged_nocorrection_2"),
+    "rollout 0.5b 5 repeats": ("h200", "bench_seed_qwen2.5-0.5b_repeats5"),
+    "grpo step fixed micro-batch 64": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_mb64"),
+    "grpo step fixed micro-batch 128 2": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_mb128_2"),
 }
 """The committed bench runs: key -> (folder under ``benchmarks/results``, file stem; ``.json`` and ``.png``)."""
 
@@ -184,42 +192,17 @@ def committed_rollout_headlines(folder: str | Path = RESULTS_DIR / "h200") -> li
     return rows
 
 
-GRPO_STEP_TARGETS = (
-    ("vLLM generate inside the trainer at most 1.2x the same engine in a fresh process", 1.2, "<="),
-    ("GRPO step, fixed lengths: vLLM colocate at least 2x HF generate", 2.0, ">="),
-    ("GRPO step, ragged lengths: vLLM colocate at least 3.3x HF generate (the write-up's ratio)", 3.3, ">="),
-)
-"""The targets set for the colocated GRPO step on one H200: (what, threshold, how the ratio must compare)."""
-MFU_TARGET = ("update MFU at least 35 %", 0.35)
-REPEAT_TARGET = "repeated runs of the same command: their GRPO-step ratio ranges overlap"
-INTERLEAVED_RUNS = ("grpo step interleaved 1", "grpo step interleaved 2", "grpo step interleaved 3",
-                    "grpo step interleaved 4", "grpo step interleaved 5", "grpo step interleaved 6",
-                    "grpo step interleaved 7")
-"""One command (fixed lengths), the backends alternating step by step: runs 1 and 2 back to back on one machine, run 3
-on another machine of the same kind a session later, with flat log-probs (``trainer.extract_flat_logprobs``), run 4 on
-a third machine with the same engine timed in a fresh process beside it (``fresh_engine``) and the host's work per step
-(``host``); runs 5 and 6 on a fourth machine, the device's memory cache kept between steps (no ``empty_cache`` at the
-hand-over), run 5 under py-spy (:data:`ENGINE_PROFILE`); run 7 on a fifth machine, generation with the garbage collector
-paused (``trainer.collection_paused``), beside :data:`NO_CORRECTION_RUNS`."""
-NO_CORRECTION_RUNS = ("grpo step fixed no correction", "grpo step ragged no correction")
-"""The step with vLLM's importance-sampling correction off (``TrainConfig.vllm_importance_sampling_correction``): the
-loss HF generate's path computes, the colocated engine sampling without log-probs
-(``trainer.reads_sampling_logprobs``). Fixed and ragged lengths, on run 7's machine, just before it."""
-RAGGED_RUNS = ("grpo step ragged interleaved", "grpo step ragged interleaved 2", "grpo step ragged interleaved 3")
-"""The ragged-length step, the backends alternating step by step: run 2 with length-grouped micro-batches
-(``trainer.groups_by_length``), on run 4's machine; run 3 also with the cache kept, on runs 5-6's machine."""
-LOW_END_TARGETS = (
-    ("GRPO step's low end, fixed lengths: vLLM colocate at least 1.6x HF generate (issue 26)", 1.6,
-     (*INTERLEAVED_RUNS, NO_CORRECTION_RUNS[0])),
-    ("GRPO step's low end, ragged lengths: vLLM colocate at least 2x HF generate (issue 26)", 2.0,
-     (*RAGGED_RUNS, NO_CORRECTION_RUNS[1])),
-)
-"""Issue 26's targets for the ratio's conservative end: (what, threshold, the runs it is read from, each with its own
-verdict)."""
-RAGGED_RUN = RAGGED_RUNS[-1]
-"""The ragged target's file: the newest ragged run."""
-ENGINE_RUN = "grpo step interleaved 4"
-"""The engine target's file: the newest run that timed the trainer's engine against a fresh one on the same machine."""
+def committed_ragged_headlines(folder: str | Path = RESULTS_DIR / "h200") -> dict[str, RolloutHeadline]:
+    """The ragged-length headline of each model from its newest committed rollout file (a model re-run with more
+    repeats keeps its older file beside the new one)."""
+    newest: dict[str, RolloutHeadline] = {}
+    for row in committed_rollout_headlines(folder):
+        if row.variant == "ragged" and (row.model not in newest
+                                        or row.provenance.date > newest[row.model].provenance.date):
+            newest[row.model] = row
+    return newest
+
+
 ENGINE_PROFILE = RESULTS_DIR / "h200" / "profile_vllm_generate_fixed_interleaved_5.txt"
 """py-spy's samples (50 a second) inside vLLM's ``LLM.generate`` during the GRPO-step bench of ``grpo step interleaved
 5``, the trainer's engine in the trainer's thread, each stack cut to 12 frames below the call (:class:`Stacks`)."""
@@ -233,95 +216,6 @@ ENGINE_PARTS = (
 )
 """The parts of vLLM 0.26's engine step as :func:`committed_engine_profile` reports them: (label, the function whose
 inclusive samples it counts). The first five are separate calls of one step; the log-probs are inside the outputs."""
-
-
-def _overlap(ranges: list[RatioRange]) -> str:
-    """``met`` when every range shares a stretch with every other, else ``missed``; no verdict from a non-claim."""
-    not_claims = [r.caveat() for r in ranges if not r.is_claim]
-    if not_claims:
-        return not_claims[0]
-    return "met" if max(r.low for r in ranges) <= min(r.high for r in ranges) else "missed"
-
-
-def committed_grpo_step_targets(folder: str | Path = RESULTS_DIR / "h200") -> list[dict[str, str]]:
-    """Each of :data:`GRPO_STEP_TARGETS`, :data:`MFU_TARGET` and :data:`REPEAT_TARGET` with what the committed step
-    files measured and a verdict from the ratio's conservative end, or why the files make no claim. Fixed lengths:
-    the interleaved runs (:data:`INTERLEAVED_RUNS`), each with its own verdict where they differ; ragged lengths:
-    :data:`RAGGED_RUN`."""
-    fixed = load_results(committed_file(ENGINE_RUN, folder))["grpo_step"]
-    fresh = fixed["fresh_engine"]
-    in_trainer = fixed["backends"]["vllm"]["vllm_generate_s"]
-    # separate processes at separate times: never interleaved
-    engine = speedup_range(in_trainer, fresh["generate_s"], interleaved=False)
-    runs = [(committed_file(key, folder).name, step_ratio(load_results(committed_file(key, folder))["grpo_step"]))
-            for key in INTERLEAVED_RUNS]
-    (what, threshold, how), (fixed_what, fixed_threshold, _), (ragged_what, ragged_threshold, _) = GRPO_STEP_TARGETS
-    ragged = step_ratio(load_results(committed_file(RAGGED_RUN, folder))["grpo_step"])
-    rows = [{"target": what, "measured": engine.describe(), "verdict": engine.verdict(threshold, how)},
-            {"target": fixed_what, "measured": "; ".join(f"{name}: {ratio.describe()}" for name, ratio in runs),
-             "verdict": _verdicts(runs, fixed_threshold)},
-            {"target": ragged_what, "measured": ragged.describe(), "verdict": ragged.verdict(ragged_threshold)}]
-    files = {committed_file(key, folder).name
-             for key in ("grpo step fixed", "grpo step ragged", *INTERLEAVED_RUNS, *RAGGED_RUNS, *NO_CORRECTION_RUNS)}
-    split = [r for r in committed_grpo_split(folder) if r["file"] in files]
-    mfu = max(r["update MFU"] for r in split)
-    rows.append({"target": MFU_TARGET[0], "measured": f"{mfu:.1%} at best (" + ", ".join(
-        f"{r['file'].removeprefix('grpo_step_seed_qwen2.5-0.5b_').removesuffix('.json')} {r['backend']} "
-        f"{r['update MFU']:.1%}" for r in split) + "; median steps)",
-                 "verdict": "met" if mfu >= MFU_TARGET[1] else "missed"})
-    rows.append({"target": REPEAT_TARGET, "measured": " and ".join(
-        f"{ratio.low:.2f}x..{ratio.high:.2f}x" for _, ratio in runs), "verdict": _overlap([r for _, r in runs])})
-    for target, threshold, keys in LOW_END_TARGETS:
-        ratios = [(committed_file(key, folder).name, step_ratio(load_results(committed_file(key, folder))["grpo_step"]))
-                  for key in keys]
-        rows.append({"target": target, "measured": "; ".join(f"{name}: {ratio.describe()}" for name, ratio in ratios),
-                     "verdict": _verdicts(ratios, threshold)})
-    return rows
-
-
-PERFORMANCE_TARGETS = (
-    ("ragged rollout: vLLM at least 6x HF generate", 6.0, "x"),
-    ("GRPO step at least 4x faster with vLLM colocate", 4.0, "x"),
-    ("1.5B rollout within 3x of the roofline time", 3.0, "x roofline"),
-)
-"""The targets the project set itself for the H200 runs: (what, threshold, unit)."""
-
-
-def _verdicts(ratios: list[tuple[str, RatioRange]], threshold: float) -> str:
-    verdicts = {what: ratio.verdict(threshold) for what, ratio in ratios}
-    if len(set(verdicts.values())) == 1:
-        return next(iter(verdicts.values()))
-    return "; ".join(f"{what}: {verdict}" for what, verdict in verdicts.items())
-
-
-def committed_targets(results_dir: str | Path = RESULTS_DIR / "h200",
-                      smollm2_dir: str | Path = SMOLLM2_DIR) -> list[dict[str, str]]:
-    """Each of :data:`PERFORMANCE_TARGETS` with what the committed files measured (ratios with their ranges) and a
-    verdict from the conservative end, or why the files make no claim."""
-    rollout, step, roofline = PERFORMANCE_TARGETS
-    ragged = {row.model: row for row in committed_rollout_headlines(results_dir) if row.variant == "ragged"}
-    rows = [{"target": rollout[0], "measured": "; ".join(f"{m}, {r.best}: {r.speedup.describe()}"
-                                                         for m, r in ragged.items()),
-             "verdict": _verdicts([(m, r.speedup) for m, r in ragged.items()], rollout[1])}]
-    steps = [(s.provenance.file, s.ratio) for s in committed_grpo_steps(results_dir)]
-    smollm2 = committed_smollm2_steps(smollm2_dir)
-    steps.append((f"SmolLM2-135M steps {smollm2['steps'][0]}-{smollm2['steps'][1]}", smollm2["speedup_range"]))
-    rows.append({"target": step[0], "measured": "; ".join(f"{what}: {ratio.describe()}" for what, ratio in steps),
-                 "verdict": _verdicts(steps, step[1])})
-    large = [r for m, r in ragged.items() if "1.5b" in m]
-    rows.append({"target": roofline[0],
-                 "measured": ", ".join(f"{r.x_roofline:.1f}x the roofline time ({r.best}, median)"
-                                       for r in large) or "-",
-                 "verdict": ("met" if any(r.x_roofline <= roofline[1] for r in large) else "missed") if large
-                 else "not measured"})
-    return rows
-
-
-def targets_markdown() -> str:
-    """Every target with its measurement and verdict as one Markdown table (``benchmarks/results/README.md``)."""
-    rows = committed_targets() + committed_grpo_step_targets()
-    return "\n".join(["| target | measured | verdict |", "|---|---|---|",
-                      *(f"| {r['target']} | {r['measured']} | {r['verdict']} |" for r in rows)])
 
 
 DEFERRED_CORRECTION_SINCE = datetime(2026, 12, 1, 17, 56, 18, tzinfo=timezone.utc)
@@ -414,3 +308,9 @@ def committed_smollm2_steps(folder: str | Path = SMOLLM2_DIR, first: int = 3, la
             "speedup": hf["step_s"] / vllm["step_time"],
             "speedup_range": speedup_range([hf["step_s"]], [r["step_time"] for r in window], interleaved=False),
             "vllm_run_step_s": vllm_run["step_s"], "vllm_run_steps": vllm_run["steps"], "device": run.device}
+
+
+__getattr__ = moved_names(__name__, moved={name: f"grpo_lab.bench.targets:{name}" for name in (
+    "GRPO_STEP_TARGETS", "MFU_TARGET", "REPEAT_TARGET", "INTERLEAVED_RUNS", "NO_CORRECTION_RUNS", "RAGGED_RUNS",
+    "LOW_END_TARGETS", "RAGGED_RUN", "ENGINE_RUN", "PERFORMANCE_TARGETS", "committed_grpo_step_targets",
+    "committed_targets", "targets_markdown")})
