@@ -14,6 +14,7 @@ import pytest
 from grpo_lab import bench
 from grpo_lab.bench import DeviceRates, ModelCost, roofline
 from grpo_lab.bench.grpo_step import _step_summary
+from grpo_lab.errors import DataError
 from grpo_lab.paths import RESULTS_DIR
 from grpo_lab.rollout import RolloutConfig, Sampling, load_tokenizer
 from grpo_lab.rollout.engine import check_completion_lengths
@@ -360,6 +361,33 @@ def test_a_ratio_range_pairs_the_extremes_and_its_verdict_uses_the_conservative_
         "4 and 5 runs: no spread, not a claim")
     assert bench.get_bench_profile("tiny").grpo_steps >= bench.MIN_RUNS
     assert bench.get_bench_profile("seed").grpo_steps >= bench.MIN_RUNS
+
+
+def test_paired_ratios_cancel_a_drift_that_the_range_keeps():
+    """Both backends slowing down together through a run (the machine) widens the range of extremes, not the ratios
+    round by round; uneven rounds are refused."""
+    hf, vllm = [10.0, 12.0, 14.0, 16.0, 18.0], [5.0, 6.0, 7.0, 8.0, 9.0]  # every round exactly 2x
+    paired = bench.paired_ratios(hf, vllm)
+    assert paired.min == paired.max == 2.0
+    ratio = bench.speedup_range(hf, vllm, interleaved=True)
+    assert ratio.low == pytest.approx(10 / 9) and ratio.high == pytest.approx(18 / 5)
+    with pytest.raises(DataError, match="same number of rounds"):
+        bench.paired_ratios(hf, vllm[:4])
+    assert bench.paired_step_ratios({"backends": {"hf": {"step_s": hf}, "vllm": {"step_s": vllm}}}) is None
+
+
+def test_committed_paired_ratios_read_each_interleaved_file_round_by_round():
+    rows = {r["file"]: r for r in bench.committed_paired_step_ratios()}
+    path = bench.committed_file("grpo step ragged interleaved 4")
+    step = bench.load_results(path)["grpo_step"]
+    hf, vllm = step["backends"]["hf"]["step_s"], step["backends"]["vllm"]["step_s"]
+    row = rows[path.name]
+    assert row["rounds"] == " ".join(f"{h / v:.2f}" for h, v in zip(hf, vllm))
+    ratio = bench.step_ratio(step)
+    assert row["range (extremes)"] == f"{ratio.low:.2f}x..{ratio.high:.2f}x"
+    low = min(h / v for h, v in zip(hf, vllm))
+    assert ratio.low <= low and row["round by round"].startswith(f"{low:.2f}x")
+    assert bench.committed_file("grpo step fixed").name not in rows  # its backends ran one after the other
 
 
 def test_interleaved_turns_alternate_after_each_backends_warm_up():

@@ -48,6 +48,7 @@ from grpo_lab.bench.committed import (
     committed_grpo_steps,
     committed_grpo_table,
     committed_host_work,
+    committed_paired_step_ratios,
     committed_ragged_headlines,
     committed_rollout_headlines,
     committed_rollout_table,
@@ -79,7 +80,16 @@ from grpo_lab.bench.profiles import (
     BenchProfile,
     get_bench_profile,
 )
-from grpo_lab.bench.results import REQUIRED_KEYS, SCHEMA, check_results, load_results, save_results, step_ratio, summary
+from grpo_lab.bench.results import (
+    REQUIRED_KEYS,
+    SCHEMA,
+    check_results,
+    load_results,
+    paired_step_ratios,
+    save_results,
+    step_ratio,
+    summary,
+)
 from grpo_lab.bench.rollout_bench import (
     CONFIG_MEANING,
     PREFIX_OFF_MEANING,
@@ -103,7 +113,15 @@ from grpo_lab.bench.roofline import (
 )
 from grpo_lab.bench.run import SEED_REFERENCE, run_bench
 from grpo_lab.bench.stacks import Stacks, function_of
-from grpo_lab.bench.stats import MIN_RUNS, RatioRange, Spread, alternating_orders, median, speedup_range
+from grpo_lab.bench.stats import (
+    MIN_RUNS,
+    RatioRange,
+    Spread,
+    alternating_orders,
+    median,
+    paired_ratios,
+    speedup_range,
+)
 from grpo_lab.bench.targets import (
     ENGINE_RUN,
     GRPO_STEP_TARGETS,
@@ -141,11 +159,13 @@ __all__ = [
     "Stacks", "StepRatio", "Turns", "add_roofline", "alternating_orders", "bench_engine_config", "bottleneck",
     "build_parser", "check_results", "committed_engine_profile", "committed_file", "committed_grpo_split",
     "committed_grpo_step_targets", "committed_grpo_steps", "committed_grpo_table", "committed_host_work",
-    "committed_ragged_headlines", "committed_rollout_headlines", "committed_rollout_table", "committed_smollm2_steps", "committed_targets",
+    "committed_paired_step_ratios", "committed_ragged_headlines", "committed_rollout_headlines",
+    "committed_rollout_table", "committed_smollm2_steps", "committed_targets",
     "deferred_correction", "draw_lengths", "engine_probe", "extra_forwards", "function_of", "get_bench_profile",
     "grpo_step_bench", "grpo_step_config", "interleaved_turns", "key_value", "load_results", "main", "measure_device",
     "median", "model_cost", "ragged_description", "ragged_model_dir", "rollout_bench", "roofline", "run_bench",
-    "save_results", "seed_workload", "sequence_flops", "speedup_range", "step_ratio", "summary", "targets_markdown",
+    "paired_ratios", "paired_step_ratios", "save_results", "seed_workload", "sequence_flops", "speedup_range",
+    "step_ratio", "summary", "targets_markdown",
     "trl_engine_settings", "update_mfu", "workload_roofline",
 ]
 

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.bench.results import SCHEMA, check_results, step_ratio
+from grpo_lab.bench.results import SCHEMA, check_results, paired_step_ratios, step_ratio
 from grpo_lab.bench.roofline import DATASHEET_RATES, extra_forwards, model_cost, update_mfu
 from grpo_lab.bench.stacks import Stacks
 from grpo_lab.bench.stats import RatioRange, Spread, median, speedup_range
@@ -100,6 +100,23 @@ def committed_grpo_steps(folder: str | Path = RESULTS_DIR / "h200") -> list[Step
                                   hf=Spread.of(step["backends"]["hf"]["step_s"]),
                                   vllm=Spread.of(step["backends"]["vllm"]["step_s"]), ratio=step_ratio(step),
                                   provenance=_provenance(path, data)))
+    return rows
+
+
+def committed_paired_step_ratios(folder: str | Path = RESULTS_DIR / "h200") -> list[dict[str, Any]]:
+    """One row per committed GRPO-step file whose backends alternated: the ratio's range as the verdicts read it
+    (slowest vLLM step over fastest HF step .. the reverse) beside the ratios round by round, where a drift of the
+    machine during the run cancels (:func:`~grpo_lab.bench.stats.paired_ratios`)."""
+    rows = []
+    for path, data in _bench_files(folder):
+        step = data.get("grpo_step") or {}
+        paired = paired_step_ratios(step) if {"hf", "vllm"} <= set(step.get("backends", {})) else None
+        if paired is not None:
+            ratio = step_ratio(step)
+            rows.append({"file": path.name, "workload": step.get("workload", "fixed"),
+                         "range (extremes)": f"{ratio.low:.2f}x..{ratio.high:.2f}x",
+                         "round by round": f"{paired.min:.2f}x..{paired.max:.2f}x",
+                         "rounds": " ".join(f"{v:.2f}" for v in paired.values)})
     return rows
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from grpo_lab.bench.grpo_step import bottleneck
 from grpo_lab.bench.roofline import DeviceRates
-from grpo_lab.bench.stats import RatioRange, Spread, median, speedup_range
+from grpo_lab.bench.stats import RatioRange, Spread, median, paired_ratios, speedup_range
 from grpo_lab.errors import ConfigError
 from grpo_lab.plots import plot_bench
 
@@ -132,6 +132,14 @@ def step_ratio(step: dict[str, Any]) -> RatioRange:
     backends were interleaved (no ``interleaved`` key) count as not interleaved."""
     hf, vllm = step["backends"]["hf"]["step_s"], step["backends"]["vllm"]["step_s"]
     return speedup_range(hf, vllm, interleaved=bool(step.get("interleaved")))
+
+
+def paired_step_ratios(step: dict[str, Any]) -> Spread | None:
+    """HF step time over vLLM colocate step time round by round (:func:`~grpo_lab.bench.stats.paired_ratios`), for a
+    ``grpo_step`` block whose backends alternated; ``None`` for one whose did not."""
+    if not step.get("interleaved"):
+        return None
+    return paired_ratios(step["backends"]["hf"]["step_s"], step["backends"]["vllm"]["step_s"])
 
 
 def _span(values: list[float]) -> str:

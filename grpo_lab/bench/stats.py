@@ -7,6 +7,9 @@
 >>> r = speedup_range([10.0, 12.0, 11.0, 10.5, 11.5], [5.0, 6.0, 5.5, 5.2, 5.8], interleaved=True)
 >>> f"{r.low:.2f}..{r.high:.2f}", r.verdict(1.5, ">="), r.verdict(2.0, ">=")
 ('1.67..2.40', 'met', 'not met (only the high end reaches 2.00x)')
+>>> paired = paired_ratios([10.0, 12.0, 11.0, 10.5, 11.5], [5.0, 6.0, 5.5, 5.2, 5.8])
+>>> f"{paired.min:.2f}..{paired.max:.2f}"
+'1.98..2.02'
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from grpo_lab.errors import DataError
 
 MIN_RUNS = 5
 """Timed runs per side below which a ratio has no spread worth the name and is not a claim."""
@@ -114,3 +119,14 @@ def speedup_range(baseline_s: Sequence[float], contender_s: Sequence[float], int
     base, other = Spread.of(baseline_s), Spread.of(contender_s)
     return RatioRange(low=base.min / other.max, median=base.median / other.median, high=base.max / other.min,
                       runs=(len(base.values), len(other.values)), interleaved=interleaved)
+
+
+def paired_ratios(baseline_s: Sequence[float], contender_s: Sequence[float]) -> Spread:
+    """Each round's baseline time over the contender's time in the same round, for interleaved runs (round i of each
+    ran back to back). A drift of the machine across the rounds, which slows or speeds both sides alike, cancels here;
+    :func:`speedup_range` pairs runs minutes apart and keeps it. So this spread says how much the ratio itself
+    varied, and is narrower; verdicts stay on :class:`RatioRange`'s conservative end."""
+    if len(baseline_s) != len(contender_s) or not baseline_s:
+        raise DataError(f"paired ratios need the same number of rounds on both sides, got {len(baseline_s)} and "
+                         f"{len(contender_s)}")
+    return Spread.of([b / c for b, c in zip(baseline_s, contender_s)])

@@ -108,8 +108,8 @@ def committed_grpo_step_targets(folder: str | Path = RESULTS_DIR / "h200") -> li
     repeats = {"micro-batches of 32": [ratio for _, ratio in runs],
                "micro-batches of 128": [step_ratio(load_results(committed_file(key, folder))["grpo_step"])
                                         for key in MICRO_BATCH_RUNS[0::2]]}
-    rows.append({"target": REPEAT_TARGET, "measured": "; ".join(
-        f"{label}: " + " and ".join(f"{r.low:.2f}x..{r.high:.2f}x" for r in ratios) for label, ratios in repeats.items()),
+    ranges = {label: " and ".join(f"{r.low:.2f}x..{r.high:.2f}x" for r in ratios) for label, ratios in repeats.items()}
+    rows.append({"target": REPEAT_TARGET, "measured": "; ".join(f"{label}: {text}" for label, text in ranges.items()),
                  "verdict": _joined({label: _overlap(ratios) for label, ratios in repeats.items()})})
     for target, threshold, keys in LOW_END_TARGETS:
         ratios = [(committed_file(key, folder).name, step_ratio(load_results(committed_file(key, folder))["grpo_step"]))
