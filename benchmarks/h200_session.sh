@@ -98,6 +98,16 @@ job() {
                         --grpo-backends hf,vllm --grpo-workload fixed --per-device-train-batch-size 64 \
                         --train-option vllm_gpu_memory_utilization=0.45 --out "$out" \
                         --name grpo_step_seed_qwen2.5-0.5b_fixed_mb64 ;;
+    # still to run (results README, "To do"): the ragged step in micro-batches of 128; length grouping switched step by
+    # step on the 0.5B shape (micro-batches of 128: 4 per step, each cut to its own longest completion when grouped)
+    grpo-ragged-mb128) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
+                         --grpo-backends hf,vllm --grpo-workload ragged --per-device-train-batch-size 128 \
+                         --train-option vllm_gpu_memory_utilization=0.25 --out "$out" \
+                         --name grpo_step_seed_qwen2.5-0.5b_ragged_mb128 ;;
+    switch-length-05) python3 benchmarks/trainer_switches/run.py --switch length_grouping --profile gpu \
+                        --shape qwen2.5-0.5b --ragged --steps 8 --set num_generations=4 \
+                        --set per_device_train_batch_size=128 --set gradient_accumulation_steps=4 \
+                        --set max_completion_length=256 ;;
     # verl at its own settings with padding removal on (best_settings() fixed after session 7)
     verl-best)    python3 benchmarks/verl/run.py env smollm2-best --smollm2-steps 8 --smollm2-save-freq 8 \
                     --skip-val-before --continue-from benchmarks/verl/results.json \

@@ -22,7 +22,7 @@ import tempfile
 
 from transformers import TrainerCallback
 
-from grpo_lab.bench import HostCounters
+from grpo_lab.bench import HostCounters, ragged_model_dir
 from grpo_lab.bench.cli import key_value
 from grpo_lab.device import Machine
 from grpo_lab.experiment import TrainConfig
@@ -74,14 +74,22 @@ def main() -> None:
     parser.add_argument("--profile", default="tiny")
     parser.add_argument("--shape", help="random weights of this architecture (the bench's qwen2.5-0.5b, ...) "
                                         "instead of the profile's model")
+    parser.add_argument("--ragged", action="store_true",
+                        help="with --shape: completions end early, as in the bench's ragged workload "
+                             "(grpo_lab.bench.ragged_model_dir), instead of all at max_completion_length")
     parser.add_argument("--set", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                         help="a TrainConfig field (e.g. gradient_accumulation_steps=4)")
     args = parser.parse_args()
     machine = Machine.detect()
     with tempfile.TemporaryDirectory() as run_dir:
         fields = {"use_vllm": True, **dict(args.set)}  # vLLM colocate unless --set use_vllm=false
+        if args.ragged and not args.shape:
+            parser.error("--ragged needs --shape: a pretrained model ends its completions itself")
         if args.shape:
-            fields["model"] = str(shaped_model_dir(args.shape, f"{run_dir}/model", random_weights=True))
+            model = shaped_model_dir(args.shape, f"{run_dir}/model", random_weights=True)
+            if args.ragged:
+                model, _ = ragged_model_dir(model, f"{run_dir}/ragged-model")
+            fields["model"] = str(model)
         config = TrainConfig(profile=args.profile, max_steps=args.warmup + args.steps, output_dir=f"{run_dir}/run",
                              save_steps=10**6, live_plot=False, **fields).resolve(machine)
         clock, alternate = StepClock(machine.kind, keep_checkpoints=False), Alternate(args.switch)
