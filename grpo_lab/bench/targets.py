@@ -46,8 +46,8 @@ RAGGED_RUNS = ("grpo step ragged interleaved", "grpo step ragged interleaved 2",
                "grpo step ragged interleaved 4")
 """The ragged-length step, the backends alternating step by step: run 2 with length-grouped micro-batches
 (``trainer.groups_by_length``), on run 4's machine; run 3 also with the cache kept, on runs 5-6's machine; run 4 with
-the generation's garbage collector paused and no sampled-token log-probs where nothing reads them, on a sixth
-machine beside the third no-correction run."""
+the generation's garbage collector paused, on a sixth machine, just before the second ragged run without the
+correction."""
 MICRO_BATCH_RUNS = ("grpo step fixed micro-batch 128", "grpo step fixed micro-batch 64",
                     "grpo step fixed micro-batch 128 2")
 """The fixed step with TRL's default correction, the generation batch of 512 completions in micro-batches of 128 (4
