@@ -90,20 +90,23 @@ job() {
     # session 10: the fixed step (TRL's default, correction on) with the whole generation batch in 4 micro-batches of
     # 128 instead of 16 of 32, vLLM's share lowered to make room (the planner: 72 GiB training peak at 128, vLLM's
     # KV cache needs 2.4 GiB for the step's 512 x 384 tokens)
-    grpo-fixed-mb128) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
+    # grpo-fixed-mb128-N / grpo-ragged-mb128-N: the same command again in one list, its file named ..._mb128_N
+    grpo-fixed-mb128|grpo-fixed-mb128-[0-9]) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b \
+                        --grpo-steps 5 --parts grpo \
                         --grpo-backends hf,vllm --grpo-workload fixed --per-device-train-batch-size 128 \
                         --train-option vllm_gpu_memory_utilization=0.25 --out "$out" \
-                        --name grpo_step_seed_qwen2.5-0.5b_fixed_mb128 ;;
+                        --name "grpo_step_seed_qwen2.5-0.5b_fixed_mb128$(repeat_suffix "$1")" ;;
     grpo-fixed-mb64)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
                         --grpo-backends hf,vllm --grpo-workload fixed --per-device-train-batch-size 64 \
                         --train-option vllm_gpu_memory_utilization=0.45 --out "$out" \
                         --name grpo_step_seed_qwen2.5-0.5b_fixed_mb64 ;;
     # still to run (results README, "To do"): the ragged step in micro-batches of 128; length grouping switched step by
     # step on the 0.5B shape (micro-batches of 128: 4 per step, each cut to its own longest completion when grouped)
-    grpo-ragged-mb128) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
+    grpo-ragged-mb128|grpo-ragged-mb128-[0-9]) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b \
+                         --grpo-steps 5 --parts grpo \
                          --grpo-backends hf,vllm --grpo-workload ragged --per-device-train-batch-size 128 \
                          --train-option vllm_gpu_memory_utilization=0.25 --out "$out" \
-                         --name grpo_step_seed_qwen2.5-0.5b_ragged_mb128 ;;
+                         --name "grpo_step_seed_qwen2.5-0.5b_ragged_mb128$(repeat_suffix "$1")" ;;
     switch-length-05) python3 benchmarks/trainer_switches/run.py --switch length_grouping --profile gpu \
                         --shape qwen2.5-0.5b --ragged --steps 8 --set num_generations=4 \
                         --set per_device_train_batch_size=128 --set gradient_accumulation_steps=4 \
@@ -124,6 +127,10 @@ job() {
                        --set gradient_accumulation_steps=4 --set max_completion_length=256 ;;
     *)        echo "unknown job $1"; return 2 ;;
   esac
+}
+
+repeat_suffix() {  # repeat_suffix JOB: "_N" for a job named ...-N (a repeat), nothing otherwise
+  [[ $1 =~ -([0-9])$ ]] && echo "_${BASH_REMATCH[1]}"
 }
 
 spy() {  # spy FILE: the py-spy command line to put before a job's command, or nothing without py-spy
