@@ -57,6 +57,7 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
     TrlName("method", "trl.GRPOTrainer", "_compute_loss", "the importance-sampling correction from its forward"),
     TrlName("method", "trl.GRPOTrainer", "_calculate_rewards", "reward timing, errors, skipped counts"),
     TrlName("method", "trl.GRPOTrainer", "training_step", "NaN guard"),
+    TrlName("method", "trl.GRPOTrainer", "log", "the deferred correction's metrics brought to the host"),
     TrlName("method", "trl.GRPOTrainer", "_prepare_inputs", "micro-batches grouped by completion length"),
     TrlName("module", "trl.trainer.grpo_trainer", "shuffle_sequence_dict",
             "the generation batch's shuffle, followed by the length order"),
@@ -298,6 +299,17 @@ def trim_completions(inputs: dict[str, Any]) -> dict[str, Any]:
             and value.ndim == 2 and value.size(1) == width else value for key, value in inputs.items()}
 
 
+def masked_statistic(values: torch.Tensor, kept: torch.Tensor, stat: str) -> torch.Tensor:
+    """``min``, ``mean`` or ``max`` of ``values[kept]`` (0 where nothing is kept), computed without the boolean
+    indexing that makes the host wait for the device."""
+    count = kept.sum()
+    if stat == "mean":
+        return torch.where(kept, values, 0.0).sum() / count.clamp(min=1)
+    fill = math.inf if stat == "min" else -math.inf
+    extreme = torch.where(kept, values, fill).amin() if stat == "min" else torch.where(kept, values, fill).amax()
+    return torch.where(count > 0, extreme, 0.0)
+
+
 @contextlib.contextmanager
 def _rows_by_length() -> Iterator[None]:
     """While TRL prepares a generation batch: its shuffle is followed by :func:`order_rows_by_length`."""
@@ -327,6 +339,7 @@ class GRPOLabTrainer(GRPOTrainer):
         self._staging: Path | None = None
         self._timers: dict[str, float] = {}
         self._loss_inputs: dict[str, Any] | None = None
+        self._correction_metrics: dict[str, dict[str, list[torch.Tensor]]] = {}  # mode -> metric -> device scalars
         self.deferred_correction = defers_correction(self.args, bool(self.tools))
         """Compute vLLM's importance-sampling correction from the loss's forward (:func:`defers_correction`)."""
         self.length_grouping = groups_by_length(self.args)
@@ -450,18 +463,30 @@ class GRPOLabTrainer(GRPOTrainer):
             ratio = ratio.masked_fill(too_far, 0.0)
         else:
             raise ConfigError(f"vllm_importance_sampling_mode={mode!r}: unknown to this trainer (TRL 1.16's modes end in _truncate or _mask).")
-        delta = (old_logps - inputs["sampling_per_token_logps"]).abs()[mask.bool()]
-        self._log_correction(delta[~torch.isnan(delta)], ratio.flatten() if per_sequence else ratio[mask.bool()])
+        delta = (old_logps - inputs["sampling_per_token_logps"]).abs()
+        scored = mask.bool() & ~torch.isnan(delta)
+        self._log_correction((delta, scored), (ratio, torch.ones_like(ratio, dtype=torch.bool) if per_sequence
+                                               else mask.bool()))
         return ratio
 
-    def _log_correction(self, delta: torch.Tensor, ratios: torch.Tensor) -> None:
-        """TRL's ``sampling/*`` metrics of the correction (per micro-batch here, per generation batch in TRL)."""
-        metrics = self._metrics["train" if self.model.training else "eval"]
-        for name, values, stats in (("sampling_logp_difference", delta, ("mean", "max")),
-                                    ("importance_sampling_ratio", ratios, ("min", "mean", "max"))):
+    def _log_correction(self, delta: tuple[torch.Tensor, torch.Tensor], ratios: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """TRL's ``sampling/*`` metrics of the correction (per micro-batch here, per generation batch in TRL), each of
+        ``(values, kept)``. They stay on the device until :meth:`log`: a host sync here, inside the loss's forward,
+        would stall the device while the rest of the micro-batch is launched."""
+        pending = self._correction_metrics.setdefault("train" if self.model.training else "eval", {})
+        for name, (values, kept), stats in (("sampling_logp_difference", delta, ("mean", "max")),
+                                            ("importance_sampling_ratio", ratios, ("min", "mean", "max"))):
             for stat in stats:
-                value = getattr(values, stat)() if values.numel() else values.new_zeros(())
-                metrics[f"sampling/{name}/{stat}"].append(getattr(self.accelerator.gather(value), stat)().item())
+                value = masked_statistic(values, kept, stat)
+                pending.setdefault(f"sampling/{name}/{stat}", []).append(getattr(self.accelerator.gather(value), stat)())
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's, with the deferred correction's metrics since the last log brought to the host first (one sync)."""
+        for mode, pending in self._correction_metrics.items():
+            for key, values in pending.items():
+                self._metrics[mode][key].extend(torch.stack(values).tolist())
+        self._correction_metrics = {}
+        super().log(logs, start_time)
 
     def _generate(self, prompts):
         """TRL's, timed, reading flat log-probs (:func:`extract_flat_logprobs`), or none without

@@ -341,3 +341,18 @@ def test_training_reward_rises(tmp_path):
     early, late = result.mean("reward", first=15), result.mean("reward", last=15)
     print(f"reward: first 15 steps {early:.3f}, last 15 steps {late:.3f}; {result.seconds:.0f} s")
     assert late > early + 0.08  # measured: 0.66 -> 0.85 (seed 0)
+
+
+def test_masked_statistics_equal_boolean_indexing_without_waiting_for_the_device():
+    """grpo_lab.trainer.masked_statistic: the correction's metrics as TRL computes them from ``values[kept]`` (0 where
+    nothing is kept), from masked reductions that need no host sync."""
+    import torch
+
+    from grpo_lab.trainer import masked_statistic
+
+    values = torch.tensor([[0.5, 2.0, float("nan")], [3.0, -1.0, 4.0]])
+    kept = torch.tensor([[True, True, False], [False, True, True]])
+    for stat in ("min", "mean", "max"):
+        expected = getattr(values[kept], stat)()
+        torch.testing.assert_close(masked_statistic(values, kept, stat), expected)
+        assert masked_statistic(values, torch.zeros_like(kept), stat).item() == 0.0

@@ -143,8 +143,10 @@ def test_deferred_correction_equals_trls_and_saves_the_old_logprob_forward(one_s
     assert "importance_sampling_ratio" not in deferred_batch and "sampling_per_token_logps" in deferred_batch
 
     trainer.deferred_correction = False  # TRL's own path, on a fresh batch
+    trainer._metrics["train"].clear()
     try:
         batch = trainer._generate_and_score_completions(rows)
+        trl_metrics = {k: v for k, v in trainer._metrics["train"].items() if k.startswith("sampling/")}
         assert forwards == [False]  # the old log-probs' no-grad forward
         assert {"old_per_token_logps", "importance_sampling_ratio"} <= set(batch)
 
@@ -161,6 +163,16 @@ def test_deferred_correction_equals_trls_and_saves_the_old_logprob_forward(one_s
     print(f"ratio in [{ratio.min():.4f}, {ratio.max():.4f}], loss {trl_loss:.6f} (TRL) vs {loss:.6f}")
     torch.testing.assert_close(inputs["importance_sampling_ratio"], ratio, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(loss, trl_loss, rtol=1e-5, atol=1e-7)
+    # TRL's sampling/* metrics, kept on the device until the trainer logs (no host sync inside the loss forward)
+    pending = trainer._correction_metrics["train"]
+    assert set(pending) == set(trl_metrics) and len(trl_metrics) == 5
+    assert all(isinstance(value, torch.Tensor) for values in pending.values() for value in values)
+    trainer._metrics["train"].clear()
+    trainer.log({})
+    assert trainer._correction_metrics == {} and trainer.state.log_history
+    logged = trainer.state.log_history[-1]
+    for key, values in trl_metrics.items():
+        assert logged[key] == pytest.approx(values[0], rel=1e-5, abs=1e-7), key
     assert gradients.keys() == trl_gradients.keys() and gradients
     for name, gradient in gradients.items():
         torch.testing.assert_close(gradient, trl_gradients[name], rtol=1e-4, atol=1e-7, msg=name)
