@@ -100,7 +100,7 @@ job() {
                         --grpo-backends hf,vllm --grpo-workload fixed --per-device-train-batch-size 64 \
                         --train-option vllm_gpu_memory_utilization=0.45 --out "$out" \
                         --name grpo_step_seed_qwen2.5-0.5b_fixed_mb64 ;;
-    # still to run (results README, "To do"): the ragged step in micro-batches of 128; length grouping switched step by
+    # session 11: the ragged step in micro-batches of 128; length grouping switched step by
     # step on the 0.5B shape (micro-batches of 128: 4 per step, each cut to its own longest completion when grouped)
     grpo-ragged-mb128|grpo-ragged-mb128-[0-9]) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b \
                          --grpo-steps 5 --parts grpo \

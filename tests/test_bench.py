@@ -324,7 +324,8 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
             for key in bench.INTERLEAVED_RUNS]
     assert all(r.is_claim for r in runs) and f"range {runs[0].low:.2f}x..{runs[0].high:.2f}x" in targets[1]["measured"]
     assert targets[5]["measured"].startswith(
-        "micro-batches of 32: " + " and ".join(f"{r.low:.2f}x..{r.high:.2f}x" for r in runs) + "; micro-batches of 128: ")
+        "micro-batches of 32: " + " and ".join(f"{r.low:.2f}x..{r.high:.2f}x" for r in runs)
+        + "; fixed, micro-batches of 128: ") and "; ragged, micro-batches of 128: " in targets[5]["measured"]
     # the fixed-length verdict and the overlap, from made-up interleaved files: a verdict from each low end
     for path in (RESULTS_DIR / "h200").glob("grpo_step_seed_qwen2.5-0.5b*.json"):
         shutil.copy(path, tmp_path / path.name)
@@ -343,8 +344,9 @@ def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_fil
                                         "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_5.json: met; "
                                         "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_6.json: met; "
                                         "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_7.json: met")
-    assert again[5]["verdict"] == "micro-batches of 32: missed; micro-batches of 128: met", (
-        "1.92..2.75 and 3.12..3.67 do not overlap; the two committed runs in micro-batches of 128 do")
+    assert again[5]["verdict"] == ("micro-batches of 32: missed; fixed, micro-batches of 128: met; "
+                                   "ragged, micro-batches of 128: met"), (
+        "1.92..2.75 and 3.12..3.67 do not overlap; the committed runs in micro-batches of 128 do")
 
 
 def test_a_ratio_range_pairs_the_extremes_and_its_verdict_uses_the_conservative_end():
@@ -436,8 +438,7 @@ def test_committed_host_work_reads_the_host_counters_of_each_backend():
     files = {r["file"] for r in rows}
     assert files == {bench.committed_file(key).name for key in (  # the files that recorded them
         "grpo step interleaved 4", "grpo step interleaved 5", "grpo step interleaved 6",
-        "grpo step ragged interleaved 2", "grpo step ragged interleaved 3", "grpo step interleaved 7",
-        "grpo step ragged interleaved 4", *bench.NO_CORRECTION_RUNS, *bench.MICRO_BATCH_RUNS)}
+        "grpo step interleaved 7", *bench.RAGGED_RUNS[1:], *bench.NO_CORRECTION_RUNS, *bench.MICRO_BATCH_RUNS)}
     data = bench.load_results(bench.committed_file("grpo step interleaved 4"))["grpo_step"]["backends"]["vllm"]
     row = next(r for r in rows if r["file"].endswith("_fixed_interleaved_4.json") and r["backend"] == "vllm")
     assert row["host CPU s"] == round(bench.median(data["host"]["host_cpu_s"]), 2)

@@ -49,6 +49,10 @@ COMMITTED = {
     "rollout 0.5b 5 repeats": ("h200", "bench_seed_qwen2.5-0.5b_repeats5"),
     "grpo step fixed micro-batch 64": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_mb64"),
     "grpo step fixed micro-batch 128 2": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_mb128_2"),
+    "grpo step ragged micro-batch 128": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged_mb128"),
+    "grpo step fixed micro-batch 128 3": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_mb128_3"),
+    "grpo step fixed micro-batch 128 4": ("h200", "grpo_step_seed_qwen2.5-0.5b_fixed_mb128_4"),
+    "grpo step ragged micro-batch 128 2": ("h200", "grpo_step_seed_qwen2.5-0.5b_ragged_mb128_2"),
 }
 """The committed bench runs: key -> (folder under ``benchmarks/results``, file stem; ``.json`` and ``.png``)."""
 

@@ -43,18 +43,21 @@ loss HF generate's path computes, the colocated engine sampling without log-prob
 (``trainer.reads_sampling_logprobs``). Fixed and ragged lengths on run 7's machine, just before it; ragged again on a
 sixth machine, just after ragged run 4 (the correction on)."""
 RAGGED_RUNS = ("grpo step ragged interleaved", "grpo step ragged interleaved 2", "grpo step ragged interleaved 3",
-               "grpo step ragged interleaved 4")
+               "grpo step ragged interleaved 4", "grpo step ragged micro-batch 128", "grpo step ragged micro-batch 128 2")
 """The ragged-length step, the backends alternating step by step: run 2 with length-grouped micro-batches
 (``trainer.groups_by_length``), on run 4's machine; run 3 also with the cache kept, on runs 5-6's machine; run 4 with
 the generation's garbage collector paused, on a sixth machine, just before the second ragged run without the
-correction."""
+correction. The last two in micro-batches of 128 as :data:`MICRO_BATCH_RUNS` (session 11, two machines, each just
+before a fixed run in micro-batches of 128)."""
 MICRO_BATCH_RUNS = ("grpo step fixed micro-batch 128", "grpo step fixed micro-batch 64",
-                    "grpo step fixed micro-batch 128 2")
+                    "grpo step fixed micro-batch 128 2", "grpo step fixed micro-batch 128 3",
+                    "grpo step fixed micro-batch 128 4")
 """The fixed step with TRL's default correction, the generation batch of 512 completions in micro-batches of 128 (4
 per optimizer step) or 64 (8) instead of the seed profile's 32 (16), vLLM's share lowered to 0.25 / 0.45 to make
 room for the larger activations beside two trainers (``--per-device-train-batch-size``, ``--train-option
-vllm_gpu_memory_utilization=...``). The course's ``gpu`` profile asks for 128 and lets the memory planner fit it. On
-the sixth machine, in that order."""
+vllm_gpu_memory_utilization=...``). The course's ``gpu`` profile asks for 128 and lets the memory planner fit it. The
+first three on the sixth machine, in that order; 128 again on a seventh (3) and an eighth (4), run 4 with the deferred
+correction's metrics kept on the device (``trainer.masked_statistic``)."""
 LOW_END_TARGETS = (
     ("GRPO step's low end, fixed lengths: vLLM colocate at least 1.6x HF generate (issue 26)", 1.6,
      (*INTERLEAVED_RUNS, NO_CORRECTION_RUNS[0], *MICRO_BATCH_RUNS)),
@@ -106,8 +109,10 @@ def committed_grpo_step_targets(folder: str | Path = RESULTS_DIR / "h200") -> li
             f"{r['update MFU']:.1%}" for r in rows_read) + "; median steps)",
                      "verdict": "met" if mfu >= threshold else "missed"})
     repeats = {"micro-batches of 32": [ratio for _, ratio in runs],
-               "micro-batches of 128": [step_ratio(load_results(committed_file(key, folder))["grpo_step"])
-                                        for key in MICRO_BATCH_RUNS[0::2]]}
+               **{f"{workload}, micro-batches of 128": [
+                   step_ratio(load_results(committed_file(key, folder))["grpo_step"]) for key in keys]
+                  for workload, keys in (("fixed", [k for k in MICRO_BATCH_RUNS if "128" in k]),
+                                         ("ragged", [k for k in RAGGED_RUNS if "128" in k]))}}
     ranges = {label: " and ".join(f"{r.low:.2f}x..{r.high:.2f}x" for r in ratios) for label, ratios in repeats.items()}
     rows.append({"target": REPEAT_TARGET, "measured": "; ".join(f"{label}: {text}" for label, text in ranges.items()),
                  "verdict": _joined({label: _overlap(ratios) for label, ratios in repeats.items()})})
