@@ -302,12 +302,13 @@ def trim_completions(inputs: dict[str, Any]) -> dict[str, Any]:
 def masked_statistic(values: torch.Tensor, kept: torch.Tensor, stat: str) -> torch.Tensor:
     """``min``, ``mean`` or ``max`` of ``values[kept]`` (0 where nothing is kept), computed without the boolean
     indexing that makes the host wait for the device."""
+    if stat not in ("min", "mean", "max"):
+        raise ValueError(f"stat={stat!r}: write 'min', 'mean' or 'max'")
     count = kept.sum()
     if stat == "mean":
         return torch.where(kept, values, 0.0).sum() / count.clamp(min=1)
-    fill = math.inf if stat == "min" else -math.inf
-    extreme = torch.where(kept, values, fill).amin() if stat == "min" else torch.where(kept, values, fill).amax()
-    return torch.where(count > 0, extreme, 0.0)
+    masked = torch.where(kept, values, math.inf if stat == "min" else -math.inf)
+    return torch.where(count > 0, masked.amin() if stat == "min" else masked.amax(), 0.0)
 
 
 @contextlib.contextmanager
@@ -469,7 +470,8 @@ class GRPOLabTrainer(GRPOTrainer):
                                                else mask.bool()))
         return ratio
 
-    def _log_correction(self, delta: tuple[torch.Tensor, torch.Tensor], ratios: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def _log_correction(self, delta: tuple[torch.Tensor, torch.Tensor],
+                        ratios: tuple[torch.Tensor, torch.Tensor]) -> None:
         """TRL's ``sampling/*`` metrics of the correction (per micro-batch here, per generation batch in TRL), each of
         ``(values, kept)``. They stay on the device until :meth:`log`: a host sync here, inside the loss's forward,
         would stall the device while the rest of the micro-batch is launched."""
