@@ -303,7 +303,7 @@ def masked_statistic(values: torch.Tensor, kept: torch.Tensor, stat: str) -> tor
     """``min``, ``mean`` or ``max`` of ``values[kept]`` (0 where nothing is kept), computed without the boolean
     indexing that makes the host wait for the device."""
     if stat not in ("min", "mean", "max"):
-        raise ValueError(f"stat={stat!r}: write 'min', 'mean' or 'max'")
+        raise ConfigError(f"stat={stat!r}: write 'min', 'mean' or 'max'")
     count = kept.sum()
     if stat == "mean":
         return torch.where(kept, values, 0.0).sum() / count.clamp(min=1)

@@ -13,6 +13,7 @@ from grpo_lab import experiment, runs
 from grpo_lab import train as T
 from grpo_lab.data import load_split, write_jsonl
 from grpo_lab.device import Machine
+from grpo_lab.errors import ConfigError
 from grpo_lab.rewards import prepare
 
 CPU = Machine("cpu", bf16=True, memory_gib=24)
@@ -356,3 +357,5 @@ def test_masked_statistics_equal_boolean_indexing_without_waiting_for_the_device
         expected = getattr(values[kept], stat)()
         torch.testing.assert_close(masked_statistic(values, kept, stat), expected)
         assert masked_statistic(values, torch.zeros_like(kept), stat).item() == 0.0
+    with pytest.raises(ConfigError, match="'min', 'mean' or 'max'"):
+        masked_statistic(values, kept, "median")
