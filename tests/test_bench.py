@@ -120,6 +120,34 @@ def test_seed_workload_prompts_are_about_the_target_length():
     assert len({r["prompt"][0]["content"] for r in rows}) == 12 and all(r["answer"] for r in rows)
 
 
+def test_step_memory_plans_one_trainer_of_the_bench_step_as_it_runs():
+    """bench.step_memory: the seed step as the bench trains it (bf16, no checkpointing, a reference model) in the memory
+    planner; micro-batches of 128 need a device of an H200's size, 32 fit on 80 GiB."""
+    profiles = {mb: bench.get_bench_profile("seed", per_device_train_batch_size=mb) for mb in (32, 128)}
+    on_80 = {mb: bench.step_memory(p, "qwen2.5-0.5b", 80, 0.25) for mb, p in profiles.items()}
+    on_141 = bench.step_memory(profiles[128], "qwen2.5-0.5b", 141, 0.25)
+    assert on_80[32].fits and not on_80[128].fits and on_141.fits
+    assert on_80[128].training_peak_bytes > 2.5 * on_80[32].training_peak_bytes
+    shape = on_80[32].shape
+    assert (shape.per_device_train_batch_size, shape.steps_per_generation, shape.num_generations) == (32, 16, 4)
+    assert not shape.gradient_checkpointing and shape.beta > 0 and shape.max_completion_length == 256
+
+
+def test_committed_low_end_runs_carry_each_runs_settings_and_the_targets_verdict():
+    """bench.committed_low_end_runs: one row per run the low-end targets read, with the micro-batch and correction the
+    file records and the same verdict as the targets table."""
+    rows = bench.committed_low_end_runs()
+    assert len(rows) == sum(len(keys) for _, _, keys in bench.LOW_END_TARGETS)
+    table = {t["target"]: t["verdict"] for t in bench.committed_grpo_step_targets()}
+    for what, threshold, _ in bench.LOW_END_TARGETS:
+        for row in (r for r in rows if r["low end needed"] == f"{threshold:.1f}x"):
+            assert f"{row['file']}: {row['verdict']}" in table[what]
+    by_file = {r["file"].removeprefix("grpo_step_seed_qwen2.5-0.5b_").removesuffix(".json"): r for r in rows}
+    assert (by_file["fixed_mb128_4"]["micro-batch"], by_file["fixed_mb128_4"]["correction"]) == (128, "on")
+    assert (by_file["ragged_nocorrection"]["micro-batch"], by_file["ragged_nocorrection"]["correction"]) == (32, "off")
+    assert by_file["fixed_interleaved_1"]["correction"] == "on"  # predates the setting: TRL's default
+
+
 def test_bad_profile_and_lengths_and_engine_options_are_refused():
     with pytest.raises(ValueError, match="unknown bench profile"):
         bench.get_bench_profile("huge")

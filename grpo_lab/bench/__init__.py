@@ -65,6 +65,7 @@ from grpo_lab.bench.grpo_step import (
     grpo_step_bench,
     grpo_step_config,
     interleaved_turns,
+    step_memory,
 )
 from grpo_lab.bench.profiles import (
     BENCH_PROFILES,
@@ -136,6 +137,7 @@ from grpo_lab.bench.targets import (
     REPEAT_TARGET,
     VLLM_MFU_TARGET,
     committed_grpo_step_targets,
+    committed_low_end_runs,
     committed_targets,
     targets_markdown,
 )
@@ -159,13 +161,14 @@ __all__ = [
     "Stacks", "StepRatio", "Turns", "add_roofline", "alternating_orders", "bench_engine_config", "bottleneck",
     "build_parser", "check_results", "committed_engine_profile", "committed_file", "committed_grpo_split",
     "committed_grpo_step_targets", "committed_grpo_steps", "committed_grpo_table", "committed_host_work",
+    "committed_low_end_runs",
     "committed_paired_step_ratios", "committed_ragged_headlines", "committed_rollout_headlines",
     "committed_rollout_table", "committed_smollm2_steps", "committed_targets",
     "deferred_correction", "draw_lengths", "engine_probe", "extra_forwards", "function_of", "get_bench_profile",
     "grpo_step_bench", "grpo_step_config", "interleaved_turns", "key_value", "load_results", "main", "measure_device",
     "median", "model_cost", "ragged_description", "ragged_model_dir", "rollout_bench", "roofline", "run_bench",
     "paired_ratios", "paired_step_ratios", "save_results", "seed_workload", "sequence_flops", "speedup_range",
-    "step_ratio", "summary", "targets_markdown",
+    "step_memory", "step_ratio", "summary", "targets_markdown",
     "trl_engine_settings", "update_mfu", "workload_roofline",
 ]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from grpo_lab import device
+from grpo_lab import device, memory
 from grpo_lab.bench.profiles import GRPO_WORKLOADS, BenchError, BenchProfile, check_choice
 from grpo_lab.bench.stats import Spread, median, speedup_range
 from grpo_lab.bench.workload import ragged_model_dir
@@ -56,6 +56,20 @@ def grpo_step_config(profile: BenchProfile, model: str, dataset: str | Path, max
         train_languages=(),
         max_prompt_length=max_prompt_length, max_steps=profile.grpo_warmup_steps + profile.grpo_steps,
         save_steps=10**9, save_total_limit=None, live_plot=False, logging_steps=1, **train_overrides)
+
+
+def step_memory(profile: BenchProfile, shape: str, device_memory_gib: float,
+                vllm_gpu_memory_utilization: float) -> memory.MemoryBudget:
+    """The memory planner's budget of one trainer of the bench's GRPO step on a GPU of ``device_memory_gib``: the
+    profile's step on the ``shape`` (a :func:`grpo_lab.memory.course_configs` name) in bf16, without gradient
+    checkpointing, with the accelerator profile's reference model, colocated vLLM at ``vllm_gpu_memory_utilization``.
+    The bench keeps the other backend's trainer (weights, optimizer state, reference model) beside it."""
+    machine = Machine("cuda", bf16=True, memory_gib=device_memory_gib)
+    config = dataclasses.replace(grpo_step_config(profile, shape, "", profile.prompt_tokens, machine.kind),
+                                 gradient_checkpointing=False).with_profile(machine)
+    return memory.plan_memory(memory.course_configs()[shape], precision="mixed", shape=config.training_shape(),
+                              device_memory_gib=device_memory_gib, device_kind=machine.kind,
+                              vllm_gpu_memory_utilization=vllm_gpu_memory_utilization)
 
 
 

@@ -124,6 +124,24 @@ def committed_grpo_step_targets(folder: str | Path = RESULTS_DIR / "h200") -> li
     return rows
 
 
+def committed_low_end_runs(folder: str | Path = RESULTS_DIR / "h200") -> list[dict[str, str | int]]:
+    """One row per run that :data:`LOW_END_TARGETS` read: its lengths, micro-batch, whether vLLM's importance-sampling
+    correction was on (TRL's default where a file predates the setting), the step ratio with its range, and the
+    verdict of its low end."""
+    rows = []
+    for _, threshold, keys in LOW_END_TARGETS:
+        for key in keys:
+            path = committed_file(key, folder)
+            data = load_results(path)
+            step, ratio = data["grpo_step"], step_ratio(data["grpo_step"])
+            correction = step["backends"]["vllm"].get("settings", {}).get("vllm_importance_sampling_correction", True)
+            rows.append({"file": path.name, "lengths": step.get("workload", "fixed"),
+                         "micro-batch": data["profile"]["per_device_train_batch_size"],
+                         "correction": "on" if correction else "off", "HF / vLLM step": ratio.describe(),
+                         "low end needed": f"{threshold:.1f}x", "verdict": ratio.verdict(threshold)})
+    return rows
+
+
 PERFORMANCE_TARGETS = (
     ("ragged rollout: vLLM at least 6x HF generate", 6.0, "x"),
     ("GRPO step at least 4x faster with vLLM colocate", 4.0, "x"),
