@@ -72,7 +72,6 @@ def step_memory(profile: BenchProfile, shape: str, device_memory_gib: float,
                               vllm_gpu_memory_utilization=vllm_gpu_memory_utilization)
 
 
-
 def interleaved_turns(backends: Sequence[str], warmup: int, steps: int) -> list[str]:
     """Whose step comes when: each backend's ``warmup`` steps, then ``steps`` rounds of one step per backend.
 
