@@ -3,6 +3,7 @@
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -314,6 +315,8 @@ def test_server_killed_during_the_load_then_restarted(server):
     assert not server.alive() and server.exit_code() == -signal.SIGKILL
     with pytest.raises(deploy.ServerDied, match=f"{server.base_url} is not running"):
         deploy.chat(server, [{"role": "user", "content": "3 + 4 ="}])
+    port = server.port  # the same port again: nothing of the killed group holds it
+    server.config = dataclasses.replace(server.config, port=port)
     server.restart()
-    assert server.alive()
+    assert server.alive() and server.port == port
     check_clean(run_load_test(server, LoadTest(concurrency=4, requests=16)), 16)

@@ -331,17 +331,9 @@ def test_what_runs_between_prepare_and_train_does_not_change_the_run(tmp_path):
     assert weights_digest(plain.final_model_dir) == weights_digest(evaluated_first.final_model_dir)
 
 
-# --------------------------------------------------------------------------------------------------
-# GRPO learns: the training reward rises on the types with a deliberate slip
-# --------------------------------------------------------------------------------------------------
-def test_training_reward_rises(tmp_path):
-    """60 steps on 32 unit-conversion prompts (a slip type: the right method is there to be sampled)."""
-    config = T.TrainConfig(profile="tiny", output_dir=str(tmp_path / "run"), max_steps=60, learning_rate=5e-5,
-                           train_types=("unit_conversion",), train_size=32, live_plot=False, save_steps=1000, seed=0)
-    result = T.train(config)
-    early, late = result.mean("reward", first=15), result.mean("reward", last=15)
-    print(f"reward: first 15 steps {early:.3f}, last 15 steps {late:.3f}; {result.seconds:.0f} s")
-    assert late > early + 0.08  # measured: 0.66 -> 0.85 (seed 0)
+# GRPO learns (the training reward rises on the types with a deliberate slip): notebook 03's last cell asserts it on its
+# own run in `make test` (250 tiny steps: the training reward and pass@1 on the trained types rise, checked from 100
+# steps on), so no separate 60-step run here.
 
 
 def test_masked_statistics_equal_boolean_indexing_without_waiting_for_the_device():
