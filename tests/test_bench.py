@@ -536,3 +536,8 @@ def test_stacks_cut_under_a_call_merge_line_numbers_and_write_back(tmp_path):
     assert inside.counts == {("step (c.py)",): 7}  # the samples in run's own body have no frame below it
     assert Stacks.read(inside.write(tmp_path / "cut.txt")) == inside
     assert stacks.share("run (") == 11 / 12 and function_of("f (x.py:12)") == "f (x.py)"
+
+
+def test_the_results_readme_shows_the_verdicts_the_catalogue_computes(catalogue):
+    """benchmarks/results/README.md's table is `python -m grpo_lab.bench targets` of the committed catalogue."""
+    assert catalogue.targets_markdown() in (RESULTS_DIR / "README.md").read_text(encoding="utf-8")

@@ -74,9 +74,9 @@ BENCH_PROFILES = {
     "tiny": BenchProfile(
         name="tiny", step=_step(16, 4, 64, 16), prompt_tokens=128, warmup=1, repeats=3,
         grpo_backends=("hf",), grpo_steps=5, grpo_warmup_steps=1,
-        why=("the smallest run, with one vLLM engine start (about 3 minutes on two CPU cores): fewer prompts and "
-             "shorter completions than the write-up's workload (profile seed); the GRPO step runs with HF generate "
-             "only (vLLM colocate would start a second engine; pass --grpo-backends hf,vllm to run it)")),
+        why=("the smallest run, with one vLLM engine start: fewer prompts and shorter completions than the "
+             "write-up's workload (profile seed); the GRPO step runs with HF generate only (vLLM colocate would start "
+             "a second engine; pass --grpo-backends hf,vllm to run it)")),
     "seed": BenchProfile(
         name="seed", step=_step(128, 4, 256, 32), prompt_tokens=128, warmup=1, repeats=5,
         grpo_backends=("hf", "vllm"), grpo_steps=5, grpo_warmup_steps=1,

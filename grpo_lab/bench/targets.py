@@ -73,7 +73,7 @@ def _overlap(ranges: Sequence[RatioRange]) -> str:
     return "met" if max(r.low for r in ranges) <= min(r.high for r in ranges) else "missed"
 
 
-def step_ratios(target: Target, runs: Sequence[CommittedRun]) -> list[tuple[str, RatioRange]]:
+def _step_ratios(target: Target, runs: Sequence[CommittedRun]) -> list[tuple[str, RatioRange]]:
     """The GRPO-step ratio (HF step / vLLM step) of each run read, by file name; then the SmolLM2 steps if asked."""
     ratios = [(run.name, run.step_ratio()) for run in runs]
     if target.smollm2:
@@ -84,7 +84,7 @@ def step_ratios(target: Target, runs: Sequence[CommittedRun]) -> list[tuple[str,
 
 
 def _step_speedup(target: Target, runs: Mapping[str, CommittedRun]) -> tuple[str, str]:
-    ratios = step_ratios(target, target.read(runs))
+    ratios = _step_ratios(target, target.read(runs))
     return _described(ratios), _joined({name: r.verdict(target.threshold, target.compare) for name, r in ratios})
 
 
