@@ -10,7 +10,8 @@
 # run longer than one call's ten minutes; later calls (`--wait`) keep the machine warm and collect the results.
 # Every job writes under /tmp/h200/<job>/ and logs to /tmp/h200/logs/<job>.log; each call ends by packing
 # /tmp/h200 into $OUT/h200.tgz (one file back, all calls' results so far). The jobs are listed in job() below;
-# benchmarks/README.md says which call ran which jobs and what came out.
+# benchmarks/results/h200/README.md says which call ran which jobs and what came out. A bench file kept from a job goes
+# into benchmarks/results/h200/ with a key (and its series) in benchmarks/results/catalogue.json: no package edit.
 set -uo pipefail
 # /tmp/grpo-extra-site: wheels carried beside the bundle (.whl/: liger-kernel), put there by the device call with
 # `python3 -m pip install -q --no-index --no-deps --target /tmp/grpo-extra-site .whl/*.whl`

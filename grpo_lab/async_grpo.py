@@ -569,7 +569,7 @@ from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block
 __getattr__ = moved_names(__name__, moved={
     name: f"grpo_lab.async_trainer:{name}" for name in (
         "StalenessGate", "TakenSample", "completion_digest", "TorchTreeAttention", "attention_backend",
-        "trl_workarounds")})
+        "trl_workarounds")}, since="0.2.0")
 
 
 if __name__ == "__main__":

@@ -211,7 +211,7 @@ from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block
 __getattr__ = moved_names(__name__, moved={
     "run_dir": ("grpo_lab.runs:workspace", "a notebook's output folder, now under the runs root without 'latest/'"),
     "RUN_DIR_VAR": "grpo_lab.runs:RUN_DIR_ENV",
-})
+}, since="0.2.0")
 
 
 if __name__ == "__main__":

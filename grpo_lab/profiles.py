@@ -10,7 +10,8 @@ from __future__ import annotations
 from grpo_lab.deprecation import moved_names, warn_moved
 from grpo_lab.paths import TINY_MODEL_DIR
 
-warn_moved("grpo_lab.profiles", "grpo_lab.experiment", "profiles are TrainConfig overrides now", stacklevel=3)
+warn_moved("grpo_lab.profiles", "grpo_lab.experiment", "profiles are TrainConfig overrides now", stacklevel=3,
+           since="0.2.0")
 
 __getattr__ = moved_names(__name__, moved={
     "get_profile": ("grpo_lab.experiment:get_profile", "it returns the profile's TrainConfig: .profile for .name, "
@@ -23,4 +24,4 @@ __getattr__ = moved_names(__name__, moved={
 }, removed={
     "Profile": "a profile is now a grpo_lab.experiment.TrainConfig (experiment.get_profile(name))",
     "PROFILES": "grpo_lab.experiment.PROFILES holds each profile as TrainConfig overrides (a dict, not a Profile)",
-})
+}, since="0.2.0")

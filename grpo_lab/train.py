@@ -600,7 +600,7 @@ __getattr__ = moved_names(__name__, moved={
     "check_reward_errors": "TrainConfig(reward_errors=...) is checked when the config is made",
     "check_batch_shape": "TrainConfig checks its step's shape when it is made",
     "model_max_length": "use TrainConfig.resolve(machine).max_model_len",
-})
+}, since="0.2.0")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The benchmark: roofline arithmetic, alternation and medians, the results schema, and small real runs.
+"""The benchmark: roofline arithmetic, alternation and medians, the results schema, small real runs, and the catalogue
+of committed runs (benchmarks/results/catalogue.json) read back into records, tables and verdicts.
 
 Fast except two end-to-end runs: HF generate plus a one-step GRPO trainer (~20 s), and the only vLLM engine
 these tests start (~40 s on two cores), which checks fixed lengths, drawn lengths and prefix isolation.
@@ -7,15 +8,23 @@ these tests start (~40 s on two cores), which checks fixed lengths, drawn length
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from grpo_lab import bench
-from grpo_lab.bench import DeviceRates, ModelCost, roofline
-from grpo_lab.bench.grpo_step import _step_summary
+from grpo_lab.bench.catalogue import CATALOGUE_FILE, CatalogueError, read_catalogue
+from grpo_lab.bench.cli import key_value
+from grpo_lab.bench.committed import ENGINE_PARTS, deferred_correction
+from grpo_lab.bench.grpo_step import Turns, _step_summary, interleaved_turns
+from grpo_lab.bench.results import SCHEMA, check_results, paired_step_ratios
+from grpo_lab.bench.rollout_bench import Measurement
+from grpo_lab.bench.roofline import DeviceRates, ModelCost, extra_forwards, roofline, sequence_flops, update_mfu
+from grpo_lab.bench.stacks import Stacks, function_of
+from grpo_lab.bench.stats import MIN_RUNS, alternating_orders, median, paired_ratios
 from grpo_lab.errors import DataError
-from grpo_lab.paths import RESULTS_DIR
+from grpo_lab.paths import BENCHMARKS_DIR, RESULTS_DIR
 from grpo_lab.rollout import RolloutConfig, Sampling, load_tokenizer
 from grpo_lab.rollout.engine import check_completion_lengths
 
@@ -25,6 +34,11 @@ TOY = ModelCost(params=1000, embedding_params=100, tied_embeddings=True, bytes_p
                 attention_width=4, kv_bytes_per_token=8)
 SLOW_DEVICE = DeviceRates(kind="cpu", name="toy", dtype="bfloat16", bandwidth_bytes_per_s=1000.0,
                           matmul_flops_per_s=10_000.0)
+
+
+@pytest.fixture(scope="module")
+def catalogue():
+    return read_catalogue()
 
 
 # ---- roofline -------------------------------------------------------------------------------------------
@@ -82,9 +96,9 @@ def test_measure_device_reports_positive_rates():
 
 # ---- timing logic ---------------------------------------------------------------------------------------
 def test_median_and_alternating_orders():
-    assert bench.median([3.0, 1.0, 2.0]) == 2.0
-    assert bench.median([4.0, 1.0, 2.0, 3.0]) == 2.5
-    orders = bench.alternating_orders(("hf", "vllm", "vllm+prefix"), 4)
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    orders = alternating_orders(("hf", "vllm", "vllm+prefix"), 4)
     assert orders == [["hf", "vllm", "vllm+prefix"], ["vllm", "vllm+prefix", "hf"],
                       ["vllm+prefix", "hf", "vllm"], ["hf", "vllm", "vllm+prefix"]]
     assert {order[0] for order in orders[:3]} == {"hf", "vllm", "vllm+prefix"}  # each config leads once
@@ -95,7 +109,7 @@ def test_measurement_takes_the_median_of_tokens_per_second():
         def __init__(self, seconds, tokens):
             self.generate_s, self.new_tokens, self.outputs = seconds, tokens, []
 
-    m = bench.Measurement()
+    m = Measurement()
     for seconds, tokens in ((2.0, 100), (1.0, 100), (4.0, 100)):
         m.times_s.append(seconds)
         m.new_tokens.append(tokens)
@@ -133,15 +147,17 @@ def test_step_memory_plans_one_trainer_of_the_bench_step_as_it_runs():
     assert not shape.gradient_checkpointing and shape.beta > 0 and shape.max_completion_length == 256
 
 
-def test_committed_low_end_runs_carry_each_runs_settings_and_the_targets_verdict():
-    """bench.committed_low_end_runs: one row per run the low-end targets read, with the micro-batch and correction the
-    file records and the same verdict as the targets table."""
-    rows = bench.committed_low_end_runs()
-    assert len(rows) == sum(len(keys) for _, _, keys in bench.LOW_END_TARGETS)
-    table = {t["target"]: t["verdict"] for t in bench.committed_grpo_step_targets()}
-    for what, threshold, _ in bench.LOW_END_TARGETS:
-        for row in (r for r in rows if r["low end needed"] == f"{threshold:.1f}x"):
-            assert f"{row['file']}: {row['verdict']}" in table[what]
+def test_run_verdicts_carry_each_runs_settings_and_the_targets_verdict(catalogue):
+    """Catalogue.run_verdicts: one row per run a step target reads (the low-end targets here), with the micro-batch and
+    correction the file records and the same verdict as the targets table."""
+    rows = []
+    for target_id in ("fixed low end", "ragged low end"):
+        target, table = catalogue.target(target_id), catalogue.verdict(target_id).verdict
+        own = catalogue.run_verdicts(target_id)
+        assert [r["file"] for r in own] == [catalogue.runs[key].name for key in target.reads]
+        assert all(f"{row['file']}: {row['verdict']}" in table and row["needed"] == f"{target.threshold:.1f}x"
+                   for row in own)
+        rows += own
     by_file = {r["file"].removeprefix("grpo_step_seed_qwen2.5-0.5b_").removesuffix(".json"): r for r in rows}
     assert (by_file["fixed_mb128_4"]["micro-batch"], by_file["fixed_mb128_4"]["correction"]) == (128, "on")
     assert (by_file["ragged_nocorrection"]["micro-batch"], by_file["ragged_nocorrection"]["correction"]) == (32, "off")
@@ -163,8 +179,8 @@ def test_bad_profile_and_lengths_and_engine_options_are_refused():
         Sampling(max_tokens=8, min_tokens=9)
     with pytest.raises(ValueError, match="vllm_options sets \\['enable_prefix_caching'\\]"):
         RolloutConfig(vllm_options={"enable_prefix_caching": False})
-    assert bench.key_value("async_scheduling=true") == ("async_scheduling", True)
-    assert bench.key_value("cache_implementation=static") == ("cache_implementation", "static")
+    assert key_value("async_scheduling=true") == ("async_scheduling", True)
+    assert key_value("cache_implementation=static") == ("cache_implementation", "static")
 
 
 def test_step_split_and_bottleneck():
@@ -185,7 +201,7 @@ def test_step_split_and_bottleneck():
 
 # ---- results schema ---------------------------------------------------------------------------------------
 def _minimal_results() -> dict:
-    return {"schema": bench.SCHEMA, "created": "now", "command": "", "profile": {}, "parts": ["rollout"],
+    return {"schema": SCHEMA, "created": "now", "command": "", "profile": {}, "parts": ["rollout"],
             "model": {"path": "m", "weights": "real", "dtype": "float32", "params": 1}, "environment": {},
             "load_average": {}, "notes": [],
             "rollout": {"workload": {}, "method": "", "configs": {}, "settings": {}, "load_s": {},
@@ -197,11 +213,11 @@ def _minimal_results() -> dict:
 
 def test_check_results_names_every_missing_key():
     results = _minimal_results()
-    assert bench.check_results(results) is results
+    assert check_results(results) is results
     del results["environment"]
     del results["rollout"]["variants"]["fixed"]["configs"]["hf"]["median_s"]
     with pytest.raises(ValueError, match=r"environment, .*rollout\.variants\.fixed\.configs\.hf\.median_s"):
-        bench.check_results(results)
+        check_results(results)
 
 
 @pytest.mark.skipif(not COMMITTED_CPU.is_file(), reason="no committed CPU results yet")
@@ -256,7 +272,7 @@ def test_vllm_fixed_drawn_lengths_and_prefix_isolation_on_one_engine():
         assert rollout["variants"]["fixed"]["configs"][name]["new_tokens"] == [4 * 2 * 8]
         assert rollout["variants"]["ragged"]["configs"][name]["new_tokens"] == [drawn]
     assert rollout["settings"]["vllm+prefix"]["vllm_options"] == {"block_size": 32}
-    assert json.loads(json.dumps(results, default=str))["schema"] == bench.SCHEMA
+    assert json.loads(json.dumps(results, default=str))["schema"] == SCHEMA
 
 
 def test_ragged_view_of_a_model_ends_completions_at_a_stated_share_of_the_vocabulary(tmp_path):
@@ -273,25 +289,25 @@ def test_ragged_view_of_a_model_ends_completions_at_a_stated_share_of_the_vocabu
 
 
 def test_update_mfu_counts_model_flops_of_forward_backward_and_extra_forwards():
-    cost = bench.ModelCost(params=1000, embedding_params=100, tied_embeddings=True, bytes_per_param=2, layers=2,
+    cost = ModelCost(params=1000, embedding_params=100, tied_embeddings=True, bytes_per_param=2, layers=2,
                            attention_width=4, kv_bytes_per_token=32)
     # backbone 900 weights on all 10 tokens, the head (100) on the 6 completion tokens, attention 2*2*4*10^2
-    assert bench.sequence_flops(cost, 4, 6) == 2 * 900 * 10 + 2 * 100 * 6 + 2 * 2 * 4 * 100
+    assert sequence_flops(cost, 4, 6) == 2 * 900 * 10 + 2 * 100 * 6 + 2 * 2 * 4 * 100
     step = {"median": {"update_s": 2.0, "mean_completion_tokens": 6}}
-    mfu = bench.update_mfu(step, cost, 4, completions=8, peak_flops=1e6, extra_forwards=bench.extra_forwards("vllm", 0.04))
-    flops = 8 * bench.sequence_flops(cost, 4, 6) * 5  # forward + backward (3) + old log-probs + reference
+    mfu = update_mfu(step, cost, 4, completions=8, peak_flops=1e6, extra_forwards=extra_forwards("vllm", 0.04))
+    flops = 8 * sequence_flops(cost, 4, 6) * 5  # forward + backward (3) + old log-probs + reference
     assert mfu["mfu"] == pytest.approx(flops / 2.0 / 1e6) and mfu["extra_forwards"] == 2
-    assert bench.extra_forwards("hf", 0.0) == 0
+    assert extra_forwards("hf", 0.0) == 0
     # the correction taken from the loss's own forward (grpo_lab.trainer.defers_correction): no old log-prob pass
-    assert bench.extra_forwards("vllm", 0.04, deferred_correction=True) == 1
+    assert extra_forwards("vllm", 0.04, deferred_correction=True) == 1
     # the correction off: TRL 1.16 computes no old log-probs when one generation feeds one optimizer step
-    assert bench.extra_forwards("vllm", 0.04, importance_sampling_correction=False) == 1
+    assert extra_forwards("vllm", 0.04, importance_sampling_correction=False) == 1
 
 
-def test_committed_mfu_counts_no_old_forward_where_the_correction_was_off():
-    """Session 9's file with the correction off was first reported at 28.1 % with an old-log-prob forward TRL never
-    ran; the split counts the forwards from the recorded settings."""
-    rows = {(r["file"], r["backend"]): r for r in bench.committed_grpo_split()}
+def test_committed_mfu_counts_no_old_forward_where_the_correction_was_off(catalogue):
+    """A file with the correction off records an MFU that counted an old-log-prob forward TRL never ran (its bench
+    predates the fix); the split counts the forwards from the recorded settings."""
+    rows = {(r["file"], r["backend"]): r for r in catalogue.grpo_split()}
     off = rows[("grpo_step_seed_qwen2.5-0.5b_fixed_nocorrection.json", "vllm")]
     on = rows[("grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_7.json", "vllm")]
     data = json.loads((RESULTS_DIR / "h200" / "grpo_step_seed_qwen2.5-0.5b_fixed_nocorrection.json").read_text())
@@ -301,80 +317,102 @@ def test_committed_mfu_counts_no_old_forward_where_the_correction_was_off():
     assert on["update MFU"] < 0.25 and off["update MFU"] < 0.25
 
 
-def test_committed_numbers_are_read_from_their_files():
+def test_committed_numbers_are_read_from_their_files(catalogue):
     """Notebooks 03 and 06 quote the committed GPU results through these, never from prose."""
-    from grpo_lab.paths import BENCHMARKS_DIR, RESULTS_DIR
-
     smollm2 = bench.committed_smollm2_steps(BENCHMARKS_DIR / "grpo_smollm2")
     assert smollm2["steps"] == (3, 6) and smollm2["hf_step_s"] == 7.607
     assert 1.8 < smollm2["vllm_step_s"] < 2.0 and smollm2["speedup"] == pytest.approx(7.607 / smollm2["vllm_step_s"])
-    headlines = {(r.model, r.variant): r for r in bench.committed_rollout_headlines(RESULTS_DIR / "h200")}
-    large = headlines[("qwen2.5-1.5b", "ragged")]
+    headlines = {(r.model, r.variant, r.provenance.file): r for r in catalogue.rollout_headlines()}
+    large = headlines[("qwen2.5-1.5b", "ragged", "bench_seed_qwen2.5-1.5b.json")]
     assert large.best == "vllm" and large.speedup.median == pytest.approx(5.833, abs=0.05)
     assert large.speedup.low <= large.speedup.median <= large.speedup.high and large.speedup.interleaved
     assert large.provenance.device == "NVIDIA H200" and "--shape qwen2.5-1.5b" in large.provenance.command
-    targets = bench.committed_targets(RESULTS_DIR / "h200", BENCHMARKS_DIR / "grpo_smollm2")
-    assert [t["target"] for t in targets] == [t[0] for t in bench.PERFORMANCE_TARGETS]
+    rollout, steps = catalogue.verdict("ragged rollout"), catalogue.verdict("step 4x")
     # the 1.5B rollout file has 3 repeats per config and the first step files 2 steps, run one backend after the
-    # other: no claim, whatever the medians say; the 0.5B rollout's newest file (5 repeats) gets a verdict
-    assert targets[0]["verdict"] == "qwen2.5-0.5b: missed; qwen2.5-1.5b: 3 runs each: no spread, not a claim"
-    small = bench.committed_ragged_headlines(RESULTS_DIR / "h200")["qwen2.5-0.5b"]
-    assert small.provenance.path.name == "bench_seed_qwen2.5-0.5b_repeats5.json" and small.speedup.is_claim
-    assert "2 runs each, not interleaved: no spread, not a claim" in targets[1]["verdict"]
-    assert "0.98x" in targets[1]["measured"] and "5.8" in targets[0]["measured"]
+    # other: no claim, whatever the medians say; the 0.5B rollout with 5 repeats gets a verdict
+    assert rollout.verdict == "qwen2.5-0.5b: missed; qwen2.5-1.5b: 3 runs each: no spread, not a claim"
+    assert catalogue.target("ragged rollout").reads == ("rollout 0.5b 5 repeats", "rollout 1.5b")
+    assert "2 runs each, not interleaved: no spread, not a claim" in steps.verdict
+    assert "0.98x" in steps.measured and "5.8" in rollout.measured
+    assert steps.measured.endswith(f"SmolLM2-135M steps 3-6: {smollm2['speedup_range'].describe()}")
 
 
-def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_files(tmp_path):
+def test_the_grpo_step_split_and_its_targets_are_computed_from_the_committed_files(catalogue, tmp_path):
     """Notebook 06's table of the step and the targets in benchmarks/results/README.md: every number from the files,
     every verdict from the conservative end of a range, and no verdict from files that cannot make a claim."""
-    import shutil
-
-    from grpo_lab.paths import RESULTS_DIR
-
-    rows = bench.committed_grpo_split(RESULTS_DIR / "h200")
+    rows = catalogue.grpo_split()
     fixed = {r["backend"]: r for r in rows if r["file"].endswith("_fixed.json")}
-    data = bench.load_results(bench.committed_file("grpo step fixed"))["grpo_step"]
+    data = catalogue.run("grpo step fixed").step
     assert fixed["vllm"]["step"] == round(data["backends"]["vllm"]["median"]["step_s"], 2)
     assert fixed["vllm"]["vs hf"] == round(data["speedup_vs_hf"], 2) and fixed["hf"]["vs hf"] == 1.0
     assert {"vllm_generate", "weight_sync", "old_ref_logps", "backward_optimizer"} <= set(fixed["vllm"])
     assert all(0 < r["update MFU"] < 1 for r in rows)
-    targets = bench.committed_grpo_step_targets(RESULTS_DIR / "h200")
-    assert [t["target"] for t in targets[:3]] == [t[0] for t in bench.GRPO_STEP_TARGETS]
-    assert [t["target"] for t in targets[3:]] == [bench.MFU_TARGET[0], bench.VLLM_MFU_TARGET[0], bench.REPEAT_TARGET,
-                                                  *(t[0] for t in bench.LOW_END_TARGETS)]
-    best = max(r["update MFU"] for r in rows if r["backend"] == "vllm" and r["workload"] == "fixed")
-    assert targets[4]["measured"].startswith(f"{best:.1%} at best")
-    assert targets[4]["verdict"] == ("met" if best >= bench.VLLM_MFU_TARGET[1] else "missed")
-    ragged = bench.step_ratio(bench.load_results(bench.committed_file(bench.RAGGED_RUN))["grpo_step"])
-    assert ragged.is_claim and targets[2]["measured"] == ragged.describe()  # the interleaved ragged file
-    assert targets[2]["verdict"] == ragged.verdict(bench.GRPO_STEP_TARGETS[2][1])
-    runs = [bench.step_ratio(bench.load_results(bench.committed_file(key))["grpo_step"])
-            for key in bench.INTERLEAVED_RUNS]
-    assert all(r.is_claim for r in runs) and f"range {runs[0].low:.2f}x..{runs[0].high:.2f}x" in targets[1]["measured"]
-    assert targets[5]["measured"].startswith(
-        "micro-batches of 32: " + " and ".join(f"{r.low:.2f}x..{r.high:.2f}x" for r in runs)
-        + "; fixed, micro-batches of 128: ") and "; ragged, micro-batches of 128: " in targets[5]["measured"]
-    # the fixed-length verdict and the overlap, from made-up interleaved files: a verdict from each low end
-    for path in (RESULTS_DIR / "h200").glob("grpo_step_seed_qwen2.5-0.5b*.json"):
-        shutil.copy(path, tmp_path / path.name)
-    made_up = ([4.0, 4.5, 4.8, 4.2, 5.2], *[[3.0, 3.1, 3.2, 3.1, 3.0]] * (len(bench.INTERLEAVED_RUNS) - 1))
-    for key, vllm in zip(bench.INTERLEAVED_RUNS, made_up, strict=True):
-        changed = json.loads(bench.committed_file(key, tmp_path).read_text())
-        changed["grpo_step"]["backends"]["hf"]["step_s"] = [10.0, 10.5, 11.0, 10.2, 10.8]
-        changed["grpo_step"]["backends"]["vllm"]["step_s"] = vllm  # 10 / 5.2 = 1.92 .. 2.75; 10 / 3.2 = 3.12 .. 3.67
-        bench.committed_file(key, tmp_path).write_text(json.dumps(changed))
-    again = bench.committed_grpo_step_targets(tmp_path)
-    assert "range 1.92x..2.75x" in again[1]["measured"] and "range 3.12x..3.67x" in again[1]["measured"]
-    assert again[1]["verdict"].endswith("_1.json: not met (only the high end reaches 2.00x); "
-                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_2.json: met; "
-                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_3.json: met; "
-                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_4.json: met; "
-                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_5.json: met; "
-                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_6.json: met; "
-                                        "grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_7.json: met")
-    assert again[5]["verdict"] == ("micro-batches of 32: missed; fixed, micro-batches of 128: met; "
-                                   "ragged, micro-batches of 128: met"), (
+    verdicts = {v.target.id: v for v in catalogue.verdicts()}
+    assert list(verdicts) == [t.id for t in catalogue.targets] and len(verdicts) == 11
+    mfu = catalogue.target("vLLM update MFU")
+    best = max(r["update MFU"] for key in mfu.reads for r in catalogue.runs[key].split() if r["backend"] == "vllm")
+    assert verdicts["vLLM update MFU"].measured.startswith(f"{best:.1%} at best")
+    assert verdicts["vLLM update MFU"].verdict == ("met" if best >= mfu.threshold else "missed")
+    ragged = catalogue.run("grpo step ragged micro-batch 128 2").step_ratio()
+    assert ragged.is_claim and verdicts["ragged step 3.3x"].measured == ragged.describe()  # one run: no name
+    assert verdicts["ragged step 3.3x"].verdict == ragged.verdict(3.3)
+    runs = [run.step_ratio() for run in catalogue.in_series("fixed interleaved")]
+    assert len(runs) == 7 and all(r.is_claim for r in runs)
+    assert f"range {runs[0].low:.2f}x..{runs[0].high:.2f}x" in verdicts["fixed step 2x"].measured
+    repeats = verdicts["repeats overlap"].measured
+    assert repeats.startswith("micro-batches of 32: " + " and ".join(f"{r.low:.2f}x..{r.high:.2f}x" for r in runs)
+                              + "; fixed, micro-batches of 128: ") and "; ragged, micro-batches of 128: " in repeats
+    # the fixed-length verdict and the overlap, from made-up interleaved files in a copy of the catalogue's folder
+    copy = tmp_path / "results"
+    for path in [*RESULTS_DIR.glob("*/*.json"), catalogue.engine_profile_file]:
+        (copy / path.parent.name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, copy / path.parent.name / path.name)
+    entries = json.loads(CATALOGUE_FILE.read_text())
+    next(t for t in entries["targets"] if "smollm2" in t)["smollm2"]["folder"] = str(BENCHMARKS_DIR / "grpo_smollm2")
+    (copy / CATALOGUE_FILE.name).write_text(json.dumps(entries))
+    made_up = ([4.0, 4.5, 4.8, 4.2, 5.2], *[[3.0, 3.1, 3.2, 3.1, 3.0]] * 6)
+    for run, vllm in zip(catalogue.in_series("fixed interleaved"), made_up, strict=True):
+        changed = copy / run.path.parent.name / run.name
+        results = json.loads(changed.read_text())
+        results["grpo_step"]["backends"]["hf"]["step_s"] = [10.0, 10.5, 11.0, 10.2, 10.8]
+        results["grpo_step"]["backends"]["vllm"]["step_s"] = vllm  # 10 / 5.2 = 1.92 .. 2.75; 10 / 3.2 = 3.12 .. 3.67
+        changed.write_text(json.dumps(results))
+    again = read_catalogue(copy / CATALOGUE_FILE.name)
+    fixed_step = again.verdict("fixed step 2x")
+    assert "range 1.92x..2.75x" in fixed_step.measured and "range 3.12x..3.67x" in fixed_step.measured
+    assert fixed_step.verdict == ("grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_1.json: not met (only the high end "
+                                  "reaches 2.00x); " + "; ".join(f"grpo_step_seed_qwen2.5-0.5b_fixed_interleaved_{i}"
+                                                                 ".json: met" for i in range(2, 8)))
+    assert again.verdict("repeats overlap").verdict == (
+        "micro-batches of 32: missed; fixed, micro-batches of 128: met; ragged, micro-batches of 128: met"), (
         "1.92..2.75 and 3.12..3.67 do not overlap; the committed runs in micro-batches of 128 do")
+
+
+def test_the_catalogue_names_every_committed_file_and_checks_what_it_reads(tmp_path):
+    """A results file the catalogue does not name, a series or target that reads an unknown name, and an unknown
+    measure are errors that say which; the committed catalogue has none, and every series and target reads runs."""
+    catalogue = read_catalogue()
+    assert {run.path for run in catalogue.runs.values()} == set(RESULTS_DIR.glob("*/*.json"))
+    assert all(run.plot.is_file() for run in catalogue.runs.values() if run.is_bench)
+    assert all(series.runs for series in catalogue.series.values())
+    assert all(target.reads or target.groups for target in catalogue.targets)
+    assert catalogue.file("rollout 1.5b", ".png").is_file() and catalogue.engine_profile_file.is_file()
+    entries = json.loads(CATALOGUE_FILE.read_text())
+    (tmp_path / "h200").mkdir()
+    for name in ("bench_seed_qwen2.5-0.5b.json", "unnamed.json"):
+        shutil.copy(RESULTS_DIR / "h200" / "bench_seed_qwen2.5-0.5b.json", tmp_path / "h200" / name)
+    small = {"runs": {"rollout 0.5b": "h200/bench_seed_qwen2.5-0.5b"}, "series": {},
+             "engine_profile": {"file": "none.txt", "run": "rollout 0.5b"}, "targets": []}
+    for change, error in (({}, r"does not name h200/unnamed\.json"),
+                          ({"series": {"s": {"runs": ["nope"]}}}, r"series 's' reads 'nope', which is neither"),
+                          ({"targets": [{**entries["targets"][0], "measure": "speed"}]},
+                           r"measure 'speed' is not one")):
+        (tmp_path / "catalogue.json").write_text(json.dumps({**small, **change}))
+        with pytest.raises(CatalogueError, match=error):
+            read_catalogue(tmp_path / "catalogue.json")
+        (tmp_path / "h200" / "unnamed.json").unlink(missing_ok=True)  # the next cases are about other errors
+    (tmp_path / "catalogue.json").write_text(json.dumps(small))
+    assert list(read_catalogue(tmp_path / "catalogue.json").runs) == ["rollout 0.5b"]
 
 
 def test_a_ratio_range_pairs_the_extremes_and_its_verdict_uses_the_conservative_end():
@@ -389,41 +427,40 @@ def test_a_ratio_range_pairs_the_extremes_and_its_verdict_uses_the_conservative_
     assert few.verdict(1.0) == few.caveat() == "2 runs each, not interleaved: no spread, not a claim"
     assert bench.speedup_range([1.0] * 4, [1.0] * 5, interleaved=True).caveat() == (
         "4 and 5 runs: no spread, not a claim")
-    assert bench.get_bench_profile("tiny").grpo_steps >= bench.MIN_RUNS
-    assert bench.get_bench_profile("seed").grpo_steps >= bench.MIN_RUNS
+    assert bench.get_bench_profile("tiny").grpo_steps >= MIN_RUNS
+    assert bench.get_bench_profile("seed").grpo_steps >= MIN_RUNS
 
 
 def test_paired_ratios_cancel_a_drift_that_the_range_keeps():
     """Both backends slowing down together through a run (the machine) widens the range of extremes, not the ratios
     round by round; uneven rounds are refused."""
     hf, vllm = [10.0, 12.0, 14.0, 16.0, 18.0], [5.0, 6.0, 7.0, 8.0, 9.0]  # every round exactly 2x
-    paired = bench.paired_ratios(hf, vllm)
+    paired = paired_ratios(hf, vllm)
     assert paired.min == paired.max == 2.0
     ratio = bench.speedup_range(hf, vllm, interleaved=True)
     assert ratio.low == pytest.approx(10 / 9) and ratio.high == pytest.approx(18 / 5)
     with pytest.raises(DataError, match="same number of rounds"):
-        bench.paired_ratios(hf, vllm[:4])
-    assert bench.paired_step_ratios({"backends": {"hf": {"step_s": hf}, "vllm": {"step_s": vllm}}}) is None
+        paired_ratios(hf, vllm[:4])
+    assert paired_step_ratios({"backends": {"hf": {"step_s": hf}, "vllm": {"step_s": vllm}}}) is None
 
 
-def test_committed_paired_ratios_read_each_interleaved_file_round_by_round():
-    rows = {r["file"]: r for r in bench.committed_paired_step_ratios()}
-    path = bench.committed_file("grpo step ragged interleaved 4")
-    step = bench.load_results(path)["grpo_step"]
-    hf, vllm = step["backends"]["hf"]["step_s"], step["backends"]["vllm"]["step_s"]
-    row = rows[path.name]
+def test_committed_paired_ratios_read_each_interleaved_file_round_by_round(catalogue):
+    rows = {r["file"]: r for r in catalogue.paired_step_ratios()}
+    run = catalogue.run("grpo step ragged interleaved 4")
+    hf, vllm = run.step["backends"]["hf"]["step_s"], run.step["backends"]["vllm"]["step_s"]
+    row = rows[run.name]
     assert row["rounds"] == " ".join(f"{h / v:.2f}" for h, v in zip(hf, vllm))
-    ratio = bench.step_ratio(step)
+    ratio = run.step_ratio()
     assert row["range (extremes)"] == f"{ratio.low:.2f}x..{ratio.high:.2f}x"
     low = min(h / v for h, v in zip(hf, vllm))
     assert ratio.low <= low and row["round by round"].startswith(f"{low:.2f}x")
-    assert bench.committed_file("grpo step fixed").name not in rows  # its backends ran one after the other
+    assert catalogue.file("grpo step fixed").name not in rows  # its backends ran one after the other
 
 
 def test_interleaved_turns_alternate_after_each_backends_warm_up():
-    assert bench.interleaved_turns(("hf", "vllm"), 1, 3) == ["hf", "vllm", "hf", "vllm", "hf", "vllm", "hf", "vllm"]
-    assert bench.interleaved_turns(("hf", "vllm"), 2, 1) == ["hf", "hf", "vllm", "vllm", "hf", "vllm"]
-    assert bench.interleaved_turns(("hf",), 1, 2) == ["hf", "hf", "hf"]
+    assert interleaved_turns(("hf", "vllm"), 1, 3) == ["hf", "vllm", "hf", "vllm", "hf", "vllm", "hf", "vllm"]
+    assert interleaved_turns(("hf", "vllm"), 2, 1) == ["hf", "hf", "vllm", "vllm", "hf", "vllm"]
+    assert interleaved_turns(("hf",), 1, 2) == ["hf", "hf", "hf"]
 
 
 def test_two_real_trainers_take_whole_steps_in_turn(tmp_path):
@@ -438,8 +475,8 @@ def test_two_real_trainers_take_whole_steps_in_turn(tmp_path):
                                       grpo_steps=2, grpo_warmup_steps=1, per_device_train_batch_size=4)
     rows = bench.seed_workload(load_tokenizer(resolve_model()), 2, 32)
     write_jsonl(rows, tmp_path / "rows.jsonl")
-    order = [name.replace("vllm", "other") for name in bench.interleaved_turns(("hf", "vllm"), 1, 2)]
-    turns, trainers, clocks = bench.Turns(order), {}, {}
+    order = [name.replace("vllm", "other") for name in interleaved_turns(("hf", "vllm"), 1, 2)]
+    turns, trainers, clocks = Turns(order), {}, {}
     for name in ("hf", "other"):
         config = bench.grpo_step_config(profile, resolve_model(), tmp_path / "rows.jsonl", 48, "cpu",
                                         output_dir=str(tmp_path / name)).resolve(Machine.detect())
@@ -454,45 +491,53 @@ def test_two_real_trainers_take_whole_steps_in_turn(tmp_path):
 def test_committed_mfu_counts_only_the_forwards_the_trainer_ran():
     vllm, hf = {"settings": {"beta": 0.04}}, {"settings": {"beta": 0.04}}
     # before the bench recorded it: the trainer deferred the correction from 2026-12-01 17:56 UTC (commit 095862f)
-    assert bench.deferred_correction(vllm, "vllm", "2026-12-02T04:43:46+0000")
-    assert not bench.deferred_correction(vllm, "vllm", "2026-12-01T08:44:29+0000")
-    assert not bench.deferred_correction(hf, "hf", "2026-12-02T04:43:46+0000")
+    assert deferred_correction(vllm, "vllm", "2026-12-02T04:43:46+0000")
+    assert not deferred_correction(vllm, "vllm", "2026-12-01T08:44:29+0000")
+    assert not deferred_correction(hf, "hf", "2026-12-02T04:43:46+0000")
     recorded = {"settings": {"beta": 0.04, "deferred_correction": False}}
-    assert not bench.deferred_correction(recorded, "vllm", "2026-12-02T04:43:46+0000")
+    assert not deferred_correction(recorded, "vllm", "2026-12-02T04:43:46+0000")
 
 
-def test_committed_host_work_reads_the_host_counters_of_each_backend():
-    rows = bench.committed_host_work()
+def test_committed_host_work_reads_the_host_counters_of_each_backend(catalogue):
+    rows = catalogue.host_work()
     files = {r["file"] for r in rows}
-    assert files == {bench.committed_file(key).name for key in (  # the files that recorded them
-        "grpo step interleaved 4", "grpo step interleaved 5", "grpo step interleaved 6",
-        "grpo step interleaved 7", *bench.RAGGED_RUNS[1:], *bench.NO_CORRECTION_RUNS, *bench.MICRO_BATCH_RUNS)}
-    data = bench.load_results(bench.committed_file("grpo step interleaved 4"))["grpo_step"]["backends"]["vllm"]
+    recorded = [*catalogue.series["fixed interleaved"].runs[3:], *catalogue.series["ragged interleaved"].runs[1:]]
+    for name in ("fixed no correction", "ragged no correction", "fixed micro-batch 128", "fixed micro-batch 64",
+                 "ragged micro-batch 128"):
+        recorded += catalogue.series[name].runs
+    assert files == {catalogue.runs[key].name for key in recorded}  # the files that recorded them
+    data = catalogue.run("grpo step interleaved 4").step["backends"]["vllm"]
     row = next(r for r in rows if r["file"].endswith("_fixed_interleaved_4.json") and r["backend"] == "vllm")
-    assert row["host CPU s"] == round(bench.median(data["host"]["host_cpu_s"]), 2)
-    assert row["CPU / step"] == round(bench.median(data["host"]["host_cpu_s"]) / bench.median(data["step_s"]), 2)
-    assert row["driver allocations"] == round(bench.median(data["host"]["driver_allocations"]))
+    assert row["host CPU s"] == round(median(data["host"]["host_cpu_s"]), 2)
+    assert row["CPU / step"] == round(median(data["host"]["host_cpu_s"]) / median(data["step_s"]), 2)
+    assert row["driver allocations"] == round(median(data["host"]["driver_allocations"]))
 
 
-def test_the_committed_engine_profile_splits_vllms_generate_into_its_parts():
-    """py-spy's samples inside LLM.generate in the trainer (session 8): the engine's loop is mostly the host's Python,
-    the device's forward and sampling a fifth of it."""
-    stacks = bench.Stacks.read(bench.ENGINE_PROFILE)
+def test_the_committed_engine_profile_splits_vllms_generate_into_its_parts(catalogue):
+    """py-spy's samples inside LLM.generate in the trainer (the catalogue's engine profile): the engine's loop is
+    mostly the host's Python, the device's forward and sampling a fifth of it."""
+    stacks = Stacks.read(catalogue.engine_profile_file)
     assert stacks.total > 500 and all(len(stack) <= 12 for stack in stacks.counts)
     assert not any(":" in frame.rsplit("(", 1)[-1] for stack in stacks.counts for frame in stack)  # no line numbers
-    rows = {row["part"]: row["share"] for row in bench.committed_engine_profile()}
-    assert len(rows) == len(bench.ENGINE_PARTS) + 1 and all(0 <= share <= 1 for share in rows.values())
+    rows = {row["part"]: row["share"] for row in catalogue.engine_profile()}
+    assert len(rows) == len(ENGINE_PARTS) + 1 and all(0 <= share <= 1 for share in rows.values())
     host = sum(share for part, share in rows.items() if "Scheduler" in part or "OutputProcessor" in part)
     device = sum(share for part, share in rows.items() if "execute_model" in part or "sample_tokens" in part)
     assert host > 0.6 and device < 0.3  # what notebook 06 says
+    assert catalogue.engine_profile_run in catalogue.series["fixed interleaved"].runs
 
 
 def test_stacks_cut_under_a_call_merge_line_numbers_and_write_back(tmp_path):
     raw = tmp_path / "raw.txt"
     raw.write_text("main (a.py:1);run (b.py:2);step (c.py:3) 5\nmain (a.py:1);run (b.py:2);step (c.py:4) 2\n"
                    "main (a.py:1);run (b.py:9) 4\nmain (a.py:1) 1\n", encoding="utf-8")
-    stacks = bench.Stacks.read(raw)
+    stacks = Stacks.read(raw)
     inside = stacks.under("run (b.py")
     assert inside.counts == {("step (c.py)",): 7}  # the samples in run's own body have no frame below it
-    assert bench.Stacks.read(inside.write(tmp_path / "cut.txt")) == inside
-    assert stacks.share("run (") == 11 / 12 and bench.function_of("f (x.py:12)") == "f (x.py)"
+    assert Stacks.read(inside.write(tmp_path / "cut.txt")) == inside
+    assert stacks.share("run (") == 11 / 12 and function_of("f (x.py:12)") == "f (x.py)"
+
+
+def test_the_results_readme_shows_the_verdicts_the_catalogue_computes(catalogue):
+    """benchmarks/results/README.md's table is `python -m grpo_lab.bench targets` of the committed catalogue."""
+    assert catalogue.targets_markdown() in (RESULTS_DIR / "README.md").read_text(encoding="utf-8")

@@ -1,7 +1,9 @@
 """What users import is a promise: grpo_lab.__all__ imports, every name that moved since 0.1.0 still works and warns
-with its new place, `import grpo_lab` stays cheap, and the version is pyproject's (CHANGELOG.md says what changed).
+with its new place and with versions computed from grpo_lab's, `import grpo_lab` stays cheap, and the version is
+pyproject's (CHANGELOG.md says what changed). The measurement lab (grpo_lab.bench) is outside the promise, small.
 
-pyproject filters DeprecationWarning out of test output; ``pytest.warns`` still sees it."""
+pyproject makes grpo_lab's own deprecation warnings errors (and ignores the libraries'); the tests below that use an
+old name on purpose catch the warning with ``pytest.warns``."""
 
 import importlib
 import json
@@ -15,6 +17,8 @@ import pytest
 import tomllib
 
 import grpo_lab
+from grpo_lab import bench
+from grpo_lab.deprecation import GrpoLabDeprecationWarning, next_release, shim_versions, warn_moved
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,14 +46,15 @@ def test_notebook_08_imports_are_public():
 
 
 def test_every_course_notebook_imports_only_public_names():
-    """What any notebook takes from grpo_lab's top level (``from grpo_lab import x, y``) is in the public list."""
+    """What any notebook takes from grpo_lab's top level (``from grpo_lab import x, y``) is in the public list, or is
+    the measurement lab (notebook 06's subject)."""
     for path in sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         source = "\n".join("".join(cell["source"]) for cell in json.loads(path.read_text())["cells"]
                            if cell["cell_type"] == "code")
         for names in re.findall(r"^from grpo_lab import ([\w, ]+)$", source, re.MULTILINE):
             for name in names.split(","):
                 name = name.split(" as ")[0].strip()
-                assert name in grpo_lab.__all__, f"{path.name} imports grpo_lab.{name}"
+                assert name in (*grpo_lab.__all__, *grpo_lab._LAB_MODULES), f"{path.name} imports grpo_lab.{name}"
 
 
 def test_import_grpo_lab_is_cheap():
@@ -67,7 +72,8 @@ def test_version_is_pyprojects():
     assert f"## [{grpo_lab.__version__}]" in (REPO_ROOT / "CHANGELOG.md").read_text()
 
 
-# Every shim: (module, old name) -> the new place the warning names and the object it must return.
+# Every shim: (module, old name) -> the new place the warning names and the object it must return. The shims of names
+# that moved in 0.2.0 (the first release with shims) come first; BENCH_MOVED's move in the release after __version__.
 MOVED = [
     ("grpo_lab.train", "evaluate", "grpo_lab.evaluation.evaluate"),
     ("grpo_lab.train", "Evaluation", "grpo_lab.evaluation.Evaluation"),
@@ -102,11 +108,25 @@ MOVED = [
     *[("grpo_lab.vllm_cpu_sync", name, f"grpo_lab.weight_sync.{name}") for name in (
         "install", "logprob_gap", "needs_cpu_sync", "repack_tied_lm_head", "sync_weights_via_reload",
         "trainer_logprobs", "vllm_logprobs", "vllm_runs_on_cpu")],
-    *[("grpo_lab.bench.committed", name, f"grpo_lab.bench.targets.{name}") for name in (
-        "GRPO_STEP_TARGETS", "MFU_TARGET", "REPEAT_TARGET", "INTERLEAVED_RUNS", "NO_CORRECTION_RUNS", "RAGGED_RUNS",
-        "LOW_END_TARGETS", "RAGGED_RUN", "ENGINE_RUN", "PERFORMANCE_TARGETS", "committed_grpo_step_targets",
-        "committed_targets", "targets_markdown")],
 ]
+
+# What grpo_lab.bench exported in 0.2.0 (its __all__ then): each name is still exported, or warns and answers from its
+# new place, or says what replaces it.
+BENCH_0_2_0 = (
+    "BENCH_PROFILES", "COMMITTED", "CONFIGS", "CONFIG_MEANING", "DATASHEET_RATES", "DEFAULT_PROFILE",
+    "GRPO_STEP_TARGETS", "GRPO_WORKLOADS", "MFU_TARGET", "MIN_RUNS", "OWN_LENGTHS", "PARTS", "PERFORMANCE_TARGETS",
+    "PREFIX_OFF_MEANING", "PREFIX_OFF_MODES", "RAGGED_MODES", "RAGGED_STOP_PROBABILITY", "REQUIRED_KEYS", "SCHEMA",
+    "SEED_REFERENCE", "STEP_FIELDS", "STEP_SPLIT", "VARIANTS", "BenchError", "BenchProfile", "DeviceRates",
+    "Measurement", "ModelCost", "Provenance", "RatioRange", "RolloutHeadline", "Roofline", "Spread", "StepRatio",
+    "Turns", "add_roofline", "alternating_orders", "bench_engine_config", "bottleneck", "build_parser",
+    "check_results", "committed_file", "committed_grpo_split", "committed_grpo_step_targets",
+    "committed_grpo_steps", "committed_grpo_table", "committed_rollout_headlines", "committed_rollout_table",
+    "committed_smollm2_steps", "committed_targets", "draw_lengths", "engine_probe", "extra_forwards",
+    "get_bench_profile", "grpo_step_bench", "grpo_step_config", "interleaved_turns", "key_value", "load_results",
+    "main", "measure_device", "median", "model_cost", "ragged_description", "ragged_model_dir", "rollout_bench",
+    "roofline", "run_bench", "save_results", "seed_workload", "sequence_flops", "speedup_range", "step_ratio",
+    "summary", "targets_markdown", "trl_engine_settings", "update_mfu", "workload_roofline",
+)
 
 
 def _old_module(name):
@@ -115,12 +135,104 @@ def _old_module(name):
         return importlib.import_module(name)
 
 
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def _check_versions(message: str, since_expected: str) -> None:
+    """A shim says since the release that ships the move and goes one minor version later, after this version."""
+    since, removed_in = re.search(r"since grpo-lab (\S+) and goes in (\S+):", message).groups()
+    assert since == since_expected
+    assert removed_in == next_release(since), "a shim goes one minor version after the release that shipped it"
+    assert _version(removed_in) > _version(grpo_lab.__version__), (
+        f"{message}: due to go in {removed_in}, and this is {grpo_lab.__version__}: remove the shim")
+
+
 @pytest.mark.parametrize(("module", "old", "new"), MOVED, ids=[f"{m}.{o}" for m, o, _ in MOVED])
-def test_moved_name_warns_with_its_new_place_and_still_works(module, old, new):
+def test_moved_name_warns_with_its_new_place_and_versions_and_still_works(module, old, new):
     new_module, _, new_name = new.rpartition(".")
-    with pytest.warns(DeprecationWarning, match=rf"{module}\.{old} is deprecated .* use {new} instead"):
+    with pytest.warns(GrpoLabDeprecationWarning, match=rf"{module}\.{old} is deprecated .* use {new} instead") as got:
         value = getattr(_old_module(module), old)
     assert value is getattr(importlib.import_module(new_module), new_name)
+    _check_versions(str(got[0].message), "0.2.0")  # every name in MOVED moved in 0.2.0
+
+
+@pytest.mark.parametrize("old", BENCH_0_2_0)
+def test_every_name_bench_exported_in_0_2_0_still_answers(old):
+    """Exported still; or moved in the coming release (warns, names its new place, which holds the same object; a
+    reader of committed runs answers through the catalogue); or removed with what to use instead."""
+    if old in bench.__all__:
+        return
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        try:
+            value = getattr(bench, old)
+        except AttributeError as error:
+            assert f"was removed in grpo-lab {next_release(grpo_lab.__version__)}: " in str(error) and not got
+            return
+    assert [w.category for w in got] == [GrpoLabDeprecationWarning], got
+    message = str(got[0].message)
+    assert message.startswith(f"grpo_lab.bench.{old} is deprecated")
+    _check_versions(message, next_release(grpo_lab.__version__))
+    new = re.search(r"use (\S+) instead", message).group(1)
+    if "(" not in new:  # the same object under its new name (the readers' and DEFAULT_PROFILE's shims compute theirs)
+        module, _, name = new.rpartition(".")
+        assert value is getattr(importlib.import_module(module), name)
+
+
+def test_shim_versions_are_computed_from_the_release():
+    assert next_release("0.2.0") == "0.3.0" and next_release("0.2.1") == "0.3.0" and next_release("1.4.2") == "1.5.0"
+    assert shim_versions("0.2.0") == ("0.2.0", "0.3.0")
+    upcoming = next_release(grpo_lab.__version__)  # a move not released yet ships in the next release
+    assert shim_versions() == (upcoming, next_release(upcoming))
+
+
+def test_grpo_labs_deprecation_warnings_fail_the_tests_and_the_libraries_do_not():
+    """pyproject's filterwarnings: a shim used by the project's own code is an error here; a library's
+    DeprecationWarning is not ours to fix and stays ignored."""
+    with pytest.raises(GrpoLabDeprecationWarning, match="grpo_lab.x is deprecated since grpo-lab"):
+        warn_moved("grpo_lab.x", "grpo_lab.y")
+    with pytest.raises(DeprecationWarning, match="grpo_lab.x is deprecated since grpo-lab"):
+        warnings.warn("grpo_lab.x is deprecated since grpo-lab 0.3.0 and goes in 0.4.0: use y", DeprecationWarning)
+    warnings.warn("a library's old argument", DeprecationWarning)  # ignored: no exception
+
+
+def test_bench_is_the_lab_outside_the_public_promise_with_few_names():
+    assert "bench" not in grpo_lab.__all__ and "bench" in grpo_lab._LAB_MODULES
+    assert len(bench.__all__) <= 25, bench.__all__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert all(getattr(bench, name) is not None for name in bench.__all__)
+
+
+@pytest.mark.parametrize("old", ["committed_file", "committed_grpo_split", "committed_grpo_steps",
+                                 "committed_grpo_table", "committed_rollout_headlines", "committed_rollout_table",
+                                 "targets_markdown"])
+def test_the_benchs_old_readers_are_the_catalogues(old):
+    """bench's 0.2.0 readers of committed runs warn and answer through the catalogue, with the same arguments."""
+    with pytest.warns(GrpoLabDeprecationWarning, match=rf"grpo_lab\.bench\.{old} is deprecated .* "
+                                                        r"use grpo_lab\.bench\.read_catalogue\(\)\."):
+        reader = getattr(bench, old)
+    new = getattr(bench.read_catalogue(), reader.__name__)
+    if old == "committed_file":
+        assert reader("rollout 1.5b", suffix=".png") == new("rollout 1.5b", suffix=".png")
+    else:
+        assert reader() == new()
+
+
+@pytest.mark.parametrize("old", ["COMMITTED", "GRPO_STEP_TARGETS", "MFU_TARGET", "PERFORMANCE_TARGETS",
+                                 "committed_grpo_step_targets", "committed_targets"])
+def test_the_benchs_run_tables_and_targets_are_data_now(old):
+    with pytest.raises(AttributeError, match=rf"{old} was removed in grpo-lab {next_release(grpo_lab.__version__)}: "
+                                             r"the committed runs .*/catalogue\.json"):
+        getattr(bench, old)
+
+
+def test_bench_default_profile_is_rebuilt_from_the_rule():
+    with pytest.warns(GrpoLabDeprecationWarning, match=r"use grpo_lab\.bench\.profiles\.default_profile_name"):
+        assert bench.DEFAULT_PROFILE == {"npu": "seed", "cuda": "seed", "cpu": "tiny"}
+    with pytest.warns(GrpoLabDeprecationWarning, match=r"Turns\(order, kind\) is deprecated since grpo-lab 0\.3\.0"):
+        bench.grpo_step.Turns(["hf"], "cpu")
 
 
 def test_from_import_of_a_moved_name_warns():
@@ -135,7 +247,7 @@ def test_from_import_of_a_moved_name_warns():
 def test_old_modules_warn_on_import(module):
     sys.modules.pop(module, None)
     new = {"grpo_lab.profiles": "grpo_lab.experiment", "grpo_lab.vllm_cpu_sync": "grpo_lab.weight_sync"}[module]
-    with pytest.warns(DeprecationWarning, match=rf"{module} is deprecated .* use {new} instead"):
+    with pytest.warns(DeprecationWarning, match=rf"{module} is deprecated since grpo-lab 0\.2\.0 .* use {new} instead"):
         importlib.import_module(module)
 
 

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 
 from grpo_lab import async_grpo, bench, device, plots, runs, scale
+from grpo_lab.bench.profiles import STEP_FIELDS
+from grpo_lab.bench.stats import median
 from grpo_lab.data import load_split, write_jsonl
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.paths import TINY_MODEL_DIR
@@ -50,7 +52,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 SCALE_OUT = REPO_ROOT / "benchmarks" / "scale_out" / "run.py"
 RUN_FILES = (scale.SERVER_LOG, scale.TRAINER_LOG, runs.METRICS_FILE, runs.CONFIG_FILE, scale.RESULT_FILE,
              async_grpo.RESULT_FILE)
-SIZES = (*bench.STEP_FIELDS, "prompt_tokens", "grpo_steps", "grpo_warmup_steps")
+SIZES = (*STEP_FIELDS, "prompt_tokens", "grpo_steps", "grpo_warmup_steps")
 NO_KL = {"beta": 0.0}
 # The reward curve: benchmarks/grpo_smollm2's recipe (16 prompts x 8 at T=0.7, lr 2e-5 with 10 warmup steps, bf16
 # autocast, correctness + 0.2 x format, English rows), without the KL term, for both layouts.
@@ -87,8 +89,8 @@ def timed(step_seconds: list[float], warmup: int) -> list[float]:
 
 def layout_row(step_seconds: list[float], warmup: int, completions_per_step: int, **facts) -> dict:
     steps = timed(step_seconds, warmup)
-    median = bench.median(steps)
-    return {"median_step_s": median, "completions_per_second": completions_per_step / median, "step_s": steps,
+    middle = median(steps)
+    return {"median_step_s": middle, "completions_per_second": completions_per_step / middle, "step_s": steps,
             "all_steps_s": step_seconds, "completions_per_step": completions_per_step, **facts}
 
 

@@ -17,7 +17,7 @@ import argparse
 import gc
 import time
 
-from grpo_lab.bench import Spread, speedup_range
+from grpo_lab.bench.stats import Spread, speedup_range
 from grpo_lab.data import load_split
 from grpo_lab.models import resolve_model
 from grpo_lab.rollout import RolloutConfig, open_engine

@@ -243,7 +243,7 @@ def comparison_rows(out: Path) -> list[dict]:
             smaller = replace(training, per_device_train_batch_size=small, steps_per_generation=None)
             predicted = rss_prediction(shape, training)["rss"] - rss_prediction(shape, smaller)["rss"]
         measured = r["measured_peak_mib"] * MIB
-        tokens = (f"{training.per_device_train_batch_size} × ({training.prompt_length} + "
+        tokens = (f"{training.per_device_train_batch_size} × ({training.max_prompt_length} + "
                   f"{training.max_completion_length})")
         rows.append({"where": "CPU", "case": r["case"], "quantity": r["kind"], "unit": "MiB",
                      "measured": r["measured_peak_mib"], "predicted": round(predicted / MIB, 1),

@@ -30,6 +30,9 @@ import time
 from pathlib import Path
 
 from grpo_lab import bench, device, scale
+from grpo_lab.bench.cli import key_value
+from grpo_lab.bench.profiles import STEP_FIELDS
+from grpo_lab.bench.stats import median
 from grpo_lab.data import write_jsonl
 from grpo_lab.paths import TINY_MODEL_DIR
 from grpo_lab.rollout import encode_prompts, load_tokenizer
@@ -37,7 +40,7 @@ from grpo_lab.rollout.compare import shaped_model_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 RUN_FILES = (scale.SERVER_LOG, scale.TRAINER_LOG, scale.RESULT_FILE, "metrics.jsonl", "config.json")
-SIZES = (*bench.STEP_FIELDS, "prompt_tokens", "grpo_steps", "grpo_warmup_steps")
+SIZES = (*STEP_FIELDS, "prompt_tokens", "grpo_steps", "grpo_warmup_steps")
 
 
 def portable(command: list[str]) -> str:
@@ -47,7 +50,7 @@ def portable(command: list[str]) -> str:
 
 def server_part(model: str, rows: list[dict], profile: bench.BenchProfile, scratch: Path,
                 config: scale.ServerModeConfig, out: Path, train_overrides: dict | None = None) -> dict:
-    """The same TrainConfig as grpo_lab.bench.grpo_step_bench builds, with rollouts from the server."""
+    """The same TrainConfig as grpo_lab.bench.grpo_step.grpo_step_bench builds, with rollouts from the server."""
     dataset = scratch / "seed_workload.jsonl"
     write_jsonl(rows, dataset)
     longest = max(len(p.token_ids) for p in encode_prompts(load_tokenizer(model), [r["prompt"] for r in rows]))
@@ -74,7 +77,7 @@ def server_part(model: str, rows: list[dict], profile: bench.BenchProfile, scrat
             "mean_completion_tokens": [r.get("completions/mean_length") for r in timed],
             "server_stats": result.server_stats, "server_command": portable(result.server_command),
             "trainer_command": portable(result.trainer_command),
-            "median": {key: bench.median(values) for key, values in
+            "median": {key: median(values) for key, values in
                        (("step_s", steps), ("generation_s", generation), ("reward_s", reward),
                         ("update_s", [s - g - w for s, g, w in zip(steps, generation, reward)]))}}
 
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-devices", type=scale.device_indices, default=None)
     for name in SIZES:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
-    parser.add_argument("--train-option", type=bench.key_value, action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--train-option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                         help="TrainConfig override for both parts, e.g. beta=0.0")
     args = parser.parse_args(argv)
     scale.exit_on_sigterm()

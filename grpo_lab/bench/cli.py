@@ -1,5 +1,5 @@
 """``grpo-lab bench`` (``python -m grpo_lab.bench``): options, the run, the printed tables, the files written;
-``python -m grpo_lab.bench targets`` prints the project's targets table from the committed files."""
+``python -m grpo_lab.bench targets`` prints the project's targets table from the committed runs (the catalogue)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from grpo_lab import runs
-from grpo_lab.bench.targets import targets_markdown
+from grpo_lab.bench.catalogue import read_catalogue
 from grpo_lab.bench.engine_probe import run_engine_probe
 from grpo_lab.bench.profiles import (
     BENCH_PROFILES,
@@ -28,6 +28,7 @@ from grpo_lab.bench.rollout_bench import PREFIX_OFF_MEANING
 from grpo_lab.bench.run import run_bench
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.rollout.compare import SHAPES
+
 
 def key_value(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with VALUE read as JSON where it parses (``async_scheduling=true``), else as text."""
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["engine-probe"]:  # engine_probe's own process
         return run_engine_probe(argv[1])
     if argv[:1] == ["targets"]:
-        print(targets_markdown())
+        print(read_catalogue().targets_markdown())
         return 0
     args = build_parser().parse_args(argv)
     sizes = {name: getattr(args, name) for name in (*STEP_FIELDS, "prompt_tokens", "warmup", "repeats", "grpo_steps",

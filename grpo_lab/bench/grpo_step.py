@@ -5,10 +5,10 @@ backends interleaved step by step, each step split into generation, reward and u
 thread, and a baton (:class:`Turns`) lets exactly one of them run one whole optimizer step at a time, in the order of
 :func:`interleaved_turns`: every backend's warm-up steps first, then hf, vllm, hf, vllm, ... The vLLM trainer runs in
 the main thread, where its engine was built (CUDA streams and graphs are per thread). The device's memory cache stays
-as a step leaves it, as it does between the steps of one run (the bench emptied it at every hand-over until
-2026-12-02: then every step asked the driver for its memory again, ~300 times, which no single run does). Rebuilding a
-trainer per step would time start-up, not steps; running the backends one after the other (as the bench did up to
-0.2.0) put any drift of the machine between them into the ratio. This design runs on the CPU tiny model and on one GPU
+as a step leaves it, as it does between the steps of one run (emptied at every hand-over, every step asked the driver
+for its memory again, ~300 times on the H200, which no single run does). Rebuilding a trainer per step would time
+start-up, not steps; running the backends one after the other would put any drift of the machine between them into
+the ratio. This design runs on the CPU tiny model and on one GPU
 when both trainers fit beside vLLM's share (``vllm_gpu_memory_utilization``, which ``--train-option`` can lower).
 """
 
@@ -20,7 +20,6 @@ import gc
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from grpo_lab.bench.profiles import GRPO_WORKLOADS, BenchError, BenchProfile, ch
 from grpo_lab.bench.stats import Spread, median, speedup_range
 from grpo_lab.bench.workload import ragged_model_dir
 from grpo_lab.data import write_jsonl
+from grpo_lab.deprecation import warn_moved
 from grpo_lab.device import Machine
 from grpo_lab.experiment import DEFAULT_FOR_DEVICE, TrainConfig
 from grpo_lab.rollout import encode_prompts, load_tokenizer
@@ -89,10 +89,9 @@ class Turns:
     own step before it matters (the optimizer step at the last micro-batch), so whole-step turns keep it consistent."""
 
     def __init__(self, order: Sequence[str], kind: str | None = None):
-        if kind is not None:  # the hand-over emptied the device's cache until 0.2.x
-            warnings.warn("Turns(order, kind): kind is no longer used (the hand-over leaves the device's memory "
-                          "cache as it is) and goes in grpo-lab 0.3.0; call Turns(order). See CHANGELOG.md.",
-                          DeprecationWarning, stacklevel=2)
+        if kind is not None:  # the hand-over emptied the device's cache in 0.2.0
+            warn_moved("grpo_lab.bench.Turns(order, kind)", "Turns(order)", "kind is no longer used: the hand-over "
+                       "leaves the device's memory cache as it is", stacklevel=3)
         self.order, self.position = list(order), 0
         self.log: list[tuple[str, str]] = []
         self.failed = False
@@ -316,7 +315,7 @@ def _scratch(folder: str | Path | None) -> Iterator[str]:
 
 
 def bottleneck(step: dict[str, Any]) -> dict[str, float | str]:
-    """The seed's method on one backend's step: generation tokens/s vs training samples/s, and which one the
+    """The write-up's method on one backend's step: generation tokens/s vs training samples/s, and which one the
     step waits on. ``step`` is ``results["grpo_step"]["backends"][name]``."""
     m = step["median"]
     completions = step.get("completions_per_step") or 0

@@ -74,24 +74,29 @@ BENCH_PROFILES = {
     "tiny": BenchProfile(
         name="tiny", step=_step(16, 4, 64, 16), prompt_tokens=128, warmup=1, repeats=3,
         grpo_backends=("hf",), grpo_steps=5, grpo_warmup_steps=1,
-        why=("CPU CI on 2 cores in ~3 minutes with one vLLM engine start: fewer prompts and shorter completions "
-             "than the write-up's workload (the seed profile); the GRPO step runs with HF generate only (vLLM "
-             "colocate would start a second engine, ~40 s more; pass --grpo-backends hf,vllm to run it)")),
+        why=("the smallest run, with one vLLM engine start: fewer prompts and shorter completions than the "
+             "write-up's workload (profile seed); the GRPO step runs with HF generate only (vLLM colocate would start "
+             "a second engine; pass --grpo-backends hf,vllm to run it)")),
     "seed": BenchProfile(
         name="seed", step=_step(128, 4, 256, 32), prompt_tokens=128, warmup=1, repeats=5,
         grpo_backends=("hf", "vllm"), grpo_steps=5, grpo_warmup_steps=1,
         why="the source write-up's workload: 128 prompts x 4 completions, prompts of ~128 tokens, up to 256 new "
             "tokens"),
 }
-DEFAULT_PROFILE = {"cpu": "tiny", "cuda": "seed", "npu": "seed"}
 STEP_FIELDS = ("num_prompts", "num_generations", "max_completion_length", "per_device_train_batch_size")
 """What shapes a bench profile's step (``num_prompts`` sets ``gradient_accumulation_steps``)."""
 
 
+def default_profile_name(kind: str | None = None) -> str:
+    """The profile a bench run takes when none is named: ``tiny`` on the CPU, ``seed`` (the write-up's workload) on
+    an accelerator (``kind``: the detected device when ``None``)."""
+    return "tiny" if device.is_cpu(kind) else "seed"
+
+
 def get_bench_profile(name: str | None = None, **overrides) -> BenchProfile:
-    """A profile by name (default: ``tiny`` on the CPU, ``seed`` on accelerators) with fields replaced; the step's
-    fields (:data:`STEP_FIELDS`) are given by their TRL names."""
-    key = (name or DEFAULT_PROFILE[device.detect()]).strip().lower()
+    """A profile by name (default: :func:`default_profile_name`) with fields replaced; the step's fields
+    (:data:`STEP_FIELDS`) are given by their TRL names."""
+    key = (name or default_profile_name()).strip().lower()
     if key not in BENCH_PROFILES:
         raise ConfigError(f"unknown bench profile {name!r}: use one of {', '.join(BENCH_PROFILES)}")
     profile = BENCH_PROFILES[key]

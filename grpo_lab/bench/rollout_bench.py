@@ -1,4 +1,4 @@
-"""The rollout benchmark: HF generate vs vLLM vs vLLM + prefix caching on the seeds' workload, fixed and ragged
+"""The rollout benchmark: HF generate vs vLLM vs vLLM + prefix caching on the write-up's workload, fixed and ragged
 lengths, the configs alternating round by round; each config's repeats and each ratio's range over them."""
 
 from __future__ import annotations

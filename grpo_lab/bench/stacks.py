@@ -1,8 +1,8 @@
 """Where a process's time went, from ``py-spy record --format raw``: one line per distinct stack (its frames from the
-root down, ``function (file:line)``, joined by ``;``) and the samples taken in it. The bench's GRPO step ran under
-py-spy on the H200 (``benchmarks/h200_session.sh``, job ``grpo-fixed5``); :meth:`Stacks.under` keeps what ran inside
-one call (vLLM's ``LLM.generate`` in the trainer), small enough to commit, and :meth:`Stacks.shares` says which
-functions took what share of it.
+root down, ``function (file:line)``, joined by ``;``) and the samples taken in it: :meth:`Stacks.under` keeps what ran
+inside one call (vLLM's ``LLM.generate`` in the trainer), small enough to commit, and :meth:`Stacks.shares` says which
+functions took what share of it. The committed profile is the catalogue's ``engine_profile``
+(``benchmarks/results/h200/README.md`` has the command).
 
 >>> s = Stacks({("main (a.py:1)", "generate (llm.py:9)", "schedule (s.py:3)"): 3,
 ...             ("main (a.py:1)", "generate (llm.py:9)", "forward (m.py:5)"): 1, ("main (a.py:1)",): 4})

@@ -1,5 +1,5 @@
-"""The workload every part of the bench samples: the seeds' prompts, the ragged lengths (drawn, or ended by a stated
-share of the vocabulary for random weights)."""
+"""The workload every part of the bench samples: prompts shaped as the write-up's, the ragged lengths (drawn, or
+ended by a stated share of the vocabulary for random weights)."""
 
 from __future__ import annotations
 

@@ -71,4 +71,4 @@ __all__ = [
 from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
 
 __getattr__ = moved_names(__name__, moved={
-    name: f"grpo_lab.servers:{name}" for name in ("LOG_TAIL_LINES", "port_is_free", "wait_until_healthy")})
+    name: f"grpo_lab.servers:{name}" for name in ("LOG_TAIL_LINES", "port_is_free", "wait_until_healthy")}, since="0.2.0")

@@ -67,4 +67,4 @@ __all__ = [
 from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
 
 __getattr__ = moved_names(__name__, {"plan_memory": ("grpo_lab.experiment:memory_budget",
-                                                     "grpo_lab.memory.plan_memory is the planner itself")})
+                                                     "grpo_lab.memory.plan_memory is the planner itself")}, since="0.2.0")

@@ -445,7 +445,7 @@ from grpo_lab.deprecation import warn_moved  # noqa: E402  (kept with its block:
 def _resolved(self: TrainConfig) -> TrainConfig:
     """0.1.0's ``TrainConfig.resolved()``: every field filled in for the detected machine."""
     warn_moved("TrainConfig.resolved()", "TrainConfig.resolve(machine)",
-               "resolved() resolves for Machine.detect(); pass the machine explicitly", stacklevel=3)
+               "resolved() resolves for Machine.detect(); pass the machine explicitly", stacklevel=3, since="0.2.0")
     return self.resolve(Machine.detect())
 
 

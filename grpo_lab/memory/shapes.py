@@ -368,7 +368,7 @@ class TrainingShape:
     @property
     def prompt_length(self) -> int:
         """Deprecated name of :attr:`max_prompt_length`."""
-        warn_moved("TrainingShape.prompt_length", "TrainingShape.max_prompt_length")
+        warn_moved("TrainingShape.prompt_length", "TrainingShape.max_prompt_length", since="0.2.0")
         return self.max_prompt_length
 
     @property
@@ -397,7 +397,7 @@ def _accept_prompt_length(init):
     @functools.wraps(init)
     def __init__(self, *args: Any, prompt_length: int | None = None, **kwargs: Any) -> None:
         if prompt_length is not None:
-            warn_moved("TrainingShape(prompt_length=...)", "TrainingShape(max_prompt_length=...)")
+            warn_moved("TrainingShape(prompt_length=...)", "TrainingShape(max_prompt_length=...)", since="0.2.0")
             kwargs["max_prompt_length"] = prompt_length
         init(self, *args, **kwargs)
     return __init__

@@ -310,4 +310,4 @@ def _kv_capacity(model: dict[str, Any], gib: float, dtype: str | None) -> str:
 from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
 
 __getattr__ = moved_names(__name__, moved={
-    "MAX_MODEL_LEN_MARGIN": ("grpo_lab.memory:CONTEXT_MARGIN", "the one context-window rule is memory.context_window")})
+    "MAX_MODEL_LEN_MARGIN": ("grpo_lab.memory:CONTEXT_MARGIN", "the one context-window rule is memory.context_window")}, since="0.2.0")
