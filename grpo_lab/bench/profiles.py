@@ -83,7 +83,7 @@ BENCH_PROFILES = {
         why="the source write-up's workload: 128 prompts x 4 completions, prompts of ~128 tokens, up to 256 new "
             "tokens"),
 }
-DEFAULT_PROFILE = {"cpu": "tiny", "cuda": "seed", "npu": "seed"}
+DEFAULT_PROFILE = {kind: "tiny" if device.is_cpu(kind) else "seed" for kind in device.KINDS}
 STEP_FIELDS = ("num_prompts", "num_generations", "max_completion_length", "per_device_train_batch_size")
 """What shapes a bench profile's step (``num_prompts`` sets ``gradient_accumulation_steps``)."""
 
