@@ -1,5 +1,6 @@
-"""The ``TrainerCallback`` s a GRPO run is watched with: its metrics written to ``metrics.jsonl`` and drawn live
-(with the NaN guard), a wall-time budget, a device-synchronised step clock, and a quiet progress bar.
+"""The callbacks (transformers' ``TrainerCallback``) a GRPO run is watched with: its metrics written to
+``metrics.jsonl`` and drawn live (with the NaN guard), a wall-time budget, a device-synchronised step clock, and a
+quiet progress bar.
 
 :mod:`grpo_lab.train` adds them to every run it builds (and re-exports them: ``train.MetricsLogger`` ...); the
 benchmarks, server mode and asynchronous GRPO add them to theirs.

@@ -205,8 +205,9 @@ def defers_correction(args: Any, tools: bool = False) -> bool:
     draws its own mask in both cases). Not with tool calls: TRL 1.16 does not hand the loss the tool mask the
     correction needs. The reference model's forward (``beta > 0``) stays.
 
-    Bought: TRL's no-grad forwards 0.140 s → 0.078 s per step on SmolLM2-135M on the H200, a step 1.06× shorter on the
-    medians, inside the spread; 1.33× on the tiny model on a 2-core CPU (``benchmarks/trainer_switches/README.md``).
+    Bought: TRL's no-grad forwards 0.140 s → 0.078 s per step on SmolLM2-135M on the H200, a step 1.06× shorter on
+    the medians, inside the spread; 1.33× on the tiny model on a 2-core CPU
+    (``benchmarks/trainer_switches/README.md``).
     """
     generate_every = args.steps_per_generation * args.num_iterations
     return bool(args.use_vllm and args.vllm_importance_sampling_correction and not tools
@@ -394,7 +395,8 @@ class SpeedUpTrainer(GRPOTrainer):
             too_far = (ratio < (-math.inf if low is None else low)) | (ratio > (math.inf if high is None else high))
             ratio = ratio.masked_fill(too_far, 0.0)
         else:
-            raise ConfigError(f"vllm_importance_sampling_mode={mode!r}: unknown to this trainer (TRL 1.16's modes end in _truncate or _mask).")
+            raise ConfigError(f"vllm_importance_sampling_mode={mode!r}: unknown to this trainer (TRL 1.16's modes end "
+                              f"in _truncate or _mask).")
         delta = (old_logps - inputs["sampling_per_token_logps"]).abs()
         scored = mask.bool() & ~torch.isnan(delta)
         self._log_correction((delta, scored), (ratio, torch.ones_like(ratio, dtype=torch.bool) if per_sequence
@@ -411,7 +413,8 @@ class SpeedUpTrainer(GRPOTrainer):
                                             ("importance_sampling_ratio", ratios, ("min", "mean", "max"))):
             for stat in stats:
                 value = masked_statistic(values, kept, stat)
-                pending.setdefault(f"sampling/{name}/{stat}", []).append(getattr(self.accelerator.gather(value), stat)())
+                gathered = self.accelerator.gather(value)
+                pending.setdefault(f"sampling/{name}/{stat}", []).append(getattr(gathered, stat)())
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's, with the deferred correction's metrics since the last log brought to the host first (one sync)."""

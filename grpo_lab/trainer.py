@@ -92,10 +92,10 @@ def _colocated_engine_arguments(max_num_seqs: int | None = None) -> Iterator[Non
 
 
 class GRPOLabTrainer(SpeedUpTrainer):
-    """TRL's GRPOTrainer, unchanged in what it computes, with the speed-ups of :class:`grpo_lab.speedups.SpeedUpTrainer`.
-    It adds timings, a NaN guard, reward errors that say what to do (and ``rewards/<name>/skipped`` counts),
-    checkpoints renamed into place once complete, the CPU weight sync, and lends its colocated engine to evaluation
-    (:meth:`lend_engine`).
+    """TRL's GRPOTrainer, unchanged in what it computes, with the speed-ups of
+    :class:`grpo_lab.speedups.SpeedUpTrainer`. It adds timings, a NaN guard, reward errors that say what to do (and
+    ``rewards/<name>/skipped`` counts), checkpoints renamed into place once complete, the CPU weight sync, and lends
+    its colocated engine to evaluation (:meth:`lend_engine`).
 
     ``engine_max_num_seqs``: the colocated engine decodes at least this many sequences at once (None: TRL's sizing,
     one generation batch; ``grpo_lab.train`` passes ``device.COLOCATED_MAX_NUM_SEQS``)."""

@@ -59,7 +59,8 @@ logger = logging.getLogger(__name__)
 _GENERATION = "trl.generation.vllm_generation.VLLMGeneration"
 _QWEN2 = "vllm.model_executor.models.qwen2"
 UPSTREAM_INTERNALS: tuple[UpstreamName, ...] = (
-    UpstreamName("attribute", "vllm.v1.worker.gpu_worker.Worker", "model_runner", "the worker's model (CPUWorker's too)"),
+    UpstreamName("attribute", "vllm.v1.worker.gpu_worker.Worker", "model_runner",
+                 "the worker's model (CPUWorker's too)"),
     UpstreamName("method", "vllm.v1.worker.gpu_model_runner.GPUModelRunner", "get_model", "the worker's model"),
     UpstreamName("method", "vllm.v1.worker.gpu_worker.Worker", "reload_weights",
                  "the sync itself (colocated through collective_rpc, a server through ReloadWeightsExtension)"),

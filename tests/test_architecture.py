@@ -19,8 +19,8 @@ LAZY_ON_PURPOSE = {
     ("rewards.py", "grpo_lab.errors"): "rewards.py is copied alone into verl exports, where grpo_lab may be absent",
     ("train.py", "grpo_lab.trainer"): "the trainer subclasses TRL's GRPOTrainer, whose import loads vLLM (seconds): "
                                       "grpo_lab.train's config, CLI and callbacks import without it",
-    ("train.py", "grpo_lab.speedups"): "the same: the speed-ups subclass TRL's GRPOTrainer; grpo_args reads one of them "
-                                       "only where vLLM samples",
+    ("train.py", "grpo_lab.speedups"): "the same: the speed-ups subclass TRL's GRPOTrainer; grpo_args reads one of "
+                                       "them only where vLLM samples",
     ("async_grpo.py", "grpo_lab.async_trainer"): "the trainer subclasses TRL's experimental AsyncGRPOTrainer (seconds): "
                                                  "the orchestrating process never imports it",
 }

@@ -84,7 +84,8 @@ def _upstream_reads(tree: ast.AST) -> set[str]:
         if isinstance(node, ast.Attribute):
             owner, name = node.value, node.attr
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
-              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+              and isinstance(node.args[1].value, str)):
             owner, name = node.args[0], node.args[1].value
         else:
             continue

@@ -95,7 +95,7 @@ class TrainConfig:
     vllm_importance_sampling_correction: bool = True
     """Weigh the loss by ``π_θ / π_vLLM`` (TRL's correction for the gap between vLLM's numerics and the trainer's;
     by default per sequence, a sequence whose ratio exceeds 3 left out). Off: the loss HF generate's path computes,
-    and the colocated engine samples without log-probs (``grpo_lab.trainer.reads_sampling_logprobs``). The
+    and the colocated engine samples without log-probs (``grpo_lab.speedups.reads_sampling_logprobs``). The
     synchronous trainer's; the asynchronous one has no correction."""
     vllm_mode: str = "colocate"
     """``"colocate"``: vLLM inside the trainer process; ``"server"``: a vLLM server on other devices
