@@ -35,28 +35,28 @@ from trl.experimental.async_grpo import AsyncGRPOTrainer, packing
 
 from grpo_lab import device
 from grpo_lab.errors import GrpoLabError
-from grpo_lab.trainer import TrlName
+from grpo_lab.upstream import SHARED_TRL_FIELDS, UpstreamName
 
-TRL_INTERNALS: tuple[TrlName, ...] = (
-    TrlName("method", "trl.experimental.async_grpo.AsyncGRPOTrainer", "training_step", "lag records"),
-    TrlName("method", "trl.experimental.async_grpo.AsyncGRPOTrainer", "get_train_dataloader",
-            "reads rollout_queue, which the staleness gate replaces"),
-    TrlName("attribute", "trl.experimental.async_grpo.AsyncGRPOTrainer", "rollout_queue", "the staleness gate"),
-    TrlName("attribute", "trl.experimental.async_grpo.AsyncGRPOTrainer", "model_version", "policy versions"),
-    TrlName("attribute", "trl.experimental.async_grpo.AsyncGRPOTrainer", "_metrics", "staleness metrics"),
-    TrlName("module", "trl.experimental.async_grpo.packing", "_flash_attn", "replaced where FA3 does not load"),
-    TrlName("module", "trl.experimental.async_grpo.async_grpo_trainer", "get_peak_flops_per_device",
-            "off CUDA: None"),
-    *(TrlName("sample", "trl.experimental.async_grpo.async_rollout_worker.RolloutSample", name, "the gate's records")
-      for name in ("model_version", "group_id", "input_ids", "completion_mask", "old_log_probs")),
-    *(TrlName("config", "trl.experimental.async_grpo.AsyncGRPOConfig", name,
-              "set by grpo_lab.async_grpo.async_grpo_args, or read here")
-      for name in ("output_dir", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
-                   "num_generations", "max_completion_length", "learning_rate", "lr_scheduler_type", "warmup_steps",
-                   "temperature", "top_p", "gradient_checkpointing", "bf16", "use_cpu", "logging_steps",
-                   "save_strategy", "save_steps", "save_total_limit", "seed", "data_seed", "report_to",
-                   "log_completions", "vllm_server_timeout", "vllm_server_base_url", "dtype", "token_budget",
-                   "max_staleness", "max_inflight_tasks", "weight_sync_steps", "queue_maxsize")),
+_OWNER = "trl.experimental.async_grpo.AsyncGRPOTrainer"
+TRL_INTERNALS: tuple[UpstreamName, ...] = (
+    UpstreamName("method", _OWNER, "training_step", "lag records"),
+    UpstreamName("method", _OWNER, "get_train_dataloader", "reads rollout_queue, which the staleness gate replaces"),
+    UpstreamName("attribute", _OWNER, "rollout_queue", "the staleness gate"),
+    UpstreamName("attribute", _OWNER, "model_version", "policy versions"),
+    UpstreamName("attribute", _OWNER, "_metrics", "staleness metrics"),
+    UpstreamName("module", "trl.experimental.async_grpo.packing", "_flash_attn", "replaced where FA3 does not load"),
+    UpstreamName("module", "trl.experimental.async_grpo.async_grpo_trainer", "get_peak_flops_per_device",
+                 "off CUDA: None"),
+    *(UpstreamName("sample", "trl.experimental.async_grpo.async_rollout_worker.RolloutSample", name,
+                   "the gate's records") for name in ("model_version", "group_id", "input_ids", "completion_mask",
+                                                      "old_log_probs")),
+    *(UpstreamName("config", "trl.experimental.async_grpo.AsyncGRPOConfig", name,
+                   "set by grpo_lab.async_grpo.async_grpo_args, or read here")
+      for name in (*SHARED_TRL_FIELDS, "vllm_server_base_url", "dtype", "token_budget", "max_staleness",
+                   "max_inflight_tasks", "weight_sync_steps", "queue_maxsize")),
+    UpstreamName("property", "transformers.PretrainedConfig", "_attn_implementation",
+                 "grpo_lab.async_grpo sets it back to sdpa before saving: TRL's tree attention exists only in its "
+                 "trainer"),
 )
 
 

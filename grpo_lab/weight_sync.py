@@ -52,8 +52,36 @@ from typing import Any
 import torch
 
 from grpo_lab.errors import GrpoLabError
+from grpo_lab.upstream import UpstreamName
 
 logger = logging.getLogger(__name__)
+
+_GENERATION = "trl.generation.vllm_generation.VLLMGeneration"
+_QWEN2 = "vllm.model_executor.models.qwen2"
+UPSTREAM_INTERNALS: tuple[UpstreamName, ...] = (
+    UpstreamName("attribute", "vllm.v1.worker.gpu_worker.Worker", "model_runner",
+                 "the worker's model (CPUWorker's too)"),
+    UpstreamName("method", "vllm.v1.worker.gpu_model_runner.GPUModelRunner", "get_model", "the worker's model"),
+    UpstreamName("method", "vllm.v1.worker.gpu_worker.Worker", "reload_weights",
+                 "the sync itself (colocated through collective_rpc, a server through ReloadWeightsExtension)"),
+    UpstreamName("module", "vllm.model_executor.layers.linear", "LinearBase", "cpu_weights_repacked asks these only"),
+    UpstreamName("attribute", "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm", "cpu_linear",
+                 "vLLM-CPU's packed copy of a layer's weight: cpu_weights_repacked, repack_tied_lm_head"),
+    UpstreamName("module", "vllm.model_executor.layers.utils", "dispatch_cpu_unquantized_gemm", "repack_tied_lm_head"),
+    *(UpstreamName("attribute", owner, name, "repack_tied_lm_head: a tied lm_head and its embedding")
+      for owner, name in ((f"{_QWEN2}.Qwen2ForCausalLM", "lm_head"), (f"{_QWEN2}.Qwen2ForCausalLM", "model"),
+                          (f"{_QWEN2}.Qwen2Model", "embed_tokens"))),
+    *(UpstreamName("attribute", _GENERATION, name, "the CPU sync replaces TRL's on this object")
+      for name in ("mode", "llm", "model", "enable_sleep_mode", "_llm_weights_sleeping")),
+    UpstreamName("method", _GENERATION, "sync_weights", "replaced on the CPU (install)"),
+    UpstreamName("method", _GENERATION, "_iter_named_params", "the trainer's weights under vLLM's names, PEFT merged"),
+    UpstreamName("module", "trl.generation.vllm_generation", "VLLMClient", "replaced by file_sync_client"),
+    *(UpstreamName("method", "trl.generation.vllm_client.VLLMClient", name, "FileSyncVLLMClient")
+      for name in ("init_communicator", "update_named_params", "_post", "get_server_info")),
+    UpstreamName("attribute", "trl.generation.vllm_client.VLLMClient", "base_url", "FileSyncVLLMClient"),
+    *(UpstreamName("method", "trl.experimental.async_grpo.vllm_client.VLLMClient", name, "FileWeightTransfer")
+      for name in ("pause", "resume", "get_server_info")),
+)
 
 WORKER_EXTENSION = "grpo_lab.weight_sync.ReloadWeightsExtension"
 """vLLM ``--worker-extension-cls``: adds the reload-based weight sync to a server's workers."""
@@ -77,7 +105,7 @@ def vllm_runs_on_cpu() -> bool:
 
 def needs_cpu_sync(vllm_generation: Any) -> bool:
     """Whether TRL's weight sync must be replaced: a colocated vLLM engine on the CPU."""
-    return getattr(vllm_generation, "mode", None) == "colocate" and vllm_runs_on_cpu()
+    return vllm_generation.mode == "colocate" and vllm_runs_on_cpu()
 
 
 def repack_tied_lm_head(worker: Any) -> bool:
@@ -122,11 +150,9 @@ def _named_weights(vllm_generation: Any) -> list[tuple[str, torch.Tensor]]:
 
     With PEFT, TRL merges the adapter into the base weights in place while it iterates and unmerges them when it
     ends; the list outlives the iteration, so the merged tensors are copied, or vLLM would get the bare base."""
-    iterate = getattr(vllm_generation, "_iter_named_params", None)
-    if iterate is not None:
-        merged = hasattr(vllm_generation.model, "peft_config")
-        return [(name, tensor.detach().clone() if merged else tensor.detach()) for name, tensor in iterate()]
-    return [(name, p.detach()) for name, p in vllm_generation.model.named_parameters()]
+    merged = hasattr(vllm_generation.model, "peft_config")
+    return [(name, tensor.detach().clone() if merged else tensor.detach())
+            for name, tensor in vllm_generation._iter_named_params()]
 
 
 def sync_weights_via_reload(vllm_generation: Any, repack_lm_head: bool = True) -> None:
@@ -135,7 +161,7 @@ def sync_weights_via_reload(vllm_generation: Any, repack_lm_head: bool = True) -
     ``repack_lm_head=False`` exists only to show the stale-logits bug that the re-packing fixes.
     """
     llm = vllm_generation.llm
-    if getattr(vllm_generation, "enable_sleep_mode", False):
+    if vllm_generation.enable_sleep_mode:
         llm.wake_up(tags=["weights"])
         vllm_generation._llm_weights_sleeping = False
     weights = _named_weights(vllm_generation)

@@ -19,6 +19,8 @@ LAZY_ON_PURPOSE = {
     ("rewards.py", "grpo_lab.errors"): "rewards.py is copied alone into verl exports, where grpo_lab may be absent",
     ("train.py", "grpo_lab.trainer"): "the trainer subclasses TRL's GRPOTrainer, whose import loads vLLM (seconds): "
                                       "grpo_lab.train's config, CLI and callbacks import without it",
+    ("train.py", "grpo_lab.speedups"): "the same: the speed-ups subclass TRL's GRPOTrainer; grpo_args reads one of "
+                                       "them only where vLLM samples",
     ("async_grpo.py", "grpo_lab.async_trainer"): "the trainer subclasses TRL's experimental AsyncGRPOTrainer (seconds): "
                                                  "the orchestrating process never imports it",
 }
@@ -74,12 +76,67 @@ def _names_a_device_kind(node: ast.expr) -> bool:
     return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_names_a_device_kind(e) for e in node.elts)
 
 
+def _checks_a_device_kind(node: ast.AST) -> bool:
+    """``kind == "cuda"``, ``kind in ("npu", "cuda")``, ``kind.startswith("npu")``, ``case "cpu":``."""
+    if isinstance(node, ast.Compare):
+        return any(_names_a_device_kind(e) for e in [node.left, *node.comparators])
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr in ("startswith", "endswith") and any(_names_a_device_kind(a) for a in node.args)
+    return isinstance(node, ast.MatchValue) and _names_a_device_kind(node.value)
+
+
+def _is_a_device_table(node: ast.AST) -> bool:
+    """A dict keyed by device kinds: ``{"npu": ..., "cuda": ...}`` (every key one) or ``dict(cpu=..., cuda=...)``."""
+    if isinstance(node, ast.Dict):
+        return bool(node.keys) and all(key is not None and _names_a_device_kind(key) for key in node.keys)
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict"
+            and bool(node.keywords) and all(k.arg in DEVICE_KINDS for k in node.keywords))
+
+
+def _outside_the_device_module(found):
+    return [f"{path.relative_to(REPO_ROOT)}:{node.lineno}" for path, tree in _scanned_modules()
+            if path.name != "device.py" for node in ast.walk(tree) if found(node)]
+
+
 def test_device_kinds_are_compared_only_in_the_device_module():
-    found = [f"{path.relative_to(REPO_ROOT)}:{node.lineno}" for path, tree in _scanned_modules()
-             if path.name != "device.py" for node in ast.walk(tree)
-             if isinstance(node, ast.Compare) and any(_names_a_device_kind(e) for e in [node.left, *node.comparators])]
+    found = _outside_the_device_module(_checks_a_device_kind)
     assert not found, ("ask grpo_lab.device (is_cpu, the per-device tables) instead of comparing device-kind "
                        "strings:\n" + "\n".join(found))
+
+
+def test_tables_keyed_by_device_kind_live_in_the_device_module():
+    """What differs per device is data in grpo_lab.device (``DIST_BACKEND = {"npu": "hccl", ...}``), not a table
+    beside each caller."""
+    found = _outside_the_device_module(_is_a_device_table)
+    assert not found, "move these per-device tables into grpo_lab/device.py:\n" + "\n".join(found)
+
+
+def test_the_device_checks_catch_what_they_exist_for():
+    kind_checks = ['kind == "cuda"', 'x in ("npu", "cuda")', 'kind.startswith("npu")',
+                   'match kind:\n    case "cpu": pass']
+    tables = ['{"npu": 1, "cuda": 2}', '{"cpu": "fp32"}.get(kind, "bf16")', "dict(npu=1, cuda=2)"]
+    for code in kind_checks:
+        assert any(_checks_a_device_kind(node) for node in ast.walk(ast.parse(code))), code
+    for code in tables:
+        assert any(_is_a_device_table(node) for node in ast.walk(ast.parse(code))), code
+    others = ['{"tiny": "cpu", "gpu": "cuda", "npu": "npu"}', 'kind == other', "dict(model=1)", "{}"]
+    assert not any(_checks_a_device_kind(node) or _is_a_device_table(node)  # profile names are not device kinds
+                   for code in others for node in ast.walk(ast.parse(code)))
+
+
+MAX_MODULE_LINES = 600
+LONGER_ON_PURPOSE = {
+    "rewards.py": "the verl export copies it verbatim as one file (grpo_lab_rewards.py) into a folder where grpo_lab "
+                  "may be absent: its rewards, scorers and registry cannot be split across modules",
+}
+
+
+def test_every_module_is_short_enough_to_read_in_one_sitting():
+    long = [f"{path.relative_to(REPO_ROOT)}: {lines} lines" for path in sorted(PACKAGE.rglob("*.py"))
+            if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+            and path.relative_to(PACKAGE).as_posix() not in LONGER_ON_PURPOSE]
+    assert not long, (f"split these by concept (at most {MAX_MODULE_LINES} lines a module):\n" + "\n".join(long))
+    assert all((PACKAGE / name).is_file() for name in LONGER_ON_PURPOSE)
 
 
 DEVICE_CALL_BYTES = 64 * 2**20

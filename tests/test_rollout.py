@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_lab import device
+from grpo_lab.errors import ConfigError
 from grpo_lab.models import resolve_model
 from grpo_lab.rollout import (
     BackendUnavailableError,
@@ -74,6 +75,61 @@ def test_explain_lists_every_engine_setting_with_a_reason():
                  "enforce_eager", "dtype", "cpu_kvcache_gib"):
         line = next(line for line in table.splitlines() if line.startswith(name))
         assert len(line.split(None, 2)) == 3, f"{name} has no reason: {line!r}"
+
+
+def test_the_sampling_fields_are_sampling_s_and_rollout_config_takes_them_as_keywords():
+    """RolloutConfig holds a Sampling (its fields and defaults declared there once); ``RolloutConfig(n=8)``,
+    ``dataclasses.replace(config, n=8)`` and ``config.n`` keep working."""
+    from dataclasses import fields
+
+    from grpo_lab.rollout.config import SAMPLING_FIELDS, setting_names
+
+    assert RolloutConfig().sampling == Sampling() and not set(SAMPLING_FIELDS) & {f.name for f in fields(RolloutConfig)}
+    config = RolloutConfig(n=8, max_tokens=32, stop="\n", max_model_len=64)
+    assert config.sampling == Sampling(n=8, max_tokens=32, stop=("\n",)) and (config.n, config.stop) == (8, ("\n",))
+    assert config == RolloutConfig(sampling=Sampling(n=8, max_tokens=32, stop=("\n",)), max_model_len=64)
+    changed = replace(config, temperature=0.0, max_model_len=80)
+    assert changed.sampling == replace(config.sampling, temperature=0.0) and changed.max_model_len == 80
+    assert RolloutConfig(sampling=Sampling(n=2), top_p=0.5).sampling == Sampling(n=2, top_p=0.5)
+    assert config.resolve("cpu", longest_prompt_tokens=10).sampling == config.sampling
+    assert setting_names()[:len(SAMPLING_FIELDS)] == SAMPLING_FIELDS and "sampling" not in setting_names()
+    with pytest.raises(ConfigError, match="n=0"):
+        RolloutConfig(n=0)
+    with pytest.raises(ConfigError, match="pass a grpo_lab.rollout.Sampling"):
+        RolloutConfig(sampling={"n": 2})
+    with pytest.raises(TypeError):
+        RolloutConfig(4)  # positional: it would have meant n, and now sampling
+
+
+def test_open_engine_takes_the_sampling_fields_as_overrides(no_engine_start):
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['nn'\]"):
+        open_engine(backend="hf", nn=2)
+    with pytest.raises(AssertionError, match="an engine was started"):  # the sampling keywords reach the engine
+        open_engine(backend="hf", n=2, max_tokens=8, max_prompt_tokens=32)
+
+
+def test_an_engine_shuts_down_through_one_helper_that_fails_loudly():
+    """grpo_lab.rollout.vllm_backend.shutdown_engine (the rollout engine's stop() and the bench's trainers): vLLM's
+    engine core is shut down with a timeout where its shutdown takes one; a vLLM without that path raises instead of
+    leaving the engine's processes running unnoticed."""
+    from grpo_lab.rollout.vllm_backend import SHUTDOWN_TIMEOUT_S, shutdown_engine
+
+    calls = []
+
+    def with_timeout(timeout=None):
+        calls.append(timeout)
+
+    shutdown_engine(SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(shutdown=with_timeout))))
+    shutdown_engine(SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(
+        shutdown=lambda: calls.append("no timeout")))))
+    assert calls == [SHUTDOWN_TIMEOUT_S, "no timeout"]
+    with pytest.raises(AttributeError, match="engine_core"):
+        shutdown_engine(SimpleNamespace(llm_engine=SimpleNamespace(core=None)))
+
+
+def test_the_kv_cache_variable_is_set_only_where_vllm_reads_it():
+    assert device.vllm_kv_cache_env(1.5, "cpu") == {"VLLM_CPU_KVCACHE_SPACE": "1.5"}
+    assert device.vllm_kv_cache_env(1.5, "cuda") == device.vllm_kv_cache_env(1.5, "npu") == {}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -184,7 +240,7 @@ def test_flat_logprobs_read_as_trl_reads_the_dicts(vllm_engine, top):
     from trl.generation.vllm_generation import extract_logprobs
     from vllm import SamplingParams
 
-    from grpo_lab.trainer import colocated_sampling_arguments, extract_flat_logprobs
+    from grpo_lab.speedups import colocated_sampling_arguments, extract_flat_logprobs
 
     assert colocated_sampling_arguments() == {"detokenize": False, "flat_logprobs": True}
     requests = [{"prompt_token_ids": list(p.token_ids)} for p in vllm_engine.encode(PROMPTS)]
@@ -205,7 +261,7 @@ def test_flat_logprobs_keep_trls_rank_order_and_nan_as_none():
     from trl.generation.vllm_generation import extract_logprobs
     from vllm.logprobs import FlatLogprobs, Logprob
 
-    from grpo_lab.trainer import extract_flat_logprobs
+    from grpo_lab.speedups import extract_flat_logprobs
 
     positions = [{7: Logprob(-0.5, rank=2), 3: Logprob(-0.1, rank=1)}, {9: Logprob(float("nan"), rank=1)}]
     flat = FlatLogprobs()

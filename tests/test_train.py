@@ -13,7 +13,7 @@ from grpo_lab import experiment, runs
 from grpo_lab import train as T
 from grpo_lab.data import load_split, write_jsonl
 from grpo_lab.device import Machine
-from grpo_lab.errors import ConfigError
+from grpo_lab.errors import ConfigError, TrainingDivergedError
 from grpo_lab.rewards import prepare
 
 CPU = Machine("cpu", bf16=True, memory_gib=24)
@@ -48,6 +48,39 @@ def test_cli_options_mirror_the_config_fields():
     assert args.use_vllm is False and args.learning_rate == 1e-4 and args.resume_from_checkpoint is True
 
 
+SPEEDUP_NAMES = ("COMPLETION_TOKEN_KEYS", "ROW_ORDER_FREE_LOSSES", "colocated_sampling_arguments", "collection_paused",
+                 "completion_widths", "defers_correction", "extract_flat_logprobs", "groups_by_length",
+                 "masked_statistic", "order_rows_by_length", "reads_sampling_logprobs", "trim_completions")
+
+
+@pytest.mark.parametrize("name", SPEEDUP_NAMES)
+def test_the_speed_ups_moved_to_their_own_module_and_their_old_names_still_work(name):
+    """grpo_lab.trainer keeps the course's additions; the speed-ups live in grpo_lab.speedups, and a notebook that
+    imports one from grpo_lab.trainer gets it with a warning naming its new place."""
+    import grpo_lab.speedups
+    import grpo_lab.trainer
+
+    assert name not in vars(grpo_lab.trainer)
+    with pytest.warns(DeprecationWarning, match=rf"grpo_lab\.trainer\.{name} is deprecated .* "
+                                                rf"use grpo_lab\.speedups\.{name} instead"):
+        assert getattr(grpo_lab.trainer, name) is getattr(grpo_lab.speedups, name)
+
+
+def test_the_trainer_is_the_speed_ups_plus_the_courses_additions():
+    from trl import GRPOTrainer
+
+    import grpo_lab.trainer
+    from grpo_lab.speedups import SpeedUpTrainer
+    from grpo_lab.upstream import UpstreamName
+
+    assert grpo_lab.trainer.GRPOLabTrainer.__mro__[1:3] == (SpeedUpTrainer, GRPOTrainer)
+    with pytest.warns(DeprecationWarning, match=r"use grpo_lab\.upstream\.UpstreamName instead"):
+        assert grpo_lab.trainer.TrlName is UpstreamName
+    with pytest.warns(DeprecationWarning, match=r"use grpo_lab\.errors\.TrainingDivergedError instead"):
+        assert T.TrainingDivergedError is TrainingDivergedError  # the NaN guard moved with the callbacks
+    assert T.MetricsLogger.__module__ == "grpo_lab.callbacks" and T.StepClock and T.TimeBudget  # train's, as before
+
+
 @pytest.mark.parametrize("changes, deferred", [
     ({}, True),
     ({"gradient_accumulation_steps": 2}, True),  # steps_per_generation follows it: one generation, one step
@@ -65,7 +98,7 @@ def test_cli_options_mirror_the_config_fields():
 def test_the_correction_comes_from_the_loss_forward_only_when_that_is_exact(tmp_path, changes, deferred):
     from trl import GRPOConfig
 
-    from grpo_lab.trainer import defers_correction
+    from grpo_lab.speedups import defers_correction
 
     args = GRPOConfig(**{"output_dir": str(tmp_path), "use_vllm": True, "per_device_train_batch_size": 8,
                          "num_generations": 4, "use_cpu": True, "report_to": "none", **changes})
@@ -83,7 +116,7 @@ def test_the_correction_comes_from_the_loss_forward_only_when_that_is_exact(tmp_
 def test_vllm_samples_without_log_probs_only_where_nothing_reads_them(tmp_path, changes, read):
     from trl import GRPOConfig
 
-    from grpo_lab.trainer import reads_sampling_logprobs
+    from grpo_lab.speedups import reads_sampling_logprobs
 
     args = GRPOConfig(**{"output_dir": str(tmp_path), "use_vllm": True, "per_device_train_batch_size": 8,
                          "num_generations": 4, "use_cpu": True, "report_to": "none", **changes})
@@ -112,7 +145,7 @@ def test_the_correction_switch_reaches_trl(tmp_path):
 def test_rows_are_grouped_by_length_only_when_the_gradient_cannot_tell(tmp_path, changes, grouped):
     from trl import GRPOConfig
 
-    from grpo_lab.trainer import groups_by_length
+    from grpo_lab.speedups import groups_by_length
 
     args = GRPOConfig(**{"output_dir": str(tmp_path), "per_device_train_batch_size": 8, "num_generations": 4,
                          "use_cpu": True, "report_to": "none", **changes})
@@ -126,7 +159,8 @@ def test_generation_runs_with_the_garbage_collector_paused_and_resumes_it_after(
 
     from trl import GRPOTrainer
 
-    from grpo_lab.trainer import GRPOLabTrainer, collection_paused
+    from grpo_lab.speedups import collection_paused
+    from grpo_lab.trainer import GRPOLabTrainer
 
     seen = []
     monkeypatch.setattr(GRPOTrainer, "_generate", lambda self, prompts: seen.append(gc.isenabled()) or ("ids",))
@@ -154,7 +188,7 @@ def test_generation_runs_with_the_garbage_collector_paused_and_resumes_it_after(
 def test_a_micro_batch_is_cut_to_its_longest_completion_and_rows_are_ordered_by_it():
     import torch
 
-    from grpo_lab.trainer import completion_widths, order_rows_by_length, trim_completions
+    from grpo_lab.speedups import completion_widths, order_rows_by_length, trim_completions
 
     mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0]])
     assert completion_widths(mask).tolist() == [3, 1, 4, 0]  # a masked-out tool token inside still counts
@@ -273,7 +307,7 @@ def test_nan_loss_stops_with_advice(tmp_path):
     class State:
         global_step = 5
 
-    with pytest.raises(T.TrainingDivergedError, match="bf16.*inf"):
+    with pytest.raises(TrainingDivergedError, match="bf16.*inf"):
         logger.on_log(None, State(), None, logs={"loss": math.nan, "reward": 0.5})
     assert json.loads((tmp_path / runs.METRICS_FILE).read_text().splitlines()[-1])["step"] == 5  # recorded, then stop
 
@@ -283,7 +317,7 @@ def test_infinite_reward_stops_before_the_update(tmp_path):
         return [math.inf] * len(completions)
 
     config = T.TrainConfig(**SMALL, output_dir=str(tmp_path / "run"), max_steps=2, train_size=8)
-    with pytest.raises(T.TrainingDivergedError, match="broken_reward.*inf"):
+    with pytest.raises(TrainingDivergedError, match="broken_reward.*inf"):
         T.train(config, reward_funcs=[broken_reward])
     assert not runs.list_checkpoints(tmp_path / "run")
 
@@ -337,11 +371,11 @@ def test_what_runs_between_prepare_and_train_does_not_change_the_run(tmp_path):
 
 
 def test_masked_statistics_equal_boolean_indexing_without_waiting_for_the_device():
-    """grpo_lab.trainer.masked_statistic: the correction's metrics as TRL computes them from ``values[kept]`` (0 where
+    """grpo_lab.speedups.masked_statistic: the correction's metrics as TRL computes them from ``values[kept]`` (0 where
     nothing is kept), from masked reductions that need no host sync."""
     import torch
 
-    from grpo_lab.trainer import masked_statistic
+    from grpo_lab.speedups import masked_statistic
 
     values = torch.tensor([[0.5, 2.0, float("nan")], [3.0, -1.0, 4.0]])
     kept = torch.tensor([[True, True, False], [False, True, True]])

@@ -126,7 +126,7 @@ def test_the_trainers_engine_evaluates_with_the_trainers_weights(one_step):
 
 def test_deferred_correction_equals_trls_and_saves_the_old_logprob_forward(one_step, monkeypatch):
     """One generation batch per optimizer step: grpo_lab computes vLLM's importance-sampling correction from the
-    loss's forward (grpo_lab.trainer.defers_correction). On the same generated batch the ratio, the loss and every
+    loss's forward (grpo_lab.speedups.defers_correction). On the same generated batch the ratio, the loss and every
     gradient equal TRL's unmodified computation, and generation makes no no-grad policy forward (beta = 0 here). Runs
     after the sync tests: its rollouts sync vLLM to the trainer's weights."""
     import torch
@@ -188,13 +188,13 @@ def test_deferred_correction_equals_trls_and_saves_the_old_logprob_forward(one_s
 
 
 def test_length_grouping_gives_trls_gradient_from_fewer_columns(one_step, monkeypatch):
-    """grpo_lab.trainer.groups_by_length: one generation batch, two micro-batches accumulated into one optimizer step.
+    """grpo_lab.speedups.groups_by_length: one generation batch, two micro-batches accumulated into one optimizer step.
     Ordered by completion length after TRL's shuffle and each cut to its longest completion, the summed loss and
     every gradient equal TRL's (shuffled, every micro-batch as wide as the batch's longest completion), from fewer
     columns."""
     import torch
 
-    from grpo_lab.trainer import completion_widths, groups_by_length
+    from grpo_lab.speedups import completion_widths, groups_by_length
 
     result, _, _, _ = one_step
     trainer = result.trainer
@@ -245,13 +245,13 @@ def test_length_grouping_gives_trls_gradient_from_fewer_columns(one_step, monkey
 
 
 def test_without_the_correction_vllm_samples_no_log_probs_and_the_loss_never_read_them(one_step, monkeypatch):
-    """grpo_lab.trainer.reads_sampling_logprobs: with vLLM's importance-sampling correction off, TRL still asks the
+    """grpo_lab.speedups.reads_sampling_logprobs: with vLLM's importance-sampling correction off, TRL still asks the
     engine for every sampled token's log-prob and throws it away. grpo_lab's trainer asks for none: the engine's
     outputs carry none, the batch has no ``sampling_per_token_logps`` (as with HF generate), and the loss and every
     gradient of a batch that has them equal those of the same batch without them."""
     import torch
 
-    from grpo_lab.trainer import reads_sampling_logprobs
+    from grpo_lab.speedups import reads_sampling_logprobs
 
     result, _, _, _ = one_step
     trainer = result.trainer

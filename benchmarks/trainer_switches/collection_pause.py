@@ -1,6 +1,6 @@
 """What the garbage collector costs while TRL reads the colocated engine's log-probs, with and without
-:func:`grpo_lab.trainer.collection_paused`: vLLM's flat log-probs of ``--sequences`` completions of ``--tokens`` tokens
-(the ``seed`` bench's 512 × 256 by default) through :func:`grpo_lab.trainer.extract_flat_logprobs` and TRL's
+:func:`grpo_lab.speedups.collection_paused`: vLLM's flat log-probs of ``--sequences`` completions of ``--tokens`` tokens
+(the ``seed`` bench's 512 × 256 by default) through :func:`grpo_lab.speedups.extract_flat_logprobs` and TRL's
 unwrapping (one list per token, then one log-prob per token), in a process that holds a trainer (the tiny profile's, so
 the heap has torch, transformers, TRL and vLLM in it). The two modes alternate, ``--rounds`` each.
 
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from grpo_lab.device import Machine
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.train import build_trainer
-from grpo_lab.trainer import collection_paused, extract_flat_logprobs
+from grpo_lab.speedups import collection_paused, extract_flat_logprobs
 
 
 def engine_outputs(sequences: int, tokens: int, seed: int = 0) -> list:

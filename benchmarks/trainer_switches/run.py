@@ -1,9 +1,9 @@
 """Time per GRPO step with one of GRPOLabTrainer's exact speed-ups switched on and off, step by step in one trainer:
 ``deferred_correction`` (vLLM's importance-sampling correction from the loss's own forward instead of TRL's no-grad
-forward, :func:`grpo_lab.trainer.defers_correction`), ``length_grouping`` (micro-batches of similar completion
-lengths, each cut to its longest, :func:`grpo_lab.trainer.groups_by_length`), ``pause_collection`` (generation with
-Python's garbage collector paused, :func:`grpo_lab.trainer.collection_paused`) or ``sampling_logprobs`` (vLLM returns
-each sampled token's log-prob; off only where nothing reads it, :func:`grpo_lab.trainer.reads_sampling_logprobs`).
+forward, :func:`grpo_lab.speedups.defers_correction`), ``length_grouping`` (micro-batches of similar completion
+lengths, each cut to its longest, :func:`grpo_lab.speedups.groups_by_length`), ``pause_collection`` (generation with
+Python's garbage collector paused, :func:`grpo_lab.speedups.collection_paused`) or ``sampling_logprobs`` (vLLM returns
+each sampled token's log-prob; off only where nothing reads it, :func:`grpo_lab.speedups.reads_sampling_logprobs`).
 Both modes alternate after warm-up steps, so they see the same machine load.
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/trainer_switches/run.py --switch deferred_correction \\
@@ -28,7 +28,7 @@ from grpo_lab.device import Machine
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.train import StepClock, build_trainer
 from grpo_lab.rollout.compare import shaped_model_dir
-from grpo_lab.trainer import defers_correction, groups_by_length, reads_sampling_logprobs
+from grpo_lab.speedups import defers_correction, groups_by_length, reads_sampling_logprobs
 
 def always(args) -> bool:
     """A switch that changes no number the trainer computes: exact for every configuration."""

@@ -44,8 +44,7 @@ def engine_probe(config: TrainConfig, model: str, rows: Sequence[dict], repeats:
         spec_path.write_text(json.dumps(spec), encoding="utf-8")
         environment = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(free_port())}
-        if device.is_cpu(config.device):
-            environment.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{CPU_KV_CACHE_GIB:g}")
+        environment = {**device.vllm_kv_cache_env(CPU_KV_CACHE_GIB, config.device), **environment}
         done = run_process_group([sys.executable, "-m", "grpo_lab.bench", "engine-probe", str(spec_path)],
                                  environment, timeout_s=900)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]

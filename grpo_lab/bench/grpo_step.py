@@ -35,6 +35,7 @@ from grpo_lab.deprecation import warn_moved
 from grpo_lab.device import Machine
 from grpo_lab.experiment import DEFAULT_FOR_DEVICE, TrainConfig
 from grpo_lab.rollout import encode_prompts, load_tokenizer
+from grpo_lab.rollout.vllm_backend import shutdown_engine
 from grpo_lab.train import MetricsLogger, StepClock, build_trainer
 
 OWN_LENGTHS = "the model's own lengths"
@@ -298,7 +299,7 @@ def _release_trainer(trainer, kind: str) -> None:
     engine = getattr(getattr(trainer, "vllm_generation", None), "llm", None)
     if engine is not None:
         with contextlib.suppress(Exception):
-            engine.llm_engine.engine_core.shutdown()
+            shutdown_engine(engine)
     trainer.model = trainer.optimizer = trainer.ref_model = None
     device.release_memory(kind)
 

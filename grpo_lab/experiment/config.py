@@ -30,6 +30,7 @@ from grpo_lab.experiment.rows import default_train_types, model_languages
 from grpo_lab.rewards import REWARD_ERROR_MODES
 from grpo_lab.rollout import RolloutConfig
 from grpo_lab.runs import CHECKPOINTS
+from grpo_lab.upstream import SHARED_TRL_FIELDS
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class TrainConfig:
     vllm_importance_sampling_correction: bool = True
     """Weigh the loss by ``π_θ / π_vLLM`` (TRL's correction for the gap between vLLM's numerics and the trainer's;
     by default per sequence, a sequence whose ratio exceeds 3 left out). Off: the loss HF generate's path computes,
-    and the colocated engine samples without log-probs (``grpo_lab.trainer.reads_sampling_logprobs``). The
+    and the colocated engine samples without log-probs (``grpo_lab.speedups.reads_sampling_logprobs``). The
     synchronous trainer's; the asynchronous one has no correction."""
     vllm_mode: str = "colocate"
     """``"colocate"``: vLLM inside the trainer process; ``"server"``: a vLLM server on other devices
@@ -329,17 +330,13 @@ class TrainConfig:
         return RolloutConfig(**{**values, **overrides})
 
     def trl_kwargs(self) -> dict[str, Any]:
-        """The fields TRL's ``GRPOConfig`` and ``AsyncGRPOConfig`` share, from this resolved experiment, under TRL's
-        names; checkpoints go to ``<output_dir>/checkpoints``. Each trainer adds its own fields to these."""
+        """The fields TRL's ``GRPOConfig`` and ``AsyncGRPOConfig`` share (:data:`grpo_lab.upstream.SHARED_TRL_FIELDS`),
+        from this resolved experiment; checkpoints go to ``<output_dir>/checkpoints``. Each trainer adds its own."""
         self._require_resolved("trl_kwargs")
-        names = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
-                 "max_completion_length", "learning_rate", "lr_scheduler_type", "warmup_steps", "temperature", "top_p",
-                 "gradient_checkpointing", "logging_steps", "save_steps", "save_total_limit", "seed",
-                 "vllm_server_timeout")
-        return {**{name: getattr(self, name) for name in names},
-                "output_dir": str(Path(self.output_dir) / CHECKPOINTS), "bf16": bool(self.bf16),
+        derived = {"output_dir": str(Path(self.output_dir) / CHECKPOINTS), "bf16": bool(self.bf16),
                 "use_cpu": device.is_cpu(self.device), "save_strategy": "steps", "data_seed": self.seed, "report_to": "none",
                 "log_completions": False}
+        return {name: derived[name] if name in derived else getattr(self, name) for name in SHARED_TRL_FIELDS}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

