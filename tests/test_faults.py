@@ -2,9 +2,10 @@
 
 The crash tests run the real ``grpo-lab train`` (``python -m grpo_lab.cli train``) on the shipped tiny model
 (HF generate, CPU, 6 steps, a checkpoint every 2) and SIGKILL it (a test-only trainer subclass,
-``tests/fault_injection.py``) during a generation, during an update and while a checkpoint is being written.
-Resumed with ``--resume-from-checkpoint true``, each run must load only a complete checkpoint, log every step
-exactly once and end with the same weights as a run that was never interrupted. The reward tests train in this
+``tests/fault_injection.py``) during a generation, while a checkpoint is being written and during an update, one
+kill after the other on the same run folder: each kill hits a run resumed from the one before. Resumed with
+``--resume-from-checkpoint true``, each run must load only a complete checkpoint, log every step exactly once and end
+with the same weights as a run that was never interrupted. The reward tests train in this
 process with a reward function that raises at step 3.
 """
 
@@ -54,23 +55,21 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 
 # --------------------------------------------------------------------------------------------------
-# SIGKILL at three points, then resume
+# SIGKILL at three points, each in a run resumed from the kill before, then resume to the end
 # --------------------------------------------------------------------------------------------------
-# fault -> (steps in metrics.jsonl after the kill, complete checkpoints left, interrupted save left in .partial/)
+# fault -> (steps in metrics.jsonl after the kill, complete checkpoints left, interrupted save left in .partial/); in
+# this order each run starts from the newest complete checkpoint the kill before left (none, 2, 2)
 KILLS = {
     "generation:3": ([1, 2], [2], None),
-    "update:5": ([1, 2, 3, 4], [2, 4], None),
     "checkpoint:4": ([1, 2, 3, 4], [2], "checkpoint-4"),
+    "update:5": ([1, 2, 3, 4], [2, 4], None),
 }
 
 
-@pytest.mark.parametrize("fault", list(KILLS))
-def test_killed_run_resumes_to_the_same_final_model(fault, uninterrupted, tmp_path):
+def check_killed(run: Path, fault: str, killed: subprocess.CompletedProcess) -> None:
+    """What a SIGKILL at ``fault`` leaves: only complete checkpoints, each step logged once, no final model."""
     logged, complete, interrupted = KILLS[fault]
-    run = tmp_path / "run"
     point, step = fault.split(":")
-
-    killed = grpo_lab_train(run, fault=fault)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     assert f"SIGKILL at {point} of step {step}" in killed.stdout
     assert [p.name for p in runs.list_checkpoints(run)] == [f"checkpoint-{n}" for n in complete]
@@ -86,12 +85,28 @@ def test_killed_run_resumes_to_the_same_final_model(fault, uninterrupted, tmp_pa
     else:
         assert not (run / runs.PARTIAL).exists()
 
+
+def check_resumed_from(run: Path, before: str, output: str) -> None:
+    """The resumed run started from the newest checkpoint the kill ``before`` left, and cleared its interrupted save."""
+    _, complete, interrupted = KILLS[before]
+    newest = run / runs.CHECKPOINTS / f"checkpoint-{complete[-1]}"
+    assert f"Resuming from {newest} (step {complete[-1]}) to step {MAX_STEPS}" in output
+    assert json.loads((run / runs.CONFIG_FILE).read_text())["resumed_from"] == str(newest)
+    assert (f"Deleting {run / runs.PARTIAL} ({interrupted})" in output) == bool(interrupted)
+
+
+def test_killed_runs_resume_to_the_same_final_model(uninterrupted, tmp_path):
+    run, before = tmp_path / "run", None
+    for fault in KILLS:
+        killed = grpo_lab_train(run, *(("--resume-from-checkpoint", "true") if before else ()), fault=fault)
+        if before:
+            check_resumed_from(run, before, killed.stdout)
+        check_killed(run, fault, killed)
+        before = fault
+
     resumed = grpo_lab_train(run, "--resume-from-checkpoint", "true")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    newest = run / runs.CHECKPOINTS / f"checkpoint-{complete[-1]}"
-    assert f"Resuming from {newest} (step {complete[-1]}) to step {MAX_STEPS}" in resumed.stdout
-    assert json.loads((run / runs.CONFIG_FILE).read_text())["resumed_from"] == str(newest)
-    assert (f"Deleting {run / runs.PARTIAL} ({interrupted})" in resumed.stdout) == bool(interrupted)
+    check_resumed_from(run, before, resumed.stdout)
     assert not (run / runs.PARTIAL).exists()
     assert [p.name for p in runs.list_checkpoints(run)] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
 
