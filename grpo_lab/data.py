@@ -25,6 +25,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import lzma
 import os
 import random
 import re
@@ -434,7 +435,7 @@ def _read_json_lines(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
         raise MissingFileError(f"no data file at {path}; check the path (shipped splits live in {DATA_DIR}, "
                                f"rebuild them with grpo_lab.data.regenerate_splits())")
     records = []
-    opener = gzip.open if path.suffix == ".gz" else open
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix, open)
     with opener(path, "rt", encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -484,8 +485,7 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
 GSM8K_HUB_ID = "openai/gsm8k"
 """GSM8K on the Hugging Face hub (config ``main``: ``question``, ``answer``), MIT licence."""
 GSM8K_SPLITS = ("train", "test")
-GSM8K_EVAL_SIZE = 500
-"""Problems of GSM8K's train split held out to evaluate on (:func:`hold_out`), when nothing else is said."""
+GSM8K_EVAL_SIZE = 500  # problems of GSM8K's train split held out to evaluate on (hold_out), by default
 GSM8K_SPLIT_SEED = 20261203
 
 
@@ -493,7 +493,7 @@ def load_gsm8k_jsonl(path: str | Path, add_instruction: bool = True) -> list[dic
     """Convert a GSM8K-style JSONL file (``question``, ``answer`` ending in ``#### N``) to the shared format.
 
     The full GSM8K solution (calculator annotations ``<<…>>`` removed) becomes ``completion``; the
-    number after ``####`` becomes ``answer``. A ``.jsonl.gz`` file is read as well.
+    number after ``####`` becomes ``answer``. A compressed file (``.jsonl.gz``, ``.jsonl.xz``) is read as well.
     """
     return _gsm8k_rows(path, _read_json_lines(path), add_instruction, id_prefix="gsm8k")
 
@@ -502,9 +502,9 @@ def load_gsm8k(split: str = "train", path: str | Path | None = None,
                add_instruction: bool = True) -> list[dict[str, Any]]:
     """GSM8K's ``split`` (``"train"`` or ``"test"``) in the course's row format (``type`` ``"gsm8k"``).
 
-    ``path``: a local copy, a JSONL file (``.jsonl`` or ``.jsonl.gz``, as github.com/openai/grade-school-math
-    publishes it) or the hub's parquet file. Without it, the hub's ``openai/gsm8k`` through ``datasets``, which needs
-    the network (or its cache); offline (``HF_HUB_OFFLINE=1``, or no network) the error names the file to pass.
+    ``path``: a local copy, JSONL as github.com/openai/grade-school-math publishes it (or compressed: ``.gz``,
+    ``.xz``), or the hub's parquet file. Without it, the hub's ``openai/gsm8k`` through ``datasets`` (the network, or
+    its cache); offline (``HF_HUB_OFFLINE=1``, or no network) the error names the file to pass.
     """
     if split not in GSM8K_SPLITS:
         raise ConfigError(f"unknown GSM8K split {split!r}; use one of {list(GSM8K_SPLITS)} (hold part of 'train' out "
@@ -520,7 +520,7 @@ def load_gsm8k(split: str = "train", path: str | Path | None = None,
 def _gsm8k_from_hub(split: str) -> list[tuple[int, dict[str, Any]]]:
     ask = (f"pass path= a local copy of GSM8K's {split!r} split: grade_school_math/data/{split}.jsonl of "
            f"github.com/openai/grade-school-math, or the hub's main/{split}-00000-of-00001.parquet (the course ships "
-           f"the train split as benchmarks/gsm8k/train.jsonl.gz)")
+           f"the train split as benchmarks/gsm8k/train.jsonl.xz)")
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         raise MissingFileError(f"GSM8K from the hub ({GSM8K_HUB_ID}) needs the network, and HF_HUB_OFFLINE is set: "
                                f"{ask}")

@@ -110,7 +110,7 @@ def test_to_dataset_keeps_columns():
 
 
 GSM8K_SAMPLE = Path(__file__).parent / "fixtures" / "gsm8k_train_sample.jsonl"  # real rows, MIT (fixtures/README.md)
-GSM8K_SHIPPED = data.REPO_ROOT / "benchmarks" / "gsm8k" / "train.jsonl.gz"
+GSM8K_SHIPPED = data.REPO_ROOT / "benchmarks" / "gsm8k" / "train.jsonl.xz"
 
 
 def test_every_gsm8k_gold_solution_is_scored_right():
@@ -126,19 +126,22 @@ def test_every_gsm8k_gold_solution_is_scored_right():
     assert [r["prompt"] for r in rows[:5]] == [r["prompt"] for r in shipped[:5]]
 
 
-def test_gsm8k_reads_jsonl_gzip_and_parquet_alike(tmp_path):
+def test_gsm8k_reads_jsonl_compressed_and_parquet_alike(tmp_path):
     import gzip
+    import lzma
 
     import pyarrow
     import pyarrow.parquet
 
     records = [json.loads(line) for line in GSM8K_SAMPLE.read_text(encoding="utf-8").splitlines()]
-    packed = tmp_path / "train.jsonl.gz"
-    packed.write_bytes(gzip.compress(GSM8K_SAMPLE.read_bytes()))
+    gzipped, xzipped = tmp_path / "train.jsonl.gz", tmp_path / "train.jsonl.xz"
+    gzipped.write_bytes(gzip.compress(GSM8K_SAMPLE.read_bytes()))
+    xzipped.write_bytes(lzma.compress(GSM8K_SAMPLE.read_bytes()))
     parquet = tmp_path / "train-00000-of-00001.parquet"
     pyarrow.parquet.write_table(pyarrow.Table.from_pylist(records), parquet)
     rows = data.load_gsm8k("train", path=GSM8K_SAMPLE)
-    assert data.load_gsm8k("train", path=packed) == rows == data.load_gsm8k("train", path=parquet)
+    assert data.load_gsm8k("train", path=gzipped) == rows == data.load_gsm8k("train", path=parquet)
+    assert data.load_gsm8k("train", path=xzipped) == rows
     assert [r["answer"] for r in data.load_gsm8k_jsonl(GSM8K_SAMPLE)] == [r["answer"] for r in rows]
     with pytest.raises(ValueError, match="unknown GSM8K split 'eval'"):
         data.load_gsm8k("eval", path=GSM8K_SAMPLE)
@@ -167,7 +170,7 @@ def test_gsm8k_from_the_hub_and_offline(monkeypatch):
                                                 r"grade_school_math/data/train.jsonl"):
         data.load_gsm8k("train")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE is set: pass path=.*benchmarks/gsm8k/train.jsonl.gz"):
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE is set: pass path=.*benchmarks/gsm8k/train.jsonl.xz"):
         data.load_gsm8k("train")
 
 

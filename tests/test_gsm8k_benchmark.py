@@ -46,7 +46,7 @@ def test_the_smoke_run_writes_the_record_notebook_08_reads(tmp_path):
     assert bench().main(["--smoke", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "results.json").read_text())
     assert record["smoke"] and record["steps"] == 2 and record["data"]["held_out"] == 16
-    assert record["data"]["file"] == "benchmarks/gsm8k/train.jsonl.gz" and record["recipe"]["rewards"] == ["correctness"]
+    assert record["data"]["file"] == "benchmarks/gsm8k/train.jsonl.xz" and record["recipe"]["rewards"] == ["correctness"]
     rows = data.load_jsonl(tmp_path / "gsm8k_train.jsonl")
     assert len(rows) == record["data"]["train_rows"] == 32 and {r["type"] for r in rows} == {"gsm8k"}
     run = results.gsm8k_run(tmp_path / "results.json")

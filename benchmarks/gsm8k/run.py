@@ -10,8 +10,8 @@ evaluated greedily before and after training on the trainer's own engine, as not
     python benchmarks/gsm8k/run.py --model Qwen/Qwen2.5-1.5B-Instruct --max-steps 300 --max-minutes 60 \\
         --out runs/gsm8k-qwen1.5b                                 # a larger model, on a GPU of your own
 
-The data: ``benchmarks/gsm8k/train.jsonl.gz`` (GSM8K's 7,473 training problems, MIT, ``LICENSE`` beside it) travels
-with the repository; ``--data`` takes another copy (JSONL, ``.jsonl.gz`` or parquet).
+The data: ``benchmarks/gsm8k/train.jsonl.xz`` (GSM8K's 7,473 training problems, MIT, ``LICENSE`` beside it) travels
+with the repository; ``--data`` takes another copy (JSONL, compressed or not, or parquet).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from grpo_lab import data  # noqa: E402  (after the path and the offline switches)
 
-DATA_FILE = Path(__file__).resolve().parent / "train.jsonl.gz"
+DATA_FILE = Path(__file__).resolve().parent / "train.jsonl.xz"
 TRAIN_ROWS = 2000
 """Training problems (the first of the train part that fit ``max_prompt_length``): 40 steps of 16 prompts use 640."""
 MAX_STEPS = 40
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where results.json and the run folder go")
     parser.add_argument("--model", help="model folder or hub id (default: GRPO_LAB_MODEL, else the profile's)")
-    parser.add_argument("--data", type=Path, default=DATA_FILE, help="GSM8K's train split (JSONL, .gz or parquet)")
+    parser.add_argument("--data", type=Path, default=DATA_FILE, help="GSM8K's train split (JSONL, .gz, .xz or parquet)")
     parser.add_argument("--max-steps", type=int, default=MAX_STEPS)
     parser.add_argument("--max-minutes", type=float, default=MAX_MINUTES, help="training's time guard")
     parser.add_argument("--eval-size", type=int, default=data.GSM8K_EVAL_SIZE, help="held-out problems")
