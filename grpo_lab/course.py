@@ -26,6 +26,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from grpo_lab import device, experiment, memory, runs
+from grpo_lab.deprecation import warn_moved
 from grpo_lab.device import Machine
 from grpo_lab.experiment import PROFILE_DEVICE, TrainConfig
 from grpo_lab.paths import REPO_ROOT
@@ -118,18 +119,23 @@ def _device_commands(profile: str, memory_gib: float, where: str) -> list[tuple[
     return commands
 
 
-def next_commands(machine: Machine) -> list[tuple[str, str]]:
+def next_commands(machine: Machine | str) -> list[tuple[str, str]]:
     """``(command, why)`` to run after the course, in order. On an accelerator: for this device, with models anyone
     can download that the memory planner fits on its memory (``machine.memory_gib``). On a CPU: the same for the
-    ``gpu`` and ``npu`` profiles on devices of the sizes in :data:`TYPICAL_DEVICE_GIB`."""
-    here = not device.is_cpu(machine.kind)
+    ``gpu`` and ``npu`` profiles on devices of the sizes in :data:`TYPICAL_DEVICE_GIB`. A device kind alone (0.2.0's
+    ``next_commands(kind)``, deprecated) has no size: its profile's typical sizes are planned."""
+    if isinstance(machine, str):
+        warn_moved("grpo_lab.course.next_commands(kind)", "grpo_lab.course.next_commands(Machine.detect())",
+                   "the commands fit the device's memory")
+    kind = machine if isinstance(machine, str) else machine.kind
+    here = not device.is_cpu(kind)
+    own_size = machine.memory_gib if here and not isinstance(machine, str) else None
     commands = []
-    for name in [n for n, kind in PROFILE_DEVICE.items() if kind == machine.kind] if here else list(TYPICAL_DEVICE_GIB):
+    for name in [n for n, of in PROFILE_DEVICE.items() if of == kind] if here else list(TYPICAL_DEVICE_GIB):
         commands.append((f"grpo-lab doctor --profile {name}", f"{name}: the stack, the device and the profile "
                                                               "checked before a long run"))
-        sizes = (machine.memory_gib,) if here else TYPICAL_DEVICE_GIB[name]
-        for gib in sizes:
-            where = f"this device ({gib:.0f} GiB)" if here else f"{name.upper()} with {gib:g} GiB"
+        for gib in (own_size,) if own_size else TYPICAL_DEVICE_GIB[name]:
+            where = f"this device ({gib:.0f} GiB)" if own_size else f"{name.upper()} with {gib:g} GiB"
             commands += _device_commands(name, gib, where)
     return commands
 
