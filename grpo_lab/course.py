@@ -25,14 +25,17 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from grpo_lab import device, runs
-from grpo_lab.experiment import PROFILE_DEVICE, PROFILES
-from grpo_lab.models import MODEL_ENV_VAR
+from grpo_lab import device, experiment, memory, runs
+from grpo_lab.deprecation import warn_moved
+from grpo_lab.device import Machine
+from grpo_lab.experiment import PROFILE_DEVICE, TrainConfig
 from grpo_lab.paths import REPO_ROOT
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
-# Where next (notebook 09): which notebook to reopen for which goal, and what to run on a GPU or NPU of your own.
+# --------------------------------------------------------------------------------------------------
+# Where next (notebook 09): which notebook to reopen for which goal, and what a learner's own device can run
+# --------------------------------------------------------------------------------------------------
 # Every notebook and `grpo-lab` subcommand named here exists (tests/test_course.py checks).
 REOPEN: tuple[tuple[str, str, str], ...] = (
     ("train a real model on your GPU or NPU", "03_grpo_training",
@@ -40,8 +43,8 @@ REOPEN: tuple[tuple[str, str, str], ...] = (
      "evaluate before and after"),
     ("fit a larger model, or more completions per step", "04_memory_budget",
      "the planner with your model and device memory: vLLM's share, the micro-batch, gradient checkpointing"),
-    ("your own problems or your own reward", "08_bring_your_own",
-     "JSONL rows in the course's format, register_reward, and grpo-lab doctor on the experiment"),
+    ("your own problems, your own reward, or a real task (GSM8K)", "08_bring_your_own",
+     "JSONL rows in the course's format, register_reward, data.load_gsm8k, and grpo-lab doctor on the experiment"),
     ("a reward that cannot be gamed", "02_reward_design",
      "score the completions your model really writes; watch for a reward that outvotes correctness"),
     ("pick the sampling settings (temperature, n, lengths)", "01_vllm_smoke",
@@ -53,24 +56,87 @@ REOPEN: tuple[tuple[str, str, str], ...] = (
 )
 """(goal, notebook, what to change there)."""
 
+LEARNER_MODELS = ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-3B-Instruct",
+                  "Qwen/Qwen2.5-7B-Instruct")
+"""Hub models anyone can download, smallest first. Each one's ``config.json`` ships with the course
+(``data/configs``), so the memory planner sizes them offline, without downloading anything."""
+TYPICAL_DEVICE_GIB = {"gpu": (16, 24, 80), "npu": (32, 64)}
+"""The device sizes planned for, by profile, on a machine that has none of that kind: consumer GPUs and an
+A100/H100; an Ascend 910B (the write-up's 32 GB) and a 64 GB one."""
 
-def next_commands(kind: str) -> list[tuple[str, str]]:
-    """``(command, why)`` to run on a machine of device ``kind`` after the course, in order; on a CPU, what to run on a
-    GPU or an NPU (the course's ``gpu`` and ``npu`` profiles). On an accelerator the model is the one this run used
-    (``GRPO_LAB_MODEL`` when set), elsewhere the profile's default."""
+
+@dataclass(frozen=True)
+class ModelFit:
+    """The largest of :data:`LEARNER_MODELS` whose profile experiment the memory planner fits on a device."""
+
+    profile: str
+    memory_gib: float
+    model: str
+    use_peft: bool
+    training_peak_gib: float
+
+    def train_command(self, max_steps: int = 300) -> str:
+        lora = " --use-peft true" if self.use_peft else ""
+        return f"grpo-lab train --profile {self.profile} --model {self.model}{lora} --max-steps {max_steps}"
+
+    def gsm8k_command(self, max_steps: int = 300) -> str:
+        lora = " --use-peft" if self.use_peft else ""
+        return (f"python benchmarks/gsm8k/run.py --model {self.model}{lora} --max-steps {max_steps} --max-minutes 60 "
+                f"--out runs/gsm8k")
+
+
+def largest_fitting_model(profile: str, memory_gib: float, use_peft: bool = False) -> ModelFit | None:
+    """The largest learner model whose experiment (``TrainConfig(profile=..., model=...).resolve``: the micro-batch,
+    checkpointing and vLLM's share the planner chooses) fits on one device of ``memory_gib``; None when none does."""
+    machine = Machine(PROFILE_DEVICE[profile], bf16=True, memory_gib=memory_gib)
+    for model in reversed(LEARNER_MODELS):
+        try:
+            config = TrainConfig(profile=profile, model=model, use_peft=use_peft).resolve(machine)
+        except memory.MemoryPlanError:  # DoesNotFitError: no share of vLLM leaves the step room
+            continue
+        budget = experiment.memory_budget(config, machine)
+        if budget.fits:
+            return ModelFit(profile, memory_gib, model, use_peft, round(budget.training_peak_bytes / 2**30, 1))
+    return None
+
+
+# What a learner's device gets, in time as well as memory: the per-device-size table of measured step times
+# (issue 42's capped H200 runs) joins these plans here, in `_device_commands`' reasons, once it is committed.
+def _device_commands(profile: str, memory_gib: float, where: str) -> list[tuple[str, str]]:
+    full, lora = largest_fitting_model(profile, memory_gib), largest_fitting_model(profile, memory_gib, use_peft=True)
+    if full is None and lora is None:
+        return [(f"grpo-lab doctor --profile {profile}", f"{where}: no model of {', '.join(LEARNER_MODELS)} fits this "
+                                                         "recipe, even with LoRA; notebook 04 says what would")]
+    best = lora if full is None or LEARNER_MODELS.index(lora.model) > LEARNER_MODELS.index(full.model) else full
+    how = "with LoRA" if best.use_peft else "fine-tuning every weight"
+    also = f"; every weight: {full.model.split('/')[-1]}" if full is not None and best is not full else ""
+    commands = [(best.train_command(), f"{where}: the largest model the memory planner fits, {how} (training peak "
+                                       f"{best.training_peak_gib:g} GiB{also})")]
+    if full is not None:  # the course's notebooks train every weight: the smallest model, which the planner fits
+        commands.insert(0, (f"GRPO_LAB_PROFILE={profile} GRPO_LAB_MODEL={LEARNER_MODELS[0]} make course",
+                            f"{where}: the whole course with a real model (any local folder or hub id)"))
+    commands.append((best.gsm8k_command(), f"{where}: GSM8K, the real task (notebook 08), with the same model"))
+    return commands
+
+
+def next_commands(machine: Machine | str) -> list[tuple[str, str]]:
+    """``(command, why)`` to run after the course, in order. On an accelerator: for this device, with models anyone
+    can download that the memory planner fits on its memory (``machine.memory_gib``). On a CPU: the same for the
+    ``gpu`` and ``npu`` profiles on devices of the sizes in :data:`TYPICAL_DEVICE_GIB`. A device kind alone (0.2.0's
+    ``next_commands(kind)``, deprecated) has no size: its profile's typical sizes are planned."""
+    if isinstance(machine, str):
+        warn_moved("grpo_lab.course.next_commands(kind)", "grpo_lab.course.next_commands(Machine.detect())",
+                   "the commands fit the device's memory")
+    kind = machine if isinstance(machine, str) else machine.kind
     here = not device.is_cpu(kind)
+    own_size = machine.memory_gib if here and not isinstance(machine, str) else None
     commands = []
-    for name in [name for name, device in PROFILE_DEVICE.items() if device == kind] if here else ["gpu", "npu"]:
-        model = (os.environ.get(MODEL_ENV_VAR) if here else None) or PROFILES[name]["model"]
-        commands += [
-            (f"grpo-lab doctor --profile {name}", f"{name}: the stack, the device and the profile checked before a "
-                                                  "long run"),
-            (f"GRPO_LAB_PROFILE={name} GRPO_LAB_MODEL={model} make course",
-             f"{name}: the whole course on that device with a real model (any local folder or hub id)"),
-            (f"grpo-lab train --profile {name} --model {model} --max-steps 300",
-             f"{name}: a longer run of notebook 03's recipe; `--output-dir RUN --resume-from-checkpoint true` "
-             "continues it"),
-        ]
+    for name in [n for n, of in PROFILE_DEVICE.items() if of == kind] if here else list(TYPICAL_DEVICE_GIB):
+        commands.append((f"grpo-lab doctor --profile {name}", f"{name}: the stack, the device and the profile "
+                                                              "checked before a long run"))
+        for gib in (own_size,) if own_size else TYPICAL_DEVICE_GIB[name]:
+            where = f"this device ({gib:.0f} GiB)" if own_size else f"{name.upper()} with {gib:g} GiB"
+            commands += _device_commands(name, gib, where)
     return commands
 
 

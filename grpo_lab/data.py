@@ -22,7 +22,11 @@ Example:
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
+import lzma
+import os
 import random
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -431,7 +435,8 @@ def _read_json_lines(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
         raise MissingFileError(f"no data file at {path}; check the path (shipped splits live in {DATA_DIR}, "
                                f"rebuild them with grpo_lab.data.regenerate_splits())")
     records = []
-    with path.open(encoding="utf-8") as handle:
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix, open)
+    with opener(path, "rt", encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -474,33 +479,110 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+# --------------------------------------------------------------------------------------------------
+# GSM8K: a real task in the same row format
+# --------------------------------------------------------------------------------------------------
+GSM8K_HUB_ID = "openai/gsm8k"
+"""GSM8K on the Hugging Face hub (config ``main``: ``question``, ``answer``), MIT licence."""
+GSM8K_SPLITS = ("train", "test")
+GSM8K_EVAL_SIZE = 500  # problems of GSM8K's train split held out to evaluate on (hold_out), by default
+GSM8K_SPLIT_SEED = 20261203
+
+
 def load_gsm8k_jsonl(path: str | Path, add_instruction: bool = True) -> list[dict[str, Any]]:
     """Convert a GSM8K-style JSONL file (``question``, ``answer`` ending in ``#### N``) to the shared format.
 
     The full GSM8K solution (calculator annotations ``<<…>>`` removed) becomes ``completion``; the
-    number after ``####`` becomes ``answer``.
+    number after ``####`` becomes ``answer``. A compressed file (``.jsonl.gz``, ``.jsonl.xz``) is read as well.
     """
+    return _gsm8k_rows(path, _read_json_lines(path), add_instruction, id_prefix="gsm8k")
+
+
+def load_gsm8k(split: str = "train", path: str | Path | None = None,
+               add_instruction: bool = True) -> list[dict[str, Any]]:
+    """GSM8K's ``split`` (``"train"`` or ``"test"``) in the course's row format (``type`` ``"gsm8k"``).
+
+    ``path``: a local copy, JSONL as github.com/openai/grade-school-math publishes it (or compressed: ``.gz``,
+    ``.xz``), or the hub's parquet file. Without it, the hub's ``openai/gsm8k`` through ``datasets`` (the network, or
+    its cache); offline (``HF_HUB_OFFLINE=1``, or no network) the error names the file to pass.
+    """
+    if split not in GSM8K_SPLITS:
+        raise ConfigError(f"unknown GSM8K split {split!r}; use one of {list(GSM8K_SPLITS)} (hold part of 'train' out "
+                          f"with grpo_lab.data.hold_out to evaluate on)")
+    prefix = f"gsm8k-{split}"
+    if path is None:
+        return _gsm8k_rows(f"{GSM8K_HUB_ID} ({split})", _gsm8k_from_hub(split), add_instruction, prefix)
+    if Path(path).suffix == ".parquet":
+        return _gsm8k_rows(path, _read_parquet(path), add_instruction, prefix)
+    return _gsm8k_rows(path, _read_json_lines(path), add_instruction, prefix)
+
+
+def _gsm8k_from_hub(split: str) -> list[tuple[int, dict[str, Any]]]:
+    ask = (f"pass path= a local copy of GSM8K's {split!r} split: grade_school_math/data/{split}.jsonl of "
+           f"github.com/openai/grade-school-math, or the hub's main/{split}-00000-of-00001.parquet (the course ships "
+           f"the train split as benchmarks/gsm8k/train.jsonl.xz)")
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise MissingFileError(f"GSM8K from the hub ({GSM8K_HUB_ID}) needs the network, and HF_HUB_OFFLINE is set: "
+                               f"{ask}")
+    try:
+        from datasets import load_dataset
+
+        records = load_dataset(GSM8K_HUB_ID, "main", split=split)
+    except Exception as error:  # no network, no cache, or the hub refused: the same remedy
+        raise MissingFileError(f"GSM8K could not be loaded from the hub ({GSM8K_HUB_ID}: "
+                               f"{type(error).__name__}: {str(error)[:160]}); {ask}") from None
+    return list(enumerate(records, start=1))
+
+
+def _read_parquet(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    if not Path(path).is_file():
+        raise MissingFileError(f"no parquet file at {path}; pass GSM8K's parquet file or a JSONL copy")
+    import pyarrow.parquet as parquet
+
+    return list(enumerate(parquet.read_table(path).to_pylist(), start=1))
+
+
+def _gsm8k_rows(source: str | Path, records: Iterable[tuple[int, dict[str, Any]]], add_instruction: bool,
+                id_prefix: str) -> list[dict[str, Any]]:
     rows = []
-    for number, record in _read_json_lines(path):
-        _require_columns(path, number, record, ("question", "answer"))
+    for number, record in records:
+        _require_columns(source, number, record, ("question", "answer"))
         found = extract_answer(str(record["answer"]))
-        final = None if found.found_by != "marker" else f"{found.value:.10g}"
-        if final is None:
-            raise DataError(f"{path}, line {number}: the 'answer' does not end with '#### <number>' "
+        if found.found_by != "marker":
+            raise DataError(f"{source}, line {number}: the 'answer' does not end with '#### <number>' "
                             f"(GSM8K format); got {str(record['answer'])[-60:]!r}. End the solution with a "
                             f"last line '#### <final number>', as GSM8K does")
         question = str(record["question"]).strip()
         content = f"{question}\n{INSTRUCTION['en']}" if add_instruction else question
         rows.append({
-            "id": f"gsm8k-{len(rows):05d}",
+            "id": f"{id_prefix}-{len(rows):05d}",
             "type": "gsm8k",
             "lang": "en",
             "prompt": [{"role": "user", "content": content}],
-            "answer": final,
+            "answer": f"{found.value:.10g}",
             "unit": "",
             "completion": re.sub(r"<<[^>]*>>", "", str(record["answer"])).strip(),
         })
     return rows
+
+
+def hold_out(rows: Sequence[dict[str, Any]], size: int = GSM8K_EVAL_SIZE,
+             seed: int = GSM8K_SPLIT_SEED) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(train, held_out)``: ``size`` rows held out to evaluate on, the rest to train on, both in their order.
+
+    The rows with the ``size`` lowest hashes of ``seed`` and their prompt are held out, so the split does not depend on
+    the rows' order: a copy of the file in another order holds out the same problems.
+    """
+    if not 0 < size < len(rows):
+        raise ConfigError(f"hold_out(size={size}) of {len(rows)} rows: hold out at least one row and keep at least "
+                          f"one to train on")
+
+    def rank(row: dict[str, Any]) -> str:
+        text = json.dumps(row["prompt"], ensure_ascii=False, sort_keys=True)
+        return hashlib.sha256(f"{seed}:{text}".encode()).hexdigest()
+
+    held = set(sorted(range(len(rows)), key=lambda i: rank(rows[i]))[:size])
+    return ([row for i, row in enumerate(rows) if i not in held], [row for i, row in enumerate(rows) if i in held])
 
 
 def to_dataset(rows: Sequence[dict[str, Any]]):

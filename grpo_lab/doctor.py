@@ -187,13 +187,15 @@ def check_prefix_caching(config: DoctorConfig) -> Check:
 
 
 def check_memory(config: DoctorConfig) -> Check:
-    """The memory planner on the experiment as ``grpo_lab.train`` would run it here (vLLM's share included)."""
+    """The memory planner on the experiment as ``grpo_lab.train`` would run it here (vLLM's share included, when the
+    rollouts use vLLM)."""
     machine = Machine.detect()
-    budget = experiment.memory_budget(config.experiment.resolve(machine), machine)
-    if budget.fits:
-        return Check("memory plan", "pass", budget.summary().splitlines()[0])
+    resolved = config.experiment.resolve(machine)
+    budget = experiment.memory_budget(resolved, machine)
+    if budget.trainer_fits if resolved.rollout_backend == "hf" else budget.fits:
+        return Check("memory plan", "pass", budget.summary(resolved.rollout_backend).splitlines()[0])
     return Check("memory plan", "fail", "the plan does not fit: OOM at the first steps is likely",
-                 budget.advice or budget.summary())
+                 budget.advice or budget.summary(resolved.rollout_backend))
 
 
 def check_tokenizer(config: DoctorConfig) -> Check:

@@ -3,7 +3,9 @@
 * :func:`kl_brake`: ``benchmarks/kl_brake/results.json``, the tiny profile trained with ``beta = 0`` and
   ``beta > 0`` (a frozen reference model) on the same seeds;
 * :func:`smollm2_run`: ``benchmarks/grpo_smollm2/`` (``results.json`` and the base model's temperature probe
-  ``probe_cpu.json``), the gpu recipe on SmolLM2-135M-Instruct on one H200.
+  ``probe_cpu.json``), the gpu recipe on SmolLM2-135M-Instruct on one H200;
+* :func:`gsm8k_run`: ``benchmarks/gsm8k/results.json``, the gpu recipe on GSM8K with held-out accuracy before and after
+  (notebook 08 prints it).
 
 Each record carries where it came from (a :class:`~grpo_lab.committed.Provenance`) where the file records it; the
 SmolLM2 run records only its device. bench and verl_parity compare against the SmolLM2 run through
@@ -22,6 +24,7 @@ from grpo_lab.committed import Provenance, read_committed
 from grpo_lab.paths import BENCHMARKS_DIR
 
 KL_BRAKE_FILE = BENCHMARKS_DIR / "kl_brake" / "results.json"
+GSM8K_FILE = BENCHMARKS_DIR / "gsm8k" / "results.json"
 SMOLLM2_DIR = BENCHMARKS_DIR / "grpo_smollm2"
 """The SmolLM2 run's folder: ``results.json``, ``probe_cpu.json``, ``metrics.jsonl``, ``curves.png``."""
 
@@ -112,3 +115,37 @@ def smollm2_run(folder: str | Path = SMOLLM2_DIR) -> SmolLM2Run:
         step_seconds={backend: data[backend] for backend in ("vllm_colocate", "hf_generate")},
         base_last_number_pass_at_1={t: row["last_number_pass_at_1"] for t, row in probe["by_temperature"].items()},
         metrics=tuple(runs.read_metrics(folder / runs.METRICS_FILE)), folder=folder)
+
+
+@dataclass(frozen=True)
+class GSM8KRun:
+    """The course's recipe trained on GSM8K: held-out greedy answers before and after training."""
+
+    provenance: Provenance
+    model: str
+    steps: int
+    train_rows: int
+    held_out: int
+    seconds: float
+    accuracy: dict[str, Any]
+    """The paired change of greedy accuracy: ``evaluation.Gain``'s fields, and ``describe`` (its sentence)."""
+    format: dict[str, Any]
+    """The same for greedy answers that end with one ``#### N`` line."""
+    training: dict[str, Any]
+    """The training reward and the share of groups without a signal, first and last steps; the median step."""
+
+    @property
+    def learned_the_format_not_the_arithmetic(self) -> bool:
+        """The ``#### N`` line rose by more than its standard error allows by chance (2), accuracy did not."""
+        return self.format["standard_errors"] >= 2 > self.accuracy["standard_errors"]
+
+
+def gsm8k_run(path: str | Path = GSM8K_FILE) -> GSM8KRun | None:
+    """The committed GSM8K run (``benchmarks/gsm8k/run.py`` writes it); None until one is committed."""
+    if not Path(path).is_file():
+        return None
+    data = read_committed(path)
+    return GSM8KRun(provenance=Provenance(data["command"], data["date"], data["machine"]["device"], Path(path)),
+                    model=data["model"], steps=data["steps"], train_rows=data["data"]["train_rows"],
+                    held_out=data["data"]["held_out"], seconds=data["seconds"]["total_s"], accuracy=data["accuracy"],
+                    format=data["format"], training=data["training"])

@@ -122,8 +122,8 @@ def memory_note(asked: TrainConfig, config: TrainConfig, machine: Machine) -> di
         return note
     note.update(fits=budget.fits, training_peak_gib=round(budget.training_peak_bytes / 2**30, 3),
                 vllm_gib=round(budget.vllm_bytes / 2**30, 3), kv_cache_sequences=budget.sequences_in_kv_cache,
-                planned=budget.summary().splitlines()[0])
-    if chosen_by == "planner" and device.is_cpu(machine.kind):
+                planned=budget.summary(config.rollout_backend).splitlines()[0])
+    if chosen_by == "planner" and device.is_cpu(machine.kind) and config.use_vllm:
         note["planned"] = experiment.choose_vllm_memory(config.with_profile(), machine)[1]
     if chosen_by == "given" and config.use_vllm and not budget.fits:
         warnings.warn(f"vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization} will not fit by the memory "
@@ -349,7 +349,7 @@ def prepare(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
         print(f"LoRA: r={config.lora_r}, alpha={config.lora_alpha}, dropout={config.lora_dropout} on "
               f"{', '.join(config.lora_target_modules)}; the base stays frozen")
     print(f"vLLM memory: vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization} ({plan['chosen_by']}): "
-          f"{plan['planned']}")
+          f"{plan['planned']}" if config.use_vllm else f"Memory: {plan['planned']}")
     if resume:
         print(f"Resuming from {resume} (step {resume_step}) to step {config.max_steps}")
     write_run_record(run_dir, config, backend=trainer.backend_reason, memory_plan=plan,

@@ -1,6 +1,7 @@
 """grpo_lab.course: notebooks run in order, executed copies and a summary are kept, a failure stops the rest."""
 
 import json
+import re
 
 import nbformat
 import pytest
@@ -59,17 +60,45 @@ def test_every_course_notebook_is_committed_without_outputs():
 
 def test_where_next_names_notebooks_and_commands_that_exist():
     from grpo_lab import cli
+    from grpo_lab.device import Machine
 
     names = {path.stem for path in course.course_notebooks()}
     assert {notebook for _, notebook, _ in course.REOPEN} <= names
-    for kind in ("cpu", "cuda", "npu"):
-        commands = course.next_commands(kind)
+    for machine in (Machine("cpu", bf16=False, memory_gib=16), Machine("cuda", bf16=True, memory_gib=24),
+                    Machine("npu", bf16=True, memory_gib=32)):
+        commands = course.next_commands(machine)
         assert commands and all(why for _, why in commands)
         for command, _ in commands:
             words = command.split()
             if "grpo-lab" in words:
                 assert words[words.index("grpo-lab") + 1] in cli.SUBCOMMANDS, command
-    assert any("--profile npu" in c for c, _ in course.next_commands("cpu"))
+            if "python" in words:
+                assert (course.REPO_ROOT / words[words.index("python") + 1]).is_file(), command
+    assert any("--profile npu" in c for c, _ in course.next_commands(Machine("cpu", bf16=False, memory_gib=16)))
+
+
+def test_where_next_recommends_only_what_the_device_can_run(monkeypatch):
+    """Hub models anyone can download, the largest the planner fits on the device's memory (LoRA where only LoRA
+    fits), never a local folder of the machine the course ran on (the GPU course runs set GRPO_LAB_MODEL to one)."""
+    from grpo_lab.device import Machine
+
+    monkeypatch.setenv("GRPO_LAB_MODEL", "/tmp/grpo-smollm2/model")
+    small, large = Machine("cuda", bf16=True, memory_gib=16), Machine("cuda", bf16=True, memory_gib=80)
+    for machine in (small, large):
+        text = "\n".join(command for command, _ in course.next_commands(machine))
+        assert "/tmp/" not in text and "--profile gpu" in text and "npu" not in text
+        assert all(model in course.LEARNER_MODELS for model in re.findall(r"--model (\S+)", text))
+    fits_small = course.largest_fitting_model("gpu", 16, use_peft=True)
+    fits_large = course.largest_fitting_model("gpu", 80, use_peft=True)
+    assert course.LEARNER_MODELS.index(fits_large.model) > course.LEARNER_MODELS.index(fits_small.model)
+    assert fits_small.use_peft and f"--model {fits_small.model} --use-peft true" in fits_small.train_command()
+    full = course.largest_fitting_model("gpu", 16)
+    assert full is not None and not full.use_peft and full.training_peak_gib < 16
+    assert course.largest_fitting_model("gpu", 4) is None  # nothing fits: the commands say so
+    assert "no model of" in course.next_commands(Machine("cuda", bf16=True, memory_gib=4))[-1][1]
+    with pytest.warns(DeprecationWarning, match=r"next_commands\(kind\) is deprecated"):  # 0.2.0's call: a kind
+        by_kind = course.next_commands("npu")
+    assert by_kind[0][0] == "grpo-lab doctor --profile npu" and any("NPU with 32 GiB" in why for _, why in by_kind)
 
 
 def test_a_wait_for_a_kernel_message_polls_in_slices():

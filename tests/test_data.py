@@ -1,6 +1,7 @@
 """Offline data: determinism of the shipped splits, no train/eval overlap, loaders and their errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,81 @@ def test_to_dataset_keeps_columns():
     assert len(dataset) == 4 and {"prompt", "answer", "type", "lang", "unit"} <= set(dataset.column_names)
     with pytest.raises(ValueError, match="no rows"):
         data.to_dataset([])
+
+
+GSM8K_SAMPLE = Path(__file__).parent / "fixtures" / "gsm8k_train_sample.jsonl"  # real rows, MIT (fixtures/README.md)
+GSM8K_SHIPPED = data.REPO_ROOT / "benchmarks" / "gsm8k" / "train.jsonl.xz"
+
+
+def test_every_gsm8k_gold_solution_is_scored_right():
+    """The answer checker the rewards and the evaluation use reads GSM8K's own solutions as right: thousands
+    separators (``#### 1,080``) and negative answers included, calculator annotations removed."""
+    rows = data.load_gsm8k("train", path=GSM8K_SAMPLE)
+    assert len(rows) == 12 and {r["type"] for r in rows} == {"gsm8k"} and {r["lang"] for r in rows} == {"en"}
+    assert all(is_correct(r["completion"], r["answer"]) for r in rows)
+    assert {"1080", "-7"} <= {r["answer"] for r in rows} and not any("<<" in r["completion"] for r in rows)
+    assert rows[0]["prompt"][0]["content"].endswith(data.INSTRUCTION["en"]) and rows[0]["id"] == "gsm8k-train-00000"
+    shipped = data.load_gsm8k("train", path=GSM8K_SHIPPED)  # the whole split the benchmark and notebook 08 use
+    assert len(shipped) == 7473 and all(is_correct(r["completion"], r["answer"]) for r in shipped)
+    assert [r["prompt"] for r in rows[:5]] == [r["prompt"] for r in shipped[:5]]
+
+
+def test_gsm8k_reads_jsonl_compressed_and_parquet_alike(tmp_path):
+    import gzip
+    import lzma
+
+    import pyarrow
+    import pyarrow.parquet
+
+    records = [json.loads(line) for line in GSM8K_SAMPLE.read_text(encoding="utf-8").splitlines()]
+    gzipped, xzipped = tmp_path / "train.jsonl.gz", tmp_path / "train.jsonl.xz"
+    gzipped.write_bytes(gzip.compress(GSM8K_SAMPLE.read_bytes()))
+    xzipped.write_bytes(lzma.compress(GSM8K_SAMPLE.read_bytes()))
+    parquet = tmp_path / "train-00000-of-00001.parquet"
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(records), parquet)
+    rows = data.load_gsm8k("train", path=GSM8K_SAMPLE)
+    assert data.load_gsm8k("train", path=gzipped) == rows == data.load_gsm8k("train", path=parquet)
+    assert data.load_gsm8k("train", path=xzipped) == rows
+    assert [r["answer"] for r in data.load_gsm8k_jsonl(GSM8K_SAMPLE)] == [r["answer"] for r in rows]
+    with pytest.raises(ValueError, match="unknown GSM8K split 'eval'"):
+        data.load_gsm8k("eval", path=GSM8K_SAMPLE)
+    with pytest.raises(FileNotFoundError, match="no parquet file"):
+        data.load_gsm8k("test", path=tmp_path / "missing.parquet")
+
+
+def test_gsm8k_from_the_hub_and_offline(monkeypatch):
+    """Without a path the rows come from the hub's openai/gsm8k through datasets (replaced here: no network in
+    tests); offline, or when the hub fails, the error names the file to pass instead."""
+    import datasets
+
+    records = [json.loads(line) for line in GSM8K_SAMPLE.read_text(encoding="utf-8").splitlines()]
+    asked = []
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: asked.append((args, kwargs)) or records)
+    assert data.load_gsm8k("test") == [{**row, "id": row["id"].replace("train", "test")}
+                                       for row in data.load_gsm8k("train", path=GSM8K_SAMPLE)]
+    assert asked == [(("openai/gsm8k", "main"), {"split": "test"})]
+
+    def no_network(*args, **kwargs):
+        raise ConnectionError("could not reach huggingface.co")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_network)
+    with pytest.raises(FileNotFoundError, match=r"ConnectionError.*pass path= a local copy of GSM8K's 'train' split: "
+                                                r"grade_school_math/data/train.jsonl"):
+        data.load_gsm8k("train")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE is set: pass path=.*benchmarks/gsm8k/train.jsonl.xz"):
+        data.load_gsm8k("train")
+
+
+def test_hold_out_is_deterministic_disjoint_and_order_free():
+    rows = data.load_gsm8k("train", path=GSM8K_SAMPLE)
+    train, held = data.hold_out(rows, size=4)
+    assert len(held) == 4 and len(train) == 8
+    assert not {r["id"] for r in train} & {r["id"] for r in held} and len(train + held) == len(rows)
+    assert data.hold_out(rows, size=4) == (train, held)
+    assert [r["id"] for r in data.hold_out(rows[::-1], size=4)[1]] == [r["id"] for r in held[::-1]]  # order-free
+    assert data.hold_out(rows, size=4, seed=1)[1] != held
+    for size in (0, len(rows)):
+        with pytest.raises(ValueError, match="hold out at least one row"):
+            data.hold_out(rows, size=size)

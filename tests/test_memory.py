@@ -427,3 +427,14 @@ def test_training_shape_speaks_train_configs_names():
     assert budget.shape.max_prompt_length == 128
     shape = TrainingShape()
     assert {name: getattr(shape, name) for name in STEP_DEFAULTS} == STEP_DEFAULTS
+
+
+def test_a_plan_without_vllm_describes_the_trainer_alone():
+    """A run that samples with HF generate has no vLLM engine: its summary names none and its verdict is the
+    trainer's (peak and margin), not the colocated plan's."""
+    budget = plan(vllm_gpu_memory_utilization=0.9)
+    assert not budget.fits and budget.trainer_fits  # vLLM's 0.9 leaves the trainer too little, alone it fits
+    line = budget.summary("hf")
+    assert "no vLLM engine" in line and ": fits; training peak" in line
+    assert "KV cache" not in line and "vllm_gpu_memory_utilization" not in line
+    assert "KV cache holds" in budget.summary()

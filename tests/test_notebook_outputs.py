@@ -24,11 +24,20 @@ The rules, for every course notebook:
    own numbers give.
 7. **Prose quotes no run results.** Markdown states no percentage-point changes ("+12 points", "by 15–19 points"):
    a result of the run is printed by the code that computed it, and prose keeps the why.
+
+And over a whole run folder, **every page true on its device** (issue 43, ``PAGE_CHECKS``; the run's device, reward
+set and trained types and languages are read from notebook 00's outputs): no sentence true only on a CPU on another
+device's page, no claim its own printed numbers refute; no run described as run where the page printed that it was
+skipped; the rewards, types and languages of notebook 03 named as the run trained them; no vLLM memory plan for a run
+that samples with HF generate. They run on the committed GPU run (``results/``), on the CPU copies `make test`
+executes, and, to show that they find what they name, on the archived run ``run_e9687cb/`` (the GPU copies committed
+before the fix); not on the other archived runs, which record what they showed then.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import re
@@ -37,6 +46,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from grpo_lab.data import LANGS
 from grpo_lab.evaluation import STEADY_POINTS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -286,6 +296,237 @@ def test_notebook_05_served_the_run_notebook_03_trained():
 
 
 # --------------------------------------------------------------------------------------------------
+# Every page true on its device (issue 43): checks over a folder of executed notebooks
+# --------------------------------------------------------------------------------------------------
+# Static prose is the same on every device, so a sentence true only on the CPU is wrong on a GPU page; a skipped run
+# must not be described as run; what notebook 03 trains with (rewards, types, languages) must be named as the run
+# trained it; and a run without vLLM must not print a plan for vLLM. Each check reads only the executed notebooks.
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+    """What a course run was, read from its own outputs: notebook 00 prints the device and the profile's experiment."""
+
+    device: str | None
+    rewards: tuple[str, ...] | None
+    train_types: tuple[str, ...] | None
+    """Empty: every type."""
+    train_languages: tuple[str, ...] | None
+    """Empty: every language."""
+
+
+def _tuple_of_names(text: str) -> tuple[str, ...]:
+    return tuple(re.findall(r"'([^']+)'", text))
+
+
+def _stdout(nb) -> str:
+    return "\n".join(text for cell in _code_cells(nb) for kind, text in _output_texts(cell) if kind != "error")
+
+
+def run_facts(notebooks: dict[str, object]) -> RunFacts:
+    """The device, the reward set and the trained types and languages of the run whose notebooks these are."""
+    environment = _stdout(notebooks["00_environment.ipynb"]) if "00_environment.ipynb" in notebooks else ""
+    device = re.search(r"Check passed: (\w+) device", environment)
+    described = {m.group(1): m.group(2) for m in re.finditer(r"^(\w+)\s+(\([^)]*\))", environment, re.MULTILINE)}
+    return RunFacts(device=device.group(1) if device else None,
+                    rewards=_tuple_of_names(described["rewards"]) if "rewards" in described else None,
+                    train_types=_tuple_of_names(described["train_types"]) if "train_types" in described else None,
+                    train_languages=(_tuple_of_names(described["train_languages"])
+                                     if "train_languages" in described else None))
+
+
+def _texts(nb, markdown: bool = True) -> list[tuple[int, str, str]]:
+    """``(cell index, "markdown" or "output", text)`` of every markdown cell (when asked) and every code output."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown" and markdown:
+            found.append((index, "markdown", cell.source))
+        elif cell.cell_type == "code":
+            found += [(index, "output", text) for kind, text in _output_texts(cell) if kind != "error"]
+    return found
+
+
+CPU_ONLY_WORDING = (
+    (re.compile(r"\bthis\s+(?:kind\s+of\s+)?machine\s+\((?:CPU|\d+\s+CPU\s+cores)", re.IGNORECASE), "calls this machine a CPU"),
+    (re.compile(r"\bthis\s+\d+-core\s+machine\b", re.IGNORECASE), "counts this machine's CPU cores as the run's"),
+    (re.compile(r"\bon\s+this\s+CPU\b", re.IGNORECASE), "calls this machine a CPU"),
+    (re.compile(r"\bon\s+two\s+CPU\s+cores\b", re.IGNORECASE), "describes the run as on two CPU cores"),
+)
+"""Sentences that are true only where the device is the CPU (a pattern, and what it gets wrong elsewhere)."""
+CONTRADICTED_CLAIMS = (
+    # (claim in prose, the number printed in the same notebook that decides it, when the claim is false, why)
+    (re.compile(r"\bfew\s+million\s+parameters\b[^.]*\bthe\s+cell\s+below\b"), re.compile(r"([\d.]+) M parameters"),
+     lambda value: value >= 100, "says the cell below counts a few million parameters"),
+    (re.compile(r"\bon a GPU host\s+it is negligible\b"), re.compile(r"the client itself used (\d+)% of a CPU core"),
+     lambda value: value >= 20, "calls the client's CPU share negligible on a GPU host"),
+)
+
+
+def cpu_wording_problems(nb, facts: RunFacts) -> list[str]:
+    """On a run whose device is not the CPU: no sentence true only on the CPU, no claim its own numbers refute."""
+    if facts.device in (None, "cpu"):
+        return []
+    problems = [f"{where} cell {index} {why} on a {facts.device} run: {m.group(0)!r}"
+                for index, where, text in _texts(nb) for pattern, why in CPU_ONLY_WORDING
+                for m in pattern.finditer(text)]
+    outputs = "\n".join(text for _, where, text in _texts(nb) if where == "output")
+    for claim, number, refuted, why in CONTRADICTED_CLAIMS:
+        printed = next((m.group(0) for m in number.finditer(outputs) if refuted(float(m.group(1)))), None)
+        if printed:
+            problems += [f"markdown cell {index} {why}, while the {facts.device} run printed {printed!r}"
+                         for index, where, text in _texts(nb) if where == "markdown" and claim.search(text)]
+    return problems
+
+
+SKIPPED = re.compile(r"^skipped\b.*$", re.MULTILINE | re.IGNORECASE)
+RAN_LIVE = re.compile(r"\bran\s+live\s+above\b", re.IGNORECASE)
+
+
+def skipped_run_problems(nb, facts: RunFacts) -> list[str]:
+    """A notebook that printed that it skipped a run does not say the run ran."""
+    skipped = [m.group(0) for _, where, text in _texts(nb) if where == "output" for m in SKIPPED.finditer(text)]
+    if not skipped:
+        return []
+    return [f"{where} cell {index} says {m.group(0)!r}, but the run printed {skipped[0][:100]!r}"
+            for index, where, text in _texts(nb) for m in RAN_LIVE.finditer(text)]
+
+
+TRAINS_WITH = re.compile(r"notebook 03 trains with: (.+)")
+TRAINED_TYPES = re.compile(r"on the trained types \(((?:[a-z_]+(?:, )?)+)\)")
+
+
+def trained_set_problems(nb, facts: RunFacts) -> list[str]:
+    """What notebook 03 trains with is named as the run trained it: its rewards, its types and its languages."""
+    problems = []
+    for index, where, text in _texts(nb):
+        if where == "output":
+            for m in TRAINS_WITH.finditer(text):
+                said = m.group(1)
+                if facts.rewards is not None and (said.startswith("None") or any(r not in said for r in facts.rewards)):
+                    problems.append(f"output cell {index} says {m.group(0)!r}; the run trains with {facts.rewards}")
+            for m in TRAINED_TYPES.finditer(text):
+                named = tuple(t.strip() for t in m.group(1).split(","))
+                if facts.train_types and set(named) != set(facts.train_types):
+                    problems.append(f"output cell {index} names the trained types {named}; the run trained "
+                                    f"{facts.train_types}")
+                if facts.train_languages and set(facts.train_languages) < set(LANGS):
+                    problems.append(f"output cell {index} names the trained set by its types only ({len(named)} types), "
+                                    f"while the run trained only the {', '.join(facts.train_languages)} rows")
+            if facts.train_types == () and "the untrained types" in text:
+                problems.append(f"output cell {index} speaks of 'the untrained types', but the run trained every type")
+        elif facts.rewards is not None and facts.rewards != ("correctness",):
+            for m in re.finditer(r"notebook 03[^.]*\bcorrectness\s+alone\b", text):
+                problems.append(f"markdown cell {index} says {m.group(0)!r}; the run trains with {facts.rewards}")
+    return problems
+
+
+VLLM_PLAN = re.compile(r"KV cache holds \d+ sequences|^vLLM memory:", re.MULTILINE)
+WITHOUT_VLLM = re.compile(r"use_vllm\s*=\s*False|Rollouts: HF generate")
+
+
+def _names_without_vllm(nb) -> set[str]:
+    """Names bound, cell by cell, to an experiment without vLLM or to anything computed from one."""
+    names: set[str] = set()
+    for cell in _code_cells(nb):
+        try:
+            tree = ast.parse("\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith("%")))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                value = ast.unparse(node.value)
+                used = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+                if WITHOUT_VLLM.search(value) or used & names:
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def unused_engine_problems(nb, facts: RunFacts) -> list[str]:
+    """No memory plan for vLLM printed by a cell whose run samples with HF generate (``use_vllm=False``)."""
+    without = _names_without_vllm(nb)
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        outputs = "\n".join(text for kind, text in _output_texts(cell) if kind != "error")
+        used = set(re.findall(r"\b\w+\b", cell.source))
+        plan = VLLM_PLAN.search(outputs)
+        if plan and (WITHOUT_VLLM.search(cell.source) or WITHOUT_VLLM.search(outputs) or used & without):
+            start = outputs.rfind("\n", 0, plan.start()) + 1
+            said = outputs[max(start, plan.start() - 80):plan.end() + 40].split("\n")[0]
+            problems.append(f"code cell {index} plans vLLM for a run without it: {said!r}")
+    return problems
+
+
+PAGE_CHECKS = {
+    "CPU-only wording on another device": cpu_wording_problems,
+    "a skipped run described as run": skipped_run_problems,
+    "the trained rewards, types or languages named wrongly": trained_set_problems,
+    "a plan for an engine the run does not use": unused_engine_problems,
+}
+
+
+def page_problems(folder: Path) -> dict[str, dict[str, list[str]]]:
+    """``{check: {notebook: problems}}`` over the executed notebooks in ``folder``."""
+    notebooks = {path.name: nbformat.read(path, as_version=4) for path in sorted(folder.glob("[0-9][0-9]_*.ipynb"))}
+    facts = run_facts(notebooks)
+    return {name: {nb_name: list(dict.fromkeys(check(nb, facts))) for nb_name, nb in notebooks.items()}
+            for name, check in PAGE_CHECKS.items()}
+
+
+ARCHIVED_GPU_RUN = GPU_RUN_DIR.parent / "run_e9687cb"
+"""The GPU course run committed as results/ until issue 43 (run.json: commit e9687cb), kept as the checks' evidence."""
+
+
+def test_the_committed_gpu_run_is_true_on_its_device__fails_until_a_fresh_gpu_course_run_is_committed():
+    """results/ must have none of the page defects. The copies committed at e9687cb have them (the next test lists
+    them), so this test fails until the coordinator commits a GPU course run of the pages that fixed them."""
+    assert run_facts({p.name: nbformat.read(p, as_version=4) for p in GPU_RUN_DIR.glob("00_*.ipynb")}).device == "cuda"
+    _report_pages(f"the committed GPU run ({GPU_RUN_DIR.name}/)", page_problems(GPU_RUN_DIR))
+
+
+def _report_pages(what: str, found: dict[str, dict[str, list[str]]]) -> None:
+    """Fail with every page defect of every check, named by check and notebook."""
+    _report(f"page defects in {what}", {f"[{check}] {name}": items for check, by_notebook in found.items()
+                                        for name, items in by_notebook.items()})
+
+
+def test_the_page_checks_find_each_defect_in_the_archived_gpu_run():
+    """The checks are not vacuous: on the run committed before the fix they find each kind of defect issue 43 names."""
+    facts = run_facts({p.name: nbformat.read(p, as_version=4) for p in ARCHIVED_GPU_RUN.glob("0[03]_*.ipynb")})
+    assert facts == RunFacts("cuda", ("correctness", "format"), (), ("en",))
+    found = page_problems(ARCHIVED_GPU_RUN)
+    expected = {
+        "CPU-only wording on another device": [("07_scale_out.ipynb", "calls this machine a CPU"),
+                                               ("00_environment.ipynb", "few million parameters"),
+                                               ("05_deployment.ipynb", "negligible"),
+                                               ("05_deployment.ipynb", "this 2-core machine")],
+        "a skipped run described as run": [("07_scale_out.ipynb", "says 'ran live above'")],
+        "the trained rewards, types or languages named wrongly": [
+            ("02_reward_design.ipynb", "notebook 03 trains with: None"),
+            ("02_reward_design.ipynb", "correctness alone"),
+            ("03_grpo_training.ipynb", "only the en rows"), ("03_grpo_training.ipynb", "'the untrained types'")],
+        "a plan for an engine the run does not use": [("08_bring_your_own.ipynb", "KV cache holds 681506 sequences"),
+                                                      ("05_deployment.ipynb", "vLLM memory:")],
+    }
+    for check, wanted in expected.items():
+        for notebook, words in wanted:
+            assert any(words in problem for problem in found[check][notebook]), (check, notebook, words,
+                                                                                  found[check][notebook])
+    cells = {int(re.search(r"cell (\d+)", p).group(1)) for p in found["a plan for an engine the run does not use"]
+             ["08_bring_your_own.ipynb"]}
+    assert {11, 15, 17, 21} <= cells and 13 not in cells  # 13 plans a vLLM run (the 3B that does not fit): rightly
+
+
+def test_executed_notebooks_are_true_on_their_device():
+    """The same checks on the CPU copies `make test` executed (the device check only where the device is not the CPU)."""
+    if not executed_notebooks():
+        pytest.skip(f"no executed notebooks in {executed_dir()}")
+    if not any(_was_executed(nbformat.read(p, as_version=4)) for p in executed_notebooks()):
+        pytest.skip(f"the notebooks in {executed_dir()} have not been executed yet")
+    _report_pages(str(executed_dir()), page_problems(executed_dir()))
+
+
+# --------------------------------------------------------------------------------------------------
 # The rules themselves, on made-up notebooks (always run)
 # --------------------------------------------------------------------------------------------------
 def _notebook(*cells):
@@ -346,6 +587,28 @@ def test_each_rule_catches_what_it_names(rule, cell):
     bad = _notebook(*GOOD.cells[:-1], cell, GOOD.cells[-1])
     assert RULES[rule](bad), f"rule '{rule}' missed it"
     assert not RULES[rule](GOOD)
+
+
+def test_the_page_checks_pass_pages_that_are_true():
+    """Made-up pages of a GPU run that say what ran: a plan without vLLM, a skip said as a skip, the reward set and the
+    trained rows as trained, prose that holds on every device."""
+    facts = RunFacts("cuda", ("correctness", "format"), (), ("en",))
+    hf = _code("exp = TrainConfig(use_vllm=False)\nbudget = memory_budget(exp, m)\nprint(budget.summary('hf'))",
+               _stream("model on 140 GiB, no vLLM engine (HF generate samples in the trainer's process): fits\n"))
+    vllm_plan = _code("print(memory_budget(TrainConfig(profile='gpu'), gpu).summary())",
+                      _stream("qwen2.5-3b on 24 GiB: does NOT fit; KV cache holds 0 sequences of 512 tokens.\n"))
+    true_page = _notebook(
+        nbformat.v4.new_markdown_cell("On a CPU both processes share its cores; on one GPU the runs are skipped."),
+        hf, vllm_plan, _code("run()", _stream("skipped: one cuda device here\n")),
+        _code("print(summary)", _stream("notebook 03 trains with: 1 × correctness + 0.2 × format\n"
+                                        "greedy accuracy on the trained rows (every type, en) rose 3.0 points (1.0% → 4.0%)\n")),
+        nbformat.v4.new_markdown_cell("Part 3 runs it live where the machine holds both processes."))
+    assert {name: check(true_page, facts) for name, check in PAGE_CHECKS.items()} == {name: [] for name in PAGE_CHECKS}
+    false_page = _notebook(_code("exp = TrainConfig(use_vllm=False)"),
+                           _code("print(memory_budget(exp, m).summary())", _stream("KV cache holds 681506 sequences\n")),
+                           nbformat.v4.new_markdown_cell("On this CPU it is slow."))
+    assert unused_engine_problems(false_page, facts) and cpu_wording_problems(false_page, facts)
+    assert not cpu_wording_problems(false_page, dataclasses.replace(facts, device="cpu"))  # true on the CPU
 
 
 def test_the_end_check_and_the_quiet_start_are_required():

@@ -104,14 +104,24 @@ class MemoryBudget:
             raise DoesNotFitError(self.advice)
         return self
 
-    def summary(self) -> str:
-        verdict = "fits" if self.fits else "does NOT fit"
+    @property
+    def trainer_fits(self) -> bool:
+        """Without a vLLM engine on the device (HF ``generate`` samples): the training peak and the margin fit."""
+        return self.training_peak_bytes + self.side_bytes("runtime") <= self.device_bytes
+
+    def summary(self, rollouts: str = "vllm") -> str:
+        """The plan in a few lines. ``rollouts="hf"``: a run that samples with HF ``generate`` (``use_vllm=False``,
+        ``TrainConfig.rollout_backend``) has no vLLM engine, so only the trainer's side is described."""
         count = self.model.num_parameters
         size = f"{count / 1e9:.2f} B" if count >= 1e8 else f"{count / 1e6:.2f} M"
         lora = f", LoRA r={self.shape.lora_r}" if self.shape.lora else ""
-        lines = [f"{self.model.name} ({size} parameters, {self.precision.name}{lora}) on "
-                 f"{self.device_bytes / GIB:.0f} GiB, vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization:.2f}"
-                 f": {verdict}; training peak {self.training_peak_bytes / GIB:.2f} GiB ({self.peak_phase}), "
+        head = f"{self.model.name} ({size} parameters, {self.precision.name}{lora}) on {self.device_bytes / GIB:.0f} GiB"
+        peak = f"training peak {self.training_peak_bytes / GIB:.2f} GiB ({self.peak_phase})"
+        if rollouts == "hf":
+            return (f"{head}, no vLLM engine (HF generate samples in the trainer's process): "
+                    f"{'fits' if self.trainer_fits else 'does NOT fit'}; {peak}.")
+        verdict = "fits" if self.fits else "does NOT fit"
+        lines = [f"{head}, vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization:.2f}: {verdict}; {peak}, "
                  f"vLLM {self.vllm_bytes / GIB:.2f} GiB, KV cache holds {self.sequences_in_kv_cache} sequences of "
                  f"{self.shape.sequence_length} tokens."]
         if self.rollout_bytes:
