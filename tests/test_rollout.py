@@ -326,24 +326,18 @@ def test_proc_fallback_sees_the_same_children_as_psutil(vllm_engine):
     assert set(vllm_engine.engine_pids) <= set(child_processes())
 
 
-def test_stop_leaves_no_child_processes(vllm_engine):
+def test_an_exception_inside_the_with_block_stops_the_engine_and_leaves_no_child_processes(vllm_engine):
+    """Runs last of the module engine's tests: the ``with`` block's exit (what ``with open_engine(...)`` does) stops it."""
     before = set(vllm_engine.processes_before)  # children of this test process before the engine started
     assert set(child_processes()) > before
-    vllm_engine.stop()
+    with pytest.raises(KeyError, match="boom"):
+        with vllm_engine as engine:
+            raise KeyError("boom")
+    assert engine.stopped
     assert set(child_processes()) <= before
     vllm_engine.stop()  # a second stop is harmless
     with pytest.raises(RolloutError, match="was stopped"):
         vllm_engine.generate(PROMPTS[:1])
-
-
-def test_an_exception_inside_the_with_block_stops_the_engine():
-    before = set(child_processes())
-    with pytest.raises(KeyError, match="boom"):
-        with open_engine(backend="vllm", n=1, max_tokens=4, max_prompt_tokens=32) as engine:
-            assert set(child_processes()) > before
-            raise KeyError("boom")
-    assert engine.stopped
-    assert set(child_processes()) <= before
 
 
 def test_ratio_context_depends_on_the_machine_and_the_model_size():
