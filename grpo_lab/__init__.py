@@ -52,8 +52,8 @@ _NAMES: dict[str, str] = {
 # Public modules: what the notebooks import (`from grpo_lab import data, rewards, ...`).
 _MODULES: tuple[str, ...] = (
     "advantages", "async_grpo", "bench", "cli", "course", "data", "deploy", "device", "doctor", "env", "errors",
-    "evaluation", "experiment", "load_test", "lora", "memory", "models", "paths", "plots", "results", "rewards",
-    "rollout", "runs", "scale", "train", "verl_export", "verl_parity", "weight_sync", "widgets",
+    "evaluation", "experiment", "load_test", "lora", "memory", "models", "paths", "plots", "recipe", "results",
+    "rewards", "rollout", "runs", "scale", "train", "verl_export", "verl_parity", "weight_sync", "widgets",
 )
 
 __all__ = ["__version__", *_NAMES, *_MODULES]

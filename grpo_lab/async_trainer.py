@@ -56,7 +56,8 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
                    "temperature", "top_p", "gradient_checkpointing", "bf16", "use_cpu", "logging_steps",
                    "save_strategy", "save_steps", "save_total_limit", "seed", "data_seed", "report_to",
                    "log_completions", "vllm_server_timeout", "vllm_server_base_url", "dtype", "token_budget",
-                   "max_staleness", "max_inflight_tasks", "weight_sync_steps", "queue_maxsize")),
+                   "max_staleness", "max_inflight_tasks", "weight_sync_steps", "queue_maxsize", "project",
+                   "run_name")),
 )
 
 

@@ -32,6 +32,14 @@ from grpo_lab.rollout import RolloutConfig
 from grpo_lab.runs import CHECKPOINTS
 
 
+TRACKIO_PROJECT = "grpo-lab"
+"""The trackio project every run reports to (TRL's ``project``); each run is named after its folder (``run_name``)."""
+TRACKERS = {"trackio": f"trackio show --project {TRACKIO_PROJECT}",
+            "tensorboard": "tensorboard --logdir {run_dir}"}
+"""The trackers ``report_to`` may name, each with the command that opens its dashboard on this machine (trackio's store
+is ``$TRACKIO_DIR``, default ``$HF_HOME/trackio``; TensorBoard finds the event files under ``{run_dir}``)."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """A GRPO experiment under TRL's ``GRPOConfig`` names. ``None`` means "the profile's value" (or, for the
@@ -144,12 +152,25 @@ class TrainConfig:
     """Release the colocated vLLM engine's weights and KV cache while the trainer updates (TRL's name), woken for
     the next rollout: the update gets vLLM's share of the device, at the cost of re-allocating it every step.
     CUDA only (``device.VLLM_SLEEP_MODE_MISSING`` says why not elsewhere)."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers TRL reports every logged step to (TRL's name; empty or ``"none"``: none, ``metrics.jsonl``
+    is written either way): ``"trackio"`` (a local SQLite store, project ``grpo-lab``, one run per run folder) and
+    ``"tensorboard"`` (event files under the run's ``checkpoints/runs/``). Both work offline, with no account;
+    :data:`TRACKERS` says how to look at each."""
 
     def __post_init__(self) -> None:
         for name in ("train_types", "train_languages", "rewards", "reward_weights"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+        trackers = self.report_to
+        if trackers is None or isinstance(trackers, str):
+            trackers = () if trackers in (None, "none") else (trackers,)
+        object.__setattr__(self, "report_to", tuple(trackers))
+        unknown_trackers = [name for name in self.report_to if name not in TRACKERS]
+        if unknown_trackers:
+            raise ConfigError(f"report_to={list(self.report_to)}: {unknown_trackers} not known here; use any of "
+                              f"{', '.join(TRACKERS)} (both local and offline), or () for none.")
         if not isinstance(self.lora_target_modules, tuple):
             modules = self.lora_target_modules
             object.__setattr__(self, "lora_target_modules", (modules,) if isinstance(modules, str) else tuple(modules))
@@ -338,8 +359,9 @@ class TrainConfig:
                  "vllm_server_timeout")
         return {**{name: getattr(self, name) for name in names},
                 "output_dir": str(Path(self.output_dir) / CHECKPOINTS), "bf16": bool(self.bf16),
-                "use_cpu": device.is_cpu(self.device), "save_strategy": "steps", "data_seed": self.seed, "report_to": "none",
-                "log_completions": False}
+                "use_cpu": device.is_cpu(self.device), "save_strategy": "steps", "data_seed": self.seed,
+                "report_to": list(self.report_to) or "none", "project": TRACKIO_PROJECT,
+                "run_name": Path(self.output_dir).name, "log_completions": False}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -401,6 +423,7 @@ class TrainConfig:
             "use_peft": f"LoRA adapters (r={self.lora_r}, alpha={self.lora_alpha}) instead of every weight",
             "vllm_enable_sleep_mode": "vLLM releases its weights and KV cache while the trainer updates",
             "save_steps": "checkpoint every N steps (safetensors)",
+            "report_to": "experiment trackers TRL logs to (empty: none; metrics.jsonl either way)",
         }
         width = max(map(len, meaning))
         return "\n".join(f"{name:<{width}}  {str(getattr(self, name)):<14}  {why}" for name, why in meaning.items())
