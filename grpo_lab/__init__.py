@@ -18,11 +18,17 @@ place; CHANGELOG.md says what changed in each version.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 from grpo_lab.deprecation import resolve_target, warn_moved
 
 __version__ = "0.2.0"  # kept equal to pyproject.toml's version by tests/test_public_api.py
+
+# The course runs offline: TRL's trainers send the Hub a telemetry request each time one is built
+# (trl.trainer.base_trainer._send_telemetry), unless this is set before huggingface_hub is imported, i.e. here.
+# tests/test_tracking.py trains with the network refused and HF_HUB_OFFLINE unset. Set it to 0 to allow the pings.
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 # Top-level names: the calls a notebook of your own makes (README "Use grpo_lab in your own notebook"; notebook 08).
 _NAMES: dict[str, str] = {
