@@ -269,6 +269,13 @@ class Recipe:
     rewards: CarriedRewards
     data_file: Path
     columns: tuple[str, ...]
+    run_dir: Path | None = None
+    """The run folder it was read from (None: made from a config)."""
+
+    def grpo_config_call(self) -> str:
+        """The ``GRPOConfig(...)`` call the script makes on a machine like the run's, one field per line."""
+        fields = "".join(f"\n    {key}={value!r}," for key, value in self.grpo_config.items())
+        return f"GRPOConfig({fields}\n)"
 
 
 def build_recipe(config: TrainConfig, run_name: str | None = None, backend: str | None = None,
@@ -451,25 +458,31 @@ def check_script(script: str) -> None:
                           f"the standard library")
 
 
-def export_recipe(source: TrainConfig | str | Path, path: str | Path | None = None,
-                  reward_funcs: Sequence[Callable] | None = None, overwrite: bool = False) -> Path:
-    """Write the standalone TRL script for a run folder (or ``"latest"``, or a :class:`TrainConfig`) to ``path``
-    (default: ``<run>/trl_recipe.py``, or ``trl_recipe.py`` here for a config); returns the path.
-
+def recipe_for(source: TrainConfig | str | Path, reward_funcs: Sequence[Callable] | None = None) -> Recipe:
+    """The recipe of a run folder (or ``"latest"``, or a run's name under the runs root) or of a :class:`TrainConfig`.
     A run trained with your own ``reward_funcs`` needs them again here: its folder records only reward names."""
     if isinstance(source, TrainConfig):
-        recipe = build_recipe(source, reward_funcs=reward_funcs)
-        target = Path(path or RECIPE_FILE)
-    else:
-        run = runs.find_run(source, finished=False)
-        record = run.record
-        recipe = build_recipe(TrainConfig.from_dict(record["config"]), run.name, record.get("backend"), reward_funcs)
-        target = Path(path or run.path / RECIPE_FILE)
+        return build_recipe(source, reward_funcs=reward_funcs)
+    run = runs.find_run(source, finished=False)
+    record = run.record
+    built = build_recipe(TrainConfig.from_dict(record["config"]), run.name, record.get("backend"), reward_funcs)
+    return dataclasses.replace(built, run_dir=run.path)
+
+
+def write_recipe(recipe: Recipe, path: str | Path | None = None, overwrite: bool = False) -> Path:
+    """Write the script (default: ``<run>/trl_recipe.py``, or ``trl_recipe.py`` here for a config); returns its path."""
+    target = Path(path or (recipe.run_dir / RECIPE_FILE if recipe.run_dir else RECIPE_FILE))
     if target.exists() and not overwrite:
         raise ExistingFileError(f"{target} exists: pass overwrite=True (--overwrite) or another path")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render(recipe, target.name), encoding="utf-8")
     return target
+
+
+def export_recipe(source: TrainConfig | str | Path, path: str | Path | None = None,
+                  reward_funcs: Sequence[Callable] | None = None, overwrite: bool = False) -> Path:
+    """:func:`recipe_for` ``source``, written by :func:`write_recipe`: the standalone TRL script of a run."""
+    return write_recipe(recipe_for(source, reward_funcs), path, overwrite)
 
 
 def main(argv: list[str] | None = None) -> int:

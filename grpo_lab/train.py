@@ -51,7 +51,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from grpo_lab import device, env, experiment, lora, runs, weight_sync
+from grpo_lab import device, env, experiment, lora, runs, tracking, weight_sync
 from grpo_lab.data import to_dataset
 from grpo_lab.device import Machine
 from grpo_lab.errors import NAN_ADVICE, ConfigError, ExistingFileError, GrpoLabError, TrainingDivergedError
@@ -366,6 +366,7 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
                                  engine_max_num_seqs=device.COLOCATED_MAX_NUM_SEQS[config.device])
     trainer.backend_reason = why
     _quiet_progress(trainer)
+    tracking.without_dashboard(trainer)
     return trainer
 
 

@@ -250,3 +250,4 @@ def test_export_from_a_config_names_the_run_and_refuses_to_overwrite(tiny_run, t
     assert f"COLUMNS = {tuple(sorted(tiny_run.trainer.train_dataset.column_names))!r}" in text
     with pytest.raises(ExistingFileError):
         recipe.export_recipe(tiny_run.config, path)
+

@@ -15,11 +15,11 @@ import textwrap
 
 import pytest
 
-from grpo_lab import runs
+from grpo_lab import runs, tracking
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import TrainConfig
-from grpo_lab.experiment.config import TRACKERS, TRACKIO_PROJECT
+from grpo_lab.tracking import TRACKERS, TRACKIO_PROJECT
 
 NO_NETWORK = '''
 import socket, sys
@@ -104,3 +104,33 @@ def test_both_trackers_store_the_run_locally_without_the_network(tmp_path):
         for step, record in ours.items():  # stored as float32
             assert scalars[step] == pytest.approx(record[key], rel=1e-6, abs=1e-7)
     assert TRACKERS["tensorboard"].format(run_dir=run_dir) == f"tensorboard --logdir {run_dir}"
+
+
+def test_trackio_starts_no_dashboard_inside_a_notebook(monkeypatch, tmp_path):
+    """transformers' TrackioCallback calls trackio.init with trackio's default embed=True, which in a notebook starts a
+    web server in the kernel and puts its address, a write token in it, into the cell's output; grpo_lab's trainer
+    passes embed=False (the rest of the call is transformers')."""
+    trackio = pytest.importorskip("trackio")
+    from types import SimpleNamespace
+
+    from transformers import TrainerState, TrainingArguments
+    from transformers.integrations import TrackioCallback
+
+    class Reached(Exception):
+        pass
+
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        raise Reached
+
+    monkeypatch.setattr(trackio, "init", init)
+    callback = TrackioCallback()
+    trainer = SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[callback]))
+    tracking.without_dashboard(trainer)
+    tracking.without_dashboard(trainer)  # once is enough: a second call changes nothing
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, run_name="r", project="p")
+    with pytest.raises(Reached):
+        callback.setup(args, TrainerState(), model=None)
+    assert calls == [{**calls[0], "embed": False}] and calls[0]["project"] == "p" and calls[0]["name"] == "r"

@@ -30,14 +30,7 @@ from grpo_lab.experiment.rows import default_train_types, model_languages
 from grpo_lab.rewards import REWARD_ERROR_MODES
 from grpo_lab.rollout import RolloutConfig
 from grpo_lab.runs import CHECKPOINTS
-
-
-TRACKIO_PROJECT = "grpo-lab"
-"""The trackio project every run reports to (TRL's ``project``); each run is named after its folder (``run_name``)."""
-TRACKERS = {"trackio": f"trackio show --project {TRACKIO_PROJECT}",
-            "tensorboard": "tensorboard --logdir {run_dir}"}
-"""The trackers ``report_to`` may name, each with the command that opens its dashboard on this machine (trackio's store
-is ``$TRACKIO_DIR``, default ``$HF_HOME/trackio``; TensorBoard finds the event files under ``{run_dir}``)."""
+from grpo_lab.tracking import TRACKERS, TRACKIO_PROJECT
 
 
 @dataclass(frozen=True)
@@ -156,7 +149,7 @@ class TrainConfig:
     """Experiment trackers TRL reports every logged step to (TRL's name; empty or ``"none"``: none, ``metrics.jsonl``
     is written either way): ``"trackio"`` (a local SQLite store, project ``grpo-lab``, one run per run folder) and
     ``"tensorboard"`` (event files under the run's ``checkpoints/runs/``). Both work offline, with no account;
-    :data:`TRACKERS` says how to look at each."""
+    :data:`grpo_lab.tracking.TRACKERS` says how to look at each."""
 
     def __post_init__(self) -> None:
         for name in ("train_types", "train_languages", "rewards", "reward_weights"):
@@ -298,6 +291,19 @@ class TrainConfig:
     @property
     def num_prompts_per_step(self) -> int:
         return self.generation_batch_size // self.num_generations
+
+    def trains_on(self, row: dict[str, Any]) -> bool:
+        """Whether the run's filters keep ``row`` (its ``type`` in ``train_types`` and its ``lang`` in
+        ``train_languages``; an empty filter keeps every row), e.g. to tell held-out problems of the kind it trained
+        on from the others."""
+        return ((not self.train_types or row.get("type") in self.train_types)
+                and (not self.train_languages or row.get("lang") in self.train_languages))
+
+    def training_scope(self) -> str:
+        """The rows the run trains on, in words: ``"every type, in en"``, ``"types a and b, every language"``."""
+        types = (f"type{'s' * (len(self.train_types) > 1)} {' and '.join(self.train_types)}" if self.train_types
+                 else "every type")
+        return f"{types}, {'in ' + ' and '.join(self.train_languages) if self.train_languages else 'every language'}"
 
     @property
     def rollout_backend(self) -> str:
