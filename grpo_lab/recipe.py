@@ -142,7 +142,7 @@ class CarriedRewards:
     source: str
     expressions: tuple[str, ...]
     modules: tuple[str, ...]
-    """The files the definitions were carried from."""
+    """The modules the definitions were carried from."""
 
 
 def carry_rewards(rewards: Sequence[Any]) -> CarriedRewards:
@@ -411,8 +411,8 @@ if __name__ == "__main__":
 
 
 def render(recipe: Recipe, name: str = RECIPE_FILE) -> str:
-    """The script's text (``name``: its file name, for the usage line) (checked: it compiles and imports nothing beyond :data:`SCRIPT_PACKAGES` and the standard
-    library)."""
+    """The script's text (``name``: its file name, for the usage line), checked to compile and to import nothing
+    beyond :data:`SCRIPT_PACKAGES` and the standard library."""
     config = recipe.config
     settings = f'''
 

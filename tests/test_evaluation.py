@@ -99,7 +99,8 @@ def test_describe_reward_gap_gives_the_reasons_that_apply():
 
 
 def _evaluation(rows, greedy, sampled):
-    return evaluation.Evaluation("m", evaluation.accuracy_report(rows, greedy, sampled, 1.0), greedy, 0.0, "hf", sampled)
+    report = evaluation.accuracy_report(rows, greedy, sampled, 1.0)
+    return evaluation.Evaluation("m", report, greedy, 0.0, "hf", sampled)
 
 
 def test_conclusions_tell_the_problems_the_run_trained_on_from_the_others():
