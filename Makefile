@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml $(STACK_FILE)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the '$(STACK)' stack into $(VENV) (constraints: $(STACK_FILE))"
 	@start=$$(date +%s); \
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(STACK),notebooks,dev]" -c $(STACK_FILE) \
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(STACK),notebooks,tracking,dev]" -c $(STACK_FILE) \
 	  2>&1 | { grep -v "^WARNING: Location" || true; } && \
 	if [ "$(STACK)" = cpu ]; then \
 	  $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null; true; \

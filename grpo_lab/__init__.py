@@ -19,11 +19,17 @@ a shim for one minor version that warns (``grpo_lab.deprecation.GrpoLabDeprecati
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 from grpo_lab.deprecation import resolve_target, warn_moved
 
 __version__ = "0.2.0"  # kept equal to pyproject.toml's version by tests/test_public_api.py
+
+# The course runs offline: TRL's trainers send the Hub a telemetry request each time one is built
+# (trl.trainer.base_trainer._send_telemetry), unless this is set before huggingface_hub is imported, i.e. here.
+# tests/test_tracking.py trains with the network refused and HF_HUB_OFFLINE unset. Set it to 0 to allow the pings.
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 # Top-level names: the calls a notebook of your own makes (README "Use grpo_lab in your own notebook"; notebook 08).
 _NAMES: dict[str, str] = {
@@ -53,8 +59,8 @@ _NAMES: dict[str, str] = {
 # Public modules: what the notebooks import (`from grpo_lab import data, rewards, ...`).
 _MODULES: tuple[str, ...] = (
     "advantages", "async_grpo", "cli", "course", "data", "deploy", "device", "doctor", "env", "errors",
-    "evaluation", "experiment", "load_test", "lora", "memory", "models", "paths", "plots", "results", "rewards",
-    "rollout", "runs", "scale", "train", "verl_export", "verl_parity", "weight_sync", "widgets",
+    "evaluation", "experiment", "load_test", "lora", "memory", "models", "paths", "plots", "recipe", "results",
+    "rewards", "rollout", "runs", "scale", "tracking", "train", "verl_export", "verl_parity", "weight_sync", "widgets",
 )
 # The measurement lab: loads like a public module (notebook 06 imports it), but no promise: its names follow the
 # committed measurements (benchmarks/results/catalogue.json) and may change in any version.

@@ -12,6 +12,7 @@ the row's answer): the rule the correctness reward trains with.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -258,6 +259,45 @@ def conclusions(before: AccuracyReport, after: AccuracyReport, trained_types: Se
             for name in dict.fromkeys((best, worst)):
                 lines.append(describe_change(f"{labels[key]} on {name}{' (trained)' if name in trained_types else ''}",
                                              before.per_type[name][key], after.per_type[name][key]))
+    return lines
+
+
+def subset(rows: Sequence[dict[str, Any]], evaluation: Evaluation, keep: Sequence[bool]) -> Evaluation:
+    """The part of ``evaluation`` (of ``rows``) over the rows where ``keep`` is true, re-scored from its completions."""
+    chosen = [index for index, kept in enumerate(keep) if kept]
+    if len(keep) != len(rows) or not chosen:
+        raise ConfigError(f"keep needs one flag per evaluated row ({len(rows)}, got {len(keep)}) and at least one true")
+    greedy = [evaluation.greedy_texts[i] for i in chosen]
+    sampled = [evaluation.sampled_texts[i] for i in chosen]
+    report = accuracy_report([rows[i] for i in chosen], greedy, sampled, evaluation.report.temperature)
+    return dataclasses.replace(evaluation, report=report, greedy_texts=greedy, sampled_texts=sampled)
+
+
+def trained_conclusions(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation, trained: Sequence[bool],
+                        scope: str) -> list[str]:
+    """What training did to held-out accuracy, told apart by what the run trained on: ``trained[i]`` says whether
+    ``rows[i]`` is of a type and language the run trained on (``TrainConfig.trains_on``), ``scope`` says which in
+    words (``TrainConfig.training_scope()``). Each metric on those problems, on the others (when there are any) and on
+    all; then, among the trained problems, each type (up to four) or the two types that moved most."""
+    labels = {**METRIC_LABELS, "pass_at_k": f"pass@{before.report.k}"}
+    count = sum(map(bool, trained))
+    groups = [(f"the {count} problems of the kind it trained on ({scope})", list(trained)),
+              (f"the {len(rows) - count} problems it did not train on", [not flag for flag in trained])]
+    if 0 < count < len(rows):
+        groups.append((f"all {len(rows)} problems", [True] * len(rows)))
+    parts = [(label, subset(rows, before, keep).report, subset(rows, after, keep).report)
+             for label, keep in groups if any(keep)]
+    lines = [describe_change(f"{labels[key]} on {label}", getattr(old, key), getattr(new, key))
+             for label, old, new in parts for key in METRICS]
+    if not count:
+        return lines
+    _, old, new = parts[0]
+    types = sorted(set(old.per_type) & set(new.per_type))
+    for key in ("greedy", "sampled_pass_at_1") if len(types) <= 4 else ("greedy", "pass_at_k"):
+        moves = {name: new.per_type[name][key] - old.per_type[name][key] for name in types}
+        shown = types if len(types) <= 4 else dict.fromkeys((max(moves, key=moves.get), min(moves, key=moves.get)))
+        lines += [describe_change(f"{labels[key]} on their {name} problems", old.per_type[name][key],
+                                  new.per_type[name][key]) for name in shown]
     return lines
 
 

@@ -49,7 +49,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import device, env, experiment, lora, runs, weight_sync
+from grpo_lab import device, env, experiment, lora, runs, tracking, weight_sync
 from grpo_lab.callbacks import (  # the callbacks a run is watched with: train.MetricsLogger ... stay this module's
     MetricsLogger,
     StepClock,  # noqa: F401  (not used here: for callers that time a trainer's steps)
@@ -230,6 +230,7 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
                                  engine_max_num_seqs=device.COLOCATED_MAX_NUM_SEQS[config.device])
     trainer.backend_reason = why
     quiet_progress(trainer)
+    tracking.without_dashboard(trainer)
     return trainer
 
 

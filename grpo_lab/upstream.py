@@ -37,6 +37,6 @@ SHARED_TRL_FIELDS = ("output_dir", "max_steps", "per_device_train_batch_size", "
                      "num_generations", "max_completion_length", "learning_rate", "lr_scheduler_type", "warmup_steps",
                      "temperature", "top_p", "gradient_checkpointing", "bf16", "use_cpu", "logging_steps",
                      "save_strategy", "save_steps", "save_total_limit", "seed", "data_seed", "report_to",
-                     "log_completions", "vllm_server_timeout")
+                     "log_completions", "vllm_server_timeout", "project", "run_name")
 """The fields of TRL's ``GRPOConfig`` and ``AsyncGRPOConfig`` that both trainers get from one experiment
 (:meth:`grpo_lab.experiment.TrainConfig.trl_kwargs`); each trainer module lists them with its own fields."""

@@ -42,13 +42,17 @@ def html_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None 
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def folded_text(text: str, summary: str) -> str:
+    """``text`` (code, a file) as HTML, folded under a one-line ``summary`` (a ``<details>`` element): the learner
+    reads the summary, and the text is one click away. ``summary`` may hold HTML."""
+    return f"<details><summary>{summary}</summary><pre>{html.escape(text)}</pre></details>"
+
+
 def folded_source(*objects: Any, summary: str) -> str:
-    """The source of functions or classes as HTML, folded under a one-line ``summary`` (a ``<details>`` element): the
-    learner reads the summary, and the code is one click away."""
+    """The source of functions or classes, folded under a one-line ``summary`` (:func:`folded_text`)."""
     names = ", ".join(f"<code>{html.escape(obj.__module__)}.{html.escape(obj.__qualname__)}</code>" for obj in objects)
     code = "\n\n".join(inspect.getsource(obj) for obj in objects)
-    return (f"<details><summary>{html.escape(summary)} (click for the source of {names})</summary>"
-            f"<pre>{html.escape(code)}</pre></details>")
+    return folded_text(code, f"{html.escape(summary)} (click for the source of {names})")
 
 
 def budget_summary_html(budget: MemoryBudget) -> str:

@@ -96,3 +96,29 @@ def test_describe_reward_gap_gives_the_reasons_that_apply():
     other = evaluation.describe_reward_gap(0.1, 0.05, False, False, 0.7, 1.0)
     assert "not a share of right answers" in other and "T=0.7" in other and "fine-tuned" not in other
     assert "should be close" in evaluation.describe_reward_gap(0.2, 0.2, False, True, 1.0, 1.0)
+
+
+def _evaluation(rows, greedy, sampled):
+    report = evaluation.accuracy_report(rows, greedy, sampled, 1.0)
+    return evaluation.Evaluation("m", report, greedy, 0.0, "hf", sampled)
+
+
+def test_conclusions_tell_the_problems_the_run_trained_on_from_the_others():
+    """A run that trained on the English rows of every type: its conclusions name the English problems as trained
+    (not "the trained types", which would be every type and both languages) and the Chinese ones apart."""
+    rows = [{"type": t, "lang": lang, "answer": "1"} for t in ("a", "b") for lang in ("en", "zh")]
+    trained = [row["lang"] == "en" for row in rows]
+    before = _evaluation(rows, ["#### 2"] * 4, [["#### 2", "#### 2"]] * 4)
+    after = _evaluation(rows, ["#### 1", "#### 2", "#### 1", "#### 2"], [["#### 1", "#### 2"]] * 4)
+    english = evaluation.subset(rows, after, trained)
+    assert english.report.count == 2 and english.report.greedy == 1.0 and english.greedy_texts == ["#### 1"] * 2
+    lines = evaluation.trained_conclusions(rows, before, after, trained, "every type, in en")
+    assert lines[0] == ("greedy accuracy on the 2 problems of the kind it trained on (every type, in en) rose 100.0 "
+                        "points (0.0% → 100.0%)")
+    assert "greedy accuracy on the 2 problems it did not train on did not move (0.0% → 0.0%)" in lines
+    assert "greedy accuracy on all 4 problems rose 50.0 points (0.0% → 50.0%)" in lines
+    assert "pass@1 on their b problems rose 50.0 points (0.0% → 50.0%)" in lines
+    everything = evaluation.trained_conclusions(rows, before, after, [True] * 4, "every type, every language")
+    assert not any("did not train on" in line or "all 4" in line for line in everything)  # nothing to tell apart
+    with pytest.raises(ConfigError, match="one flag per evaluated row"):
+        evaluation.subset(rows, after, [False] * 4)

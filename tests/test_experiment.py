@@ -222,3 +222,11 @@ def test_one_context_window_rule_for_trainer_rollout_engine_and_server():
                                    memory.STEP_DEFAULTS["max_completion_length"])
     assert deploy.ServeConfig(model="some/hub-model").max_model_len == window
     assert deploy.ServeConfig(model=str(TINY_MODEL_DIR)).max_model_len == 512  # the tiny model's own context length
+
+
+def test_a_config_says_which_rows_it_trains_on():
+    english = TrainConfig(train_languages=("en",))
+    assert english.trains_on({"type": "a", "lang": "en"}) and not english.trains_on({"type": "a", "lang": "zh"})
+    assert english.training_scope() == "every type, in en"
+    two = TrainConfig(train_types=("a", "b"))
+    assert two.training_scope() == "types a and b, every language" and not two.trains_on({"type": "c", "lang": "en"})

@@ -31,6 +31,7 @@ from grpo_lab.rewards import REWARD_ERROR_MODES
 from grpo_lab.rollout import RolloutConfig
 from grpo_lab.runs import CHECKPOINTS
 from grpo_lab.upstream import SHARED_TRL_FIELDS
+from grpo_lab.tracking import TRACKERS, TRACKIO_PROJECT
 
 
 @dataclass(frozen=True)
@@ -145,12 +146,25 @@ class TrainConfig:
     """Release the colocated vLLM engine's weights and KV cache while the trainer updates (TRL's name), woken for
     the next rollout: the update gets vLLM's share of the device, at the cost of re-allocating it every step.
     CUDA only (``device.VLLM_SLEEP_MODE_MISSING`` says why not elsewhere)."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers TRL reports every logged step to (TRL's name; empty or ``"none"``: none, ``metrics.jsonl``
+    is written either way): ``"trackio"`` (a local SQLite store, project ``grpo-lab``, one run per run folder) and
+    ``"tensorboard"`` (event files under the run's ``checkpoints/runs/``). Both work offline, with no account;
+    :data:`grpo_lab.tracking.TRACKERS` says how to look at each."""
 
     def __post_init__(self) -> None:
         for name in ("train_types", "train_languages", "rewards", "reward_weights"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+        trackers = self.report_to
+        if trackers is None or isinstance(trackers, str):
+            trackers = () if trackers in (None, "none") else (trackers,)
+        object.__setattr__(self, "report_to", tuple(trackers))
+        unknown_trackers = [name for name in self.report_to if name not in TRACKERS]
+        if unknown_trackers:
+            raise ConfigError(f"report_to={list(self.report_to)}: {unknown_trackers} not known here; use any of "
+                              f"{', '.join(TRACKERS)} (both local and offline), or () for none.")
         if not isinstance(self.lora_target_modules, tuple):
             modules = self.lora_target_modules
             object.__setattr__(self, "lora_target_modules", (modules,) if isinstance(modules, str) else tuple(modules))
@@ -279,6 +293,19 @@ class TrainConfig:
     def num_prompts_per_step(self) -> int:
         return self.generation_batch_size // self.num_generations
 
+    def trains_on(self, row: dict[str, Any]) -> bool:
+        """Whether the run's filters keep ``row`` (its ``type`` in ``train_types`` and its ``lang`` in
+        ``train_languages``; an empty filter keeps every row), e.g. to tell held-out problems of the kind it trained
+        on from the others."""
+        return ((not self.train_types or row.get("type") in self.train_types)
+                and (not self.train_languages or row.get("lang") in self.train_languages))
+
+    def training_scope(self) -> str:
+        """The rows the run trains on, in words: ``"every type, in en"``, ``"types a and b, every language"``."""
+        types = (f"type{'s' * (len(self.train_types) > 1)} {' and '.join(self.train_types)}" if self.train_types
+                 else "every type")
+        return f"{types}, {'in ' + ' and '.join(self.train_languages) if self.train_languages else 'every language'}"
+
     @property
     def rollout_backend(self) -> str:
         """The rollout backend training uses (``"vllm"`` or ``"hf"``): evaluation samples with the same one."""
@@ -334,8 +361,9 @@ class TrainConfig:
         from this resolved experiment; checkpoints go to ``<output_dir>/checkpoints``. Each trainer adds its own."""
         self._require_resolved("trl_kwargs")
         derived = {"output_dir": str(Path(self.output_dir) / CHECKPOINTS), "bf16": bool(self.bf16),
-                "use_cpu": device.is_cpu(self.device), "save_strategy": "steps", "data_seed": self.seed, "report_to": "none",
-                "log_completions": False}
+                   "use_cpu": device.is_cpu(self.device), "save_strategy": "steps", "data_seed": self.seed,
+                   "report_to": list(self.report_to) or "none", "project": TRACKIO_PROJECT,
+                   "run_name": Path(self.output_dir).name, "log_completions": False}
         return {name: derived[name] if name in derived else getattr(self, name) for name in SHARED_TRL_FIELDS}
 
     def to_dict(self) -> dict[str, Any]:
@@ -398,6 +426,7 @@ class TrainConfig:
             "use_peft": f"LoRA adapters (r={self.lora_r}, alpha={self.lora_alpha}) instead of every weight",
             "vllm_enable_sleep_mode": "vLLM releases its weights and KV cache while the trainer updates",
             "save_steps": "checkpoint every N steps (safetensors)",
+            "report_to": "experiment trackers TRL logs to (empty: none; metrics.jsonl either way)",
         }
         width = max(map(len, meaning))
         return "\n".join(f"{name:<{width}}  {str(getattr(self, name)):<14}  {why}" for name, why in meaning.items())

@@ -1,0 +1,253 @@
+"""grpo_lab.recipe: a run as one standalone stock-TRL script (and grpo_lab.carry, which writes the rewards into it).
+
+The central check trains two tiny steps with grpo_lab, exports the run, and runs the script in a process that cannot
+import grpo_lab: its first step's loss and reward must be the grpo_lab run's. Both sample with HF ``generate`` on the
+CPU (the tiny profile's backend, and the script's on a machine without an accelerator), from the same seed.
+"""
+
+import ast
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grpo_lab import cli, lora, recipe, rewards
+from grpo_lab import train as T
+from grpo_lab.carry import CarryError, carry, run_alone
+from grpo_lab.device import Machine
+from grpo_lab.errors import ExistingFileError
+from grpo_lab.experiment import TrainConfig
+
+CPU = Machine("cpu", bf16=False, memory_gib=24)
+TINY = dict(profile="tiny", max_steps=2, per_device_train_batch_size=8, num_generations=4, max_completion_length=24,
+            live_plot=False, save_steps=100)
+# Runs the exported script with grpo_lab blocked: the checkout is an editable install, so `python -I` alone would
+# still find it; a meta-path finder in front of every other refuses it, and the launcher proves it does
+LAUNCHER = '''
+import importlib.abc, runpy, sys
+
+class NoGrpoLab(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "grpo_lab":
+            raise ModuleNotFoundError(f"No module named {name!r}: the recipe must run without grpo_lab")
+
+sys.meta_path.insert(0, NoGrpoLab())
+try:
+    import grpo_lab
+except ModuleNotFoundError:
+    print("import grpo_lab: refused")
+else:
+    raise SystemExit("grpo_lab could be imported: the check means nothing")
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+# --------------------------------------------------------------------------------------------------
+# Carrying definitions out of a module
+# --------------------------------------------------------------------------------------------------
+MODULE = '''
+"""A module the tests carry from."""
+from __future__ import annotations
+
+import math
+import re as regex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+try:
+    from grpo_lab.errors import DataError
+except ImportError:
+    class DataError(ValueError):
+        """Stand-in."""
+
+SCALE = 2
+"""How much scaled() scales."""
+UNUSED = object()
+_WORD = regex.compile(r"\\w+")
+
+
+def helper(text):
+    return len(_WORD.findall(text)) * SCALE
+
+
+def shadowed(SCALE, items):
+    return [SCALE * x for x in items]  # its own SCALE, a parameter
+
+
+def comprehension():
+    return [helper for helper in range(2)]  # its own helper, a comprehension variable
+
+
+def unrelated():
+    return Mapping, UNUSED
+
+
+@dataclass
+class Counter:
+    offset: float = 0.0
+
+    def __call__(self, prompts, completions, **kwargs):
+        if not completions:
+            raise DataError("no completions")
+        return [math.floor(helper(c) + self.offset) for c in completions]
+'''
+
+
+def test_carry_takes_what_is_used_and_nothing_else():
+    carried = carry(["Counter", "shadowed", "comprehension"], MODULE)
+    assert carried.imports == ("import math", "import re as regex", "from dataclasses import dataclass")
+    body = carried.body
+    for needed in ("class Counter", "def helper", "SCALE = 2", '"""How much scaled() scales."""', "_WORD =",
+                   "class DataError(ValueError)", "@dataclass"):
+        assert needed in body, needed
+    for left_out in ("UNUSED", "def unrelated", "grpo_lab", "Mapping", "Sequence", "__future__"):
+        assert left_out not in body and left_out not in carried.imports, left_out
+    assert run_alone(carried.text, ["Counter(offset=0.5)(prompts=['p'], completions=['two words'])",
+                                    "shadowed(3, [1, 2])", "comprehension()"]) == [[4], [3, 6], [0, 1]]
+    with pytest.raises(CarryError, match="no completions"):  # the stand-in error class came along
+        run_alone(carried.text, ["Counter()(prompts=[], completions=[])"])
+
+
+def test_carry_refuses_what_it_cannot_carry():
+    with pytest.raises(CarryError, match="top level"):
+        carry(["missing"], MODULE)
+    uses_package = "from grpo_lab.rewards import get_reward\n\ndef f():\n    return get_reward('format')\n"
+    with pytest.raises(CarryError, match="imported from grpo_lab"):
+        carry(["f"], uses_package)
+    with pytest.raises(recipe.RecipeError, match="lambda"):
+        recipe.carry_rewards([lambda prompts, completions, **kwargs: [0.0] * len(completions)])
+
+
+COMPLETIONS = ["3 × 4 = 12\n#### 12", "so it is 12", "#### １２ 元", r"\boxed{\frac{24}{2}}", "#### 12\n#### 13", "",
+               [{"role": "assistant", "content": "速度是 ６０ ÷ ５ = １２\n#### １２"}], "12 12 12 12 12 12 12 12"]
+
+
+@pytest.mark.parametrize("name", rewards.list_rewards())
+def test_every_registered_reward_scores_the_same_when_carried(name):
+    reward = rewards.get_reward(name)
+    carried = recipe.carry_rewards([reward])
+    assert "grpo_lab" not in "\n".join(carried.imports) and "import grpo_lab" not in carried.source
+    copy, = run_alone("\n".join(carried.imports) + "\n" + carried.source, carried.expressions)
+    columns = {"answer": ["12"] * len(COMPLETIONS)}
+    assert copy(prompts=["q"] * len(COMPLETIONS), completions=COMPLETIONS, **columns) == \
+        reward(prompts=["q"] * len(COMPLETIONS), completions=COMPLETIONS, **columns)
+    assert copy.__name__ == reward.__name__  # the name TRL logs it under
+
+
+def test_a_reward_with_options_is_rebuilt_with_them():
+    carried = recipe.carry_rewards([rewards.get_reward("correctness", require_marker=True),
+                                    rewards.get_reward("format")])
+    assert carried.expressions == ("CorrectnessReward(require_marker=True)", "FormatReward()")
+    assert carried.source.count("class CorrectnessReward") == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# The configs: recorded from grpo_lab's builders, not listed twice
+# --------------------------------------------------------------------------------------------------
+def test_the_recorded_grpo_config_is_the_one_grpo_lab_trains_with(tmp_path):
+    from trl import GRPOConfig
+
+    config = TrainConfig(**TINY, output_dir=str(tmp_path / "run"), report_to="tensorboard").resolve(CPU)
+    kwargs = recipe.grpo_kwargs(config, use_vllm=False)
+    assert GRPOConfig(**kwargs).to_dict() == T.grpo_args(config, use_vllm=False).to_dict()
+    assert set(config.trl_kwargs()) <= set(kwargs) and kwargs["report_to"] == ["tensorboard"]
+
+
+def test_a_gpu_lora_run_keeps_its_fields_and_leaves_out_what_needs_grpo_lab(tmp_path):
+    pytest.importorskip("vllm")  # the colocated sampling arguments ask vLLM which it has
+    config = TrainConfig(profile="gpu", use_peft=True, output_dir=str(tmp_path / "gpu-run")).resolve(
+        Machine("cuda", bf16=True, memory_gib=80))
+    built = recipe.build_recipe(config)
+    assert built.grpo_config["use_vllm"] and built.grpo_config["bf16"] and built.grpo_config["beta"] == 0.04
+    assert "flat_logprobs" not in (built.grpo_config["generation_kwargs"] or {})
+    assert "generation_kwargs['flat_logprobs']" in built.dropped
+    script = recipe.render(built)
+    assert "# left out: generation_kwargs['flat_logprobs']" in script
+    namespace: dict = {}
+    exec(script[script.index("LORA_CONFIG = {"):script.index("QUANTIZATION =")], namespace)
+    from peft import LoraConfig
+    assert LoraConfig(**namespace["LORA_CONFIG"]) == lora.lora_config(
+        config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
+
+
+def test_a_quantized_recipe_renders_its_bits_and_bytes_config(tmp_path):
+    built = recipe.build_recipe(TrainConfig(**TINY, output_dir=str(tmp_path / "run")).resolve(CPU))
+    script = recipe.render(dataclasses.replace(built, quantization={"load_in_4bit": True,
+                                                                     "bnb_4bit_quant_type": "nf4"}))
+    assert "QUANTIZATION = {'load_in_4bit': True, 'bnb_4bit_quant_type': 'nf4'}" in script
+    assert "quantization_config=BitsAndBytesConfig(**QUANTIZATION) if QUANTIZATION else None" in script
+
+
+def test_the_script_imports_only_the_stock_packages(tmp_path):
+    script = recipe.render(recipe.build_recipe(TrainConfig(**TINY, output_dir=str(tmp_path / "run")).resolve(CPU)))
+    tree = ast.parse(script)
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported - set(sys.stdlib_module_names) == {"torch", "datasets", "peft", "transformers", "trl"}
+    for addition in recipe.ADDITIONS:  # the header says what grpo_lab adds, each with where its figure is recorded
+        assert addition.name in script and addition.source.split(",")[0] in script
+    with pytest.raises(recipe.RecipeError, match="grpo_lab"):
+        recipe.check_script(script + "\nimport grpo_lab\n")
+
+
+# --------------------------------------------------------------------------------------------------
+# The script trains without grpo_lab, and its first step is the grpo_lab run's
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """Two tiny steps with grpo_lab (HF generate on the CPU, seed 0)."""
+    folder = tmp_path_factory.mktemp("recipe")
+    result = T.train(TrainConfig(**TINY, output_dir=str(folder / "grpo-tiny-run")), machine=CPU)
+    return result
+
+
+def _clean_environment(home: Path) -> dict[str, str]:
+    """No PYTHONPATH and no grpo_lab variables: only the caches, offline, and the thread count the run had."""
+    keep = ("PATH", "HF_HOME", "TMPDIR", "LANG")
+    env = {key: os.environ[key] for key in keep if key in os.environ}
+    return {**env, "HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false", "MPLCONFIGDIR": str(home / "matplotlib"),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
+def test_the_exported_script_trains_without_grpo_lab_and_matches_the_first_step(tiny_run, tmp_path):
+    script = tmp_path / "elsewhere" / "trl_recipe.py"
+    assert cli.main(["export-recipe", str(tiny_run.run_dir), "--out", str(script)]) == 0
+    launcher = tmp_path / "elsewhere" / "launch.py"
+    launcher.write_text(textwrap.dedent(LAUNCHER), encoding="utf-8")
+    out = tmp_path / "elsewhere" / "out"
+    done = subprocess.run([sys.executable, "-I", str(launcher), str(script), "--output-dir", str(out)],
+                          cwd=script.parent, env=_clean_environment(tmp_path), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "import grpo_lab: refused" in done.stdout
+    history = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    stock = [entry for entry in history if "reward" in entry]
+    ours = tiny_run.metrics
+    assert [entry["step"] for entry in stock] == [1, 2] and (out / "final" / "model.safetensors").is_file()
+    # Both processes sample the same completions: the same weights, prompts (TRL's sampler, seed 0) and RNG draws of
+    # HF generate, on the same kernels and thread count. So the reward, a mean of 0/1 scores over 8 completions, is
+    # equal exactly, and the loss up to float summation order; 1e-6 is far below what one different completion would
+    # change (1/8 of the reward, about 1e-2 of the loss). Measured here: bit-identical, both steps.
+    assert stock[0]["reward"] == ours[0]["reward"]
+    assert stock[0]["completions/mean_length"] == ours[0]["completions/mean_length"]
+    assert stock[0]["loss"] == pytest.approx(ours[0]["loss"], abs=1e-6)
+
+
+def test_export_from_a_config_names_the_run_and_refuses_to_overwrite(tiny_run, tmp_path):
+    path = recipe.export_recipe(tiny_run.config, tmp_path / "recipe.py")
+    text = path.read_text()
+    assert f"GRPO run {tiny_run.run_dir.name} as plain TRL" in text and "python recipe.py" in text
+    assert f"TRAIN_TYPES = {tuple(tiny_run.config.train_types)!r}" in text
+    # the columns the script hands TRL are those grpo_lab's trainer got
+    assert f"COLUMNS = {tuple(sorted(tiny_run.trainer.train_dataset.column_names))!r}" in text
+    with pytest.raises(ExistingFileError):
+        recipe.export_recipe(tiny_run.config, path)
+
