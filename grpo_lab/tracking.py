@@ -12,12 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from grpo_lab.upstream import UpstreamName
+
 TRACKIO_PROJECT = "grpo-lab"
 """The trackio project every run reports to (TRL's ``project``); each run is named after its folder (``run_name``)."""
 TRACKERS = {"trackio": f"trackio show --project {TRACKIO_PROJECT}",
             "tensorboard": "tensorboard --logdir {run_dir}"}
 """The trackers ``report_to`` may name, each with the command that opens its dashboard on the machine that trained
 (``{run_dir}``: the run folder)."""
+
+
+TRANSFORMERS_INTERNALS: tuple[UpstreamName, ...] = (
+    UpstreamName("attribute", "transformers.integrations.TrackioCallback", "_trackio",
+                 "the trackio module the callback logs through, wrapped by without_dashboard"),
+)
 
 
 class _TrackioWithoutDashboard:
