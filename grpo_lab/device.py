@@ -436,6 +436,8 @@ MEMORY_CAP_LIMITS = (
     "counted against the cap; a real card of N GiB holds it too",
 )
 """What a cap does not emulate."""
+CAP_ROUNDING_GIB = 0.01
+"""A cap this close above the device's total is the whole device (sizes written with two decimals)."""
 _APPLIED: dict[tuple[str, int], MemoryCap] = {}
 
 
@@ -498,12 +500,13 @@ def check_memory_cap(memory_gib: float, device_gib: float | None, kind: str) -> 
     if isinstance(memory_gib, bool) or not isinstance(memory_gib, (int, float)) or not memory_gib > 0:
         raise MemoryCapError(f"a device memory cap of {memory_gib!r} GiB: it must be a positive number of GiB (the "
                              f"size of the device to stand for, e.g. {MEMORY_CAP_ENV}=24), or unset.")
-    if device_gib is not None and memory_gib > device_gib:
+    if device_gib is not None and memory_gib > device_gib + CAP_ROUNDING_GIB:
         where = "host memory" if is_cpu(kind) else f"{kind} device 0"
         raise MemoryCapError(f"a device memory cap of {memory_gib:g} GiB is larger than the {where} it runs on "
                              f"({device_gib:.1f} GiB): a cap stands for a smaller device. Use at most "
                              f"{math.floor(device_gib * 10) / 10:g}, or unset {MEMORY_CAP_ENV}.")
-    return MemoryCap(float(memory_gib), float(device_gib if device_gib is not None else memory_gib), kind)
+    device_gib = float(memory_gib if device_gib is None else device_gib)
+    return MemoryCap(min(float(memory_gib), device_gib), device_gib, kind)
 
 
 def memory_cap(index: int = 0, kind: str | None = None) -> MemoryCap | None:
