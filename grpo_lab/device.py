@@ -422,12 +422,10 @@ def visible_devices_env(indices: list[int], kind: str | None = None) -> dict[str
 # A smaller device: GRPO_LAB_DEVICE_MEMORY_GIB
 # --------------------------------------------------------------------------------------------------
 MEMORY_CAP_ENV = "GRPO_LAB_DEVICE_MEMORY_GIB"
-"""``GRPO_LAB_DEVICE_MEMORY_GIB=N``: treat device 0 as an N GiB device (a 16 or 24 GiB card on an H200)."""
-# Where a cap is enforced in the processes the package starts: on CUDA torch's per-process fraction caps the trainer's
-# process (with TRL's colocated vLLM engine inside it), and every vLLM share the package passes is converted from a
-# share of N GiB to the real device's fraction (a vLLM server, or vLLM's own engine process, is not under the trainer's
-# cap). Elsewhere the cap sizes the plan only: the CPU's host memory has no allocator cap, and torch_npu's
-# per-process fraction has not run here.
+"""``GRPO_LAB_DEVICE_MEMORY_GIB=N``: device 0 as an N GiB card, for its memory only (:data:`MEMORY_CAP_LIMITS`)."""
+# Where the package enforces a cap: on CUDA torch's per-process fraction caps the trainer's process (TRL's colocated
+# vLLM inside it) and each vLLM share it passes is converted (a vLLM server is a process of its own, not under that
+# cap). Elsewhere the cap sizes the plan only: host memory has no allocator cap; torch_npu's has not run here.
 MEMORY_CAP_ENFORCED = {"cuda": True, "npu": False, "cpu": False}
 MEMORY_CAP_LIMITS = (
     "memory bandwidth and compute: the steps run at the real device's speed, not a smaller card's",
@@ -464,8 +462,7 @@ class MemoryCap:
         return MEMORY_CAP_ENFORCED[self.kind]
 
     def device_share(self, share: float) -> float:
-        """A vLLM share of the capped device (``gpu_memory_utilization`` of N GiB) as a share of the real device,
-        rounded down to 1e-4; unchanged where the cap is not enforced.
+        """A vLLM share of N GiB as one of the real device, rounded down to 1e-4 (unchanged where not enforced).
 
         >>> MemoryCap(24, 139.8, "cuda").device_share(0.3)
         0.0515
@@ -475,8 +472,7 @@ class MemoryCap:
         return math.floor(share * self.fraction * 10_000) / 10_000
 
     def describe(self) -> str:
-        how = ("enforced: torch's per-process fraction in the trainer's process, vLLM shares converted"
-               if self.enforced else "the plan only, not enforced on this device")
+        how = "enforced (torch's per-process fraction, vLLM shares converted)" if self.enforced else "the plan only"
         return (f"treated as {self.memory_gib:g} GiB ({MEMORY_CAP_ENV}) of its {self.device_gib:.1f} GiB; {how}. "
                 f"Not emulated: " + "; ".join(MEMORY_CAP_LIMITS))
 
@@ -495,8 +491,7 @@ def memory_cap_gib(environ: dict[str, str] | None = None) -> float | None:
 
 
 def check_memory_cap(memory_gib: float, device_gib: float | None, kind: str) -> MemoryCap:
-    """A cap of ``memory_gib`` on a ``kind`` device of ``device_gib``: positive, and no larger than the device (which
-    it stands in for a smaller one of; on the CPU host memory, where it sizes the plan only)."""
+    """A cap of ``memory_gib`` on a ``kind`` device of ``device_gib`` (host memory on the CPU): positive, not larger."""
     if isinstance(memory_gib, bool) or not isinstance(memory_gib, (int, float)) or not memory_gib > 0:
         raise MemoryCapError(f"a device memory cap of {memory_gib!r} GiB: it must be a positive number of GiB (the "
                              f"size of the device to stand for, e.g. {MEMORY_CAP_ENV}=24), or unset.")
@@ -510,8 +505,7 @@ def check_memory_cap(memory_gib: float, device_gib: float | None, kind: str) -> 
 
 
 def memory_cap(index: int = 0, kind: str | None = None) -> MemoryCap | None:
-    """The cap in force in this process: the one :func:`apply_memory_cap` set, else ``GRPO_LAB_DEVICE_MEMORY_GIB``'s
-    (checked against the device); None without one."""
+    """The cap in force here: the one :func:`apply_memory_cap` set, else ``GRPO_LAB_DEVICE_MEMORY_GIB``'s, or None."""
     kind = kind or detect()
     if (kind, index) in _APPLIED:
         return _APPLIED[kind, index]
@@ -527,12 +521,11 @@ def device_memory_gib(index: int = 0, kind: str | None = None) -> float:
 
 
 def apply_memory_cap(memory_gib: float, index: int = 0, kind: str | None = None) -> MemoryCap | None:
-    """Make this process treat device ``index`` as ``memory_gib`` GiB (a :class:`Machine`'s ``memory_gib``): on CUDA
-    ``torch.cuda.set_per_process_memory_fraction(memory_gib / total)``, so an allocation past it raises torch's
-    ``OutOfMemoryError`` as on a card of that size, and every vLLM share the package passes afterwards is converted
-    (:func:`device_share`). None when ``memory_gib`` is the whole device, and on the CPU and the NPU, where the cap
-    sizes the plan only (:data:`MEMORY_CAP_ENFORCED`). A cap larger than the device is refused. What a cap does not
-    emulate: :data:`MEMORY_CAP_LIMITS`."""
+    """Make this process treat device ``index`` as ``memory_gib`` GiB (a :class:`Machine`'s): on CUDA
+    ``torch.cuda.set_per_process_memory_fraction(memory_gib / total)`` (an allocation past it raises torch's
+    ``OutOfMemoryError``, as on such a card) and vLLM shares converted from then on (:func:`device_share`). None for
+    the whole device, and on the CPU and the NPU (:data:`MEMORY_CAP_ENFORCED`); larger than the device is refused. Not
+    emulated: :data:`MEMORY_CAP_LIMITS`."""
     kind = kind or detect()
     if not MEMORY_CAP_ENFORCED[kind]:  # nothing to enforce: the plan was sized for memory_gib already
         check_memory_cap(memory_gib, None, kind)
@@ -542,22 +535,19 @@ def apply_memory_cap(memory_gib: float, index: int = 0, kind: str | None = None)
     if cap.memory_gib >= total:
         _APPLIED.pop((kind, index), None)
         return None
-    if cap.enforced:
-        torch.cuda.set_per_process_memory_fraction(cap.fraction, index)
+    torch.cuda.set_per_process_memory_fraction(cap.fraction, index)
     _APPLIED[kind, index] = cap
     return cap
 
 
 def enforce_memory_cap(index: int = 0, kind: str | None = None) -> MemoryCap | None:
-    """Enforce in this process the cap in force (:func:`memory_cap`): what a process that builds a trainer does first,
-    so that ``GRPO_LAB_DEVICE_MEMORY_GIB`` caps it even when no :class:`Machine` was passed down."""
+    """Enforce the cap in force (:func:`memory_cap`): a trainer's process does, given a Machine or not."""
     cap = memory_cap(index, kind)
     return None if cap is None else apply_memory_cap(cap.memory_gib, index, kind)
 
 
 def device_memory_of(pids: set[int], kind: str | None = None) -> int | None:
-    """Device memory the driver counts for these processes now, bytes (CUDA: ``nvidia-smi
-    --query-compute-apps=pid,used_memory``, so processes beside them on the device do not count); None elsewhere."""
+    """Bytes the driver counts for these processes now (``nvidia-smi --query-compute-apps``); None off CUDA."""
     if not is_cuda(kind):
         return None
     import subprocess
@@ -569,22 +559,29 @@ def device_memory_of(pids: set[int], kind: str | None = None) -> int | None:
                and mib.strip().isdigit())
 
 
+def capped_memory_info(index: int = 0, kind: str | None = None) -> MemoryInfo:
+    """:func:`memory_info` of the capped device (total: the cap; free: what it leaves beside this process's torch
+    memory), what a vLLM start from this process is checked against as vLLM checks a real card."""
+    kind = kind or detect()
+    real, cap = memory_info(index, kind), memory_cap(index, kind)
+    if cap is None or not cap.enforced:
+        return real
+    total = int(cap.memory_gib * 2**30)
+    return MemoryInfo(total, min(real.free_bytes, total - int(_module(kind).memory_reserved(index))))
+
+
 def device_share(share: float, index: int = 0, kind: str | None = None) -> float:
     """vLLM's ``gpu_memory_utilization`` for a share of the device as the package treats it: under a cap in force
     (:func:`memory_cap`), ``share × cap / total`` of the real device, which vLLM divides; else ``share``."""
-    kind = kind or detect()
-    if not MEMORY_CAP_ENFORCED[kind]:
-        return share
-    cap = memory_cap(index, kind)
+    cap = memory_cap(index, kind or detect())
     return share if cap is None else cap.device_share(share)
 
 
 # --------------------------------------------------------------------------------------------------
 # QLoRA's 4-bit base (bitsandbytes)
 # --------------------------------------------------------------------------------------------------
-# ``load_in_4bit`` (TRL's name) by device: None where the course runs QLoRA, else why not. bitsandbytes 0.50.2 ships
-# 4-bit kernels for NVIDIA GPUs (its libbitsandbytes_cuda*.so) and, by its own table, for x86-64 and aarch64 CPUs; it
-# has no Ascend NPU backend (its backends: cpu, cuda, default, hpu, mps, triton, xpu).
+# ``load_in_4bit`` (TRL's name) by device: None where the course runs QLoRA, else why not. bitsandbytes 0.50.2: 4-bit
+# kernels for NVIDIA GPUs and (its own table) x86-64/aarch64 CPUs; no Ascend backend (cpu, cuda, hpu, mps, xpu only).
 FOUR_BIT_MISSING: dict[str, str | None] = {
     "cuda": None,
     "npu": "bitsandbytes 0.50.2 has no Ascend NPU backend (its 4-bit kernels are for NVIDIA GPUs, Intel XPUs and "

@@ -29,7 +29,13 @@ from typing import Any
 from transformers import TrainerCallback
 
 from grpo_lab.errors import ConfigError
-from grpo_lab.models import MANIFEST_NAME, load_model_and_tokenizer, require_safetensors, resolve_model, verify_model_dir
+from grpo_lab.models import (
+    MANIFEST_NAME,
+    load_model_and_tokenizer,
+    require_safetensors,
+    resolve_model,
+    verify_model_dir,
+)
 
 FOUR_BIT_QUANT_TYPE = "nf4"
 """QLoRA's 4-bit data type (TRL's ``bnb_4bit_quant_type`` default)."""

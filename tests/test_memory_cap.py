@@ -117,8 +117,9 @@ def test_on_the_cpu_a_cap_sizes_the_plan_only(monkeypatch):
 def test_served_share_is_checked_as_the_real_device_fraction(h200, monkeypatch):
     from grpo_lab.deploy import server
 
-    checked = []
-    monkeypatch.setattr(server, "check_free_memory", lambda share, info, held: checked.append(share))
+    check_free_memory, checked = server.check_free_memory, []
+    monkeypatch.setattr(server, "check_free_memory", lambda share, info, held: checked.append((share, info)))
+    monkeypatch.setattr(device.torch.cuda, "memory_reserved", lambda index=0: 10 * GIB)
     monkeypatch.setattr(device, "started_here", lambda kind=None: True)
     monkeypatch.setattr(device, "release_memory", lambda kind=None: None)
     monkeypatch.setattr(device, "allocated_bytes", lambda index=0, kind=None: 0)
@@ -130,7 +131,10 @@ def test_served_share_is_checked_as_the_real_device_fraction(h200, monkeypatch):
     monkeypatch.setattr(server, "ServerProcess", _NoProcess)
     with pytest.raises(RuntimeError, match="not started in a test"):
         server.VLLMServer(serve).start()
-    assert checked == [device.device_share(0.85)]
+    # the share of the capped device, against what the cap leaves beside this process's 10 GiB
+    assert checked == [(0.85, device.MemoryInfo(16 * GIB, 6 * GIB))]
+    with pytest.raises(server.DeployError, match="13.6 GiB of the device's 16.0 GiB, but 6.0 GiB are free"):
+        check_free_memory(0.85, device.capped_memory_info(), 0)
 
 
 class _NoProcess:

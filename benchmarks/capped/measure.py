@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import time
 import traceback
@@ -24,7 +23,7 @@ from typing import Any
 from jobs import SEED_RECIPE, SEED_SHAPE, Row
 
 from grpo_lab import memory
-from grpo_lab.memory.measured import GIB, OutOfMemory, gib
+from grpo_lab.memory.measured import OutOfMemory, gib
 
 OOM_MARKS = ("out of memory", "outofmemoryerror", "no available memory for the cache blocks",
              "insufficient memory", "less than desired gpu memory utilization")
@@ -195,15 +194,7 @@ def finish(record: dict[str, Any], clock: PhaseClock, engine: dict[str, Any], sa
     return record
 
 
-def median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
 def write(record: dict[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
     return path
-
-
-def bytes_to_gib(value: int) -> float:
-    return round(value / GIB, 3)

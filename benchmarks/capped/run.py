@@ -9,8 +9,8 @@
 
 Each job runs in its own process, its rows one after another, each row in a child process of its own (an
 out-of-memory row, or one that crashes, writes its row and the next row runs). Rows land in ``$CAPPED/rows``
-(default ``/tmp/capped``); ``wait`` copies them, with each row's log, to ``$OUT/capped``. The cap, the plan (micro-batch,
-vLLM's share), torch's peaks and the driver's count of the row's own processes, step times, tokens per second and an
+(default ``/tmp/capped``); ``wait`` copies them, with each row's log, to ``$OUT/capped``. The cap, the plan
+(micro-batch, vLLM's share), torch's peaks and the driver's count of the row's own processes, step times, tokens per second and an
 out-of-memory step and phase are in each row (``grpo_lab.memory.CappedRow`` reads them back).
 """
 

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import tempfile
@@ -195,7 +194,3 @@ def write_error(path: Path, job: str, row: Row, cap_gib: float, log_tail: str) -
     record["error"] = "the row's process ended without a record; its log's last lines are in extra.log_tail"
     record["extra"]["log_tail"] = log_tail[-3000:]
     write(record, path)
-
-
-def load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8"))

@@ -268,13 +268,14 @@ class VLLMServer:
 
     def start(self) -> VLLMServer:
         """Start the server and wait until ``/health`` answers. A process that has used the accelerator (a notebook
-        kernel that trained) first gives back the device memory it no longer uses, then checks the share is free."""
+        kernel that trained) first gives back the device memory it no longer uses, then checks the share is free (of
+        the capped device under ``GRPO_LAB_DEVICE_MEMORY_GIB``: the server is not under this process's cap)."""
         self.config.validate()
         kind = device.detect()
         if device.started_here(kind):  # otherwise this process holds nothing, and asking would start a context
             device.release_memory(kind)
-            check_free_memory(device.device_share(self.config.gpu_memory_utilization, kind=kind),
-                              device.memory_info(kind=kind), device.allocated_bytes(kind=kind))
+            check_free_memory(self.config.gpu_memory_utilization, device.capped_memory_info(kind=kind),
+                              device.allocated_bytes(kind=kind))
         self.port = self.config.port or free_port(self.config.host)
         if self.log_path is None:
             self.log_path = Path(tempfile.mkdtemp(prefix="grpo-lab-serve-")) / "server.log"

@@ -65,7 +65,8 @@ __all__ = [
     "PROFILE_DEVICE",
     "PROFILE_ENV", "PROFILE_FIELDS", "QWEN_SMALL", "SMALLER_STEP_LEVERS", "VLLM_MODES", "ProfileError", "TrainConfig",
     "check_lengths", "check_prompt_lengths", "choose_vllm_memory", "default_train_types", "fine_tuned_on_training_rows",
-    "fit_micro_batch", "get_profile", "length_margin", "load_train_rows", "memory_budget", "model_languages", "needs_checkpointing",
+    "fit_micro_batch", "get_profile", "length_margin", "load_train_rows", "memory_budget", "model_languages",
+    "needs_checkpointing",
     "plans_for", "profile_name", "reward_spec",
 ]
 

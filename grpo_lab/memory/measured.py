@@ -207,4 +207,5 @@ def expectation(memory_gib: float, rows: list[CappedRow] | None = None) -> str:
     step = f"about {row.median_step_seconds:.1f} s per step" if row.median_step_seconds else "an unrecorded step time"
     total = f", notebook 03 about {notebook_03 / 60:.0f} minutes in all" if notebook_03 else ""
     return (f"on your {memory_gib:.0f} GiB device this recipe takes {step}{total}: measured with the device capped at "
-            f"{row.cap_gib:g} GiB on an {row.device or 'H200'}, whose bandwidth and compute a smaller card does not have")
+            f"{row.cap_gib:g} GiB on an {row.device or 'H200'}, whose bandwidth and compute a smaller card does not "
+            f"have")
