@@ -547,16 +547,16 @@ def enforce_memory_cap(index: int = 0, kind: str | None = None) -> MemoryCap | N
 
 
 def device_memory_of(pids: set[int], kind: str | None = None) -> int | None:
-    """Bytes the driver counts for these processes now (``nvidia-smi --query-compute-apps``); None off CUDA."""
+    """Bytes the driver counts for these processes (``nvidia-smi --query-compute-apps``); None off CUDA or unlisted."""
     if not is_cuda(kind):
         return None
     import subprocess
 
     listing = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=30).stdout
-    rows = [line.split(",") for line in listing.splitlines() if line.count(",") == 1]
-    return sum(int(mib) * 2**20 for pid, mib in rows if pid.strip().isdigit() and int(pid) in pids
-               and mib.strip().isdigit())
+    used = [int(mib) * 2**20 for pid, mib in (line.split(",") for line in listing.splitlines() if line.count(",") == 1)
+            if pid.strip().isdigit() and int(pid) in pids and mib.strip().isdigit()]
+    return sum(used) if used else None
 
 
 def capped_memory_info(index: int = 0, kind: str | None = None) -> MemoryInfo:

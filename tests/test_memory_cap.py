@@ -152,7 +152,7 @@ def test_device_memory_of_counts_only_the_given_processes(monkeypatch):
     listing = "101, 2048\n202, 1024\n303, [N/A]\n"
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
     assert device.device_memory_of({101, 303}, "cuda") == 2048 * 2**20
-    assert device.device_memory_of({101}, "cpu") is None
+    assert device.device_memory_of({101}, "cpu") is None and device.device_memory_of({999}, "cuda") is None
 
 
 def test_the_cap_says_what_it_does_not_emulate():

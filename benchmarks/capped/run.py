@@ -107,8 +107,8 @@ def run_row(job: str, index: int) -> int:
     runner = run_trl_row if row.kind == "trl" else run_course_row
     record = runner(job, row, JOBS[job].cap_gib, WORK)
     write(record, WORK / "rows" / f"{row_id(job, row)}.json")
-    print(json.dumps({k: record[k] for k in ("name", "planned", "measured", "oom", "error")}, default=str))
-    return 0
+    print(json.dumps({k: record[k] for k in ("name", "planned", "measured", "oom", "error")}, default=str), flush=True)
+    os._exit(0)  # the row is written: no teardown of an engine that ran out of memory (it can hang the exit)
 
 
 def run_job(job: str, timeout_s: int = ROW_TIMEOUT_S) -> int:

@@ -22,7 +22,7 @@ from grpo_lab.memory import DeviceMemorySampler
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "memory"))
-SERVED_PROBLEMS = 32
+SERVED_PROBLEMS = 16
 """Held-out problems each served model answers (greedy, through the OpenAI API)."""
 
 
