@@ -125,6 +125,7 @@ def test_an_out_of_memory_row_round_trips_through_the_reader(tmp_path):
     assert oom.oom == memory.OutOfMemory(1, "optimizer step", "RuntimeError: CUDA out of memory. Tried to allocate "
                                                               "2.00 GiB")
     assert oom.measured["training_peak_gib"] == 16.0 and oom.measured["device_used_gib"] == 31.0
+    assert "max_allocated_at_failure_gib" in oom.measured
     assert oom.planner_error == pytest.approx((budget.training_peak_bytes / 2**30 - 16) / 16, abs=1e-3)
     assert "OOM at step 1 (optimizer step)" in oom.line()
     bug = next(r for r in rows if r.job == "qlora")

@@ -125,3 +125,14 @@ def test_a_qlora_run_serves_its_adapter_on_the_4_bit_base_and_merged_as_plain_we
     assert "safetensors" in ServeConfig(model="data/models/tiny-qwen2").command(8000)
     with pytest.raises(DeployError, match="quantization='awq'"):
         ServeConfig(model="data/models/tiny-qwen2", quantization="awq").validate()
+
+
+def test_liger_stays_off_under_a_4_bit_base(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "liger_kernel"
+                        else find_spec(name, *a))
+    assert TrainConfig(profile="gpu", model=SMOLLM2).resolve(CARD).use_liger_kernel
+    assert not qlora().resolve(CARD).use_liger_kernel
+    assert qlora(use_liger_kernel=True).resolve(CARD).use_liger_kernel  # asked for: as asked

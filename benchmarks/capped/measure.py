@@ -184,6 +184,8 @@ def finish(record: dict[str, Any], clock: PhaseClock, engine: dict[str, Any], sa
     """The record completed with what was measured (and the failure, if any)."""
     record["measured"] = {**clock.measured(engine.get("vllm_resident")), "device_used_gib": gib(sampler.stop()),
                           "gpu_memory_utilization_passed": engine.get("gpu_memory_utilization")}
+    if error is not None:  # torch's peak since the failed step began: how close it came
+        record["measured"]["max_allocated_at_failure_gib"] = gib(torch_peak())
     record["steps"], record["step_seconds"] = len(clock.seconds), [round(s, 3) for s in clock.seconds]
     record["tokens_per_second"] = clock.tokens_per_second()
     if error is not None and is_out_of_memory(error):
@@ -192,6 +194,13 @@ def finish(record: dict[str, Any], clock: PhaseClock, engine: dict[str, Any], sa
         record["error"] = first_line(error)
         record["extra"]["traceback"] = traceback.format_exception(error)[-6:]
     return record
+
+
+def torch_peak() -> int | None:
+    """torch's peak allocated since the last reset, where this process has a CUDA context."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
 
 
 def write(record: dict[str, Any], path: Path) -> Path:

@@ -111,7 +111,7 @@ class TrainConfig:
     says the step does not fit without it (TRL's own default is always on)."""
     use_liger_kernel: bool | None = None
     """Liger's fused RMSNorm, SwiGLU and RoPE kernels (TRL's field; needs Triton). Default: on CUDA where
-    ``liger_kernel`` is installed."""
+    ``liger_kernel`` is installed, except under a 4-bit base (``load_in_4bit``: the pair has not run here)."""
     device: str | None = None
     """The device kind the run trains on; set by :meth:`resolve` from the machine."""
     save_steps: int | None = None
@@ -270,8 +270,8 @@ class TrainConfig:
             values["train_types"] = default_train_types(config.model) or ()
         if config.train_languages is None:
             values["train_languages"] = model_languages(config.model) or ()
-        if config.use_liger_kernel is None:
-            values["use_liger_kernel"] = (device.has_triton(machine.kind)
+        if config.use_liger_kernel is None:  # not with a 4-bit base: that pair has not run here
+            values["use_liger_kernel"] = (device.has_triton(machine.kind) and not config.load_in_4bit
                                           and importlib.util.find_spec("liger_kernel") is not None)
         config = dataclasses.replace(config, **values)
         if self.per_device_train_batch_size is None and self.gradient_accumulation_steps == 1:
