@@ -27,7 +27,8 @@ FORCED = dict(ignore_eos=True)
 @dataclass(frozen=True)
 class Row:
     """One run: ``kind`` ``trl`` (``settings``: planner / GRPOConfig overrides of :data:`SEED_RECIPE`, with
-    ``vllm_gpu_memory_utilization`` None for the planner's share) or ``course`` (``settings``: TrainConfig fields)."""
+    ``vllm_gpu_memory_utilization`` None for the planner's share), ``course`` (``settings``: TrainConfig fields) or
+    ``serve`` (``settings["run_of"]``: the row, of the same job, whose run it serves, from a fresh process)."""
 
     name: str
     kind: str
@@ -35,8 +36,6 @@ class Row:
     steps: int
     evaluate: bool = False
     """Held-out greedy accuracy before and after, on the trainer's engine (notebook 03's measure)."""
-    serve: bool = False
-    """Serve the run: the adapter on its base and the merged ``final/``, each answering held-out problems."""
     expect: str = "fits"
     """What the planner says: ``fits`` or ``oom`` (checked on the CPU by ``tests/test_capped.py``)."""
 
@@ -70,9 +69,10 @@ JOBS: dict[str, Job] = {job.name: job for job in (
         )),
     Job("qlora", 16, 6.0, "QLoRA on SmolLM2 under 16 GiB: 50 steps, held-out greedy accuracy before and after "
         "(notebook 03's measure), then served: the adapter on its 4-bit base, and merged", (
-            Row("QLoRA r=16, learns and serves", "course", {"use_peft": True, "load_in_4bit": True, **LORA,
-                                                            "learning_rate": QLORA_LEARNING_RATE}, 50,
-                evaluate=True, serve=True),
+            Row("QLoRA r=16, learns", "course", {"use_peft": True, "load_in_4bit": True, **LORA,
+                                                 "learning_rate": QLORA_LEARNING_RATE}, 50, evaluate=True),
+            # a process of its own, as a learner serves a finished run: the trainer's memory is gone
+            Row("QLoRA r=16, served", "serve", {"run_of": "QLoRA r=16, learns"}, 0),
         )),
     _lengths(16), _lengths(24), _lengths(32),
 )}

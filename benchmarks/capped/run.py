@@ -57,7 +57,8 @@ def describe_jobs() -> str:
     lines = []
     for name, job in JOBS.items():
         lines.append(f"{name}: {job.cap_gib:g} GiB, about {job.minutes:g} min — {job.what}")
-        lines += [f"    {row_id(name, row)}: {row.steps} steps, the planner says {row.expect}" for row in job.rows]
+        lines += [f"    {row_id(name, row)}: " + (f"serves the run of {row.settings['run_of']!r}" if row.kind == "serve"
+                  else f"{row.steps} steps, the planner says {row.expect}") for row in job.rows]
     together = max(JOBS[name].minutes for name in SIDE_BY_SIDE)
     lines.append(f"side by side ({' '.join(SIDE_BY_SIDE)}): caps {SIDE_BY_SIDE_GIB:g} GiB, about {together:g} min")
     lines += [f"{name} (optional): {BENCH_CAP_GIB} GiB, about {BENCH_MINUTES:g} min — {what}"
@@ -101,10 +102,10 @@ def bench_command(micro_batch: int) -> list[str]:
 def run_row(job: str, index: int) -> int:
     """In a child process: one row, its record written to ``WORK/rows``."""
     from measure import write
-    from runners import run_course_row, run_trl_row
+    from runners import run_course_row, run_serve_row, run_trl_row
 
     row = JOBS[job].rows[index]
-    runner = run_trl_row if row.kind == "trl" else run_course_row
+    runner = {"trl": run_trl_row, "course": run_course_row, "serve": run_serve_row}[row.kind]
     record = runner(job, row, JOBS[job].cap_gib, WORK)
     write(record, WORK / "rows" / f"{row_id(job, row)}.json")
     print(json.dumps({k: record[k] for k in ("name", "planned", "measured", "oom", "error")}, default=str), flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -110,6 +111,7 @@ def run_course_row(job: str, row: Row, cap_gib: float, out: Path) -> dict[str, A
     try:
         machine = Machine.detect()  # GRPO_LAB_DEVICE_MEMORY_GIB: the capped device
         run_dir = out / "runs" / row_id(job, row)
+        shutil.rmtree(run_dir, ignore_errors=True)  # a row run again on the same machine starts afresh
         config = TrainConfig(**row.settings, max_steps=row.steps, live_plot=False, save_steps=10**6,
                              output_dir=str(run_dir)).resolve(machine)
         from transformers import AutoTokenizer
@@ -135,8 +137,8 @@ def run_course_row(job: str, row: Row, cap_gib: float, out: Path) -> dict[str, A
 
 
 def train_and_evaluate(training: Any, config: Any, row: Row, record: dict[str, Any]) -> dict[str, Any]:
-    """Notebook 03's measure around the run (greedy accuracy on the held-out problems, before on the trainer's engine,
-    after on it again), then, with ``row.serve``, the run served both ways."""
+    """Notebook 03's measure around the run: greedy accuracy on the held-out problems, before on the trainer's engine,
+    after on it again (with the trained weights)."""
     from grpo_lab import evaluation
     from grpo_lab.data import load_split
 
@@ -147,13 +149,29 @@ def train_and_evaluate(training: Any, config: Any, row: Row, record: dict[str, A
     after = evaluation.evaluate(result.final_model_dir, rows, num_samples=1, max_tokens=config.max_completion_length,
                                 backend=config.rollout_backend, engine=result.rollout_engine())
     gain = evaluation.greedy_gain(rows, before, after)
-    facts = {"greedy_accuracy": {"before": gain.before, "after": gain.after, "points": gain.points,
-                                 "standard_errors": gain.standard_errors, "problems": gain.count},
-             "run_dir": str(result.run_dir)}
-    record["extra"].update(facts)  # kept even if serving fails below
-    if row.serve:  # each server is a process of its own, with its own share of the capped device
-        facts["served"] = serve_both(Path(facts["run_dir"]), rows[:SERVED_PROBLEMS], config)
-    return facts
+    return {"greedy_accuracy": {"before": gain.before, "after": gain.after, "points": gain.points,
+                                "standard_errors": gain.standard_errors, "problems": gain.count},
+            "run_dir": str(result.run_dir), "train_seconds": round(result.seconds, 1)}
+
+
+def run_serve_row(job: str, row: Row, cap_gib: float, out: Path) -> dict[str, Any]:
+    """A finished run of this job (``row.settings["run_of"]``) served both ways from this fresh process, each server
+    with its share of the capped device; the driver's count covers the servers (this process's children)."""
+    from grpo_lab.data import load_split
+    from grpo_lab.experiment import TrainConfig
+    from jobs import JOBS
+
+    record = base_record(job, row, cap_gib, Path(os.environ.get("GRPO_LAB_MODEL", "")).name)
+    clock, sampler = PhaseClock(), DeviceMemorySampler(os.getpid(), "cuda").start()
+    error = None
+    try:
+        trained = next(r for r in JOBS[job].rows if r.name == row.settings["run_of"])
+        run_dir = out / "runs" / row_id(job, trained)
+        record["extra"]["served"] = serve_both(run_dir, load_split("eval")[:SERVED_PROBLEMS],
+                                               TrainConfig.from_file(run_dir))
+    except Exception as caught:
+        error = caught
+    return finish(record, clock, {}, sampler, error)
 
 
 def serve_both(run_dir: Path, rows: list[dict], config: Any) -> dict[str, Any]:

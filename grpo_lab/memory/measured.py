@@ -163,13 +163,13 @@ class CappedRow:
         outcome = (f"OOM at step {self.oom.step} ({self.oom.phase})" if self.oom else f"failed: {self.error}"
                    if self.error else f"{self.steps} steps")
         planned, measured = self.planned.get("training_peak_gib"), self.measured.get("training_peak_gib")
-        peaks = (f"training peak planned {planned:.2f} GiB, measured {measured:.2f} GiB ({self.planner_error:+.1%})"
-                 if self.planner_error is not None else f"training peak planned {planned} GiB")
+        peaks = (f"; training peak planned {planned:.2f} GiB, measured {measured:.2f} GiB ({self.planner_error:+.1%})"
+                 if self.planner_error is not None else f"; training peak planned {planned:.2f} GiB" if planned else "")
         speed = (f", {self.median_step_seconds:.2f} s/step" if self.median_step_seconds else "") + (
             f", {self.tokens_per_second:,.0f} tok/s" if self.tokens_per_second else "")
         share = self.planned.get("vllm_gpu_memory_utilization")
-        return (f"{self.cap_gib:g} GiB · {self.name}: vLLM {share} of the cap, {outcome}; {peaks}; device used "
-                f"{self.measured.get('device_used_gib')} GiB{speed}")
+        return (f"{self.cap_gib:g} GiB · {self.name}: " + (f"vLLM {share} of the cap, " if share else "")
+                + f"{outcome}{peaks}; device used {self.measured.get('device_used_gib')} GiB{speed}")
 
 
 def capped_rows(results_dir: str | Path = CAPPED_RESULTS_DIR, job: str | None = None) -> list[CappedRow]:
