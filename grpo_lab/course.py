@@ -12,6 +12,8 @@ parts (``python -m grpo_lab.course --out RUN notebooks/03_*.ipynb``).
 from __future__ import annotations
 
 import argparse
+import ast
+import asyncio
 import json
 import os
 import time
@@ -29,6 +31,7 @@ from grpo_lab import device, experiment, memory, runs
 from grpo_lab.deprecation import warn_moved
 from grpo_lab.device import Machine
 from grpo_lab.experiment import PROFILE_DEVICE, TrainConfig
+from grpo_lab.memory.measured import DeviceMemorySampler, gib
 from grpo_lab.paths import REPO_ROOT
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -134,9 +137,9 @@ def next_commands(machine: Machine | str) -> list[tuple[str, str]]:
     for name in [n for n, of in PROFILE_DEVICE.items() if of == kind] if here else list(TYPICAL_DEVICE_GIB):
         commands.append((f"grpo-lab doctor --profile {name}", f"{name}: the stack, the device and the profile "
                                                               "checked before a long run"))
-        for gib in (own_size,) if own_size else TYPICAL_DEVICE_GIB[name]:
-            where = f"this device ({gib:.0f} GiB)" if own_size else f"{name.upper()} with {gib:g} GiB"
-            commands += _device_commands(name, gib, where)
+        for size in (own_size,) if own_size else TYPICAL_DEVICE_GIB[name]:
+            where = f"this device ({size:.0f} GiB)" if own_size else f"{name.upper()} with {size:g} GiB"
+            commands += _device_commands(name, size, where)
     return commands
 
 
@@ -149,6 +152,50 @@ class NotebookResult:
     error: str | None = None
     runs: list[str] = field(default_factory=list)
     """The GRPO runs this notebook trained or used, e.g. ``"trained grpo-tiny-20261201-101500"``."""
+    max_allocated_gib: float | None = None
+    """torch's peak allocated in the notebook's kernel (asked after its last cell, or the one that failed); None on
+    the CPU or where the kernel never used the device."""
+    device_used_gib: float | None = None
+    """The peak device memory of the kernel and the processes it started (vLLM engines, servers), the driver's count
+    sampled while the notebook ran (:class:`grpo_lab.memory.DeviceMemorySampler`); None off CUDA."""
+
+
+KERNEL_PEAK_EXPRESSION = (
+    "(lambda torch: torch.cuda.max_memory_allocated() if torch is not None and torch.cuda.is_initialized() else None)"
+    "(__import__('sys').modules.get('torch'))")
+"""What the runner asks a kernel after its last cell: torch's peak allocated, without importing torch there."""
+
+
+class MeasuredClient(NotebookClient):
+    """nbclient's client that also measures the kernel: the device memory of its process tree, sampled while it runs,
+    and torch's peak allocated, asked before the kernel shuts down (after the last cell, or the failed one)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sampler = DeviceMemorySampler(kind=device.detect())
+        self.torch_peak_bytes: int | None = None
+
+    async def async_start_new_kernel(self, **kwargs: Any) -> None:
+        await super().async_start_new_kernel(**kwargs)
+        pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
+        if pid:
+            self.sampler.start(pid)
+
+    async def _async_cleanup_kernel(self) -> None:
+        if self.kc is not None and self.torch_peak_bytes is None and device.is_cuda(self.sampler.kind):
+            self.torch_peak_bytes = await self._ask_torch_peak()
+        self.sampler.stop()
+        await super()._async_cleanup_kernel()
+
+    async def _ask_torch_peak(self, timeout_s: float = 30.0) -> int | None:
+        try:
+            msg_id = self.kc.execute("", silent=True, store_history=False,
+                                     user_expressions={"peak": KERNEL_PEAK_EXPRESSION})
+            reply = await asyncio.wait_for(self.async_wait_for_reply(msg_id), timeout_s)
+            value = reply["content"]["user_expressions"]["peak"]
+            return ast.literal_eval(value["data"]["text/plain"]) if value.get("status") == "ok" else None
+        except Exception:  # a busy or dead kernel: no number, never a failed course
+            return None
 
 
 def course_notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
@@ -204,7 +251,7 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 1800) -> NotebookRe
     """Execute one notebook with its own folder as working directory; save the executed copy."""
     poll_in_slices()
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+    client = MeasuredClient(nb, timeout=timeout_s, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     status, error = "ok", None
@@ -220,7 +267,8 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 1800) -> NotebookRe
     copy = out_dir / path.name
     nbformat.write(nb, copy)
     used = [f"{use['how']} {use['run']}" for use in runs.recorded_uses(out_dir) if use["notebook"] == path.name]
-    return NotebookResult(path.name, status, time.perf_counter() - start, str(copy), error, used)
+    return NotebookResult(path.name, status, time.perf_counter() - start, str(copy), error, used,
+                          gib(client.torch_peak_bytes), gib(client.sampler.peak_bytes))
 
 
 def run_course(out_dir: Path, notebooks: list[Path] | None = None, keep_going: bool = False) -> list[NotebookResult]:
@@ -251,7 +299,9 @@ def read_summary(out_dir: Path) -> list[dict]:
 def format_summary(results: list[NotebookResult]) -> str:
     lines = [f"{'notebook':32s} {'status':8s} {'seconds':>8s}  runs"]
     for r in results:
-        lines.append(f"{r.notebook:32s} {r.status:8s} {r.seconds:8.0f}  {', '.join(r.runs) or '-'}"
+        peaks = (f"   torch peak {r.max_allocated_gib} GiB, device {r.device_used_gib} GiB"
+                 if r.max_allocated_gib is not None or r.device_used_gib is not None else "")
+        lines.append(f"{r.notebook:32s} {r.status:8s} {r.seconds:8.0f}  {', '.join(r.runs) or '-'}{peaks}"
                      + (f"   {r.error}" if r.error else ""))
     return "\n".join(lines)
 

@@ -1,6 +1,7 @@
 """`grpo-lab doctor`: one check per row of the write-up's troubleshooting section, each with its fix.
 
-Rows covered: device mismatch, operator errors from unverified versions, slow starts from uncompiled packages
+Rows covered: device mismatch, the device's size (a cap standing for a smaller card), operator errors from unverified
+versions, slow starts from uncompiled packages
 (PYTHONDONTWRITEBYTECODE), OOM at step N (memory plan),
 garbled output from a tokenizer mismatch, NaN loss (fp16), slow vLLM without prefix caching,
 fragmentation (allocator setting), vLLM missing for this device, slow serving (concurrency), and vLLM processes left
@@ -135,6 +136,22 @@ def check_device(config: DoctorConfig) -> Check:
         return Check("device", "warn", f"{wrong_var} is set but this is a {kind} machine; it selects nothing here",
                      f"use {device.visible_devices_var(kind)} instead")
     return Check("device", "pass", f"{count} x {device.device_name(kind=kind)} ({kind}); profile '{name}'")
+
+
+def check_device_memory() -> Check:
+    """The device's size as every part of the package treats it: its total, or ``GRPO_LAB_DEVICE_MEMORY_GIB``'s cap
+    (what the memory plan below divides)."""
+    kind = device.detect()
+    try:
+        cap = device.memory_cap(kind=kind)
+    except device.MemoryCapError as error:
+        return Check("device memory", "fail", str(error), f"set {device.MEMORY_CAP_ENV} to a positive number of GiB "
+                                                          "no larger than the device, or unset it")
+    if cap is None:
+        return Check("device memory", "pass", f"the whole device: {device.memory_info(kind=kind).total_gib:.1f} GiB "
+                                              f"({device.MEMORY_CAP_ENV} unset)")
+    return Check("device memory", "pass" if cap.enforced else "warn", cap.describe(),
+                 "" if cap.enforced else f"on {kind} the cap sizes the plan only: nothing stops a run from using more")
 
 
 def check_vllm() -> Check:
@@ -323,7 +340,8 @@ def run_checks(config: DoctorConfig | None = None) -> list[Check]:
     """Every check, in the order of the troubleshooting table."""
     config = config or DoctorConfig()
     checks = [
-        ("versions", check_stack), ("device", lambda: check_device(config)), ("vllm", check_vllm),
+        ("versions", check_stack), ("device", lambda: check_device(config)), ("device memory", check_device_memory),
+        ("vllm", check_vllm),
         ("python bytecode", check_bytecode), ("memory plan", lambda: check_memory(config)),
         ("tokenizer", lambda: check_tokenizer(config)),
         ("dtype", lambda: check_dtype(config)), ("prefix caching", lambda: check_prefix_caching(config)),

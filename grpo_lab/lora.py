@@ -7,6 +7,13 @@ A run then keeps two things (:mod:`grpo_lab.runs`): ``adapter/``, PEFT's adapter
 adapter merged into the base's weights — a plain model that evaluation, export and serving read like any other
 (the default for deployment: no LoRA support needed where it is served).
 
+QLoRA (``TrainConfig(use_peft=True, load_in_4bit=True)``, CUDA): the base is loaded by TRL itself, from its name, in
+4-bit NF4 through bitsandbytes (:func:`quantization_config`, built by TRL's own ``get_quantization_config`` from its
+``ModelConfig`` fields, and :func:`model_init_kwargs`: the compute dtype); TRL then starts the colocated vLLM engine
+with ``quantization="bitsandbytes"``. ``adapter/`` is served on that 4-bit base (vLLM's LoRA serving with
+``--quantization bitsandbytes``: the model as it trained), ``final/`` is the adapter merged into the base's
+full-precision weights (QLoRA's usual export; it differs from the trained model by the base's quantization error).
+
 >>> from grpo_lab import lora
 >>> lora.peft_name_to_base("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight")
 'model.layers.0.self_attn.q_proj.weight'
@@ -22,7 +29,16 @@ from typing import Any
 from transformers import TrainerCallback
 
 from grpo_lab.errors import ConfigError
-from grpo_lab.models import load_model_and_tokenizer
+from grpo_lab.models import (
+    MANIFEST_NAME,
+    load_model_and_tokenizer,
+    require_safetensors,
+    resolve_model,
+    verify_model_dir,
+)
+
+FOUR_BIT_QUANT_TYPE = "nf4"
+"""QLoRA's 4-bit data type (TRL's ``bnb_4bit_quant_type`` default)."""
 
 ADAPTER_MARK = "lora_"
 """PEFT's adapter tensors carry this in their names (``lora_A``, ``lora_B``)."""
@@ -39,6 +55,47 @@ def lora_config(r: int, alpha: int, dropout: float, target_modules: tuple[str, .
                       target_modules=list(target_modules), bias="none")
 
 
+def compute_dtype(config: Any) -> str:
+    """The dtype a 4-bit base computes in and keeps its other weights in: bf16, or fp16 on a GPU without bf16."""
+    return "bfloat16" if config.bf16 else "float16"
+
+
+def quantization_config(config: Any) -> Any | None:
+    """transformers' ``BitsAndBytesConfig`` for a resolved ``TrainConfig`` with ``load_in_4bit`` (None otherwise), as
+    TRL's ``get_quantization_config`` builds it from a ``ModelConfig``: NF4, no nested quantization, computing in
+    :func:`compute_dtype`. ``GRPOTrainer(quantization_config=...)`` then loads the base in 4 bits."""
+    if not config.load_in_4bit:
+        return None
+    from trl import ModelConfig, get_quantization_config
+
+    return get_quantization_config(ModelConfig(load_in_4bit=True, bnb_4bit_quant_type=FOUR_BIT_QUANT_TYPE,
+                                               dtype=compute_dtype(config)))
+
+
+def model_init_kwargs(config: Any) -> dict[str, str] | None:
+    """TRL's ``GRPOConfig.model_init_kwargs`` for a 4-bit base (TRL loads it by name): its compute dtype for the
+    weights bitsandbytes leaves unquantized (embedding, norms, LM head); None where grpo_lab loads the model."""
+    return {"dtype": compute_dtype(config)} if config.load_in_4bit else None
+
+
+def policy(config: Any) -> tuple[Any, Any, Any]:
+    """``(model, tokenizer, model config)`` for the trainer of a resolved ``TrainConfig``: the model loaded in fp32 on
+    the CPU (``bf16`` autocast trains it: lr-sized updates vanish in bf16 weights), or, with ``load_in_4bit``, its
+    resolved name for TRL to load in 4 bits on the device (:func:`quantization_config`); the folder is checked as
+    :func:`grpo_lab.models.load_model_and_tokenizer` checks it."""
+    if not config.load_in_4bit:
+        model, tokenizer = load_model_and_tokenizer(config.model, device="cpu", dtype="float32")
+        return model, tokenizer, model.config
+    from transformers import AutoConfig, AutoTokenizer
+
+    name = resolve_model(config.model)
+    if (Path(name) / MANIFEST_NAME).is_file():
+        verify_model_dir(name)
+    if Path(name).is_dir():
+        require_safetensors(name)
+    return name, AutoTokenizer.from_pretrained(name), AutoConfig.from_pretrained(name)
+
+
 def peft_name_to_base(name: str) -> str:
     """A PEFT-wrapped parameter's name in the base model (``base_model.model.`` and ``.base_layer`` dropped)."""
     return name.removeprefix("base_model.model.").replace(".base_layer", "")
@@ -47,7 +104,8 @@ def peft_name_to_base(name: str) -> str:
 def merge_into(base_model: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> Path:
     """Load the base model (fp32, CPU), apply the adapter, merge it into the weights and save the plain model's
     weights and config to ``out_dir``. This loads a second copy of the model: merging inside the trainer would
-    round its frozen base weights (``W + BA − BA`` is not ``W`` in floating point)."""
+    round its frozen base weights (``W + BA − BA`` is not ``W`` in floating point). A QLoRA adapter is merged into
+    the full-precision base the same way."""
     from peft import PeftModel
 
     base, _ = load_model_and_tokenizer(str(base_model), device="cpu", dtype="float32")

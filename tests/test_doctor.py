@@ -16,10 +16,12 @@ def by_name(checks):
 def test_healthy_cpu_setup_passes(monkeypatch):
     monkeypatch.delenv("GRPO_LAB_PROFILE", raising=False)
     monkeypatch.delenv("GRPO_LAB_MODEL", raising=False)
+    monkeypatch.delenv("GRPO_LAB_DEVICE_MEMORY_GIB", raising=False)
     checks = by_name(doctor.run_checks())
-    assert set(checks) == {"versions", "device", "vllm", "python bytecode", "memory plan", "tokenizer", "dtype",
-                           "prefix caching", "allocator", "serving", "vllm processes"}
-    for name in ("device", "memory plan", "tokenizer", "dtype", "prefix caching", "allocator", "serving"):
+    assert set(checks) == {"versions", "device", "device memory", "vllm", "python bytecode", "memory plan", "tokenizer",
+                           "dtype", "prefix caching", "allocator", "serving", "vllm processes"}
+    for name in ("device", "device memory", "memory plan", "tokenizer", "dtype", "prefix caching", "allocator",
+                 "serving"):
         assert checks[name].status == "pass", checks[name]
 
 

@@ -322,7 +322,7 @@ def test_default_device_memory_comes_from_device_module(monkeypatch):
     from grpo_lab import device
 
     monkeypatch.setattr(device, "detect", lambda: "cuda")
-    monkeypatch.setattr(device, "memory_info", lambda kind=None: device.MemoryInfo(48 * GIB, 40 * GIB))
+    monkeypatch.setattr(device, "memory_info", lambda index=0, kind=None: device.MemoryInfo(48 * GIB, 40 * GIB))
     budget = plan_memory(QWEN_05B)
     assert budget.device_bytes == 48 * GIB and budget.device_kind == "cuda"
 

@@ -7,6 +7,8 @@
 #   bash benchmarks/course_gpu/run.sh           # in the foreground (a machine you sit at), then packs
 #   bash benchmarks/course_gpu/run.sh compile   # only the bytecode step `start` begins with (for other GPU scripts)
 #   COURSE_NOTEBOOKS="notebooks/03_grpo_training.ipynb notebooks/05_deployment.ipynb" bash ... start   # a subset
+#   COURSE_CAP_GIB=24 bash benchmarks/course_gpu/run.sh start   # the device treated as a 24 GiB card
+#                      (GRPO_LAB_DEVICE_MEMORY_GIB; `wait` then also writes the run as a row of benchmarks/capped)
 #
 # Needs on that machine, from the earlier calls of the same session (README.md beside this file): the GPU bundle
 # in /tmp/grpo-gpu-site (vLLM, TRL, datasets, the notebook kernel packages, liger-kernel) and the converted model
@@ -20,6 +22,7 @@ export PYTHONPATH=/tmp/grpo-gpu-site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/g
   PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 export GRPO_LAB_PROFILE=${GRPO_LAB_PROFILE:-gpu} GRPO_LAB_MODEL=${GRPO_LAB_MODEL:-/tmp/grpo-smollm2/model} \
   GRPO_LAB_TRAIN_STEPS=${GRPO_LAB_TRAIN_STEPS:-60}
+if [ -n "${COURSE_CAP_GIB:-}" ]; then export GRPO_LAB_DEVICE_MEMORY_GIB=$COURSE_CAP_GIB; fi
 COURSE=${COURSE:-/tmp/course-gpu}
 WAIT_S=${COURSE_WAIT_S:-540}
 
@@ -43,7 +46,7 @@ gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_versio
 json.dump({"command": "bash benchmarks/course_gpu/run.sh", "commit": "${GRPO_LAB_COMMIT:-unknown}",
            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": gpu, "profile": "$GRPO_LAB_PROFILE", "model": "$GRPO_LAB_MODEL",
-           "train_steps": int("$GRPO_LAB_TRAIN_STEPS"),
+           "train_steps": int("$GRPO_LAB_TRAIN_STEPS"), "cap_gib": float("${COURSE_CAP_GIB:-0}") or None,
            "notebooks": "${COURSE_NOTEBOOKS:-all}".split()}, open(sys.argv[1], "w"), indent=2)
 PYEOF
   compile_bytecode
@@ -55,6 +58,9 @@ PYEOF
 pack() {
   # what a stopped notebook may have left running, for the record (the package stops its own servers)
   ps -eo pid,args | grep -E "[v]llm.entrypoints|[g]rpo_lab" > "$COURSE/processes_left.txt" || true
+  if [ -n "${COURSE_CAP_GIB:-}" ] && [ -f "$COURSE/summary.json" ]; then  # the capped course as one capped row
+    python3 benchmarks/capped/run.py course-row --course "$COURSE" --cap "$COURSE_CAP_GIB" --out "$COURSE" || true
+  fi
   tar -C "$COURSE" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' --exclude='*.pth' \
     --exclude='checkpoints' -czf "${OUT:-/tmp}/course_gpu.tgz" .
   cat "$COURSE/course.log" 2>/dev/null | tail -20

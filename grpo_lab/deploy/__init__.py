@@ -29,11 +29,13 @@ from grpo_lab.deploy.query import (
 )
 from grpo_lab.deploy.server import (
     ADAPTER_CONFIG,
+    FOUR_BIT_QUANTIZATION,
     ServeConfig,
     VLLMServer,
     VLLM_LORA_RANKS,
     default_max_model_len,
     serve_config,
+    served_quantization,
     served_weights,
     suggest_max_model_len,
 )
@@ -42,6 +44,7 @@ from grpo_lab.errors import DeployError, ServerDied
 __all__ = [
     "ADAPTER_CONFIG",
     "DeployError",
+    "FOUR_BIT_QUANTIZATION",
     "GreedyCheck",
     "REQUIRED_FILES",
     "Reply",
@@ -61,6 +64,7 @@ __all__ = [
     "export_model",
     "main",
     "serve_config",
+    "served_quantization",
     "served_weights",
     "suggest_max_model_len",
     "top_token_agreement",

@@ -8,7 +8,7 @@ import time
 from grpo_lab import models
 from grpo_lab.deploy.export import verify_export
 from grpo_lab.deploy.query import chat, curl_command
-from grpo_lab.deploy.server import VLLMServer, served_weights
+from grpo_lab.deploy.server import VLLMServer, served_quantization, served_weights
 
 
 STOP_HELP = ("What stops the server: Ctrl-C (SIGINT) or SIGTERM to this command (kill PID, systemd, docker stop) "
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     server = VLLMServer(model, log_path=args.log, host=args.host, port=args.port, api_key=args.api_key,
                         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                         gpu_memory_utilization=args.gpu_memory_utilization,
-                        enable_prefix_caching=not args.no_prefix_caching, lora_adapter=adapter)
+                        enable_prefix_caching=not args.no_prefix_caching, lora_adapter=adapter,
+                        quantization=served_quantization(args.model, adapter=args.lora))
     with server:
         name = server.config.adapter_name if adapter else server.config.served_model_name
         print(f"serving {model}{f' with the LoRA adapter {adapter} as {name!r}' if adapter else ''} at "

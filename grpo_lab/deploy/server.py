@@ -29,6 +29,8 @@ from grpo_lab.servers import ServerProcess, free_port, log_file_level, require_f
 
 
 ADAPTER_CONFIG = "adapter_config.json"
+FOUR_BIT_QUANTIZATION = "bitsandbytes"
+"""vLLM's name for a 4-bit NF4 base quantized as it loads (TRL's colocated engine for a QLoRA policy)."""
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for ``--max-lora-rank``."""
 
@@ -70,6 +72,9 @@ class ServeConfig:
     lora_adapter: str | None = None
     """A LoRA adapter folder (a run's ``adapter/``) served on ``model`` (its base) with vLLM's LoRA serving, under
     the name :attr:`adapter_name`. None (the default): plain weights only, e.g. a LoRA run's merged ``final/``."""
+    quantization: str | None = None
+    """vLLM's ``--quantization``: ``"bitsandbytes"`` serves ``model`` quantized to 4-bit NF4 as it loads, the base a
+    QLoRA adapter trained on (:func:`served_quantization`). None: the weights as saved."""
 
     def __post_init__(self) -> None:
         if self.max_model_len is None:
@@ -91,6 +96,9 @@ class ServeConfig:
         if Path(self.model).is_dir() and not any(Path(self.model).glob("*.safetensors")):
             raise DeployError(f"model folder {self.model} has no *.safetensors weights; the server loads weights "
                               "only from safetensors. Export the model with export_model (it writes safetensors).")
+        if self.quantization not in (None, FOUR_BIT_QUANTIZATION):
+            raise DeployError(f"quantization={self.quantization!r}: the course serves weights as saved (None) or a "
+                              f"QLoRA base in 4 bits ({FOUR_BIT_QUANTIZATION!r}).")
         if self.lora_adapter is not None and not (Path(self.lora_adapter) / ADAPTER_CONFIG).is_file():
             raise DeployError(f"lora_adapter={self.lora_adapter}: no {ADAPTER_CONFIG} there; pass a LoRA run's "
                               f"adapter/ folder.")
@@ -104,7 +112,10 @@ class ServeConfig:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                "--served-model-name", self.served_model_name, "--host", self.host, "--port", str(port),
                "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
-               "--dtype", self.dtype, "--load-format", "safetensors"]  # never pickle weights; remote code stays off
+               "--dtype", self.dtype]  # remote code stays off
+        # never pickle weights (validate() refused folders without safetensors); a 4-bit base: vLLM's bitsandbytes
+        # loader, as TRL's colocated engine starts it (load format left to vLLM)
+        cmd += ["--quantization", self.quantization] if self.quantization else ["--load-format", "safetensors"]
         for name, value in device.vllm_kv_cache_arguments(self.gpu_memory_utilization, self.cpu_kvcache_gib).items():
             cmd += ["--" + name.replace("_", "-"), str(value)]
         cmd.append("--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching")
@@ -165,6 +176,19 @@ def served_weights(folder: str | Path, adapter: bool = False) -> tuple[str, str 
     if adapter:
         raise DeployError(f"{path} holds no LoRA adapter: pass a LoRA run folder or its {runs.ADAPTER}/ folder.")
     return str(path), None
+
+
+def served_quantization(folder: str | Path, adapter: bool = False) -> str | None:
+    """vLLM's ``--quantization`` for what :func:`served_weights` serves of ``folder``: ``"bitsandbytes"`` for a QLoRA
+    run's adapter on its base (the 4-bit base it trained on); None for everything else, a QLoRA run's merged
+    ``final/`` included (plain full-precision weights)."""
+    path = Path(folder)
+    if not adapter:
+        return None
+    run_dir = path.parent if (path / ADAPTER_CONFIG).is_file() else path
+    if not _is_training_run(run_dir):
+        return None
+    return FOUR_BIT_QUANTIZATION if runs.Run(run_dir).record["config"].get("load_in_4bit") else None
 
 
 def default_max_model_len(model: str | Path) -> int:
@@ -244,12 +268,13 @@ class VLLMServer:
 
     def start(self) -> VLLMServer:
         """Start the server and wait until ``/health`` answers. A process that has used the accelerator (a notebook
-        kernel that trained) first gives back the device memory it no longer uses, then checks the share is free."""
+        kernel that trained) first gives back the device memory it no longer uses, then checks the share is free (of
+        the capped device under ``GRPO_LAB_DEVICE_MEMORY_GIB``: the server is not under this process's cap)."""
         self.config.validate()
         kind = device.detect()
         if device.started_here(kind):  # otherwise this process holds nothing, and asking would start a context
             device.release_memory(kind)
-            check_free_memory(self.config.gpu_memory_utilization, device.memory_info(kind=kind),
+            check_free_memory(self.config.gpu_memory_utilization, device.capped_memory_info(kind=kind),
                               device.allocated_bytes(kind=kind))
         self.port = self.config.port or free_port(self.config.host)
         if self.log_path is None:

@@ -27,7 +27,14 @@ and rewards). Import from ``grpo_lab.experiment``: every name is here.
 """
 
 from grpo_lab.experiment.config import TrainConfig, get_profile, plans_for
-from grpo_lab.experiment.planning import choose_vllm_memory, fit_micro_batch, memory_budget, needs_checkpointing
+from grpo_lab.experiment.planning import (
+    LengthMargin,
+    choose_vllm_memory,
+    fit_micro_batch,
+    length_margin,
+    memory_budget,
+    needs_checkpointing,
+)
 from grpo_lab.experiment.profiles import (
     AUTO,
     CPU_BACKEND_REASON,
@@ -54,10 +61,12 @@ from grpo_lab.experiment.rows import (
 )
 
 __all__ = [
-    "AUTO", "CPU_BACKEND_REASON", "DEFAULT_FOR_DEVICE", "LORA_TARGET_MODULES", "PROFILES", "PROFILE_DEVICE",
+    "AUTO", "CPU_BACKEND_REASON", "DEFAULT_FOR_DEVICE", "LORA_TARGET_MODULES", "LengthMargin", "PROFILES",
+    "PROFILE_DEVICE",
     "PROFILE_ENV", "PROFILE_FIELDS", "QWEN_SMALL", "SMALLER_STEP_LEVERS", "VLLM_MODES", "ProfileError", "TrainConfig",
     "check_lengths", "check_prompt_lengths", "choose_vllm_memory", "default_train_types", "fine_tuned_on_training_rows",
-    "fit_micro_batch", "get_profile", "load_train_rows", "memory_budget", "model_languages", "needs_checkpointing",
+    "fit_micro_batch", "get_profile", "length_margin", "load_train_rows", "memory_budget", "model_languages",
+    "needs_checkpointing",
     "plans_for", "profile_name", "reward_spec",
 ]
 

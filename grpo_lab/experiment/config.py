@@ -113,7 +113,7 @@ class TrainConfig:
     says the step does not fit without it (TRL's own default is always on)."""
     use_liger_kernel: bool | None = None
     """Liger's fused RMSNorm, SwiGLU and RoPE kernels (TRL's field; needs Triton). Default: on CUDA where
-    ``liger_kernel`` is installed."""
+    ``liger_kernel`` is installed, except under a 4-bit base (``load_in_4bit``: the pair has not run here)."""
     device: str | None = None
     """The device kind the run trains on; set by :meth:`resolve` from the machine."""
     save_steps: int | None = None
@@ -151,6 +151,15 @@ class TrainConfig:
     is written either way): ``"trackio"`` (a local SQLite store, project ``grpo-lab``, one run per run folder) and
     ``"tensorboard"`` (event files under the run's ``checkpoints/runs/``). Both work offline, with no account;
     :data:`grpo_lab.tracking.TRACKERS` says how to look at each."""
+    load_in_4bit: bool = False
+    """QLoRA (TRL's ``ModelConfig`` name): the frozen base loaded in 4-bit NF4 by bitsandbytes, through TRL's own path
+    (``GRPOTrainer(quantization_config=...)``, the model given by name), computing in bf16 (fp16 where the machine
+    has no bf16); TRL then starts the colocated vLLM with ``quantization="bitsandbytes"``. Needs ``use_peft``; CUDA
+    only (``device.FOUR_BIT_MISSING`` says why not elsewhere). ``final/`` is the adapter merged into the base's
+    full-precision weights; ``adapter/`` is served on the 4-bit base it trained on."""
+    ignore_eos: bool = False
+    """Every completion runs to ``max_completion_length`` (vLLM's ``SamplingParams`` name; ``min_new_tokens`` with HF
+    generate): the memory planner's case, for measurement runs (a model stops much earlier on its own)."""
 
     def __post_init__(self) -> None:
         for name in ("train_types", "train_languages", "rewards", "reward_weights"):
@@ -210,6 +219,22 @@ class TrainConfig:
             raise ConfigError(f"lora_target_modules={self.lora_target_modules!r}: name the modules that get an adapter "
                               f"(default: {', '.join(LORA_TARGET_MODULES)}).")
         self.check_sleep_mode()
+        self.check_four_bit()
+
+    def check_four_bit(self, kind: str | None = None) -> None:
+        """``load_in_4bit`` needs a LoRA adapter (the 4-bit base stays frozen) and a device where the course runs
+        bitsandbytes' 4-bit kernels (``kind``, default ``device``); checked when made and in :meth:`resolve`, before
+        anything loads."""
+        if not self.load_in_4bit:
+            return
+        if not self.use_peft:
+            raise ConfigError("load_in_4bit=True loads the base in 4 bits, frozen: it trains a LoRA adapter on top "
+                              "(QLoRA). Set use_peft=True too (TRL's ModelConfig: load_in_4bit works only with LoRA).")
+        kind = kind or self.device
+        missing = device.FOUR_BIT_MISSING.get(kind) if kind else None
+        if missing:
+            raise ConfigError(f"load_in_4bit=True on {kind}: {missing}. Train LoRA on the full-precision base "
+                              f"(use_peft=True, load_in_4bit=False) here.")
 
     def check_sleep_mode(self, kind: str | None = None) -> None:
         """``vllm_enable_sleep_mode`` needs the colocated vLLM engine on a device (``kind``, default ``device``) whose
@@ -252,6 +277,7 @@ class TrainConfig:
             raise ConfigError(f"device={config.device!r}, but the machine given is a {machine.kind} machine: "
                               f"resolve against a Machine of that kind (device.Machine('{config.device}', ...)).")
         config.check_sleep_mode(machine.kind)
+        config.check_four_bit(machine.kind)
         values: dict[str, Any] = {"device": machine.kind}
         if config.bf16 is None:
             values["bf16"] = machine.trains_in_bf16
@@ -259,8 +285,8 @@ class TrainConfig:
             values["train_types"] = default_train_types(config.model) or ()
         if config.train_languages is None:
             values["train_languages"] = model_languages(config.model) or ()
-        if config.use_liger_kernel is None:
-            values["use_liger_kernel"] = (device.has_triton(machine.kind)
+        if config.use_liger_kernel is None:  # not with a 4-bit base: that pair has not run here
+            values["use_liger_kernel"] = (device.has_triton(machine.kind) and not config.load_in_4bit
                                           and importlib.util.find_spec("liger_kernel") is not None)
         config = dataclasses.replace(config, **values)
         if self.per_device_train_batch_size is None and self.gradient_accumulation_steps == 1:
@@ -321,8 +347,16 @@ class TrainConfig:
     @property
     def precision(self) -> str:
         """How grpo_lab.train holds the model, in the memory planner's words: fp32 master weights, with bf16
-        autocast when ``bf16`` (``"mixed"``), else ``"fp32"``."""
-        return "mixed" if self.bf16 else "fp32"
+        autocast when ``bf16`` (``"mixed"``), else ``"fp32"``; a 4-bit base (``load_in_4bit``) computes in bf16 and
+        TRL keeps its adapters in bf16 (``"bf16"``)."""
+        return "bf16" if self.load_in_4bit else "mixed" if self.bf16 else "fp32"
+
+    def completion_length_kwargs(self, use_vllm: bool) -> dict[str, Any]:
+        """TRL's ``generation_kwargs`` that make every completion run to ``max_completion_length`` when
+        ``ignore_eos`` (vLLM's ``ignore_eos``, HF generate's ``min_new_tokens``); empty otherwise."""
+        if not self.ignore_eos:
+            return {}
+        return {"ignore_eos": True} if use_vllm else {"min_new_tokens": self.max_completion_length}
 
     def training_shape(self) -> memory.TrainingShape:
         """The memory planner's view of one step (its own field names)."""
@@ -332,7 +366,7 @@ class TrainConfig:
             gradient_checkpointing=self.gradient_checkpointing is not False, beta=self.beta,  # open: TRL's default
             steps_per_generation=self.gradient_accumulation_steps, lora_r=self.lora_r if self.use_peft else 0,
             lora_target_modules=self.lora_target_modules, lora_dropout=self.lora_dropout,
-            vllm_enable_sleep_mode=self.vllm_enable_sleep_mode)
+            vllm_enable_sleep_mode=self.vllm_enable_sleep_mode, load_in_4bit=self.load_in_4bit and self.use_peft)
 
     def planner_recipe(self) -> dict[str, Any]:
         """This step as the memory planner's keyword arguments, all but the micro-batch (precision, ``beta``, group
@@ -342,7 +376,8 @@ class TrainConfig:
         return {"precision": self.precision, "beta": shape.beta, "num_generations": shape.num_generations,
                 "max_prompt_length": shape.max_prompt_length, "max_completion_length": shape.max_completion_length,
                 "lora_r": shape.lora_r, "lora_target_modules": shape.lora_target_modules,
-                "lora_dropout": shape.lora_dropout, "vllm_enable_sleep_mode": shape.vllm_enable_sleep_mode}
+                "lora_dropout": shape.lora_dropout, "vllm_enable_sleep_mode": shape.vllm_enable_sleep_mode,
+                "load_in_4bit": shape.load_in_4bit}
 
     def rollout_config(self, **overrides: Any) -> RolloutConfig:
         """A rollout engine that samples as the trainer does (group size, lengths, temperature, seed); on an
@@ -401,7 +436,8 @@ class TrainConfig:
         return (f"{self.profile} profile on {self.device}: {Path(self.model).name}, {self.num_prompts_per_step} prompts x "
                 f"{self.num_generations} completions per step as {micro}, gradient checkpointing "
                 f"{'on' if self.gradient_checkpointing else 'off'}, vllm_gpu_memory_utilization="
-                f"{self.vllm_gpu_memory_utilization}{', LoRA r=%d' % self.lora_r if self.use_peft else ''}")
+                f"{self.vllm_gpu_memory_utilization}{', LoRA r=%d' % self.lora_r if self.use_peft else ''}"
+                f"{' on a 4-bit base (QLoRA)' if self.load_in_4bit else ''}")
 
     def describe(self) -> str:
         """The settings that shape a GRPO step, one per line with what they mean (resolve first)."""
@@ -425,6 +461,7 @@ class TrainConfig:
             "bf16": "bf16 autocast (weights stay fp32)",
             "use_peft": f"LoRA adapters (r={self.lora_r}, alpha={self.lora_alpha}) instead of every weight",
             "vllm_enable_sleep_mode": "vLLM releases its weights and KV cache while the trainer updates",
+            "load_in_4bit": "QLoRA: the frozen base in 4-bit NF4 (bitsandbytes), the adapter trains on it",
             "save_steps": "checkpoint every N steps (safetensors)",
             "report_to": "experiment trackers TRL logs to (empty: none; metrics.jsonl either way)",
         }

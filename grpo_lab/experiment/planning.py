@@ -1,11 +1,13 @@
 """What the memory planner says of an experiment on a machine: its budget (:func:`memory_budget`), vLLM's share for
-``"auto"`` (:func:`choose_vllm_memory`), gradient checkpointing (:func:`needs_checkpointing`) and the micro-batch a
-profile's step is split into (:func:`fit_micro_batch`). Each takes a :class:`~grpo_lab.experiment.TrainConfig`
-(annotated by name: the config module imports this one)."""
+``"auto"`` (:func:`choose_vllm_memory`), gradient checkpointing (:func:`needs_checkpointing`), the micro-batch a
+profile's step is split into (:func:`fit_micro_batch`) and what a run's own completion lengths left free of its plan
+(:func:`length_margin`). Each takes a :class:`~grpo_lab.experiment.TrainConfig` (annotated by name: the config module
+imports this one)."""
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from grpo_lab import device, memory
 from grpo_lab.device import Machine
@@ -30,8 +32,9 @@ def memory_budget(config: TrainConfig, machine: Machine) -> memory.MemoryBudget:
 
 
 def _precision(config: TrainConfig, machine: Machine) -> str:
+    """:attr:`TrainConfig.precision`, with ``bf16`` as :meth:`TrainConfig.resolve` would decide it."""
     bf16 = config.bf16 if config.bf16 is not None else machine.trains_in_bf16
-    return "mixed" if bf16 else "fp32"
+    return dataclasses.replace(config, bf16=bf16).precision
 
 
 def choose_vllm_memory(config: TrainConfig, machine: Machine) -> tuple[float, str]:
@@ -87,3 +90,59 @@ def fit_micro_batch(config: TrainConfig, machine: Machine) -> tuple[int, int]:
     return batch, 1
 
 
+
+
+@dataclass(frozen=True)
+class LengthMargin:
+    """A run's step planned at the lengths the planner assumes (every completion ``max_completion_length`` tokens)
+    beside the same step at the lengths its model wrote (the mean completion over the run): the safety margin, and
+    what it costs in micro-batches (:func:`fit_micro_batch` at each length, at the run's vLLM share). Prompts are
+    planned at ``max_prompt_length`` in both."""
+
+    run: str
+    memory_gib: float
+    max_completion_length: int
+    mean_completion: float
+    longest_completion: int
+    """The longest completion of any step: a micro-batch pads to its longest, so a step with one long completion
+    still reaches the planned activations."""
+    planned_peak_gib: float
+    own_peak_gib: float
+    micro_batches_planned: tuple[int, int]
+    micro_batches_own: tuple[int, int]
+
+    @property
+    def left_free_gib(self) -> float:
+        """What the model's own (mean) completion length leaves of the training peak planned at the maximum."""
+        return self.planned_peak_gib - self.own_peak_gib
+
+    def summary(self) -> str:
+        def split(pair: tuple[int, int]) -> str:
+            micro, accumulation = pair
+            return f"one micro-batch of {micro}" if accumulation == 1 else f"{accumulation} micro-batches of {micro}"
+
+        return (f"{self.run} on {self.memory_gib:g} GiB: at {self.max_completion_length}-token completions (the plan) "
+                f"the training peak is {self.planned_peak_gib:.1f} GiB in {split(self.micro_batches_planned)}; at the "
+                f"model's own {self.mean_completion:.0f} tokens (mean; longest {self.longest_completion}) "
+                f"{self.own_peak_gib:.1f} GiB in {split(self.micro_batches_own)}: {self.left_free_gib:.1f} GiB of "
+                f"margin.")
+
+
+def length_margin(config: TrainConfig, machine: Machine, metrics: list[dict], run: str = "run") -> LengthMargin:
+    """The plan of an experiment resolved for ``machine`` at its ``max_completion_length`` and at the mean completion
+    length a run of it logged (TRL's ``completions/mean_length`` per step in ``metrics.jsonl``)."""
+    means = [m["completions/mean_length"] for m in metrics if "completions/mean_length" in m]
+    if not means:
+        raise memory.MemoryPlanError(f"{run}: its metrics hold no completions/mean_length to compare the plan with.")
+    mean = sum(means) / len(means)
+    longest = int(max((m.get("completions/max_length", 0) for m in metrics), default=0))
+
+    def at(length: int) -> tuple[float, tuple[int, int]]:
+        step = dataclasses.replace(config, max_completion_length=max(1, length))
+        whole = dataclasses.replace(step, gradient_accumulation_steps=1,
+                                    per_device_train_batch_size=config.generation_batch_size)
+        return round(memory_budget(step, machine).training_peak_bytes / memory.GIB, 2), fit_micro_batch(whole, machine)
+
+    (planned, planned_split), (own, own_split) = at(config.max_completion_length), at(round(mean))
+    return LengthMargin(run, machine.memory_gib, config.max_completion_length, round(mean, 1), longest, planned, own,
+                        planned_split, own_split)

@@ -40,7 +40,8 @@ Assumptions, stated once (``MemoryBudget.assumptions`` repeats them next to ever
 
 The package's modules, from inputs to answers: ``shapes`` (model shape, precision, step sizes), ``components``
 (each part of the step's memory), ``budget`` (the answer: :class:`MemoryBudget`), ``planner``
-(:func:`plan_memory` and its advice), ``tables`` (many models × devices, and the committed measurements).
+(:func:`plan_memory` and its advice), ``tables`` (many models × devices, and the committed measurements),
+``measured`` (runs under a device memory cap: a sampler of a process tree's device memory, the committed rows).
 Everything is importable from ``grpo_lab.memory`` as before.
 """
 
@@ -70,6 +71,17 @@ from grpo_lab.memory.components import (
     training_phases,
     vllm_non_kv_bytes,
 )
+from grpo_lab.memory.measured import (
+    CAPPED_RESULTS_DIR,
+    PLANNER_TARGET,
+    CappedRow,
+    DeviceMemorySampler,
+    NotebookPeak,
+    OutOfMemory,
+    capped_rows,
+    expectation,
+    speed_table,
+)
 from grpo_lab.memory.planner import (
     KNOBS_IN_ORDER,
     LORA_R_TRIAL,
@@ -82,6 +94,8 @@ from grpo_lab.memory.shapes import (
     CONFIG_DIR,
     CONTEXT_MARGIN,
     CPU_KV_CACHE_GIB,
+    FOUR_BIT_BLOCK,
+    FOUR_BIT_BYTES_PER_PARAMETER,
     GIB,
     PRECISIONS,
     REQUIRED_CONFIG_FIELDS,
@@ -116,6 +130,17 @@ from grpo_lab.memory.tables import (
 
 __all__ = [
     "BudgetRow",
+    "CAPPED_RESULTS_DIR",
+    "CappedRow",
+    "DeviceMemorySampler",
+    "FOUR_BIT_BLOCK",
+    "FOUR_BIT_BYTES_PER_PARAMETER",
+    "NotebookPeak",
+    "OutOfMemory",
+    "PLANNER_TARGET",
+    "capped_rows",
+    "expectation",
+    "speed_table",
     "COMMON_DEVICES",
     "CONFIG_DIR",
     "CONTEXT_MARGIN",

@@ -105,7 +105,8 @@ def training_phases(model: ModelShape, precision: Precision, shape: TrainingShap
     # adapter switched off: no copy. Only the adapters train.
     lora_layer = model.lora_layer_parameters(shape.lora_r, shape.lora_target_modules) if shape.lora else 0
     trainable = layers * lora_layer if shape.lora else p
-    static = {"policy weights": p * precision.weight_bytes, "AdamW states": trainable * precision.adamw_bytes}
+    static = {"policy weights": model.weight_bytes(precision.weight_bytes, shape.load_in_4bit),
+              "AdamW states": trainable * precision.adamw_bytes}
     if shape.lora:
         static["LoRA adapters"] = trainable * precision.weight_bytes
     if shape.beta > 0 and not shape.lora:
@@ -162,6 +163,9 @@ def training_phases(model: ModelShape, precision: Precision, shape: TrainingShap
         phases["layer backward"] = {**static, "activations saved for backward": saved_layers,
                                     "autocast weight copies": kept_copies, "layer backward buffers": mlp_backward,
                                     "gradients": first_layer_done_grads}
+    if shape.load_in_4bit:  # bitsandbytes dequantizes a frozen weight for each matmul of the backward, one at a time
+        phases["layer backward"]["4-bit weight dequantized"] = max(
+            i * o for i, o in model.linear_layers().values()) * precision.weight_bytes
 
     # Next to the gradient of the embedding output, the kernel makes a dense vocab × hidden gradient. Tied, it is
     # added in place to the LM head's, which waited for it (autograd reuses a buffer it owns alone); untied, it
@@ -183,12 +187,14 @@ def _cast_bytes(target_bytes: int) -> int:
 
 
 def vllm_non_kv_bytes(model: ModelShape, vllm_dtype_bytes: int, max_num_seqs: int,
-                      max_num_batched_tokens: int = TRL_COLOCATE_MAX_NUM_BATCHED_TOKENS) -> dict[str, int]:
-    """vLLM's memory other than the KV cache: weights, its profiling pass's activation peak, runtime."""
+                      max_num_batched_tokens: int = TRL_COLOCATE_MAX_NUM_BATCHED_TOKENS,
+                      load_in_4bit: bool = False) -> dict[str, int]:
+    """vLLM's memory other than the KV cache: weights (``load_in_4bit``: the linear layers in NF4, as TRL starts vLLM
+    with ``quantization="bitsandbytes"`` for a 4-bit policy), its profiling pass's activation peak, runtime."""
     h, i, e = model.hidden_size, model.intermediate_size, vllm_dtype_bytes
     per_token = e * (4 * h + 2 * model.q_dim + 2 * model.kv_dim + 4 * i)  # residual, qkv, attn out, gate_up, act
     sampler = max_num_seqs * model.vocab_size * 4 * 3  # fp32 logits, probabilities, log-probabilities
-    return {"vLLM weights": model.num_parameters * e,
+    return {"vLLM weights": model.weight_bytes(e, load_in_4bit),
             "vLLM activations": max_num_batched_tokens * per_token + sampler,
             "vLLM runtime (non-torch, CUDA graphs)": VLLM_RUNTIME_BYTES}
 

@@ -20,6 +20,7 @@ from grpo_lab.memory.components import (
     vllm_non_kv_bytes,
 )
 from grpo_lab.memory.shapes import (
+    FOUR_BIT_BYTES_PER_PARAMETER,
     GIB,
     PRECISIONS,
     VLLM_RUNTIME_BYTES,
@@ -42,6 +43,7 @@ KNOBS_IN_ORDER = (
     "gradient_checkpointing=True",
     "a smaller per_device_train_batch_size (steps_per_generation keeps whole groups)",
     "LoRA (use_peft=True: no gradients or AdamW states for the base)",
+    "QLoRA (use_peft=True, load_in_4bit=True: the frozen base in 4-bit NF4; CUDA)",
     "vllm_enable_sleep_mode=True (CUDA: vLLM's weights and KV cache released during the update)",
     "beta=0 (no reference model) or bf16 weights",
     "vLLM in server mode on another device (grpo_lab.scale)",
@@ -58,7 +60,8 @@ def plan_memory(model: Any, *, precision: str | Precision = "bf16", optimizer: s
 
     ``model`` is a config.json path / model folder / dict / transformers config. Training sizes come as a
     :class:`TrainingShape` or as its fields (``per_device_train_batch_size=8, num_generations=8, ...``).
-    ``device_memory_gib`` defaults to the detected device's total memory (``grpo_lab.device``), ``device_kind``
+    ``device_memory_gib`` defaults to the detected device's memory (``grpo_lab.device.device_memory_gib``: its total,
+    or ``GRPO_LAB_DEVICE_MEMORY_GIB``), ``device_kind``
     (``cuda``/``npu``/``cpu``) to the detected kind. Leave ``vllm_gpu_memory_utilization`` unset to get the
     recommended value; set it to check a value you plan to use.
     """
@@ -102,8 +105,8 @@ def _shape(shape: TrainingShape | None, shape_fields: dict[str, Any]) -> Trainin
 def _device(memory_gib: float | None, kind: str | None) -> tuple[int, str]:
     if memory_gib is None or kind is None:
         kind = kind or device.detect()
-        if memory_gib is None:
-            return device.memory_info(kind=kind).total_bytes, kind
+        if memory_gib is None:  # the device as the package treats it: GRPO_LAB_DEVICE_MEMORY_GIB, else its total
+            return int(device.device_memory_gib(kind=kind) * GIB), kind
     if not isinstance(memory_gib, (int, float)) or memory_gib <= 0:
         raise MemoryPlanError(f"device_memory_gib must be a positive number of GiB, got {memory_gib!r}.")
     if kind not in device.KINDS:
@@ -129,7 +132,8 @@ class _Setting:
         return peak_phase, totals[peak_phase], phases
 
     def vllm_fixed(self, shape: TrainingShape) -> dict[str, int]:
-        return vllm_non_kv_bytes(self.model, self.vllm_bytes_per_element, shape.generation_batch_size)
+        return vllm_non_kv_bytes(self.model, self.vllm_bytes_per_element, shape.generation_batch_size,
+                                 load_in_4bit=shape.load_in_4bit)
 
     def kv_for_one_group(self, shape: TrainingShape) -> int:
         tokens = math.ceil(shape.sequence_length / KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
@@ -211,6 +215,7 @@ def _budget(setting: _Setting, shape: TrainingShape, utilization: float | None) 
 _TRAINING_NOTES = {
     "policy weights": "the model being trained",
     "AdamW states": "exp_avg + exp_avg_sq (LoRA: of the adapters only)",
+    "4-bit weight dequantized": "QLoRA: the largest frozen linear weight, dequantized for its backward matmul",
     "LoRA adapters": "A and B of each adapted linear layer; they alone get gradients",
     "reference model": "beta > 0: a frozen copy for the KL term",
     "cuBLAS workspaces": "cuBLAS + cuBLASLt workspace of the forward and of the backward thread",
@@ -244,6 +249,10 @@ def _assumptions(setting: _Setting, shape: TrainingShape) -> list[str]:
         *([f"LoRA r={shape.lora_r} on {', '.join(shape.lora_target_modules)}: frozen base (no gradients or AdamW "
            "states), adapters train; the reference is the base with the adapter off (no copy); not yet measured"]
           if shape.lora else []),
+        *([f"QLoRA: the base's linear weights in 4-bit NF4 ({FOUR_BIT_BYTES_PER_PARAMETER:.4g} bytes per weight with "
+           "the blocks' scales), the embedding, norms and biases in the compute dtype, in the trainer and in vLLM "
+           "(quantization='bitsandbytes'); each frozen weight dequantized once at a time in the backward"]
+          if shape.load_in_4bit else []),
         *([f"sleep mode (TRL: level 2): vLLM's weights and KV cache are released after each rollout and "
            f"{VLLM_ASLEEP_BYTES / GIB:.1f} GiB (runtime, CUDA graphs) stays; waking re-allocates vLLM's whole share "
            "next to the trainer's weights and optimizer states (gradients freed) and the sync sends the weights "
@@ -308,6 +317,10 @@ def _what_would_fit(setting: _Setting, shape: TrainingShape) -> str:
     # of KNOBS_IN_ORDER
     if not shape.lora and setting.fits(replace(smallest, lora_r=LORA_R_TRIAL)):
         options.append(f"LoRA (use_peft=True, lora_r={LORA_R_TRIAL}: no gradients or AdamW states for the base)")
+    qlora = replace(smallest, lora_r=shape.lora_r or LORA_R_TRIAL, load_in_4bit=True)
+    if (not shape.load_in_4bit and device.four_bit_missing(setting.kind) is None
+            and replace(setting, precision=PRECISIONS["bf16"]).fits(qlora)):
+        options.append("QLoRA (use_peft=True, load_in_4bit=True: the frozen base in 4 bits)")
     if (not shape.vllm_enable_sleep_mode and device.vllm_sleep_mode_missing(setting.kind) is None
             and setting.fits(replace(smallest, vllm_enable_sleep_mode=True))):
         options.append("vllm_enable_sleep_mode=True (vLLM's weights and KV cache released during the update)")

@@ -31,6 +31,11 @@ CPU_KV_CACHE_GIB = 1.0
 # Non-torch memory vLLM adds while profiling (cuBLAS/attention workspaces) plus its CUDA-graph pool.
 VLLM_RUNTIME_BYTES = GIB
 
+FOUR_BIT_BLOCK = 64
+"""Weights per block of bitsandbytes' 4-bit quantization (its default blocksize), each block with one fp32 scale."""
+FOUR_BIT_BYTES_PER_PARAMETER = 0.5 + 4 / FOUR_BIT_BLOCK
+"""A 4-bit NF4 weight: half a byte, plus its block's fp32 scale (no nested quantization of the scales)."""
+
 REQUIRED_CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                           "vocab_size")
 
@@ -147,6 +152,20 @@ class ModelShape:
         """Embedding + layers + final norm (+ a separate LM head when embeddings are not tied)."""
         lm_head = 0 if self.tie_word_embeddings else self.embedding_parameters
         return self.embedding_parameters + self.num_hidden_layers * self.layer_parameters + self.hidden_size + lm_head
+
+    @property
+    def quantized_parameters(self) -> int:
+        """The weights a 4-bit base quantizes: every decoder layer's linear layers (biases, norms, the embedding and the
+        LM head stay in the compute dtype, as bitsandbytes leaves them)."""
+        return self.num_hidden_layers * sum(i * o for i, o in self.linear_layers().values())
+
+    def weight_bytes(self, dtype_bytes: int, load_in_4bit: bool = False) -> int:
+        """Bytes of the model's weights in ``dtype_bytes`` per parameter; with ``load_in_4bit`` the decoder layers'
+        linear weights in NF4 (:data:`FOUR_BIT_BYTES_PER_PARAMETER`) and the rest in ``dtype_bytes``."""
+        if not load_in_4bit:
+            return self.num_parameters * dtype_bytes
+        quantized = self.quantized_parameters
+        return math.ceil(quantized * FOUR_BIT_BYTES_PER_PARAMETER) + (self.num_parameters - quantized) * dtype_bytes
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V of one token in every layer: layers × KV heads × head dim × 2 × bytes."""
@@ -345,6 +364,9 @@ class TrainingShape:
     lora_dropout: float = 0.0
     vllm_enable_sleep_mode: bool = False
     """vLLM releases its weights and KV cache during the update (TRL's sleep level 2) and wakes for the rollout."""
+    load_in_4bit: bool = False
+    """QLoRA (TRL's ``load_in_4bit``): the base's linear weights in 4-bit NF4, frozen, in the trainer and in vLLM
+    (``quantization="bitsandbytes"``); needs ``lora_r > 0``."""
 
     def __post_init__(self) -> None:
         for f in ("per_device_train_batch_size", "num_generations", "max_prompt_length", "max_completion_length"):
@@ -355,6 +377,8 @@ class TrainingShape:
             raise MemoryPlanError(f"beta must be >= 0 (0 drops the reference model), got {self.beta!r}.")
         if not isinstance(self.lora_r, int) or isinstance(self.lora_r, bool) or self.lora_r < 0:
             raise MemoryPlanError(f"lora_r must be a non-negative integer (0: full fine-tuning), got {self.lora_r!r}.")
+        if self.load_in_4bit and not self.lora:
+            raise MemoryPlanError("load_in_4bit=True freezes a 4-bit base: plan it with a LoRA adapter (lora_r > 0).")
         object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
         steps = self.steps_per_generation
         if steps is None:

@@ -1,0 +1,212 @@
+"""The course's recipes on one H200 standing in for a smaller card (``GRPO_LAB_DEVICE_MEMORY_GIB``), one JSON per row.
+
+    python3 benchmarks/capped/run.py list                          # the jobs, their rows and expected minutes
+    python3 benchmarks/capped/run.py start seed-2b qlora lengths-16 lengths-24 lengths-32   # side by side, detached
+    python3 benchmarks/capped/run.py wait                          # <= 9 minutes, then copies the rows to $OUT
+    python3 benchmarks/capped/run.py jobs qlora                    # in the foreground instead
+    python3 benchmarks/capped/run.py course-row --course /tmp/course-gpu --cap 24   # the capped course as a row
+    python3 benchmarks/capped/run.py report benchmarks/capped/results                # here: the committed rows
+
+Each job runs in its own process, its rows one after another, each row in a child process of its own (an
+out-of-memory row, or one that crashes, writes its row and the next row runs). Rows land in ``$CAPPED/rows``
+(default ``/tmp/capped``); ``wait`` copies them, with each row's log, to ``$OUT/capped``. The cap, the plan
+(micro-batch, vLLM's share), torch's peaks and the driver's count of the row's own processes, step times, tokens per second and an
+out-of-memory step and phase are in each row (``grpo_lab.memory.CappedRow`` reads them back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path[:0] = [str(HERE), str(REPO)]
+
+from jobs import BENCH_CAP_GIB, BENCH_MINUTES, JOBS, OPTIONAL, SIDE_BY_SIDE, SIDE_BY_SIDE_GIB, row_id  # noqa: E402
+
+WORK = Path(os.environ.get("CAPPED", "/tmp/capped"))
+ROW_TIMEOUT_S = 420
+"""A row's process is ended after this long (its error row says so)."""
+WAIT_S = int(os.environ.get("CAPPED_WAIT_S", "540"))
+GPU_ENV = {"PYTHONPATH": f"/tmp/grpo-gpu-site:{REPO}", "VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+           "MPLBACKEND": "Agg", "GRPO_LAB_PROFILE": "gpu"}
+SMOLLM2 = "/tmp/grpo-smollm2/model"
+
+
+def job_environment(job: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """A job's processes' variables: the GPU bundle, the cap (``GRPO_LAB_DEVICE_MEMORY_GIB``), SmolLM2 as the model,
+    a vLLM compile cache of the job's own (jobs start side by side)."""
+    environ = dict(os.environ if environ is None else environ)
+    cap = BENCH_CAP_GIB if job == "bench-80" else JOBS[job].cap_gib
+    path = [GPU_ENV["PYTHONPATH"], environ.get("PYTHONPATH", "")]
+    return {**environ, **GPU_ENV, "PYTHONPATH": ":".join(p for p in path if p),
+            "PATH": f"/tmp/grpo-gpu-site/bin:{environ.get('PATH', '')}", "GRPO_LAB_DEVICE_MEMORY_GIB": f"{cap:g}",
+            "GRPO_LAB_MODEL": environ.get("GRPO_LAB_MODEL", SMOLLM2),
+            "VLLM_CACHE_ROOT": str(WORK / "vllm-cache" / job), "GRPO_LAB_RUN_DIR": str(WORK / "runs" / job)}
+
+
+def describe_jobs() -> str:
+    lines = []
+    for name, job in JOBS.items():
+        lines.append(f"{name}: {job.cap_gib:g} GiB, about {job.minutes:g} min — {job.what}")
+        lines += [f"    {row_id(name, row)}: " + (f"serves the run of {row.settings['run_of']!r}" if row.kind == "serve"
+                  else f"{row.steps} steps, the planner says {row.expect}") for row in job.rows]
+    together = max(JOBS[name].minutes for name in SIDE_BY_SIDE)
+    lines.append(f"side by side ({' '.join(SIDE_BY_SIDE)}): caps {SIDE_BY_SIDE_GIB:g} GiB, about {together:g} min")
+    lines += [f"{name} (optional): {BENCH_CAP_GIB} GiB, about {BENCH_MINUTES:g} min — {what}"
+              for name, what in OPTIONAL.items()]
+    return "\n".join(lines)
+
+
+BENCH_SHAPE = "qwen2.5-0.5b"
+BENCH_SHARE = 0.25
+"""The vLLM share of the committed micro-batch-128 runs (``--train-option vllm_gpu_memory_utilization=0.25``)."""
+
+
+def bench_micro_batch(cap_gib: float = BENCH_CAP_GIB, share: float = BENCH_SHARE) -> int:
+    """The largest micro-batch (128, 64, 32, 16) whose bench step the planner fits in ``cap_gib`` beside the other
+    backend's trainer (its weights, gradients, AdamW states and reference model, which the bench keeps alive)."""
+    import dataclasses
+
+    from grpo_lab.bench.grpo_step import step_memory
+    from grpo_lab.bench.profiles import BENCH_PROFILES
+
+    profile = BENCH_PROFILES["seed"]
+    for micro in (128, 64, 32, 16):
+        step = dataclasses.replace(profile.step, per_device_train_batch_size=micro,
+                                   gradient_accumulation_steps=profile.sequences // micro)
+        budget = step_memory(dataclasses.replace(profile, step=step), BENCH_SHAPE, cap_gib, share)
+        other_trainer = budget.phases["optimizer step"]  # weights, gradients, AdamW states, reference model
+        if budget.fits and budget.used_bytes + other_trainer <= budget.device_bytes:
+            return micro
+    return 16
+
+
+def bench_command(micro_batch: int) -> list[str]:
+    """The GRPO-step bench (notebook 06), fixed lengths, five interleaved steps per backend, under the cap."""
+    return [sys.executable, "-m", "grpo_lab.bench", "--profile", "seed", "--shape", BENCH_SHAPE, "--parts", "grpo",
+            "--grpo-backends", "hf,vllm", "--grpo-steps", "5", "--grpo-workload", "fixed",
+            "--per-device-train-batch-size", str(micro_batch),
+            "--train-option", f"vllm_gpu_memory_utilization={BENCH_SHARE}",
+            "--out", str(WORK / "bench"), "--name", f"grpo_step_seed_{BENCH_SHAPE}_fixed_cap{BENCH_CAP_GIB}"]
+
+
+def run_row(job: str, index: int) -> int:
+    """In a child process: one row, its record written to ``WORK/rows``."""
+    from measure import write
+    from runners import run_course_row, run_serve_row, run_trl_row
+
+    row = JOBS[job].rows[index]
+    runner = {"trl": run_trl_row, "course": run_course_row, "serve": run_serve_row}[row.kind]
+    record = runner(job, row, JOBS[job].cap_gib, WORK)
+    write(record, WORK / "rows" / f"{row_id(job, row)}.json")
+    print(json.dumps({k: record[k] for k in ("name", "planned", "measured", "oom", "error")}, default=str), flush=True)
+    os._exit(0)  # the row is written: no teardown of an engine that ran out of memory (it can hang the exit)
+
+
+def run_job(job: str, timeout_s: int = ROW_TIMEOUT_S) -> int:
+    """A job's rows one after another, each in its own process; a row that dies gets an error row."""
+    from runners import write_error
+
+    logs = WORK / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for index, row in enumerate(JOBS[job].rows):
+        stem = row_id(job, row)
+        log = logs / f"{stem}.log"
+        started = time.perf_counter()
+        with log.open("w") as handle:
+            try:
+                code = subprocess.run([sys.executable, __file__, "row", job, str(index)], stdout=handle,
+                                      stderr=subprocess.STDOUT, env=job_environment(job), timeout=timeout_s).returncode
+            except subprocess.TimeoutExpired:
+                code = f"timed out after {timeout_s} s"
+        if not (WORK / "rows" / f"{stem}.json").is_file():
+            write_error(WORK / "rows" / f"{stem}.json", job, row, JOBS[job].cap_gib,
+                        f"exit {code}\n" + log.read_text(errors="replace"))
+        print(f"{stem}: exit {code} in {time.perf_counter() - started:.0f} s", flush=True)
+    return 0
+
+
+def run_jobs(jobs: list[str]) -> int:
+    """The jobs side by side, one process each; waits for all, then marks the work folder done."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / "done").unlink(missing_ok=True)
+    (WORK / "jobs.json").write_text(json.dumps({"jobs": jobs, "started": time.time()}))
+    children = {}
+    for job in jobs:
+        if job == "bench-80":
+            (WORK / "logs").mkdir(parents=True, exist_ok=True)
+            log = (WORK / "logs" / "bench-80.log").open("w")
+            children[job] = subprocess.Popen(bench_command(bench_micro_batch()), cwd=REPO, env=job_environment(job),
+                                             stdout=log, stderr=subprocess.STDOUT)
+        else:
+            children[job] = subprocess.Popen([sys.executable, __file__, "job", job])
+    codes = {job: child.wait() for job, child in children.items()}
+    (WORK / "done").write_text(json.dumps(codes))
+    return 0
+
+
+def wait_and_collect(out: Path, wait_s: int = WAIT_S) -> int:
+    waited = 0
+    while not (WORK / "done").is_file() and waited < wait_s:
+        time.sleep(10)
+        waited += 10
+    print("finished" if (WORK / "done").is_file() else f"still running after {waited} s: call wait again")
+    target = out / "capped"
+    for folder in ("rows", "logs", "bench"):
+        if (WORK / folder).is_dir():
+            shutil.copytree(WORK / folder, target / folder, dirs_exist_ok=True)
+    for path in sorted((target / "rows").glob("*.json")) if (target / "rows").is_dir() else []:
+        print(path.name)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("list", "start", "wait", "jobs", "job", "row", "course-row", "report"))
+    parser.add_argument("names", nargs="*", help="jobs (start, jobs), a job (job), a job and a row index (row)")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")))
+    parser.add_argument("--course", type=Path, default=Path("/tmp/course-gpu"), help="course-row: the course's folder")
+    parser.add_argument("--cap", type=float, default=24, help="course-row: the cap the course ran under")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.names if args.what in ("start", "jobs") and name not in (*JOBS, *OPTIONAL)
+               or args.what == "job" and name not in JOBS]
+    if unknown:
+        parser.error(f"unknown job(s) {unknown}: {', '.join(JOBS)}")
+    if args.what == "list":
+        print(describe_jobs())
+    elif args.what == "start":
+        WORK.mkdir(parents=True, exist_ok=True)
+        subprocess.Popen([sys.executable, __file__, "jobs", *(args.names or SIDE_BY_SIDE)], start_new_session=True,
+                         stdout=(WORK / "driver.log").open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        print(f"started {' '.join(args.names or SIDE_BY_SIDE)} in its own session; follow {WORK}/driver.log")
+    elif args.what == "wait":
+        return wait_and_collect(args.out)
+    elif args.what == "jobs":
+        return run_jobs(args.names or list(SIDE_BY_SIDE))
+    elif args.what == "job":
+        return run_job(args.names[0])
+    elif args.what == "row":
+        return run_row(args.names[0], int(args.names[1]))
+    elif args.what == "course-row":
+        from course_row import write_course_row
+
+        print(write_course_row(args.course, args.cap, args.out / "capped" / "rows"))
+    else:
+        from grpo_lab.memory import capped_rows
+
+        for row in capped_rows(args.names[0] if args.names else HERE / "results"):
+            print(row.line())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

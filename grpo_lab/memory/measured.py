@@ -1,0 +1,211 @@
+"""Runs under a device memory cap, measured: a sampler of the device memory a process tree holds, and the committed
+rows of ``benchmarks/capped/`` (one JSON file per row) read back as :class:`CappedRow` records for notebooks 04 and 09.
+
+A row is one run under a cap (``GRPO_LAB_DEVICE_MEMORY_GIB``: an H200 standing in for a smaller card): the cap, the
+plan (micro-batch, vLLM's share of the capped device, the planner's training peak), what was measured (torch's peak
+allocated and the driver's count of the run's own processes), step times, tokens per second, and where it ran out
+of memory, if it did. :func:`capped_rows` works before anything is committed: it returns no rows.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from grpo_lab import device
+from grpo_lab.memory.shapes import GIB
+from grpo_lab.paths import BENCHMARKS_DIR
+
+CAPPED_RESULTS_DIR = BENCHMARKS_DIR / "capped" / "results"
+PLANNER_TARGET = 0.10
+"""How far a plan may be from the measured peak: 10 %."""
+
+
+class DeviceMemorySampler:
+    """The peak device memory the driver counts for a process and its descendants (the trainer, vLLM's engine
+    process, a server it started), sampled every ``interval_s`` in a thread: other processes on the device do not
+    count. ``peak_bytes`` stays None where the driver says nothing (CPU, NPU)."""
+
+    def __init__(self, pid: int | None = None, kind: str | None = None, interval_s: float = 1.0) -> None:
+        self.pid, self.kind, self.interval_s = pid, kind, interval_s
+        self.peak_bytes: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> int | None:
+        """The tree's device memory now (bytes), and the peak updated."""
+        try:
+            root = psutil.Process(self.pid)
+            pids = {root.pid, *(child.pid for child in root.children(recursive=True))}
+        except psutil.Error:  # the process ended
+            return None
+        used = device.device_memory_of(pids, self.kind)
+        if used is not None:
+            self.peak_bytes = max(self.peak_bytes or 0, used)
+        return used
+
+    def start(self, pid: int | None = None) -> DeviceMemorySampler:
+        self.pid = pid if pid is not None else self.pid
+        if self.pid is None or not device.is_cuda(self.kind):
+            return self
+        self._thread = threading.Thread(target=self._run, name="device-memory-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample()
+            except Exception:  # nvidia-smi missing or slow: no number, never a failed run
+                return
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> int | None:
+        """Stop sampling; the peak in bytes (None when nothing was counted)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        return self.peak_bytes
+
+    def __enter__(self) -> DeviceMemorySampler:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def gib(value: int | float | None) -> float | None:
+    """Bytes as GiB, rounded to 3 places (None stays None)."""
+    return None if value is None else round(value / GIB, 3)
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    """Where a run ran out of memory: the step (1-based) and the phase of the step (or the trainer's start)."""
+
+    step: int | None
+    phase: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class NotebookPeak:
+    """One course notebook under a cap: its status, seconds, torch's peak in its kernel and its processes' device
+    memory (the driver's count, sampled)."""
+
+    notebook: str
+    status: str
+    seconds: float
+    max_allocated_gib: float | None = None
+    device_used_gib: float | None = None
+
+
+@dataclass(frozen=True)
+class CappedRow:
+    """One committed run under a device memory cap (a file of ``benchmarks/capped/results/``)."""
+
+    job: str
+    name: str
+    cap_gib: float
+    model: str
+    recipe: str
+    planned: dict[str, Any] = field(default_factory=dict)
+    """``per_device_train_batch_size``, ``gradient_accumulation_steps``, ``vllm_gpu_memory_utilization`` (a share of
+    the cap), ``device_share`` (of the real device), ``fits``, ``training_peak_gib``."""
+    measured: dict[str, Any] = field(default_factory=dict)
+    """``training_peak_gib`` (torch's peak during the steps less what vLLM holds), ``max_allocated_gib``,
+    ``device_used_gib`` (the driver's count of this run's processes)."""
+    steps: int = 0
+    step_seconds: tuple[float, ...] = ()
+    tokens_per_second: float | None = None
+    oom: OutOfMemory | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Job-specific facts: the held-out accuracy of a QLoRA run, what serving answered, notebook 03's total."""
+    notebooks: tuple[NotebookPeak, ...] = ()
+    date: str = ""
+    commit: str = ""
+    device: str = ""
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> CappedRow:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in values.items() if k in known}
+        values["oom"] = OutOfMemory(**values["oom"]) if values.get("oom") else None
+        values["notebooks"] = tuple(NotebookPeak(**row) for row in values.get("notebooks", ()))
+        values["step_seconds"] = tuple(values.get("step_seconds", ()))
+        return cls(**values)
+
+    @property
+    def median_step_seconds(self) -> float | None:
+        """The median step after the first (which compiles and warms up)."""
+        timed = self.step_seconds[1:] or self.step_seconds
+        return statistics.median(timed) if timed else None
+
+    @property
+    def planner_error(self) -> float | None:
+        """(planned − measured) / measured of the training peak; None where either is missing."""
+        planned, measured = self.planned.get("training_peak_gib"), self.measured.get("training_peak_gib")
+        return None if not planned or not measured else (planned - measured) / measured
+
+    @property
+    def within_target(self) -> bool | None:
+        return None if self.planner_error is None else abs(self.planner_error) <= PLANNER_TARGET
+
+    def line(self) -> str:
+        """One line: the row, its plan against what it measured, its speed."""
+        outcome = (f"OOM at step {self.oom.step} ({self.oom.phase})" if self.oom else f"failed: {self.error}"
+                   if self.error else f"{self.steps} steps")
+        planned, measured = self.planned.get("training_peak_gib"), self.measured.get("training_peak_gib")
+        peaks = (f"; training peak planned {planned:.2f} GiB, measured {measured:.2f} GiB ({self.planner_error:+.1%})"
+                 if self.planner_error is not None else f"; training peak planned {planned:.2f} GiB" if planned else "")
+        speed = (f", {self.median_step_seconds:.2f} s/step" if self.median_step_seconds else "") + (
+            f", {self.tokens_per_second:,.0f} tok/s" if self.tokens_per_second else "")
+        share = self.planned.get("vllm_gpu_memory_utilization")
+        return (f"{self.cap_gib:g} GiB · {self.name}: " + (f"vLLM {share} of the cap, " if share else "")
+                + f"{outcome}{peaks}; device used {self.measured.get('device_used_gib')} GiB{speed}")
+
+
+def capped_rows(results_dir: str | Path = CAPPED_RESULTS_DIR, job: str | None = None) -> list[CappedRow]:
+    """The committed rows (every ``*.json`` of ``results_dir``, ordered by job, cap and name), of one ``job`` when
+    given; none before any run is committed."""
+    rows = [CappedRow.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            for path in sorted(Path(results_dir).glob("*.json"))]
+    rows = [row for row in rows if job is None or row.job == job]
+    return sorted(rows, key=lambda row: (row.job, row.cap_gib, row.name))
+
+
+def speed_table(rows: list[CappedRow]) -> list[dict[str, Any]]:
+    """Per cap and row with timed steps: the step's median seconds, tokens per second and, for the course, notebook
+    03's seconds: what a learner's device of that size gets (at the H200's speed)."""
+    table = []
+    for row in rows:
+        if row.median_step_seconds is None and not row.notebooks:
+            continue
+        notebook_03 = next((nb.seconds for nb in row.notebooks if nb.notebook.startswith("03_")), None)
+        table.append({"cap (GiB)": row.cap_gib, "run": row.name, "s per step": row.median_step_seconds,
+                      "tokens/s": row.tokens_per_second, "notebook 03 (s)": notebook_03})
+    return table
+
+
+def expectation(memory_gib: float, rows: list[CappedRow] | None = None) -> str:
+    """What the course's recipe takes on a device of ``memory_gib``, from the committed course run under the largest
+    cap that is not larger (its step time and notebook 03's seconds); says so when none is committed."""
+    rows = capped_rows(job="course") if rows is None else [row for row in rows if row.job == "course"]
+    fitting = [row for row in rows if row.cap_gib <= memory_gib and not row.error]
+    if not fitting:
+        return (f"no course run under a cap of at most {memory_gib:.0f} GiB is committed yet "
+                f"(benchmarks/capped/README.md says how to make one)")
+    row = max(fitting, key=lambda r: r.cap_gib)
+    notebook_03 = next((nb.seconds for nb in row.notebooks if nb.notebook.startswith("03_")), None)
+    step = f"about {row.median_step_seconds:.1f} s per step" if row.median_step_seconds else "an unrecorded step time"
+    total = f", notebook 03 about {notebook_03 / 60:.0f} minutes in all" if notebook_03 else ""
+    return (f"on your {memory_gib:.0f} GiB device this recipe takes {step}{total}: measured with the device capped at "
+            f"{row.cap_gib:g} GiB on an {row.device or 'H200'}, whose bandwidth and compute a smaller card does not "
+            f"have")

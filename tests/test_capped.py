@@ -1,0 +1,174 @@
+"""benchmarks/capped, on the CPU: the jobs' plans say what each row expects, the jobs fit side by side, a row's JSON
+round-trips through the package's reader (``grpo_lab.memory.capped_rows``), the capped course becomes a row, the
+command line parses, and the course runner's peak fields exist."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from grpo_lab import course, memory
+from grpo_lab.device import Machine
+from grpo_lab.experiment import TrainConfig
+from grpo_lab.paths import REPO_ROOT, TINY_MODEL_DIR
+
+CAPPED = REPO_ROOT / "benchmarks" / "capped"
+sys.path.insert(0, str(CAPPED))
+
+import course_row  # noqa: E402
+import jobs  # noqa: E402
+import measure  # noqa: E402
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def _run_module():
+    spec = importlib.util.spec_from_file_location("capped_run", CAPPED / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def seed_prompt_length():
+    from transformers import AutoTokenizer
+
+    import runners
+
+    return runners.longest_rows(AutoTokenizer.from_pretrained(TINY_MODEL_DIR))[1]
+
+
+def test_each_row_is_planned_as_it_expects(seed_prompt_length):
+    for job in jobs.JOBS.values():
+        for row in job.rows:
+            if row.kind == "serve":  # a finished run of the same job, served from a process of its own
+                assert row.settings["run_of"] in [r.name for r in job.rows if r.kind == "course"]
+                continue
+            if row.kind == "trl":
+                budget = measure.trl_plan(row, job.cap_gib, seed_prompt_length)
+            else:
+                machine = Machine("cuda", bf16=True, memory_gib=job.cap_gib)
+                config = TrainConfig(model=SMOLLM2, profile="gpu", **row.settings, max_steps=row.steps).resolve(machine)
+                budget = memory.plan_memory(memory.model_config(SMOLLM2), precision=config.precision,
+                                            shape=config.training_shape(), device_memory_gib=job.cap_gib,
+                                            device_kind="cuda",
+                                            vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization)
+            assert budget.fits == (row.expect == "fits"), (job.name, row.name, budget.advice)
+
+
+def test_the_headline_rows_tell_the_write_ups_story(seed_prompt_length):
+    rows = {row.name: measure.trl_plan(row, 32, seed_prompt_length) for row in jobs.JOBS["seed-2b"].rows}
+    at_06, planner, with_lora, asleep = rows.values()
+    assert at_06.vllm_gpu_memory_utilization == with_lora.vllm_gpu_memory_utilization == 0.6
+    assert not at_06.fits and planner.fits and with_lora.fits and asleep.fits
+    assert planner.vllm_gpu_memory_utilization < asleep.vllm_gpu_memory_utilization < 0.6
+    awake_at_055 = memory.plan_memory(memory.course_configs()[jobs.SEED_SHAPE], device_memory_gib=32, device_kind="cuda",
+                                      vllm_gpu_memory_utilization=0.55, **jobs.SEED_RECIPE)
+    assert not awake_at_055.fits  # sleep mode is the lever that makes 0.55 fit
+
+
+def test_jobs_fit_side_by_side_and_within_the_time():
+    assert jobs.SIDE_BY_SIDE_GIB + 0.3 * 16 < 135  # the caps plus the served model's share, under one H200
+    assert max(jobs.JOBS[name].minutes for name in jobs.SIDE_BY_SIDE) <= 7
+    ids = [jobs.row_id(name, row) for name, job in jobs.JOBS.items() for row in job.rows]
+    assert len(ids) == len(set(ids)) and all("__" in i and " " not in i for i in ids)
+
+
+def test_a_job_runs_under_its_cap_with_its_own_compile_cache():
+    run = _run_module()
+    env = run.job_environment("lengths-24", {"PATH": "/usr/bin", "PYTHONPATH": "/x"})
+    assert env["GRPO_LAB_DEVICE_MEMORY_GIB"] == "24" and env["GRPO_LAB_MODEL"] == run.SMOLLM2
+    assert env["PYTHONPATH"].startswith("/tmp/grpo-gpu-site:") and env["PYTHONPATH"].endswith(":/x")
+    assert env["VLLM_CACHE_ROOT"].endswith("vllm-cache/lengths-24")
+    assert run.job_environment("bench-80", {})["GRPO_LAB_DEVICE_MEMORY_GIB"] == "80"
+    assert run.bench_micro_batch() in (128, 64, 32, 16)
+    assert "--per-device-train-batch-size" in run.bench_command(32)
+
+
+def test_the_command_line(capsys):
+    run = _run_module()
+    assert run.main(["list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in jobs.JOBS) and "side by side" in listed and "bench-80" in listed
+    with pytest.raises(SystemExit):
+        run.main(["start", "no-such-job"])
+    with pytest.raises(SystemExit):
+        run.main(["job", "bench-80"])
+
+
+
+
+def test_an_out_of_memory_row_round_trips_through_the_reader(tmp_path):
+    row = jobs.JOBS["seed-2b"].rows[0]
+    record = measure.base_record("seed-2b", row, 32, jobs.SEED_SHAPE)
+    budget = measure.trl_plan(row, 32, 120)
+    record["planned"] = measure.planned_fields(budget, 8, 1, 0.1373)
+    clock = measure.PhaseClock()
+    clock.step, clock.phase = 1, "optimizer step"
+    clock.seconds, clock.update_peaks, clock.tokens = [3.0], [30 * 2**30], [2048.0]
+
+    class Sampler:
+        def stop(self):
+            return 31 * 2**30
+
+    error = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    done = measure.finish(record, clock, {"vllm_resident": 14 * 2**30, "gpu_memory_utilization": 0.1373}, Sampler(),
+                          error)
+    measure.write(done, tmp_path / "a.json")
+    failed = measure.finish(measure.base_record("qlora", jobs.JOBS["qlora"].rows[0], 16, "model"), measure.PhaseClock(),
+                            {}, Sampler(), ValueError("a bug"))
+    measure.write(failed, tmp_path / "b.json")
+    rows = memory.capped_rows(tmp_path)
+    oom = next(r for r in rows if r.job == "seed-2b")
+    assert oom.oom == memory.OutOfMemory(1, "optimizer step", "RuntimeError: CUDA out of memory. Tried to allocate "
+                                                              "2.00 GiB")
+    assert oom.measured["training_peak_gib"] == 16.0 and oom.measured["device_used_gib"] == 31.0
+    assert "max_allocated_at_failure_gib" in oom.measured
+    assert oom.planner_error == pytest.approx((budget.training_peak_bytes / 2**30 - 16) / 16, abs=1e-3)
+    assert "OOM at step 1 (optimizer step)" in oom.line()
+    bug = next(r for r in rows if r.job == "qlora")
+    assert bug.error == "ValueError: a bug" and bug.oom is None and "failed" in bug.line()
+    assert memory.capped_rows(tmp_path / "none") == [] and memory.capped_rows(tmp_path, job="course") == []
+
+
+def test_the_capped_course_becomes_a_row(tmp_path):
+    run_dir = tmp_path / "grpo-gpu-20261203-120000"
+    run_dir.mkdir()
+    config = TrainConfig(profile="gpu", model=SMOLLM2).resolve(Machine("cuda", True, 24))
+    (run_dir / "config.json").write_text(json.dumps({
+        "config": dataclasses.asdict(config), "memory_plan": {"fits": True, "training_peak_gib": 8.8},
+        "memory_cap": {"memory_gib": 24, "device_gib": 139.8, "kind": "cuda"}}))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "step_time": t, "completions/mean_length": 100})
+                                                   + "\n" for i, t in enumerate((5.0, 1.5, 1.3), 1)))
+    summary = [{"notebook": "03_grpo_training.ipynb", "status": "ok", "seconds": 240.0, "runs": [f"trained {run_dir.name}"],
+                "max_allocated_gib": 12.5, "device_used_gib": 15.1},
+               {"notebook": "05_deployment.ipynb", "status": "ok", "seconds": 200.0, "runs": [],
+                "max_allocated_gib": 1.0, "device_used_gib": 19.0}]
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "run.json").write_text(json.dumps({"commit": "abc1234", "device": "NVIDIA H200, 143771 MiB",
+                                                  "model": "/tmp/grpo-smollm2/model"}))
+    path = course_row.write_course_row(tmp_path, 24, tmp_path / "rows")
+    row, = memory.capped_rows(tmp_path / "rows")
+    assert path.name.startswith("course__") and row.job == "course" and row.commit == "abc1234"
+    assert row.planned["vllm_gpu_memory_utilization"] == config.vllm_gpu_memory_utilization
+    assert row.measured == {"max_allocated_gib": 12.5, "device_used_gib": 19.0} and row.error is None
+    assert row.step_seconds == (5.0, 1.5, 1.3) and row.median_step_seconds == 1.4
+    assert row.tokens_per_second == pytest.approx(2 * 100 * 128 / 2.8, abs=0.1)
+    assert row.extra["notebook_seconds"] == 440.0
+    assert "about 1.4 s per step" in memory.expectation(24, [row]) and "4 minutes" in memory.expectation(32, [row])
+    assert "no course run" in memory.expectation(16, [row])
+    assert memory.speed_table([row])[0]["notebook 03 (s)"] == 240.0
+
+
+def test_the_course_runner_records_peaks():
+    fields = {f.name for f in dataclasses.fields(course.NotebookResult)}
+    assert {"max_allocated_gib", "device_used_gib"} <= fields
+    import torch
+
+    assert eval(course.KERNEL_PEAK_EXPRESSION) in (None, torch.cuda.max_memory_allocated() if torch.cuda.is_initialized()
+                                                   else None)
+    assert issubclass(course.MeasuredClient, course.NotebookClient)

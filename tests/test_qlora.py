@@ -1,0 +1,138 @@
+"""QLoRA (``TrainConfig(use_peft=True, load_in_4bit=True)``): checked before anything loads, planned at 4 bits, handed
+to TRL as TRL takes it, served both ways. CPU only: nothing here loads bitsandbytes."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+
+import pytest
+
+from grpo_lab import device, lora, memory, train
+from grpo_lab.deploy import FOUR_BIT_QUANTIZATION, DeployError, ServeConfig, served_quantization, served_weights
+from grpo_lab.device import Machine
+from grpo_lab.errors import ConfigError
+from grpo_lab.experiment import TrainConfig, memory_budget
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # its shape ships in data/configs (smollm2-135m)
+CARD = Machine("cuda", bf16=True, memory_gib=16)
+
+
+def qlora(**fields) -> TrainConfig:
+    return TrainConfig(profile="gpu", model=SMOLLM2, use_peft=True, load_in_4bit=True, output_dir="unused", **fields)
+
+
+def test_load_in_4bit_needs_lora():
+    with pytest.raises(ConfigError, match="use_peft=True"):
+        TrainConfig(load_in_4bit=True)
+    with pytest.raises(memory.MemoryPlanError, match="lora_r > 0"):
+        memory.TrainingShape(load_in_4bit=True)
+
+
+@pytest.mark.parametrize("kind, why", [("cpu", "NVIDIA GPUs only"), ("npu", "no Ascend NPU backend")])
+def test_refused_off_cuda_before_anything_loads(kind, why):
+    with pytest.raises(ConfigError, match=why):
+        qlora().resolve(Machine(kind, bf16=True, memory_gib=32))
+    with pytest.raises(ConfigError, match=why):
+        qlora(device=kind)
+    assert device.four_bit_missing("cuda") is None
+
+
+def test_the_planner_counts_a_4_bit_base():
+    shape = memory.ModelShape.from_config(memory.course_configs()["qwen2.5-7b"])
+    quantized = shape.quantized_parameters
+    assert 0.8 * shape.num_parameters < quantized < shape.num_parameters  # the embedding and LM head stay
+    four_bit = shape.weight_bytes(2, load_in_4bit=True)
+    assert four_bit == pytest.approx(quantized * (0.5 + 4 / 64) + (shape.num_parameters - quantized) * 2, abs=1)
+    kwargs = dict(precision="bf16", device_memory_gib=16, device_kind="cuda", per_device_train_batch_size=4,
+                  num_generations=4, lora_r=16)
+    lora_plan = memory.plan_memory(shape, **kwargs)
+    qlora_plan = memory.plan_memory(shape, load_in_4bit=True, **kwargs)
+    weights = {b.shape.load_in_4bit: next(r.bytes for r in b.rows if r.component == "policy weights")
+               for b in (lora_plan, qlora_plan)}
+    assert weights[True] == four_bit and weights[False] == shape.num_parameters * 2
+    assert not lora_plan.fits and qlora_plan.fits
+    assert any("4-bit weight dequantized" in row.component for row in qlora_plan.rows) or qlora_plan.peak_phase != \
+        "layer backward"
+    assert any("QLoRA" in line for line in qlora_plan.assumptions)
+    vllm = memory.vllm_non_kv_bytes(shape, 2, 8, load_in_4bit=True)["vLLM weights"]
+    assert vllm == four_bit  # TRL starts vLLM with quantization="bitsandbytes"
+    assert "QLoRA (use_peft=True, load_in_4bit=True" in lora_plan.advice
+
+
+def test_a_qlora_experiment_plans_and_trains_in_bf16():
+    config = qlora().resolve(CARD)
+    assert config.precision == "bf16" and config.training_shape().load_in_4bit
+    assert config.planner_recipe()["load_in_4bit"] is True
+    full = TrainConfig(profile="gpu", model=SMOLLM2, use_peft=True, output_dir="unused").resolve(CARD)
+    assert memory_budget(config, CARD).training_peak_bytes < memory_budget(full, CARD).training_peak_bytes
+    assert "4-bit base (QLoRA)" in config.step_summary()
+
+
+def test_trl_gets_the_quantization_config_and_the_compute_dtype(monkeypatch):
+    config = qlora().resolve(CARD)
+    quantization = lora.quantization_config(config)
+    assert quantization.load_in_4bit and quantization.bnb_4bit_quant_type == "nf4"
+    assert str(quantization.bnb_4bit_compute_dtype).endswith("bfloat16")
+    assert not quantization.bnb_4bit_use_double_quant  # the planner counts one fp32 scale per block
+    assert lora.model_init_kwargs(config) == {"dtype": "bfloat16"}
+    assert lora.model_init_kwargs(dataclasses.replace(config, bf16=False)) == {"dtype": "float16"}
+    plain = dataclasses.replace(config, load_in_4bit=False)
+    assert lora.quantization_config(plain) is None and lora.model_init_kwargs(plain) is None
+    from trl import GRPOTrainer
+
+    assert "quantization_config" in inspect.signature(GRPOTrainer.__init__).parameters
+    passed = {}
+    import trl
+
+    monkeypatch.setattr(trl, "GRPOConfig", lambda **kwargs: passed.update(kwargs))
+    train.grpo_args(config, use_vllm=True)
+    assert passed["model_init_kwargs"] == {"dtype": "bfloat16"}
+
+
+def test_forced_lengths_reach_the_sampler(monkeypatch):
+    config = TrainConfig(profile="gpu", model=SMOLLM2, ignore_eos=True, output_dir="unused").resolve(CARD)
+    assert config.completion_length_kwargs(True) == {"ignore_eos": True}
+    assert config.completion_length_kwargs(False) == {"min_new_tokens": config.max_completion_length}
+    assert TrainConfig(profile="gpu").with_profile().completion_length_kwargs(True) == {}
+    passed = {}
+    import trl
+
+    monkeypatch.setattr(trl, "GRPOConfig", lambda **kwargs: passed.update(kwargs))
+    train.grpo_args(config, use_vllm=False)
+    assert passed["generation_kwargs"] == {"min_new_tokens": 256}
+
+
+def _run(tmp_path, four_bit: bool):
+    run = tmp_path / ("qlora" if four_bit else "lora")
+    (run / "adapter").mkdir(parents=True)
+    (run / "final").mkdir()
+    (run / "adapter" / "adapter_config.json").write_text(json.dumps({"r": 16, "base_model_name_or_path": "base"}))
+    (run / "config.json").write_text(json.dumps({"config": {"model": "base", "use_peft": True,
+                                                            "load_in_4bit": four_bit}}))
+    return run
+
+
+def test_a_qlora_run_serves_its_adapter_on_the_4_bit_base_and_merged_as_plain_weights(tmp_path):
+    run = _run(tmp_path, four_bit=True)
+    assert served_weights(run, adapter=True) == ("base", str(run / "adapter"))
+    assert served_quantization(run, adapter=True) == served_quantization(run / "adapter", adapter=True) == "bitsandbytes"
+    assert served_quantization(run) is None  # final/: the adapter merged into full-precision weights
+    assert served_quantization(_run(tmp_path, four_bit=False), adapter=True) is None
+    command = ServeConfig(model="data/models/tiny-qwen2", quantization=FOUR_BIT_QUANTIZATION).command(8000)
+    assert command[command.index("--quantization") + 1] == "bitsandbytes" and "--load-format" not in command
+    assert "safetensors" in ServeConfig(model="data/models/tiny-qwen2").command(8000)
+    with pytest.raises(DeployError, match="quantization='awq'"):
+        ServeConfig(model="data/models/tiny-qwen2", quantization="awq").validate()
+
+
+def test_liger_stays_off_under_a_4_bit_base(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "liger_kernel"
+                        else find_spec(name, *a))
+    assert TrainConfig(profile="gpu", model=SMOLLM2).resolve(CARD).use_liger_kernel
+    assert not qlora().resolve(CARD).use_liger_kernel
+    assert qlora(use_liger_kernel=True).resolve(CARD).use_liger_kernel  # asked for: as asked
