@@ -27,7 +27,7 @@ def h200(monkeypatch):
     monkeypatch.setattr(device, "device_name", lambda index=0, kind=None: "NVIDIA H200")
     monkeypatch.setattr(device.torch.cuda, "set_per_process_memory_fraction",
                         lambda fraction, index=0: fractions.append((fraction, index)))
-    monkeypatch.setattr(device, "_APPLIED", {})
+    monkeypatch.setattr(device.capacity, "_APPLIED", {})
     monkeypatch.delenv(device.MEMORY_CAP_ENV, raising=False)
     return fractions
 
@@ -104,7 +104,7 @@ def test_on_the_cpu_a_cap_sizes_the_plan_only(monkeypatch):
     calls = []
     monkeypatch.setattr(device.torch.cuda, "set_per_process_memory_fraction", lambda *a: calls.append(a))
     monkeypatch.setenv(device.MEMORY_CAP_ENV, "4")
-    monkeypatch.setattr(device, "_APPLIED", {})
+    monkeypatch.setattr(device.capacity, "_APPLIED", {})
     assert Machine.detect().memory_gib == 4 if device.detect() == "cpu" else True
     assert device.apply_memory_cap(4, kind="cpu") is None and calls == []
     assert device.device_share(0.3, kind="cpu") == 0.3

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import importlib.util
-import math
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -331,6 +330,12 @@ def allocated_bytes(index: int = 0, kind: str | None = None) -> int:
     return 0 if kind == "cpu" else int(_module(kind).memory_allocated(index))
 
 
+def reserved_bytes(index: int = 0, kind: str | None = None) -> int:
+    """Device memory torch's caching allocator holds in this process (live tensors and cached blocks; 0 on the CPU)."""
+    kind = kind or detect()
+    return 0 if kind == "cpu" else int(_module(kind).memory_reserved(index))
+
+
 def driver_allocations(index: int = 0, kind: str | None = None) -> int:
     """How many times torch's caching allocator has asked the driver for device memory so far (``num_device_alloc``:
     cudaMalloc or, with expandable segments, each mapping); 0 on the CPU. A cache emptied between steps shows here."""
@@ -444,165 +449,6 @@ def visible_devices_env(indices: list[int], kind: str | None = None) -> dict[str
 
 
 # --------------------------------------------------------------------------------------------------
-# A smaller device: GRPO_LAB_DEVICE_MEMORY_GIB
-# --------------------------------------------------------------------------------------------------
-MEMORY_CAP_ENV = "GRPO_LAB_DEVICE_MEMORY_GIB"
-"""``GRPO_LAB_DEVICE_MEMORY_GIB=N``: device 0 as an N GiB card, for its memory only (:data:`MEMORY_CAP_LIMITS`)."""
-# Where the package enforces a cap: on CUDA torch's per-process fraction caps the trainer's process (TRL's colocated
-# vLLM inside it) and each vLLM share it passes is converted (a vLLM server is a process of its own, not under that
-# cap). Elsewhere the cap sizes the plan only: host memory has no allocator cap; torch_npu's has not run here.
-MEMORY_CAP_ENFORCED = {"cuda": True, "npu": False, "cpu": False}
-MEMORY_CAP_LIMITS = (
-    "memory bandwidth and compute: the steps run at the real device's speed, not a smaller card's",
-    "other processes: memory another process holds on the device is not inside the cap",
-    "memory outside torch's allocator (the CUDA context, about 0.5 GiB, NCCL and vLLM's non-torch buffers) is not "
-    "counted against the cap; a real card of N GiB holds it too",
-)
-"""What a cap does not emulate."""
-CAP_ROUNDING_GIB = 0.01
-"""A cap this close above the device's total is the whole device (sizes written with two decimals)."""
-_APPLIED: dict[tuple[str, int], MemoryCap] = {}
-
-
-class MemoryCapError(DeviceError):
-    """A device memory cap that cannot stand for a smaller device (not a positive number, or larger than the device)."""
-
-
-@dataclass(frozen=True)
-class MemoryCap:
-    """A device of ``memory_gib`` stood in for by a real one of ``device_gib``."""
-
-    memory_gib: float
-    device_gib: float
-    kind: str
-
-    @property
-    def fraction(self) -> float:
-        """The cap as a share of the real device (torch's per-process fraction)."""
-        return self.memory_gib / self.device_gib
-
-    @property
-    def enforced(self) -> bool:
-        """Whether the package enforces the cap on this device kind (:data:`MEMORY_CAP_ENFORCED`)."""
-        return MEMORY_CAP_ENFORCED[self.kind]
-
-    def device_share(self, share: float) -> float:
-        """A vLLM share of N GiB as one of the real device, rounded down to 1e-4 (unchanged where not enforced).
-
-        >>> MemoryCap(24, 139.8, "cuda").device_share(0.3)
-        0.0515
-        """
-        if not self.enforced:
-            return share
-        return math.floor(share * self.fraction * 10_000) / 10_000
-
-    def describe(self) -> str:
-        how = "enforced (torch's per-process fraction, vLLM shares converted)" if self.enforced else "the plan only"
-        return (f"treated as {self.memory_gib:g} GiB ({MEMORY_CAP_ENV}) of its {self.device_gib:.1f} GiB; {how}. "
-                f"Not emulated: " + "; ".join(MEMORY_CAP_LIMITS))
-
-
-def memory_cap_gib(environ: dict[str, str] | None = None) -> float | None:
-    """The size ``GRPO_LAB_DEVICE_MEMORY_GIB`` gives the device, GiB (None when unset or empty)."""
-    text = (os.environ if environ is None else environ).get(MEMORY_CAP_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise MemoryCapError(f"{MEMORY_CAP_ENV}={text!r} is not a number: give the device's size in GiB "
-                             f"(e.g. {MEMORY_CAP_ENV}=24 for a 24 GiB card), or unset it.") from None
-    return check_memory_cap(value, None, "cpu").memory_gib
-
-
-def check_memory_cap(memory_gib: float, device_gib: float | None, kind: str) -> MemoryCap:
-    """A cap of ``memory_gib`` on a ``kind`` device of ``device_gib`` (host memory on the CPU): positive, not larger."""
-    if isinstance(memory_gib, bool) or not isinstance(memory_gib, (int, float)) or not memory_gib > 0:
-        raise MemoryCapError(f"a device memory cap of {memory_gib!r} GiB: it must be a positive number of GiB (the "
-                             f"size of the device to stand for, e.g. {MEMORY_CAP_ENV}=24), or unset.")
-    if device_gib is not None and memory_gib > device_gib + CAP_ROUNDING_GIB:
-        where = "host memory" if is_cpu(kind) else f"{kind} device 0"
-        raise MemoryCapError(f"a device memory cap of {memory_gib:g} GiB is larger than the {where} it runs on "
-                             f"({device_gib:.1f} GiB): a cap stands for a smaller device. Use at most "
-                             f"{math.floor(device_gib * 10) / 10:g}, or unset {MEMORY_CAP_ENV}.")
-    device_gib = float(memory_gib if device_gib is None else device_gib)
-    return MemoryCap(min(float(memory_gib), device_gib), device_gib, kind)
-
-
-def memory_cap(index: int = 0, kind: str | None = None) -> MemoryCap | None:
-    """The cap in force here: the one :func:`apply_memory_cap` set, else ``GRPO_LAB_DEVICE_MEMORY_GIB``'s, or None."""
-    kind = kind or detect()
-    if (kind, index) in _APPLIED:
-        return _APPLIED[kind, index]
-    cap = memory_cap_gib()
-    return None if cap is None else check_memory_cap(cap, memory_info(index, kind).total_gib, kind)
-
-
-def device_memory_gib(index: int = 0, kind: str | None = None) -> float:
-    """The device's size as the package treats it, GiB: the cap in force (:func:`memory_cap`), else its total."""
-    kind = kind or detect()
-    cap = memory_cap(index, kind)
-    return cap.memory_gib if cap is not None else memory_info(index, kind).total_gib
-
-
-def apply_memory_cap(memory_gib: float, index: int = 0, kind: str | None = None) -> MemoryCap | None:
-    """Make this process treat device ``index`` as ``memory_gib`` GiB (a :class:`Machine`'s): on CUDA
-    ``torch.cuda.set_per_process_memory_fraction(memory_gib / total)`` (an allocation past it raises torch's
-    ``OutOfMemoryError``, as on such a card) and vLLM shares converted from then on (:func:`device_share`). None for
-    the whole device, and on the CPU and the NPU (:data:`MEMORY_CAP_ENFORCED`); larger than the device is refused. Not
-    emulated: :data:`MEMORY_CAP_LIMITS`."""
-    kind = kind or detect()
-    if not MEMORY_CAP_ENFORCED[kind]:  # nothing to enforce: the plan was sized for memory_gib already
-        check_memory_cap(memory_gib, None, kind)
-        return None
-    total = memory_info(index, kind).total_gib
-    cap = check_memory_cap(memory_gib, total, kind)
-    if cap.memory_gib >= total:
-        _APPLIED.pop((kind, index), None)
-        return None
-    torch.cuda.set_per_process_memory_fraction(cap.fraction, index)
-    _APPLIED[kind, index] = cap
-    return cap
-
-
-def enforce_memory_cap(index: int = 0, kind: str | None = None) -> MemoryCap | None:
-    """Enforce the cap in force (:func:`memory_cap`): a trainer's process does, given a Machine or not."""
-    cap = memory_cap(index, kind)
-    return None if cap is None else apply_memory_cap(cap.memory_gib, index, kind)
-
-
-def device_memory_of(pids: set[int], kind: str | None = None) -> int | None:
-    """Bytes the driver counts for these processes (``nvidia-smi --query-compute-apps``); None off CUDA or unlisted."""
-    if not is_cuda(kind):
-        return None
-    import subprocess
-
-    listing = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30).stdout
-    used = [int(mib) * 2**20 for pid, mib in (line.split(",") for line in listing.splitlines() if line.count(",") == 1)
-            if pid.strip().isdigit() and int(pid) in pids and mib.strip().isdigit()]
-    return sum(used) if used else None
-
-
-def capped_memory_info(index: int = 0, kind: str | None = None) -> MemoryInfo:
-    """:func:`memory_info` of the capped device (total: the cap; free: what it leaves beside this process's torch
-    memory), what a vLLM start from this process is checked against as vLLM checks a real card."""
-    kind = kind or detect()
-    real, cap = memory_info(index, kind), memory_cap(index, kind)
-    if cap is None or not cap.enforced:
-        return real
-    total = int(cap.memory_gib * 2**30)
-    return MemoryInfo(total, min(real.free_bytes, total - int(_module(kind).memory_reserved(index))))
-
-
-def device_share(share: float, index: int = 0, kind: str | None = None) -> float:
-    """vLLM's ``gpu_memory_utilization`` for a share of the device as the package treats it: under a cap in force
-    (:func:`memory_cap`), ``share × cap / total`` of the real device, which vLLM divides; else ``share``."""
-    cap = memory_cap(index, kind or detect())
-    return share if cap is None else cap.device_share(share)
-
-
-# --------------------------------------------------------------------------------------------------
 # QLoRA's 4-bit base (bitsandbytes)
 # --------------------------------------------------------------------------------------------------
 # ``load_in_4bit`` (TRL's name) by device: None where the course runs QLoRA, else why not. bitsandbytes 0.50.2: 4-bit
@@ -620,3 +466,28 @@ FOUR_BIT_MISSING: dict[str, str | None] = {
 def four_bit_missing(kind: str | None = None) -> str | None:
     """None where the course trains a 4-bit base (QLoRA) on this device kind, else why not."""
     return FOUR_BIT_MISSING[kind or detect()]
+
+
+# Where the package enforces a cap: on CUDA torch's per-process fraction caps the trainer's process (TRL's colocated
+# vLLM inside it) and each vLLM share it passes is converted (a vLLM server is a process of its own, not under that
+# cap). Elsewhere the cap sizes the plan only: host memory has no allocator cap; torch_npu's has not run here.
+MEMORY_CAP_ENFORCED = {"cuda": True, "npu": False, "cpu": False}
+
+
+# A smaller device (GRPO_LAB_DEVICE_MEMORY_GIB): its own module, the same names here.
+from grpo_lab.device.capacity import (  # noqa: E402  (after the queries it builds on)
+    CAP_ROUNDING_GIB,
+    MEMORY_CAP_ENV,
+    MEMORY_CAP_LIMITS,
+    MemoryCap,
+    MemoryCapError,
+    apply_memory_cap,
+    capped_memory_info,
+    check_memory_cap,
+    device_memory_gib,
+    device_memory_of,
+    device_share,
+    enforce_memory_cap,
+    memory_cap,
+    memory_cap_gib,
+)
