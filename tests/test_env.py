@@ -166,6 +166,19 @@ def test_quiet_notebook_filters_each_named_warning_and_nothing_else(monkeypatch,
     assert env.in_notebook() is False and env.show_progress() is True  # a test is not a notebook
 
 
+def test_the_liger_filter_names_the_module_that_calls_trls_init():
+    """TRL 1.16 raises its Liger notice inside ``GRPOTrainer.__init__`` with ``stacklevel=2``: Python files it under
+    the module whose code calls that ``__init__``, grpo_lab's class that derives from ``GRPOTrainer`` itself (the
+    filter named grpo_lab.trainer until the speed-ups moved out of it, and the GPU course run showed the warning)."""
+    import trl
+
+    import grpo_lab.trainer  # noqa: F401  (imports every grpo_lab subclass of TRL's trainer)
+
+    callers = {cls.__module__ for cls in trl.GRPOTrainer.__subclasses__() if cls.__module__.startswith("grpo_lab.")}
+    liger = next(item for item in env.HARMLESS_WARNINGS if "use_liger_kernel" in item.message)
+    assert callers == {liger.module}
+
+
 def test_a_command_that_fails_for_a_known_reason_says_so_without_a_traceback(capsys, monkeypatch):
     """`grpo-lab serve` on a folder that is not there: the message and the fix, exit code 1, no traceback (a
     GrpoLabError's message is written for people); GRPO_LAB_DEBUG=1 brings the traceback back."""

@@ -231,13 +231,31 @@ GPU_RUN_DIR = REPO_ROOT / "benchmarks" / "course_gpu" / "results"
 """The committed run of the whole course on one H200 with SmolLM2-135M-Instruct (benchmarks/course_gpu/README.md)."""
 
 
+FIXED_SINCE_THE_COMMITTED_RUN = {
+    # (the commit results/run.json names, rule, the problem's pattern): what fixed it after that run, and what holds it
+    ("63bd204", "no warnings", r"speedups\.py:\d+: FutureWarning: `use_liger_kernel=True` is deprecated"):
+        "TRL's Liger notice names the module that calls GRPOTrainer.__init__, which the trainer split moved to "
+        "grpo_lab.speedups while quiet_notebook's filter still named grpo_lab.trainer; the filter now follows the "
+        "class (tests/test_env.py::test_the_liger_filter_names_the_module_that_calls_trls_init)",
+}
+"""Defects the committed GPU run recorded (its outputs stay as they ran) and that were fixed after it; any other
+problem fails, and so does one of these on a run of another commit."""
+
+
+def _not_fixed_since(rule: str, problems: list[str], commit: str) -> list[str]:
+    fixed = [re.compile(pattern) for (at, name, pattern) in FIXED_SINCE_THE_COMMITTED_RUN if (at, name) == (commit, rule)]
+    return [problem for problem in problems if not any(pattern.search(problem) for pattern in fixed)]
+
+
 @pytest.mark.parametrize("rule", list(RULES))
 def test_the_committed_gpu_run_follows_the_rule(rule):
     """The same rules hold on the accelerator: vLLM's CUDA-graph bars, Liger's and TRL's warnings kept out."""
     notebooks = {path.name: nbformat.read(path, as_version=4) for path in sorted(GPU_RUN_DIR.glob("[0-9][0-9]_*.ipynb"))}
     assert len(notebooks) == len(list((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))), "a notebook is missing"
     assert all(_was_executed(nb) for nb in notebooks.values())
-    _report(f"rule '{rule}' on the committed GPU run", {name: RULES[rule](nb) for name, nb in notebooks.items()})
+    commit = json.loads((GPU_RUN_DIR / "run.json").read_text())["commit"]
+    _report(f"rule '{rule}' on the committed GPU run",
+            {name: _not_fixed_since(rule, RULES[rule](nb), commit) for name, nb in notebooks.items()})
 
 
 def _latest_partial_gpu_run() -> Path:
