@@ -39,6 +39,12 @@ GPU_ENV = {"PYTHONPATH": f"/tmp/grpo-gpu-site:{REPO}", "VLLM_USE_FLASHINFER_SAMP
            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
            "MPLBACKEND": "Agg", "GRPO_LAB_PROFILE": "gpu"}
 SMOLLM2 = "/tmp/grpo-smollm2/model"
+MASTER_PORT_BASE = 29610
+"""Each job's TRL colocate process group gets a port of its own (side by side, TRL's default 29500 clashed:
+``EADDRINUSE`` in the 2026-12-03 session)."""
+START_STAGGER_S = 60
+"""Seconds between the jobs' starts: vLLM 0.26 asserts when another process frees device memory while it profiles
+its own at engine start (seen beside other jobs on 2026-12-03), so the engines should not start together."""
 
 
 def job_environment(job: str, environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -50,7 +56,8 @@ def job_environment(job: str, environ: dict[str, str] | None = None) -> dict[str
     return {**environ, **GPU_ENV, "PYTHONPATH": ":".join(p for p in path if p),
             "PATH": f"/tmp/grpo-gpu-site/bin:{environ.get('PATH', '')}", "GRPO_LAB_DEVICE_MEMORY_GIB": f"{cap:g}",
             "GRPO_LAB_MODEL": environ.get("GRPO_LAB_MODEL", SMOLLM2),
-            "VLLM_CACHE_ROOT": str(WORK / "vllm-cache" / job), "GRPO_LAB_RUN_DIR": str(WORK / "runs" / job)}
+            "VLLM_CACHE_ROOT": str(WORK / "vllm-cache" / job), "GRPO_LAB_RUN_DIR": str(WORK / "runs" / job),
+            "MASTER_PORT": str(MASTER_PORT_BASE + [*JOBS, "bench-80"].index(job))}
 
 
 def describe_jobs() -> str:
@@ -141,7 +148,8 @@ def run_jobs(jobs: list[str]) -> int:
     (WORK / "done").unlink(missing_ok=True)
     (WORK / "jobs.json").write_text(json.dumps({"jobs": jobs, "started": time.time()}))
     children = {}
-    for job in jobs:
+    for position, job in enumerate(jobs):
+        time.sleep(START_STAGGER_S if position else 0)
         if job == "bench-80":
             (WORK / "logs").mkdir(parents=True, exist_ok=True)
             log = (WORK / "logs" / "bench-80.log").open("w")
