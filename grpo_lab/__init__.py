@@ -53,7 +53,7 @@ _NAMES: dict[str, str] = {
 _MODULES: tuple[str, ...] = (
     "advantages", "async_grpo", "bench", "cli", "course", "data", "deploy", "device", "doctor", "env", "errors",
     "evaluation", "experiment", "load_test", "lora", "memory", "models", "paths", "plots", "results", "rewards",
-    "rollout", "runs", "scale", "train", "verl_export", "verl_parity", "weight_sync", "widgets",
+    "rollout", "runs", "scale", "tool_use", "tools", "train", "verl_export", "verl_parity", "weight_sync", "widgets",
 )
 
 __all__ = ["__version__", *_NAMES, *_MODULES]

