@@ -8,6 +8,9 @@ it). The whole lesson is ``grpo_lab.tool_use.run_lesson`` with the ``gpu`` profi
     GRPO_LAB_PROFILE=gpu GRPO_LAB_MODEL=/tmp/grpo-smollm2/model python3 benchmarks/tools_smollm2/run.py --out DIR
     python benchmarks/tools_smollm2/run.py --smoke --out /tmp/tools-smoke     # the same code on a CPU, tiny model
 
+``--out`` receives ``results.json`` only; the primed and trained models go to ``--work`` (default
+``/tmp/tools-smollm2``), which is replaced.
+
 ``--smoke`` runs the tiny profile with a smaller lesson (40 priming traces, 20 problems, 2 GRPO steps) to check the
 script, not to measure anything.
 """
@@ -19,6 +22,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -39,7 +43,8 @@ def smoke_lesson(lesson: tool_use.ToolLesson) -> tool_use.ToolLesson:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for results.json and the models")
+    parser.add_argument("--out", type=Path, required=True, help="folder for results.json")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/tools-smollm2"), help="folder for the models")
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the lesson's)")
     parser.add_argument("--smoke", action="store_true", help="the tiny profile, a small lesson, on any machine")
     args = parser.parse_args(argv)
@@ -49,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     lesson = tool_use.LESSONS[profile_name(machine=machine)]
     lesson = smoke_lesson(lesson) if args.smoke else lesson
     base_model = TrainConfig().with_profile(machine).model
-    run = tool_use.run_lesson(base_model, lesson, machine, args.out,
+    shutil.rmtree(args.work, ignore_errors=True)
+    run = tool_use.run_lesson(base_model, lesson, machine, args.work,
                               **({"max_steps": args.steps} if args.steps else {}))
     command = "python3 benchmarks/tools_smollm2/run.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     record = run.record(command, device.device_name(kind=machine.kind))
