@@ -20,7 +20,7 @@ The last three re-raise (as :class:`ToolCallError`), so TRL does what it does wi
 ``tools/failure_frequency`` and hands the model ``{"error": "..."}`` as the tool's answer. A model that keeps calling
 is stopped by TRL's ``max_tool_calling_iterations``. Arguments that are not an object at all (``"arguments": "6*7"``)
 fail inside TRL, before any tool runs: TRL counts those in ``tools/failure_frequency`` only. During training
-:meth:`ToolSet.callback` writes the counts into each logged step (``tools/<kind>``, calls since the last log).
+:meth:`ToolSet.callbacks` writes the counts into each logged step (``tools/<kind>``, calls since the last log).
 
 **The chat template** (:data:`TOOL_CHAT_TEMPLATE`): ChatML (``<|im_start|>role ... <|im_end|>``, what the tiny model and
 SmolLM2 already speak) plus Qwen2.5's tool format (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in the

@@ -51,9 +51,9 @@ from grpo_lab.tool_use.priming import TOOL_TOKENS, PrimedModel, PrimingConfig, a
 from grpo_lab.tool_use.traces import expression_of, priming_rows, trace
 
 __all__ = [
-    "CALL_OPEN", "EVAL_ERROR_KINDS", "GAINS", "LESSONS", "LessonRun", "STAGES", "TOOLS_SMOLLM2_FILE", "TOOL_TOKENS", "Conversation",
-    "PrimedModel", "PrimingConfig", "ToolLesson", "ToolRun", "ToolUseReport", "add_tool_tokens", "committed_tool_run",
-    "evaluate_tool_use", "expression_of", "gain_record", "lesson_gains", "mean_and_error", "model_rows",
-    "paired_gain", "play_tool_loop", "prime", "priming_rows", "render_prompts", "run_call", "run_lesson", "tool_suffix_text",
-    "trace", "turn_batches",
+    "CALL_OPEN", "EVAL_ERROR_KINDS", "GAINS", "LESSONS", "STAGES", "TOOLS_SMOLLM2_FILE", "TOOL_TOKENS",
+    "Conversation", "LessonRun", "PrimedModel", "PrimingConfig", "ToolLesson", "ToolRun", "ToolUseReport",
+    "add_tool_tokens", "committed_tool_run", "evaluate_tool_use", "expression_of", "gain_record", "lesson_gains",
+    "mean_and_error", "model_rows", "paired_gain", "play_tool_loop", "prime", "priming_rows", "render_prompts",
+    "run_call", "run_lesson", "tool_suffix_text", "trace", "turn_batches",
 ]

@@ -31,7 +31,6 @@ EVAL_ERROR_KINDS = ("unparsed", "unknown_tool", "bad_arguments", "raised", "time
 """How a call the model wrote can fail: it does not parse, names no offered tool, or fails in the guard."""
 
 
-
 @dataclass
 class Conversation:
     """One greedy answer to one problem, turn by turn, and what its calls did."""
@@ -180,8 +179,8 @@ def turn_batches(prompt_tokens: Sequence[int], budgets: Sequence[int], window: i
     return batches
 
 
-def play_tool_loop(engine: RolloutEngine, prompts: Sequence[str], tool_set: ToolSet | None, max_completion_length: int,
-                   max_tool_calling_iterations: int | None = None) -> list[Conversation]:
+def play_tool_loop(engine: RolloutEngine, prompts: Sequence[str], tool_set: ToolSet | None,
+                   max_completion_length: int, max_tool_calling_iterations: int | None = None) -> list[Conversation]:
     """Greedy answers to rendered ``prompts`` on ``engine``, with TRL's tool loop when ``tool_set`` is given: a turn
     that calls tools gets their answers appended and the model goes on, for at most ``max_tool_calling_iterations``
     rounds of calls (None: until it stops calling) and ``max_completion_length`` tokens in all."""
