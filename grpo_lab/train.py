@@ -288,6 +288,7 @@ def grpo_args(config: TrainConfig, use_vllm: bool):
         vllm_max_model_length=config.max_model_len,
         vllm_enable_sleep_mode=config.vllm_enable_sleep_mode,
         vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
+        max_tool_calling_iterations=config.max_tool_calling_iterations,
         use_liger_kernel=bool(config.use_liger_kernel),
         # colocated: no detokenizing in the decode loop's thread, flat log-probs (grpo_lab.trainer says why)
         generation_kwargs=_colocated_sampling_arguments() if use_vllm and config.vllm_mode == "colocate" else None,

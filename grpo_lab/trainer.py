@@ -96,7 +96,8 @@ TRL_INTERNALS: tuple[TrlName, ...] = (
         "vllm_server_base_url", "beta", "loss_type", "scale_rewards", "reward_weights", "use_vllm", "vllm_mode",
         "vllm_group_port", "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_enable_sleep_mode",
         "use_liger_kernel", "generation_kwargs", "dataloader_num_workers", "steps_per_generation", "num_iterations",
-        "top_entropy_quantile", "vllm_importance_sampling_correction", "off_policy_mask_threshold")),
+        "top_entropy_quantile", "vllm_importance_sampling_correction", "off_policy_mask_threshold",
+        "max_tool_calling_iterations")),
     TrlName("not_config", "trl.GRPOConfig", "max_prompt_length",
             "TRL 1.16 has none and never truncates prompts: grpo_lab checks prompt lengths itself "
             "(experiment.check_prompt_lengths) and sizes vLLM with vllm_max_model_length"),

@@ -5,7 +5,6 @@ benchmark's CPU-runnable parts."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import signal
 import sys
@@ -60,10 +59,12 @@ def test_the_calculator_never_evaluates_code():
 def test_tools_are_named_in_the_config_and_reach_trl():
     from trl import GRPOConfig
 
+    from grpo_lab.train import grpo_args
+
     config = TrainConfig(profile="tiny", tools="calculator", max_tool_calling_iterations=3, output_dir="run").resolve(CPU)
     assert config.tools == ("calculator",)
-    assert config.trl_kwargs()["max_tool_calling_iterations"] == 3
-    assert "max_tool_calling_iterations" in {f.name for f in dataclasses.fields(GRPOConfig)}
+    assert grpo_args(config, use_vllm=False).max_tool_calling_iterations == 3
+    assert isinstance(grpo_args(config, use_vllm=False), GRPOConfig)
     assert TrainConfig.from_dict(config.to_dict()).tools == ("calculator",)
     with pytest.raises(ConfigError, match="Unknown tool 'abacus'.*calculator"):
         TrainConfig(tools=("abacus",))

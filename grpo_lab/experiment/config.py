@@ -348,7 +348,7 @@ class TrainConfig:
         names = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
                  "max_completion_length", "learning_rate", "lr_scheduler_type", "warmup_steps", "temperature", "top_p",
                  "gradient_checkpointing", "logging_steps", "save_steps", "save_total_limit", "seed",
-                 "vllm_server_timeout", "max_tool_calling_iterations")
+                 "vllm_server_timeout")
         return {**{name: getattr(self, name) for name in names},
                 "output_dir": str(Path(self.output_dir) / CHECKPOINTS), "bf16": bool(self.bf16),
                 "use_cpu": device.is_cpu(self.device), "save_strategy": "steps", "data_seed": self.seed, "report_to": "none",
