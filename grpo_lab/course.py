@@ -55,6 +55,8 @@ REOPEN: tuple[tuple[str, str, str], ...] = (
     ("serve what you trained", "05_deployment", "export, verify, serve and load-test the run's final model"),
     ("find out what limits your step", "06_performance", "generation or update: the measured split and the roofline"),
     ("more than one device", "07_scale_out", "server mode, asynchronous GRPO, or an export to verl"),
+    ("teach the model to call a tool", "10_tools",
+     "register your tool (tools.register_tool), prime the call format, then TrainConfig(tools=...) with GRPO"),
     ("a new machine or a new version stack", "00_environment", "the environment report and the smoke test"),
 )
 """(goal, notebook, what to change there)."""

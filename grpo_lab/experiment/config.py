@@ -32,6 +32,7 @@ from grpo_lab.rollout import RolloutConfig
 from grpo_lab.runs import CHECKPOINTS
 from grpo_lab.upstream import SHARED_TRL_FIELDS
 from grpo_lab.tracking import TRACKERS, TRACKIO_PROJECT
+from grpo_lab.tools import get_tool
 
 
 @dataclass(frozen=True)
@@ -160,9 +161,16 @@ class TrainConfig:
     ignore_eos: bool = False
     """Every completion runs to ``max_completion_length`` (vLLM's ``SamplingParams`` name; ``min_new_tokens`` with HF
     generate): the memory planner's case, for measurement runs (a model stops much earlier on its own)."""
+    tools: tuple[str, ...] = ()
+    """Tools the model may call in its rollouts, by registered name (``grpo_lab.tools.list_tools()``; TRL's
+    ``GRPOTrainer(tools=...)``), each call behind grpo_lab.tools' guard. The model's chat template must render and
+    parse tool calls (``grpo_lab.tool_use.prime`` saves one with the model; notebook 10)."""
+    max_tool_calling_iterations: int | None = None
+    """Rounds of tool calls in one completion (TRL's name; None: until the model stops calling). The tools' answers
+    count against ``max_completion_length``: TRL appends them inside the completion."""
 
     def __post_init__(self) -> None:
-        for name in ("train_types", "train_languages", "rewards", "reward_weights"):
+        for name in ("train_types", "train_languages", "rewards", "reward_weights", "tools"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
@@ -181,7 +189,7 @@ class TrainConfig:
             profile_name(self.profile)  # raises with the known names
         for name in ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                      "max_prompt_length", "max_completion_length", "max_steps", "save_steps", "logging_steps",
-                     "plot_every", "train_size", "eval_size", "lora_r", "lora_alpha"):
+                     "plot_every", "train_size", "eval_size", "lora_r", "lora_alpha", "max_tool_calling_iterations"):
             _check_positive_int(name, getattr(self, name))
         if self.num_generations is not None:
             memory.check_group(self.num_generations, self.per_device_train_batch_size, self.gradient_accumulation_steps,
@@ -218,6 +226,11 @@ class TrainConfig:
         if not self.lora_target_modules or not all(isinstance(m, str) and m for m in self.lora_target_modules):
             raise ConfigError(f"lora_target_modules={self.lora_target_modules!r}: name the modules that get an adapter "
                               f"(default: {', '.join(LORA_TARGET_MODULES)}).")
+        for name in self.tools:
+            get_tool(name)  # raises with the known names
+        if self.max_tool_calling_iterations is not None and not self.tools:
+            raise ConfigError(f"max_tool_calling_iterations={self.max_tool_calling_iterations} caps rounds of tool "
+                              f"calls, but no tools are named: set tools=(...) too (grpo_lab.tools.list_tools()).")
         self.check_sleep_mode()
         self.check_four_bit()
 

@@ -72,10 +72,15 @@ def check_lengths(config: TrainConfig, max_model_len: int | None) -> None:
             f"shorten the prompts.")
 
 
-def check_prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_length: int) -> int:
-    """Return the longest tokenized prompt (chat template applied, as the trainer and the rollout engine see it);
-    raise if it exceeds ``max_prompt_length`` (TRL would not truncate)."""
-    lengths = [len(p.token_ids) for p in encode_prompts(tokenizer, [row["prompt"] for row in rows])]
+def check_prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_length: int,
+                         tools: Sequence[Any] = ()) -> int:
+    """Return the longest tokenized prompt (chat template applied, as the trainer and the rollout engine see it; with
+    ``tools``, listed in it as TRL lists them); raise if it exceeds ``max_prompt_length`` (TRL would not truncate)."""
+    if tools:
+        lengths = [len(tokenizer.apply_chat_template(row["prompt"], tools=list(tools), add_generation_prompt=True,
+                                                     tokenize=True, return_dict=False)) for row in rows]
+    else:
+        lengths = [len(p.token_ids) for p in encode_prompts(tokenizer, [row["prompt"] for row in rows])]
     longest = max(lengths, default=0)
     longest_row = lengths.index(longest) if lengths else 0
     if longest > max_prompt_length:

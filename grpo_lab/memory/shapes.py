@@ -397,7 +397,10 @@ class TrainingShape:
 
     @property
     def sequence_length(self) -> int:
-        """The longest sequence of the step (prompt + completion): what activations and KV blocks are sized for."""
+        """The longest sequence of the step (prompt + completion): what activations and KV blocks are sized for. With
+        tools too (TRL's ``tools=``): TRL appends the tools' answers inside the completion and drops one that would
+        push it past ``max_completion_length``, and each later turn is a new request within vLLM's window, so a
+        multi-turn rollout is at most this long (its prompt lists the tools: count them in ``max_prompt_length``)."""
         return self.max_prompt_length + self.max_completion_length
 
     @property
