@@ -9,7 +9,7 @@
 * ``GRPOConfig`` with every field the course set: the keyword arguments :func:`grpo_lab.train.grpo_args` passes to
   TRL, recorded while it builds the run's config (:func:`grpo_kwargs`), not listed a second time here;
 * PEFT's ``LoraConfig`` when the run trained LoRA (the arguments :func:`grpo_lab.lora.lora_config` passes, recorded the
-  same way); :func:`quantization_kwargs` is the place for QLoRA's ``BitsAndBytesConfig``;
+  same way); QLoRA's ``BitsAndBytesConfig`` recorded the same way (:func:`quantization_kwargs`);
 * at its top, in comments, what grpo_lab adds to stock ``GRPOTrainer`` and what each addition bought, with the
   measured figure and the file it comes from (:data:`ADDITIONS`).
 
@@ -216,13 +216,13 @@ def lora_kwargs(config: TrainConfig) -> dict[str, Any] | None:
 
 
 def quantization_kwargs(config: TrainConfig) -> dict[str, Any] | None:
-    """The ``BitsAndBytesConfig`` fields of a QLoRA run, None for any other. This TrainConfig has no QLoRA field:
-    when one (``load_in_4bit``) and grpo_lab's builder of the ``BitsAndBytesConfig`` exist, record the builder here as
-    :func:`lora_kwargs` records PEFT's; the script already renders a non-None result."""
-    if getattr(config, "load_in_4bit", False):
-        raise RecipeError("this grpo_lab cannot write QLoRA's BitsAndBytesConfig into a recipe yet "
-                          "(grpo_lab.recipe.quantization_kwargs)")
-    return None
+    """The ``BitsAndBytesConfig`` fields of a QLoRA run (``load_in_4bit``) as :func:`grpo_lab.lora.quantization_config`
+    has TRL build them (``trl.get_quantization_config``), recorded; None for any other run."""
+    if not config.load_in_4bit:
+        return None
+    fields = recorded_kwargs("trl.trainer.utils", "BitsAndBytesConfig", lambda: lora.quantization_config(config))
+    return {name: str(value).removeprefix("torch.") if name.endswith("_dtype") else value
+            for name, value in fields.items() if value is not None}
 
 
 # --------------------------------------------------------------------------------------------------

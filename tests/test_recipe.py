@@ -184,6 +184,21 @@ def test_a_quantized_recipe_renders_its_bits_and_bytes_config(tmp_path):
     assert "quantization_config=BitsAndBytesConfig(**QUANTIZATION) if QUANTIZATION else None" in script
 
 
+def test_a_qlora_run_carries_the_bits_and_bytes_config_grpo_lab_builds(tmp_path):
+    """A QLoRA run (``load_in_4bit``, CUDA) exported on a CPU: the fields TRL's builder gets from grpo_lab.lora."""
+    from transformers import BitsAndBytesConfig
+
+    from grpo_lab.device import Machine
+
+    gpu = Machine("cuda", True, 16, "a 16 GiB GPU")
+    config = TrainConfig(profile="gpu", use_peft=True,
+                         load_in_4bit=True, output_dir=str(tmp_path / "run")).resolve(gpu)
+    fields = recipe.quantization_kwargs(config)
+    assert fields["load_in_4bit"] and fields["bnb_4bit_quant_type"] == "nf4"
+    assert BitsAndBytesConfig(**fields).to_dict() == lora.quantization_config(config).to_dict()
+    assert recipe.quantization_kwargs(dataclasses.replace(config, load_in_4bit=False)) is None
+
+
 def test_the_script_imports_only_the_stock_packages(tmp_path):
     script = recipe.render(recipe.build_recipe(TrainConfig(**TINY, output_dir=str(tmp_path / "run")).resolve(CPU)))
     tree = ast.parse(script)
