@@ -93,7 +93,8 @@ def policy(config: Any) -> tuple[Any, Any, Any]:
         verify_model_dir(name)
     if Path(name).is_dir():
         require_safetensors(name)
-    return name, AutoTokenizer.from_pretrained(name), AutoConfig.from_pretrained(name)
+    return (name, AutoTokenizer.from_pretrained(name, trust_remote_code=False),
+            AutoConfig.from_pretrained(name, trust_remote_code=False))
 
 
 def peft_name_to_base(name: str) -> str:

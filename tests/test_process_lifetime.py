@@ -450,7 +450,7 @@ def test_server_mode_killed_leaves_nothing_running_and_complete_checkpoints(tmp_
     run = tmp_path / "run"
     owner = start_owner([sys.executable, "-m", "grpo_lab.cli", "scale", "--profile", "tiny", "--max-steps", "200",
                          "--save-steps", "1", "--output-dir", str(run), "--train-size", "64"])
-    port = int(read_until(owner, r"Rollout server ready at http://127\.0\.0\.1:(\d+)").group(1))
+    port = int(read_until(owner, r"Rollout server starting at http://127\.0\.0\.1:(\d+)").group(1))
     deadline = time.monotonic() + STARTUP_S
     while not runs.list_checkpoints(run):
         assert time.monotonic() < deadline and owner.poll() is None, servers.log_tail(run / scale.TRAINER_LOG)

@@ -85,7 +85,8 @@ def engine_and_trainer(request):
 
 def test_each_layout_syncs_through_the_reload_and_the_head_repack(engine_and_trainer):
     layout, llm, model, prompt_ids, completion_ids = engine_and_trainer
-    generation = types.SimpleNamespace(llm=llm, model=model, enable_sleep_mode=False)  # what the sync reads of TRL's
+    generation = types.SimpleNamespace(llm=llm, model=model, enable_sleep_mode=False,  # what the sync reads of TRL's
+                                       _iter_named_params=model.named_parameters)
 
     def gap() -> float:
         return weight_sync.logprob_gap(model, llm, prompt_ids, completion_ids)

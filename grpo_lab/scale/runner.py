@@ -197,7 +197,8 @@ def server_train_config(train_config: TrainConfig, machine: Machine | None = Non
 
 def run_server_mode(config: ServerModeConfig | None = None, train_config: TrainConfig | None = None
                     ) -> ServerModeResult:
-    """Server mode end to end: plan the devices, start the rollout server, train, stop everything.
+    """Server mode end to end: plan the devices, start the rollout server and, while it starts, the trainer (which
+    waits for it: ``vllm_server_timeout``), train, stop everything.
 
     Raises :class:`ScaleOutError` naming the log file when the server does not come up, dies, or the trainer
     fails; nothing keeps running afterwards.
@@ -210,9 +211,12 @@ def run_server_mode(config: ServerModeConfig | None = None, train_config: TrainC
                          f"others can serve rollouts: tensor parallel).")
     train_config = server_train_config(train_config or TrainConfig())
     print(f"Server mode: {plan.describe()}; weight sync: {config.weight_sync}; run folder {train_config.output_dir}")
-    with launch_rollout_server(config, train_config, plan) as server:
-        print(f"Rollout server ready at {server.base_url} after {server.start_seconds:.0f} s; training ...")
-        return train_with_server(server, config, train_config)
+    with launch_rollout_server(config, train_config, plan, wait=False) as server:
+        print(f"Rollout server starting at {server.base_url}; the trainer loads meanwhile ...")
+        result = train_with_server(server, config, train_config)
+    print(f"Rollout server was ready after {result.server_start_seconds:.0f} s; trained {result.global_step} steps in "
+          f"{result.train_seconds:.0f} s")
+    return result
 
 
 def run_trainer(spec_path: str | Path) -> int:
