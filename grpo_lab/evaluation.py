@@ -13,6 +13,7 @@ the row's answer): the rule the correctness reward trains with.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -318,12 +319,18 @@ class Gain:
 
     @property
     def standard_errors(self) -> float:
-        """The change in units of its standard error (0 when the answers did not change at all)."""
-        return self.points / self.standard_error_points if self.standard_error_points else 0.0
+        """The change in units of its standard error: 0 when no answer changed, and ±infinity when every problem
+        changed the same way (no spread, so no noise: e.g. a tool-call share from 0 % to 100 %)."""
+        if self.standard_error_points:
+            return self.points / self.standard_error_points
+        return math.copysign(math.inf, self.points) if self.points else 0.0
 
     def describe(self) -> str:
-        return (describe_change(self.what, self.before, self.after) + f", {self.standard_errors:+.1f} standard errors "
-                f"(± {self.standard_error_points:.1f} points over {self.count} problems)")
+        change = describe_change(self.what, self.before, self.after)
+        if self.points and not self.standard_error_points:
+            return change + f", every one of the {self.count} problems the same way (no spread: not noise)"
+        return change + (f", {self.standard_errors:+.1f} standard errors (± {self.standard_error_points:.1f} points "
+                         f"over {self.count} problems)")
 
 
 GREEDY_MEASURES = {"accuracy": is_correct,

@@ -122,3 +122,15 @@ def test_conclusions_tell_the_problems_the_run_trained_on_from_the_others():
     assert not any("did not train on" in line or "all 4" in line for line in everything)  # nothing to tell apart
     with pytest.raises(ConfigError, match="one flag per evaluated row"):
         evaluation.subset(rows, after, [False] * 4)
+
+
+def test_a_change_every_problem_made_is_not_noise():
+    """0 % -> 100 % over 200 problems has no spread: the change is infinitely many standard errors (the H200 tool
+    lesson's tool-call share did this, and a ratio guarded to 0 failed notebook 10's check), not zero of them."""
+    every = evaluation.Gain("tool-call share", 0.0, 1.0, 200, 0.0)
+    assert every.standard_errors == float("inf") and every.standard_errors >= 2
+    assert "every one of the 200 problems" in every.describe()
+    assert evaluation.Gain("accuracy", 1.0, 0.0, 200, 0.0).standard_errors == float("-inf")
+    same = evaluation.Gain("accuracy", 0.3, 0.3, 200, 0.0)
+    assert same.standard_errors == 0.0 and "standard errors" in same.describe()
+    assert evaluation.Gain("accuracy", 0.1, 0.2, 100, 4.0).standard_errors == pytest.approx(2.5)
