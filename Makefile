@@ -59,16 +59,16 @@ course: install
 # The notebooks run once, as copies in $(EXECUTED_DIR) that keep their outputs (--overwrite), then
 # tests/test_notebook_outputs.py reads those outputs (no warnings, no progress bars, a check at the end, ...). That runs
 # in one pytest process, in order (04, 05 and 09 use the run 03 trained), while a second process runs the other tests:
-# the two fill a 2-core machine (each process is single-threaded, OMP_NUM_THREADS=1). BESIDE_NOTEBOOKS evens them out
-# (measured on 2 cores in a fresh clone on 2026-12-03: with test_tools.py beside the notebooks, notebooks and rules 840 s,
-# the tests 917 s, of which test_recipe.py and test_tracking.py take about 40 s, so they run here too). Their logs are
-# printed when both are done. The notebooks get their own MASTER_PORT
+# the two fill a 2-core machine (each process is single-threaded, OMP_NUM_THREADS=1; the CPU was 99 % busy throughout).
+# BESIDE_NOTEBOOKS evens them out (measured on 2 cores in a fresh clone on 2026-12-03 at c1c7a8d, make test 889 s: the
+# notebooks with test_tools.py, test_recipe.py and test_tracking.py 880 s, the tests 846 s; the last two take 25 s, so
+# they went back to the tests). Their logs are printed when both are done. The notebooks get their own MASTER_PORT
 # so that a colocated trainer in each process never races for TRL's default port. --reruns 1: a headless kernel has
 # been seen (once in CI, in a widget cell) to stop answering nbclient, which then waits out the per-cell timeout; the
 # notebook then runs once more in a fresh kernel. A real failure fails twice.
 EXECUTED_DIR ?= runs/executed
 PYTEST_ARGS := -q -p no:cacheprovider --reruns 1 --durations=10
-BESIDE_NOTEBOOKS := tests/test_notebook_outputs.py tests/test_tools.py tests/test_recipe.py tests/test_tracking.py
+BESIDE_NOTEBOOKS := tests/test_notebook_outputs.py tests/test_tools.py
 test: install browser $(VERL_WHEEL)
 	rm -rf $(EXECUTED_DIR) && mkdir -p $(EXECUTED_DIR) && cp notebooks/[0-9][0-9]_*.ipynb $(EXECUTED_DIR)/
 	@export GRPO_LAB_VERL_SOURCE=$$(test -f $(VERL_WHEEL) && echo $(abspath $(VERL_WHEEL))) \
