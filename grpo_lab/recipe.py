@@ -8,6 +8,8 @@
   their module (:func:`carry`; ``grpo_lab/rewards.py`` is standard library only), never an import of grpo_lab;
 * ``GRPOConfig`` with every field the course set: the keyword arguments :func:`grpo_lab.train.grpo_args` passes to
   TRL, recorded while it builds the run's config (:func:`grpo_kwargs`), not listed a second time here;
+* the tools the model may call (``TrainConfig.tools``), carried the same way, with the course's tool chat template and
+  TRL's parser for it (:func:`carry_tools`);
 * PEFT's ``LoraConfig`` when the run trained LoRA (the arguments :func:`grpo_lab.lora.lora_config` passes, recorded the
   same way); QLoRA's ``BitsAndBytesConfig`` recorded the same way (:func:`quantization_kwargs`);
 * at its top, in comments, what grpo_lab adds to stock ``GRPOTrainer`` and what each addition bought, with the
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import __version__, experiment, lora, runs
+from grpo_lab import __version__, experiment, lora, runs, tools
 from grpo_lab.carry import CarryError, carry, run_alone
 from grpo_lab.data import SplitConfig
 from grpo_lab.device import Machine
@@ -105,6 +107,10 @@ ADDITIONS: tuple[Addition, ...] = (
              "notebook 03 evaluates before and after training on the trainer's own engine: no second engine start "
              "and no second share of the device ('engine start 0 s' on the H200)",
              "benchmarks/course_gpu/results/03_grpo_training.ipynb"),
+    Addition("each tool call guarded", "grpo_lab.tools.prepare, GuardedTool",
+             "every call's outcome counted by kind in metrics.jsonl (tools/ok, not_text, bad_arguments, raised, "
+             "time_limit; TRL counts failures only), a tool that loops stopped after tools.TIME_LIMIT_S, an answer "
+             "that is not text handed on as JSON text: runs with a tool", "tests/test_tools.py"),
     Addition("safety nets and timings", "GRPOLabTrainer.training_step, _calculate_rewards, _save_checkpoint",
              "a NaN loss or reward stops before the bad update; a broken reward names the function and the sample; "
              "checkpoints are renamed into place once complete, so a kill never leaves half of one; per-step "
@@ -145,6 +151,12 @@ class CarriedRewards:
     """The modules the definitions were carried from."""
 
 
+def _carried(by_module: dict[types.ModuleType, list[str]]) -> tuple[tuple[str, ...], str]:
+    """The imports and the definitions that the names of each module need (:func:`carry`), modules in order."""
+    parts = [carry(list(dict.fromkeys(names)), inspect.getsource(module)) for module, names in by_module.items()]
+    return tuple(dict.fromkeys(line for part in parts for line in part.imports)), "\n\n".join(p.body for p in parts)
+
+
 def carry_rewards(rewards: Sequence[Any]) -> CarriedRewards:
     """Each reward's definitions, carried out of its module (:func:`carry`), and the expression that makes it; checked
     by running the carried source on its own, without grpo_lab, and rebuilding every reward from it."""
@@ -157,14 +169,45 @@ def carry_rewards(rewards: Sequence[Any]) -> CarriedRewards:
                               f"source file (a notebook cell?): move it into a .py file, import it, and export again")
         by_module.setdefault(module, []).append(name)
         expressions.append(expression)
-    parts = [carry(names, inspect.getsource(module)) for module, names in by_module.items()]
-    imports = tuple(dict.fromkeys(line for part in parts for line in part.imports))
-    source = "\n\n".join(part.body for part in parts)
+    imports, source = _carried(by_module)
     rebuilt = run_alone("\n".join(imports) + "\n" + source, expressions)
     for reward, copy, expression in zip(rewards, rebuilt, expressions):
         if dataclasses.is_dataclass(reward) and repr(copy) != repr(reward):
             raise RecipeError(f"{expression} does not rebuild {reward!r} from the carried source")
     return CarriedRewards(imports, source, tuple(expressions), tuple(m.__name__ for m in by_module))
+
+
+@dataclass(frozen=True)
+class CarriedTools:
+    """A run's tools as script source: their imports, the definitions with the tool chat template and
+    ``use_tool_template``, and the functions' names; empty for a run without tools."""
+
+    imports: tuple[str, ...] = ()
+    source: str = ""
+    names: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+
+
+def carry_tools(names: Sequence[str]) -> CarriedTools:
+    """The registered tools ``names`` (``TrainConfig.tools``) carried out of their modules, with
+    :func:`grpo_lab.tools.use_tool_template` and the template it sets; checked by running the carried source alone
+    (each function looked up, none called)."""
+    if not names:
+        return CarriedTools()
+    by_module: dict[types.ModuleType, list[str]] = {tools: ["use_tool_template"]}
+    functions = []
+    for name in names:
+        function = tools.get_tool(name)
+        module = inspect.getmodule(function)
+        if (not inspect.isfunction(function) or function.__qualname__ != function.__name__ or module is None
+                or not getattr(module, "__file__", None)):
+            raise RecipeError(f"tool {name!r} is not a function defined at the top of a .py file: define it there, "
+                              f"import it, register it, and export again (its source goes into the script)")
+        by_module.setdefault(module, []).append(function.__name__)
+        functions.append(function.__name__)
+    imports, source = _carried(by_module)
+    run_alone("\n".join(imports) + "\n" + source, ["use_tool_template", *functions])
+    return CarriedTools(imports, source, tuple(functions), tuple(m.__name__ for m in by_module))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -267,6 +310,7 @@ class Recipe:
     lora_config: dict[str, Any] | None
     quantization: dict[str, Any] | None
     rewards: CarriedRewards
+    tools: CarriedTools
     data_file: Path
     columns: tuple[str, ...]
     run_dir: Path | None = None
@@ -296,7 +340,7 @@ def build_recipe(config: TrainConfig, run_name: str | None = None, backend: str 
     data_file = Path(config.dataset) if config.dataset else SplitConfig().path("train")
     rewards = carry_rewards([getattr(fn, "fn", fn) for fn in reward_set.funcs])
     return Recipe(config, run_name, backend or why, kwargs, dropped, lora_kwargs(config), quantization_kwargs(config),
-                  rewards, data_file.resolve(), columns)
+                  rewards, carry_tools(config.tools), data_file.resolve(), columns)
 
 
 def _header(recipe: Recipe, name: str) -> str:
@@ -332,7 +376,7 @@ Written by `grpo-lab export-recipe` (grpo_lab {__version__}). It needs datasets,
 def _imports(recipe: Recipe) -> str:
     """The script's imports: the standard library's (its own and the carried rewards'), then the packages'."""
     standard = {"import argparse", "import importlib.util", "import json", "from pathlib import Path",
-                *recipe.rewards.imports}
+                *recipe.rewards.imports, *recipe.tools.imports}
     ordered = sorted(standard, key=lambda line: (line.startswith("from "), line.split()[1]))
     return "\n".join(["from __future__ import annotations", "", *ordered, "", "import torch",
                       "from datasets import Dataset", "from peft import LoraConfig",
@@ -397,9 +441,11 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if TOOLS:  # the tool template: Qwen2.5's call format in compact ChatML, parsed by TRL's parser for that format
+        tokenizer = use_tool_template(tokenizer)
     trainer = GRPOTrainer(model=model, reward_funcs=REWARD_FUNCS, args=GRPOConfig(**settings),
                           train_dataset=load_rows(args.data_file), processing_class=tokenizer,
-                          peft_config=LoraConfig(**LORA_CONFIG) if LORA_CONFIG else None)
+                          peft_config=LoraConfig(**LORA_CONFIG) if LORA_CONFIG else None, tools=TOOLS or None)
     trainer.train()
     trainer.save_model(str(Path(args.output_dir) / "final"))
     tokenizer.save_pretrained(str(Path(args.output_dir) / "final"))
@@ -408,6 +454,15 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 '''
+
+
+def _tools_section(carried: CarriedTools) -> str:
+    """The script's tools (TRL's ``GRPOTrainer(tools=...)``) with their chat template, or ``TOOLS = []``."""
+    if not carried.names:
+        return ("TOOLS = []  # the run called no tools\n"
+                "use_tool_template = None  # so the tokenizer keeps the model's own chat template")
+    return (f"\n# ---- The tools the model may call, carried from {', '.join(carried.modules)}, and the chat template "
+            f"----\n\n\n{carried.source.rstrip()}\n\n\nTOOLS = [{', '.join(carried.names)}]")
 
 
 def render(recipe: Recipe, name: str = RECIPE_FILE) -> str:
@@ -431,6 +486,7 @@ OUTPUT_DIR = {recipe.run_name + "-trl"!r}
 
 
 REWARD_FUNCS = [{", ".join(recipe.rewards.expressions)}]
+{_tools_section(recipe.tools)}
 
 # ---- TRL's GRPOConfig: every field grpo_lab.train.grpo_args set for the run (for_this_machine adapts a few) ----
 {_mapping("GRPO_CONFIG", {k: v for k, v in recipe.grpo_config.items() if k != "output_dir"}, recipe.dropped)}

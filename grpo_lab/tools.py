@@ -55,7 +55,14 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from grpo_lab.errors import ConfigError, GrpoLabError
+try:  # inside grpo_lab; the recipe (grpo_lab.recipe) carries the calculator into a script without the package
+    from grpo_lab.errors import ConfigError, GrpoLabError
+except ImportError:  # pragma: no cover - only in an exported script
+    class GrpoLabError(Exception):
+        """Stand-in base class where grpo_lab is not installed (an exported stock-TRL script)."""
+
+    class ConfigError(GrpoLabError, ValueError):
+        """Stand-in for grpo_lab.errors.ConfigError."""
 
 Tool = Callable[..., Any]
 """A tool in TRL's sense: a typed function with a Google-style docstring."""

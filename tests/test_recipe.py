@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab import cli, lora, recipe, rewards
+from grpo_lab import cli, lora, recipe, rewards, tools
 from grpo_lab import train as T
 from grpo_lab.carry import CarryError, carry, run_alone
 from grpo_lab.device import Machine
 from grpo_lab.errors import ExistingFileError
 from grpo_lab.experiment import TrainConfig
+from grpo_lab.paths import TINY_MODEL_DIR
 
 CPU = Machine("cpu", bf16=False, memory_gib=24)
 TINY = dict(profile="tiny", max_steps=2, per_device_train_batch_size=8, num_generations=4, max_completion_length=24,
@@ -197,6 +198,42 @@ def test_a_qlora_run_carries_the_bits_and_bytes_config_grpo_lab_builds(tmp_path)
     assert fields["load_in_4bit"] and fields["bnb_4bit_quant_type"] == "nf4"
     assert BitsAndBytesConfig(**fields).to_dict() == lora.quantization_config(config).to_dict()
     assert recipe.quantization_kwargs(dataclasses.replace(config, load_in_4bit=False)) is None
+
+
+def test_a_tool_run_carries_its_tools_and_their_chat_template(tmp_path, monkeypatch):
+    """A run with ``tools=("calculator",)``: the script defines the calculator and the course's tool template from
+    grpo_lab.tools' own source, hands TRL ``tools=TOOLS`` and sets the tokenizer up as grpo_lab's trainer does; the
+    carried calculator computes and refuses as the package's does, in a namespace that has no grpo_lab."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import supports_tool_calling
+
+    config = TrainConfig(**TINY, tools=("calculator",), max_tool_calling_iterations=2,
+                         output_dir=str(tmp_path / "run")).resolve(CPU)
+    built = recipe.build_recipe(config)
+    assert built.tools.names == ("calculator",) and built.grpo_config["max_tool_calling_iterations"] == 2
+    script = recipe.render(built)
+    assert "def calculator(expression: str) -> str:" in script and "TOOLS = [calculator]" in script
+    assert "tools=TOOLS or None" in script and "tokenizer = use_tool_template(tokenizer)" in script
+    namespace: dict = {}
+    start = script.index("# ---- The tools the model may call")
+    exec("from __future__ import annotations\n" + "\n".join(built.tools.imports) + "\n"  # noqa: S102
+         + script[start:script.index("# ---- TRL's GRPOConfig")], namespace)
+    assert "tools" not in namespace and namespace["TOOL_CHAT_TEMPLATE"] == tools.TOOL_CHAT_TEMPLATE
+    for text in ["2 × (3 + 4)", "7 / 2", "(60 - 28) * 3"]:
+        assert namespace["calculator"](text) == tools.calculator(text)
+    with pytest.raises(ValueError, match="is not arithmetic"):
+        namespace["calculator"]("__import__('os')")
+    tokenizer = namespace["use_tool_template"](AutoTokenizer.from_pretrained(TINY_MODEL_DIR))
+    assert supports_tool_calling(tokenizer) and tokenizer.chat_template == tools.TOOL_CHAT_TEMPLATE
+    plain = recipe.render(recipe.build_recipe(TrainConfig(**TINY, output_dir=str(tmp_path / "plain")).resolve(CPU)))
+    assert "TOOLS = []" in plain and "def calculator" not in plain
+    def nested(expression: str) -> str:
+        """A tool defined inside a function (a notebook's helper, say): its source cannot be carried."""
+        return expression
+
+    monkeypatch.setitem(tools._REGISTRY, "nested", nested)
+    with pytest.raises(recipe.RecipeError, match="top of a .py file"):
+        recipe.carry_tools(["nested"])
 
 
 def test_the_script_imports_only_the_stock_packages(tmp_path):
