@@ -61,8 +61,9 @@ course: install
 # in one pytest process, in order (04, 05 and 09 use the run 03 trained), while a second process runs the other tests:
 # the two fill a 2-core machine (each process is single-threaded, OMP_NUM_THREADS=1; the CPU was 99 % busy throughout).
 # BESIDE_NOTEBOOKS evens them out (measured on 2 cores in a fresh clone on 2026-12-03 at c1c7a8d, make test 889 s: the
-# notebooks with test_tools.py, test_recipe.py and test_tracking.py 880 s, the tests 846 s; the last two take 25 s, so
-# they went back to the tests). Their logs are printed when both are done. The notebooks get their own MASTER_PORT
+# notebooks with test_tools.py, test_recipe.py and test_tracking.py 880 s, the tests 846 s; with the last two back with
+# the tests, at d2ad2df, 862 s and 896 s, make test 906 s; so the server-mode and asynchronous tests now share one
+# vLLM server, tests/conftest.py). Their logs are printed when both are done. The notebooks get their own MASTER_PORT
 # so that a colocated trainer in each process never races for TRL's default port. --reruns 1: a headless kernel has
 # been seen (once in CI, in a widget cell) to stop answering nbclient, which then waits out the per-cell timeout; the
 # notebook then runs once more in a fresh kernel. A real failure fails twice.

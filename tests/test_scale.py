@@ -188,8 +188,9 @@ def _processes_of(marker: str) -> list:
 # End to end on the CPU: vLLM-CPU server + accelerate-launched trainer
 # --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def server_run(tmp_path_factory):
-    """Three GRPO steps at lr 1e-2 against a vLLM-CPU server; the server's log-probs are read before it stops."""
+def server_run(tmp_path_factory, shared_rollout_server):
+    """Three GRPO steps at lr 1e-2 against the vLLM-CPU server this session shares with test_async_grpo's run
+    (conftest.SharedRolloutServer); the server's log-probs are read, then this module's last test stops it."""
     import psutil
 
     from grpo_lab.data import load_split
@@ -198,20 +199,20 @@ def server_run(tmp_path_factory):
     train_config = _tiny_server_config(
         tmp_path_factory.mktemp("scale"), max_steps=3, per_device_train_batch_size=8, num_generations=4,
         learning_rate=1e-2, save_steps=1, train_size=16, live_plot=False, rewards=("correctness", "repetition_penalty"))
-    config = scale.ServerModeConfig(device="cpu", cpu_kvcache_gib=0.5, startup_timeout_s=480, train_timeout_s=400)
     tokenizer = load_tokenizer(train_config.model)
     row = load_split("eval")[0]
     prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     completion_ids = tokenizer(row["completion"] + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
     children_before = {p.pid for p in psutil.Process().children(recursive=True)}
-    with scale.launch_rollout_server(config, train_config) as server:
-        result = scale.train_with_server(server, config, train_config)
-        server_log = result.server_log.read_text()  # before the log-prob query below adds its own request
-        server_logprobs = server.logprobs(prompt_ids, completion_ids)
-        server_processes = psutil.Process(server.pgid).children(recursive=True) + [psutil.Process(server.pgid)]
+    shared, server = shared_rollout_server, shared_rollout_server.server
+    offset, counts_before = shared.mark()
+    result = scale.train_with_server(server, shared.config, train_config)
+    server_log = shared.log_since(offset)  # before the log-prob query below adds its own request
+    counts = shared.counts_since(counts_before)
+    server_logprobs = server.logprobs(prompt_ids, completion_ids)
     return dict(result=result, server=server, train_config=train_config, server_logprobs=server_logprobs,
-                prompt_ids=prompt_ids, completion_ids=completion_ids, server_processes=server_processes,
+                prompt_ids=prompt_ids, completion_ids=completion_ids, shared=shared, counts=counts,
                 server_log=server_log, children_before=children_before)
 
 
@@ -229,8 +230,9 @@ class TestServerModeOnCPU:
         result = server_run["result"]
         completions = 8  # per_device_train_batch_size: 2 prompts x 4 generations, one generation batch per step
         used_tokens = sum(r["completions/mean_length"] * completions for r in result.metrics)
-        assert result.server_stats["requests"] == 3 * completions
-        assert result.server_stats["generation_tokens"] == pytest.approx(used_tokens, abs=1e-6)
+        counts = server_run["counts"]  # the shared server's counts during this run
+        assert counts["requests"] == 3 * completions
+        assert counts["generation_tokens"] == pytest.approx(used_tokens, abs=1e-6)
         log = server_run["server_log"]
         assert log.count('"POST /v1/completions HTTP/1.1" 200') == 3
         assert log.count('"POST /collective_rpc HTTP/1.1" 200') == 3  # one reload before each generation
@@ -259,12 +261,15 @@ class TestServerModeOnCPU:
         assert base > MOVED_GAP, "the large-lr steps should have moved the policy far from the base model"
 
     def test_nothing_left_running(self, server_run):
+        """The trainer is gone after its run; the shared server (test_async_grpo's run used it too), stopped here,
+        leaves no process and its port free."""
         import psutil
 
         result, server = server_run["result"], server_run["server"]
-        assert not servers.group_alive(server.pgid) and not servers.group_alive(result.trainer_pid)
-        assert not [p for p in server_run["server_processes"] if p.is_running()
-                    and p.status() != psutil.STATUS_ZOMBIE]
+        assert not servers.group_alive(result.trainer_pid)
+        processes = server_run["shared"].stop()
+        assert processes and not servers.group_alive(server.pgid)
+        assert not [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert servers.port_is_free(server.port)
         assert not [p for p in psutil.Process().children(recursive=True) if p.pid not in server_run["children_before"]]
         assert not (result.run_dir / weight_sync.SYNC_FOLDER).exists()
