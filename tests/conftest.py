@@ -51,14 +51,22 @@ class SharedRolloutServer:
 
         self.config = scale.ServerModeConfig(device="cpu", cpu_kvcache_gib=0.5, startup_timeout_s=480,
                                              train_timeout_s=400, extra_server_args=("--enforce-eager",))
-        train_config = scale.server_train_config(TrainConfig(profile="tiny", output_dir=str(folder / "server")))
-        self._context = scale.launch_rollout_server(self.config, train_config, wait=False)
+        self._train_config = scale.server_train_config(TrainConfig(profile="tiny", output_dir=str(folder / "server")))
+        self._start()
+
+    def _start(self) -> None:
+        from grpo_lab import scale
+
+        self._context = scale.launch_rollout_server(self.config, self._train_config, wait=False)
         self.server = self._context.__enter__()  # the first run's trainer loads while it starts
         self.processes: list = []
 
     def mark(self) -> tuple[int, dict[str, float]]:
         """Where a run begins: the log's length and the server's counts (none yet while it starts: the first run's
-        trainer then waits for it)."""
+        trainer then waits for it). A server stopped by an earlier test (the modules ran in another order) is started
+        again."""
+        if self.processes:
+            self._start()
         if not self.server.ready:
             return 0, {}
         return self.server.log_path.stat().st_size, self.server.stats()

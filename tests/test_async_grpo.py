@@ -359,10 +359,10 @@ def async_run(tmp_path_factory, shared_rollout_server):
         profile="tiny", output_dir=str(tmp_path_factory.mktemp("async") / "run"), max_steps=STEPS,
         per_device_train_batch_size=8, num_generations=4, max_completion_length=32, train_size=32,
         save_steps=1000, live_plot=False))
+    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    offset, _ = shared_rollout_server.mark()  # first: it starts the server again if test_scale ran first
     config, server = shared_rollout_server.config, shared_rollout_server.server
     knobs = async_grpo.AsyncConfig(max_staleness=MAX_STALENESS)
-    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
-    offset, _ = shared_rollout_server.mark()
     with recording_proxy(server.base_url) as (proxy_url, replies):
         result = async_grpo.train_async(server, config, train_config, knobs, base_url=proxy_url)
     server_log = shared_rollout_server.log_since(offset)

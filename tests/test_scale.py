@@ -205,8 +205,9 @@ def server_run(tmp_path_factory, shared_rollout_server):
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     completion_ids = tokenizer(row["completion"] + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
     children_before = {p.pid for p in psutil.Process().children(recursive=True)}
-    shared, server = shared_rollout_server, shared_rollout_server.server
-    offset, counts_before = shared.mark()
+    shared = shared_rollout_server
+    offset, counts_before = shared.mark()  # first: it starts the server again if it was stopped
+    server = shared.server
     result = scale.train_with_server(server, shared.config, train_config)
     server_log = shared.log_since(offset)  # before the log-prob query below adds its own request
     counts = shared.counts_since(counts_before)
