@@ -229,11 +229,7 @@ def test_executed_notebooks_follow_the_rule(rule):
 
 GPU_RUN_DIR = REPO_ROOT / "benchmarks" / "course_gpu" / "results"
 """The committed run of the whole course on one H200 with SmolLM2-135M-Instruct (benchmarks/course_gpu/README.md)."""
-NOT_YET_RUN_ON_GPU = {
-    "10_tools.ipynb": "added after the committed run (63bd204); the course's H200 run at 2b25145 ran it (failed its "
-                      "check on a 0 % -> 100 % change counted as 0 standard errors, fixed) and its files were lost "
-                      "(benchmarks/tools_smollm2/README.md)",
-}
+NOT_YET_RUN_ON_GPU: dict[str, str] = {}
 """Notebooks of the course that no committed GPU run holds yet, each with why: listed, so that none goes missing
 unnoticed, and removed once a run includes it (the test then fails until it is)."""
 
@@ -244,12 +240,8 @@ def course_notebooks_run_on_gpu() -> list[str]:
                   if path.name not in NOT_YET_RUN_ON_GPU)
 
 
-FIXED_SINCE_THE_COMMITTED_RUN = {
+FIXED_SINCE_THE_COMMITTED_RUN: dict[tuple[str, str, str], str] = {
     # (the commit results/run.json names, rule, the problem's pattern): what fixed it after that run, and what holds it
-    ("63bd204", "no warnings", r"speedups\.py:\d+: FutureWarning: `use_liger_kernel=True` is deprecated"):
-        "TRL's Liger notice names the module that calls GRPOTrainer.__init__, which the trainer split moved to "
-        "grpo_lab.speedups while quiet_notebook's filter still named grpo_lab.trainer; the filter now follows the "
-        "class (tests/test_env.py::test_the_liger_filter_names_the_module_that_calls_trls_init)",
 }
 """Defects the committed GPU run recorded (its outputs stay as they ran) and that were fixed after it; any other
 problem fails, and so does one of these on a run of another commit."""
@@ -283,8 +275,8 @@ def test_the_latest_partial_gpu_run_follows_the_rule(rule):
     """The newest GPU run of some notebooks (the rules as they are now: older runs record what they showed then)."""
     folder = _latest_partial_gpu_run()
     names = json.loads((folder / "run.json").read_text())["notebooks"]
-    if names == ["all"]:  # a whole course, superseded by results/
-        names = course_notebooks_run_on_gpu()
+    if names == ["all"]:  # a whole course of its day, superseded by results/: the notebooks its summary lists
+        names = [row["notebook"] for row in json.loads((folder / "summary.json").read_text())]
     notebooks = {path.name: nbformat.read(path, as_version=4) for path in sorted(folder.glob("[0-9][0-9]_*.ipynb"))}
     assert sorted(notebooks) == sorted(Path(name).name for name in names), "an executed copy is missing"
     assert all(_was_executed(nb) for nb in notebooks.values())
@@ -508,9 +500,8 @@ ARCHIVED_GPU_RUN = GPU_RUN_DIR.parent / "run_e9687cb"
 """The GPU course run committed as results/ until issue 43 (run.json: commit e9687cb), kept as the checks' evidence."""
 
 
-def test_the_committed_gpu_run_is_true_on_its_device__fails_until_a_fresh_gpu_course_run_is_committed():
-    """results/ must have none of the page defects. The copies committed at e9687cb have them (the next test lists
-    them), so this test fails until the coordinator commits a GPU course run of the pages that fixed them."""
+def test_the_committed_gpu_run_is_true_on_its_device():
+    """results/ has none of the page defects (the copies committed at e9687cb had them: the next test finds each)."""
     assert run_facts({p.name: nbformat.read(p, as_version=4) for p in GPU_RUN_DIR.glob("00_*.ipynb")}).device == "cuda"
     _report_pages(f"the committed GPU run ({GPU_RUN_DIR.name}/)", page_problems(GPU_RUN_DIR))
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GRPO run grpo-gpu-20261203-131029 as plain TRL: stock trl.GRPOTrainer, nothing from grpo_lab.
+"""GRPO run grpo-gpu-20261204-190308 as plain TRL: stock trl.GRPOTrainer, nothing from grpo_lab.
 
 Written by `grpo-lab export-recipe` (grpo_lab 0.2.0). It needs datasets, transformers, trl and peft (and torch):
 
@@ -44,6 +44,11 @@ colocate (vLLM), vllm_gpu_memory_utilization=0.55.
 #   evaluates before and after training on the trainer's own engine: no second engine start and no second share of
 #   the device ('engine start 0 s' on the H200). [benchmarks/course_gpu/results/03_grpo_training.ipynb]
 #
+# each tool call guarded (grpo_lab.tools.prepare, GuardedTool): every call's outcome counted by kind in
+#   metrics.jsonl (tools/ok, not_text, bad_arguments, raised, time_limit; TRL counts failures only), a tool that
+#   loops stopped after tools.TIME_LIMIT_S, an answer that is not text handed on as JSON text: runs with a tool.
+#   [tests/test_tools.py]
+#
 # safety nets and timings (GRPOLabTrainer.training_step, _calculate_rewards, _save_checkpoint): a NaN loss or reward
 #   stops before the bad update; a broken reward names the function and the sample; checkpoints are renamed into
 #   place once complete, so a kill never leaves half of one; per-step generation / reward / update seconds in
@@ -73,12 +78,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 from trl import GRPOConfig, GRPOTrainer
 
 MODEL = '/tmp/grpo-smollm2/model'
-DATA_FILE = '/work/main/data/train.jsonl'
+DATA_FILE = '/tmp/repo-run/data/train.jsonl'
 TRAIN_LANGUAGES = ('en',)  # the run's languages (empty: every language)
 TRAIN_TYPES = ()  # the run's problem types (empty: every type)
 TRAIN_SIZE = None  # at most this many rows after the filters (None: all)
 COLUMNS = ('answer', 'lang', 'prompt', 'type', 'unit')  # the row columns TRL gets: the prompt, and what the rewards read
-OUTPUT_DIR = 'grpo-gpu-20261203-131029-trl'
+OUTPUT_DIR = 'grpo-gpu-20261204-190308-trl'
 
 # ---- The reward functions, carried from grpo_lab.rewards with every definition they use ----
 
@@ -379,6 +384,8 @@ class FormatReward:
 
 
 REWARD_FUNCS = [CorrectnessReward(), FormatReward()]
+TOOLS = []  # the run called no tools
+use_tool_template = None  # so the tokenizer keeps the model's own chat template
 
 # ---- TRL's GRPOConfig: every field grpo_lab.train.grpo_args set for the run (for_this_machine adapts a few) ----
 GRPO_CONFIG = {
@@ -401,11 +408,11 @@ GRPO_CONFIG = {
     'save_total_limit': 3,
     'seed': 0,
     'data_seed': 0,
-    'report_to': ['trackio', 'tensorboard'],
+    'report_to': ['tensorboard'],
     'log_completions': False,
     'vllm_server_timeout': 240.0,
     'project': 'grpo-lab',
-    'run_name': 'grpo-gpu-20261203-131029',
+    'run_name': 'grpo-gpu-20261204-190308',
     'beta': 0.04,
     'loss_type': 'dapo',
     'scale_rewards': 'group',
@@ -418,6 +425,7 @@ GRPO_CONFIG = {
     'vllm_max_model_length': 564,
     'vllm_enable_sleep_mode': False,
     'vllm_importance_sampling_correction': True,
+    'max_tool_calling_iterations': None,
     'use_liger_kernel': True,
     'generation_kwargs': {'detokenize': False},
     'model_init_kwargs': None,
@@ -486,9 +494,11 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if TOOLS:  # the tool template: Qwen2.5's call format in compact ChatML, parsed by TRL's parser for that format
+        tokenizer = use_tool_template(tokenizer)
     trainer = GRPOTrainer(model=model, reward_funcs=REWARD_FUNCS, args=GRPOConfig(**settings),
                           train_dataset=load_rows(args.data_file), processing_class=tokenizer,
-                          peft_config=LoraConfig(**LORA_CONFIG) if LORA_CONFIG else None)
+                          peft_config=LoraConfig(**LORA_CONFIG) if LORA_CONFIG else None, tools=TOOLS or None)
     trainer.train()
     trainer.save_model(str(Path(args.output_dir) / "final"))
     tokenizer.save_pretrained(str(Path(args.output_dir) / "final"))
