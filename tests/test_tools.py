@@ -423,5 +423,22 @@ def test_the_benchmark_writes_what_its_reader_reads(tmp_path, monkeypatch):
     (tmp_path / "results.json").write_text(json.dumps(record))
     run = tool_use.committed_tool_run(tmp_path / "results.json")
     assert run.model == "model" and run.provenance.device == "H200" and set(run.reports) == set(tool_use.STAGES)
-    assert run.gains["tool-call share (base model → after GRPO)"]["standard_errors"] == 0.0
+    assert run.gains["tool-call share (base model → after GRPO)"].standard_errors == 0.0
     assert record["train"]["calls_by_kind"]["ok"] == 2.0
+
+
+def test_the_committed_h200_record_is_what_the_course_run_printed():
+    """benchmarks/tools_smollm2/results.json is read from the GPU course's executed notebook 10: written again from
+    the committed copy it is the same record, and every change it holds is a line that copy printed."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks" / "tools_smollm2"))
+    try:
+        import from_course
+    finally:
+        sys.path.pop(0)
+    course = REPO_ROOT / "benchmarks" / "course_gpu" / "results"
+    body = from_course.record(course, REPO_ROOT / "benchmarks" / "tools_smollm2" / "course_run", "SmolLM2-135M-Instruct")
+    assert json.loads(json.dumps(body)) == json.loads(tool_use.TOOLS_SMOLLM2_FILE.read_text(encoding="utf-8"))
+    printed = {line for _, line in from_course.printed_lines(json.loads((course / from_course.NOTEBOOK).read_text()))}
+    run = tool_use.committed_tool_run()
+    assert set(run.gains) == set(tool_use.GAINS) and all(gain.describe() in printed for gain in run.gains.values())
+    assert run.gains["accuracy with the tool (base model → after GRPO)"].standard_errors >= 2

@@ -179,13 +179,15 @@ class ToolRun:
     reports: dict[str, dict[str, Any]]
     """``{stage: ToolUseReport.to_dict()}`` for ``base``, ``primed``, ``trained`` (tool offered) and
     ``trained_without_tool``."""
-    gains: dict[str, dict[str, Any]]
-    """``{name: {"what", "before", "after", "points", "standard_errors"}}``, paired over the same problems."""
-    seconds: dict[str, float]
+    gains: dict[str, Gain]
+    """``{name: Gain}``, each paired over the same problems (``gain.describe()`` says it in words)."""
+    seconds: dict[str, Any]
 
 
 def committed_tool_run(path: str | Path = TOOLS_SMOLLM2_FILE) -> ToolRun:
     """The committed H200 run of the tool lesson on SmolLM2-135M (its benchmark's ``results.json``)."""
     data = read_committed(path)
+    gains = {name: Gain(g["what"], g["before"], g["after"], g["count"], g["standard_error_points"])
+             for name, g in data["gains"].items()}
     return ToolRun(Provenance(data["command"], data["date"], data["device"], Path(path)), data["model"],
-                   data["reports"], data["gains"], data["seconds"])
+                   data["reports"], gains, data["seconds"])
