@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # grpo_lab, from the project root
 
 from grpo_lab import tool_use  # noqa: E402
+from grpo_lab.tool_use.lesson import RECORDED_TRAIN_FIELDS  # noqa: E402
 from grpo_lab.tools import CALL_KINDS  # noqa: E402
 
 NOTEBOOK = "10_tools.ipynb"
@@ -36,9 +37,6 @@ GAIN = re.compile(
     r"(?P<se>[+-]?(?:[\d.]+|inf)) standard errors \(± (?P<se_points>[\d.]+) points over (?P<count>\d+) problems\))$")
 PRIMED = re.compile(r"^primed in (?P<s>\d+) s: (?P<steps>\d+) steps on (?P<traces>\d+) traces \((?P<calling>\d+) call "
                     r"the tool\), mean loss (?P<loss>[\d.]+);")
-TRAIN_FIELDS = ("model", "profile", "max_steps", "learning_rate", "temperature", "num_generations",
-                "per_device_train_batch_size", "beta", "rewards", "max_prompt_length", "max_completion_length", "tools",
-                "max_tool_calling_iterations", "use_vllm", "vllm_mode")
 
 
 def printed_lines(notebook: dict) -> list[tuple[int, str]]:
@@ -112,7 +110,7 @@ def record(course: Path, run: Path, model_name: str) -> dict:
                    f"benchmarks/tools_smollm2/from_course.py)",
         "date": provenance["started"], "device": provenance["device"], "model": model_name,
         "commit": provenance["commit"], "cap_gib": provenance["cap_gib"], "versions": saved["versions"],
-        "settings": {"train": {key: config[key] for key in TRAIN_FIELDS if key in config},
+        "settings": {"train": {key: config[key] for key in RECORDED_TRAIN_FIELDS if key in config},
                      "priming": tool_use.LESSONS[provenance["profile"]].priming.__dict__},
         "reports": reports, "gains": gains,
         "train": {"steps": len(metrics), "backend": saved["backend"], "call_frequency_first_5": mean([m["tools/call_frequency"] for m in metrics[:5]]),

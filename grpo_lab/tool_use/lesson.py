@@ -88,6 +88,12 @@ def lesson_gains(reports: dict[str, ToolUseReport]) -> dict[str, Gain]:
             for what, (old, new, measure) in GAINS.items() if old in reports and new in reports}
 
 
+RECORDED_TRAIN_FIELDS = ("model", "profile", "max_steps", "learning_rate", "temperature", "num_generations",
+                         "per_device_train_batch_size", "beta", "rewards", "max_prompt_length", "max_completion_length",
+                         "tools", "max_tool_calling_iterations", "use_vllm", "vllm_mode")
+"""The GRPO run's TrainConfig fields a committed lesson record keeps (:meth:`LessonRun.record`)."""
+
+
 def gain_record(gain: Gain) -> dict[str, Any]:
     """A :class:`~grpo_lab.evaluation.Gain` as the JSON a committed run keeps."""
     return {"what": gain.what, "before": gain.before, "after": gain.after, "count": gain.count,
@@ -119,10 +125,7 @@ class LessonRun:
         return {"command": command, "date": datetime.now().isoformat(timespec="seconds"), "device": device_name,
                 "model": Path(self.result.config.model).name, "versions": installed_versions(list(VERSIONS)),
                 "settings": {"train": {k: v for k, v in self.result.config.to_dict().items()
-                                       if k in ("model", "profile", "max_steps", "learning_rate", "temperature",
-                                                "num_generations", "per_device_train_batch_size", "beta", "rewards",
-                                                "max_prompt_length", "max_completion_length", "tools",
-                                                "max_tool_calling_iterations", "use_vllm", "vllm_mode")},
+                                       if k in RECORDED_TRAIN_FIELDS},
                              "priming": self.primed.config},
                 "reports": {stage: report.to_dict() for stage, report in self.reports.items()},
                 "gains": {name: gain_record(gain) for name, gain in lesson_gains(self.reports).items()},
