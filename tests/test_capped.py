@@ -154,6 +154,7 @@ def test_the_capped_course_becomes_a_row(tmp_path):
     path = course_row.write_course_row(tmp_path, 24, tmp_path / "rows")
     row, = memory.capped_rows(tmp_path / "rows")
     assert path.name.startswith("course__") and row.job == "course" and row.commit == "abc1234"
+    assert row.name == "notebooks 03-05 under 24 GiB"  # a subset's row never reads as the whole course
     assert row.planned["vllm_gpu_memory_utilization"] == config.vllm_gpu_memory_utilization
     assert row.measured == {"max_allocated_gib": 12.5, "device_used_gib": 19.0} and row.error is None
     assert row.step_seconds == (5.0, 1.5, 1.3) and row.median_step_seconds == 1.4

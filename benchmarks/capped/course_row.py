@@ -14,6 +14,7 @@ from measure import base_record, write
 from grpo_lab import runs
 
 NOTEBOOK_03 = "03_grpo_training.ipynb"
+WHOLE_COURSE = len(list((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb")))
 
 
 def notebook_03_run(course: Path, summary: list[dict[str, Any]]) -> Path | None:
@@ -23,10 +24,18 @@ def notebook_03_run(course: Path, summary: list[dict[str, Any]]) -> Path | None:
     return course / trained[-1] if trained and (course / trained[-1]).is_dir() else None
 
 
+def course_name(summary: list[dict[str, Any]]) -> str:
+    """"the whole course", or the subset that ran ("notebooks 03-05"): a subset's row must not read as the whole."""
+    numbers = [row["notebook"][:2] for row in summary]
+    if len(numbers) >= WHOLE_COURSE:
+        return "the whole course"
+    return f"notebooks {numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else f"notebook {numbers[0]}"
+
+
 def course_record(course: Path, cap_gib: float) -> dict[str, Any]:
     summary = json.loads((course / "summary.json").read_text())
     meta = json.loads((course / "run.json").read_text()) if (course / "run.json").is_file() else {}
-    record = base_record("course", Row(f"the whole course under {cap_gib:g} GiB", "course", {}, 0), cap_gib,
+    record = base_record("course", Row(f"{course_name(summary)} under {cap_gib:g} GiB", "course", {}, 0), cap_gib,
                          Path(meta.get("model", "")).name)
     record["commit"], record["device"] = meta.get("commit", record["commit"]), meta.get("device", record["device"])
     record["notebooks"] = [{key: row.get(key) for key in ("notebook", "status", "seconds", "max_allocated_gib",
