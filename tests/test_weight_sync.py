@@ -26,11 +26,23 @@ HEAD_GAP = 0.2  # everything reloaded but the tied lm_head's packed copy: measur
 SCALED_SYNCED_GAP = 0.2  # in sync after every weight x1.5 (sharper logits, larger bf16 rounding): 0.101 on an AVX2 host
 
 
+GROUP = 4
+SAMPLED: list[list[str]] = []
+"""The step's completions, as its reward saw them (the fixture checks that they could move the policy)."""
+
+
 def alternating_reward(prompts, completions, **kwargs):
-    """0, 1, 0, 1, ... whatever was sampled: every group of 4 has a spread, so every advantage is nonzero and one step
-    surely moves the weights. (A reward read off the completions, their length say, can be equal across a group on
-    some host's samples: then the step changes nothing and vLLM's copy is not stale.)"""
+    """0, 1, 0, 1, ... whatever was sampled: every group has a spread, so no advantage is zero. That alone does not
+    move the policy: a group whose completions are all the same text has a zero gradient (its advantages sum to zero),
+    and a tiny model that answers alike gives such groups on some host's sampling kernels (an AMD EPYC AVX-512 host:
+    stale gap 0.006, nothing had moved). The step therefore samples hot (``STEP_TEMPERATURE``) and the fixture checks
+    that a group's completions differ."""
+    SAMPLED.extend([str(c) for c in completions[i:i + GROUP]] for i in range(0, len(completions), GROUP))
     return [float(i % 2) for i in range(len(completions))]
+
+
+STEP_TEMPERATURE = 2.0
+"""Sampling temperature of the one step: hot enough that a group's completions differ on any host's kernels."""
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +52,20 @@ def one_step(tmp_path_factory):
     from grpo_lab.train import TrainConfig, prepare
 
     config = TrainConfig(profile="tiny", output_dir=str(tmp_path_factory.mktemp("run") / "colocate"), max_steps=1,
-                         per_device_train_batch_size=8, num_generations=4, learning_rate=1e-2, use_vllm=True,
+                         per_device_train_batch_size=4 * GROUP, num_generations=GROUP, learning_rate=1e-2,
+                         temperature=STEP_TEMPERATURE, use_vllm=True,
                          vllm_gpu_memory_utilization=0.3, save_steps=100, live_plot=False, train_size=16)
     training = prepare(config, reward_funcs=[alternating_reward])
     start = {n: p.detach().clone() for n, p in training.trainer.model.named_parameters()}
     engine = training.rollout_engine()  # the trainer's engine, lent before training (notebook 03's base evaluation)
     before = evaluation.evaluate(training.config.model, load_split("eval")[:2], num_samples=2, max_tokens=8,
                                  engine=engine)
+    SAMPLED.clear()
     result = training.train()
     trainer = result.trainer
+    print("the step's groups:", [len(set(group)) for group in SAMPLED], "distinct completions;", SAMPLED[0])
+    assert any(len(set(group)) > 1 for group in SAMPLED), (
+        f"every group of the step sampled one text {SAMPLED}: no gradient, nothing for the sync to carry")
     moved = max((p.detach() - start[n]).abs().max().item() for n, p in trainer.model.named_parameters())
     assert moved > 1e-3, f"the step at lr 1e-2 left the weights where they were (largest change {moved:g})"
     tokenizer = trainer.processing_class
