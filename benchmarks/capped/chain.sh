@@ -3,7 +3,7 @@
 # start asserted while another process freed memory, and jobs raced for TRL's port: README.md, 2026-12-03), in order
 # of what they settle, after the staging calls of ../course_gpu/README.md:
 #
-#   sleep probe -> qlora (learns, served) -> notebooks 03-05 under 16 GiB -> lengths-16 -> 03-05 under 32 GiB
+#   sleep probe -> qlora (learns, served) -> lengths-16 -> notebooks 03-05 under 16 GiB -> 03-05 under 32 GiB
 #   -> lengths-32 -> lengths-24 -> bench-80
 #
 #   GRPO_LAB_COMMIT=<sha> setsid bash benchmarks/capped/chain.sh > /tmp/chain.log 2>&1 < /dev/null &
@@ -51,8 +51,8 @@ course() {  # notebooks 03-05 under a cap, as a learner with that card runs them
     timeout 900 bash benchmarks/course_gpu/run.sh > "$LOG/course-$1.out" 2>&1
   step "course-03-05-$1" "$(cat /tmp/course-$1/exit_code 2>/dev/null)"
 }
-course 16
 python3 benchmarks/capped/run.py jobs lengths-16 > "$LOG/lengths-16.out" 2>&1; step lengths-16 $?
+course 16
 course 32
 for job in lengths-32 lengths-24 bench-80; do
   python3 benchmarks/capped/run.py jobs $job > "$LOG/$job.out" 2>&1; step $job $?
