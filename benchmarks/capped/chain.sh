@@ -3,7 +3,7 @@
 # start asserted while another process freed memory, and jobs raced for TRL's port: README.md, 2026-12-03), in order
 # of what they settle, after the staging calls of ../course_gpu/README.md:
 #
-#   sleep probe -> qlora (learns, served) -> lengths-16 -> notebooks 03-05 under 16 GiB -> 03-05 under 32 GiB
+#   qlora (learns, served) -> sleep probe -> lengths-16 -> notebooks 03-05 under 16 GiB -> 03-05 under 32 GiB
 #   -> lengths-32 -> lengths-24 -> bench-80
 #
 #   GRPO_LAB_COMMIT=<sha> setsid bash benchmarks/capped/chain.sh > /tmp/chain.log 2>&1 < /dev/null &
@@ -37,13 +37,13 @@ mkdir -p "$LOG"
 echo "started $(date +%T)" > "$LOG/progress"
 step() { echo "$1 $2 $(date +%T)" >> "$LOG/progress"; }
 bash benchmarks/course_gpu/run.sh compile > "$LOG/compile.out" 2>&1
+python3 benchmarks/capped/run.py jobs qlora > "$LOG/qlora.out" 2>&1; step qlora $?
 (
   export PYTHONPATH=/tmp/grpo-gpu-site:$PWD VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0
   timeout 240 python3 benchmarks/capped/sleep_probe.py --model /tmp/grpo-smollm2/model --cap 32 --share 0.55 \
     --out "$LOG/sleep_probe.json" > "$LOG/sleep_probe.out" 2>&1
 )
 step sleep-probe $?
-python3 benchmarks/capped/run.py jobs qlora > "$LOG/qlora.out" 2>&1; step qlora $?
 course() {  # notebooks 03-05 under a cap, as a learner with that card runs them (05 deploys what 03 trained)
   mkdir -p /tmp/packs-$1
   COURSE=/tmp/course-$1 COURSE_CAP_GIB=$1 OUT=/tmp/packs-$1 \
