@@ -85,6 +85,10 @@ def test_a_job_runs_under_its_cap_with_its_own_compile_cache():
     assert env["PYTHONPATH"].startswith("/tmp/grpo-gpu-site:") and env["PYTHONPATH"].endswith(":/x")
     assert env["VLLM_CACHE_ROOT"].endswith("vllm-cache/lengths-24")
     assert run.job_environment("bench-80", {})["GRPO_LAB_DEVICE_MEMORY_GIB"] == "80"
+    assert run.job_environment("bench-80", {}, device_gib=139.8)["GRPO_LAB_DEVICE_MEMORY_GIB"] == "80"
+    on_an_h100 = run.job_environment("bench-80", {"GRPO_LAB_DEVICE_MEMORY_GIB": "24"}, device_gib=79.6)
+    assert "GRPO_LAB_DEVICE_MEMORY_GIB" not in on_an_h100  # an 80 GB card is the card the row is about
+    assert run.bench_command(32, None)[-1].endswith("_80gb_card")
     assert run.bench_micro_batch() in (128, 64, 32, 16)
     assert "--per-device-train-batch-size" in run.bench_command(32)
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One H200 session for issue 42's rows that are still missing, each ALONE on the machine (side by side, vLLM 0.26's
+# One GPU session (an H200, or an H100: every cap here but bench-80's is below 79 GiB) for issue 42's rows that are still missing, each ALONE on the machine (side by side, vLLM 0.26's
 # start asserted while another process freed memory, and jobs raced for TRL's port: README.md, 2026-12-03), in order
 # of what they settle, after the staging calls of ../course_gpu/README.md:
 #
-#   qlora (learns, served) -> sleep probe -> lengths-16 -> notebooks 03-05 under 16 GiB -> 03-05 under 32 GiB
-#   -> lengths-32 -> lengths-24 -> bench-80
+#   qlora (learns, served) -> sleep probe -> lengths-16 -> notebooks 03-05 under 16 GiB -> bench-80 (4 min; on an
+#   H100, the 80 GB card itself) -> 03-05 under 32 GiB -> lengths-32 -> lengths-24
 #
 #   GRPO_LAB_COMMIT=<sha> setsid bash benchmarks/capped/chain.sh > /tmp/chain.log 2>&1 < /dev/null &
 #   bash benchmarks/capped/chain.sh collect     # waits <= CHAIN_WAIT_S (540), copies what has finished to $OUT/chain
@@ -53,8 +53,9 @@ course() {  # notebooks 03-05 under a cap, as a learner with that card runs them
 }
 python3 benchmarks/capped/run.py jobs lengths-16 > "$LOG/lengths-16.out" 2>&1; step lengths-16 $?
 course 16
+python3 benchmarks/capped/run.py jobs bench-80 > "$LOG/bench-80.out" 2>&1; step bench-80 $?
 course 32
-for job in lengths-32 lengths-24 bench-80; do
+for job in lengths-32 lengths-24; do
   python3 benchmarks/capped/run.py jobs $job > "$LOG/$job.out" 2>&1; step $job $?
 done
 step done 0

@@ -47,14 +47,32 @@ START_STAGGER_S = 60
 its own at engine start (seen beside other jobs on 2026-12-03), so the engines should not start together."""
 
 
-def job_environment(job: str, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """A job's processes' variables: the GPU bundle, the cap (``GRPO_LAB_DEVICE_MEMORY_GIB``), SmolLM2 as the model,
-    a vLLM compile cache of the job's own (jobs start side by side)."""
+def device_total_gib() -> float | None:
+    """Device 0's memory as the driver counts it, GiB (None without ``nvidia-smi``)."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                              capture_output=True, text=True, timeout=30)
+        return int(done.stdout.split()[0]) / 1024 if done.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+def bench_cap_gib(device_gib: float | None) -> float | None:
+    """The bench's cap: 80 GiB on a larger device (an H200 standing in for an 80 GB card); none on an 80 GB card
+    itself (an H100: 79.6 GiB as the driver counts it), which is the card the row is about."""
+    return None if device_gib is not None and device_gib <= BENCH_CAP_GIB + 1 else BENCH_CAP_GIB
+
+
+def job_environment(job: str, environ: dict[str, str] | None = None, device_gib: float | None = None) -> dict[str, str]:
+    """A job's processes' variables: the GPU bundle, the cap (``GRPO_LAB_DEVICE_MEMORY_GIB``; the bench's depends on
+    ``device_gib``), SmolLM2 as the model, a vLLM compile cache of the job's own (jobs start side by side)."""
     environ = dict(os.environ if environ is None else environ)
-    cap = BENCH_CAP_GIB if job == "bench-80" else JOBS[job].cap_gib
+    cap = bench_cap_gib(device_gib) if job == "bench-80" else JOBS[job].cap_gib
     path = [GPU_ENV["PYTHONPATH"], environ.get("PYTHONPATH", "")]
+    environ.pop("GRPO_LAB_DEVICE_MEMORY_GIB", None)
     return {**environ, **GPU_ENV, "PYTHONPATH": ":".join(p for p in path if p),
-            "PATH": f"/tmp/grpo-gpu-site/bin:{environ.get('PATH', '')}", "GRPO_LAB_DEVICE_MEMORY_GIB": f"{cap:g}",
+            "PATH": f"/tmp/grpo-gpu-site/bin:{environ.get('PATH', '')}",
+            **({"GRPO_LAB_DEVICE_MEMORY_GIB": f"{cap:g}"} if cap is not None else {}),
             "GRPO_LAB_MODEL": environ.get("GRPO_LAB_MODEL", SMOLLM2),
             "VLLM_CACHE_ROOT": str(WORK / "vllm-cache" / job), "GRPO_LAB_RUN_DIR": str(WORK / "runs" / job),
             "MASTER_PORT": str(MASTER_PORT_BASE + [*JOBS, "bench-80"].index(job))}
@@ -97,13 +115,15 @@ def bench_micro_batch(cap_gib: float = BENCH_CAP_GIB, share: float = BENCH_SHARE
     return 16
 
 
-def bench_command(micro_batch: int) -> list[str]:
-    """The GRPO-step bench (notebook 06), fixed lengths, five interleaved steps per backend, under the cap."""
+def bench_command(micro_batch: int, cap_gib: float | None = BENCH_CAP_GIB) -> list[str]:
+    """The GRPO-step bench (notebook 06), fixed lengths, five interleaved steps per backend, under the cap (``None``:
+    on an 80 GB card, uncapped)."""
+    name = f"grpo_step_seed_{BENCH_SHAPE}_fixed_" + (f"cap{cap_gib:g}" if cap_gib is not None else "80gb_card")
     return [sys.executable, "-m", "grpo_lab.bench", "--profile", "seed", "--shape", BENCH_SHAPE, "--parts", "grpo",
             "--grpo-backends", "hf,vllm", "--grpo-steps", "5", "--grpo-workload", "fixed",
             "--per-device-train-batch-size", str(micro_batch),
             "--train-option", f"vllm_gpu_memory_utilization={BENCH_SHARE}",
-            "--out", str(WORK / "bench"), "--name", f"grpo_step_seed_{BENCH_SHAPE}_fixed_cap{BENCH_CAP_GIB}"]
+            "--out", str(WORK / "bench"), "--name", name]
 
 
 def run_row(job: str, index: int) -> int:
@@ -153,7 +173,12 @@ def run_jobs(jobs: list[str]) -> int:
         if job == "bench-80":
             (WORK / "logs").mkdir(parents=True, exist_ok=True)
             log = (WORK / "logs" / "bench-80.log").open("w")
-            children[job] = subprocess.Popen(bench_command(bench_micro_batch()), cwd=REPO, env=job_environment(job),
+            device_gib = device_total_gib()
+            cap = bench_cap_gib(device_gib)
+            micro = bench_micro_batch(cap if cap is not None else device_gib)
+            print(f"bench-80: device {device_gib} GiB, cap {cap}, micro-batch {micro}", flush=True)
+            children[job] = subprocess.Popen(bench_command(micro, cap), cwd=REPO,
+                                             env=job_environment(job, device_gib=device_gib),
                                              stdout=log, stderr=subprocess.STDOUT)
         else:
             children[job] = subprocess.Popen([sys.executable, __file__, "job", job])
