@@ -1,4 +1,4 @@
-"""Does a sleeping vLLM engine's memory still count against the cap? One process, one H200, a few seconds of GPU work.
+"""Does a sleeping vLLM engine's memory still count against the cap? One process, one GPU, a few seconds of GPU work.
 
 The 63bd204 sleep-mode row (``results/seed-2b__sleep-mode-vllm-0-55.json``) ran out of memory in step 1's optimizer
 step with 31.67 GiB allocated under a 32 GiB cap, although the planner put the update at 15.63 GiB with vLLM asleep.
@@ -10,7 +10,8 @@ size would have the memory free: the stand-in, not the planner, would be what fa
 This probe starts an in-process engine (as TRL's colocate mode does) with sleep mode on, under the cap, and prints
 torch's allocated and reserved bytes and the driver's free memory before and after ``sleep(level=1)``, then tries to
 allocate 90 % of what the driver says sleeping freed: refused under the cap while the driver has it free means the
-stand-in counts the sleeping engine. Not yet run (written 2026-12-04, no device time left).
+stand-in counts the sleeping engine. Run on 2026-12-05 (one H100, commit 679831c): it does
+(``results/probes/sleep_probe.json``; ``README.md``).
 
     PYTHONPATH=/tmp/grpo-gpu-site:$PWD VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0 \\
       python3 benchmarks/capped/sleep_probe.py --model /tmp/grpo-smollm2/model --cap 32 --share 0.55
