@@ -139,6 +139,16 @@ def test_an_out_of_memory_row_round_trips_through_the_reader(tmp_path):
     assert memory.capped_rows(tmp_path / "none") == [] and memory.capped_rows(tmp_path, job="course") == []
 
 
+def test_a_row_says_how_its_accuracy_moved_and_where_it_was_measured():
+    gain = {"before": 0.0025, "after": 0.0025, "points": 0.0, "standard_errors": 0.0, "problems": 400}
+    row = memory.CappedRow("qlora", "QLoRA r=16, learns", 16, "model", "qlora", steps=50,
+                           extra={"greedy_accuracy": gain, "greedy_accuracy_hf": {**gain, "after": 0.05,
+                                                                                   "standard_errors": 4.2}})
+    assert "greedy accuracy on the trainer's engine 0.2% → 0.2% (+0.0 standard errors)" in row.line()
+    assert "greedy accuracy on HF generate 0.2% → 5.0% (+4.2 standard errors)" in row.line()
+    assert "greedy" not in memory.CappedRow("seed-2b", "x", 32, "m", "r").line()
+
+
 def test_the_capped_course_becomes_a_row(tmp_path):
     run_dir = tmp_path / "grpo-gpu-20261203-120000"
     run_dir.mkdir()
@@ -167,6 +177,27 @@ def test_the_capped_course_becomes_a_row(tmp_path):
     assert "about 1.4 s per step" in memory.expectation(24, [row]) and "4 minutes" in memory.expectation(32, [row])
     assert "no course run" in memory.expectation(16, [row])
     assert memory.speed_table([row])[0]["notebook 03 (s)"] == 240.0
+
+
+def test_a_course_cut_short_gives_the_notebooks_that_finished(tmp_path):
+    """The machine went back in 05 (2026-12-05): no summary.json; course.log and course_runs.jsonl still say what ran."""
+    run_dir = tmp_path / "grpo-gpu-20261205-121747"
+    run_dir.mkdir()
+    config = TrainConfig(profile="gpu", model=SMOLLM2).resolve(Machine("cuda", True, 16))
+    (run_dir / "config.json").write_text(json.dumps({"config": dataclasses.asdict(config), "memory_plan": {}}))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "step_time": t}) + "\n"
+                                                   for i, t in enumerate((6.0, 2.0, 1.8), 1)))
+    (tmp_path / "course.log").write_text("running 03_grpo_training.ipynb ...\n[IPKernelApp] WARNING | Kernel\n"
+                                         "  ok in 307 s\nrunning 04_memory_budget.ipynb ...\n  ok in 9 s\n"
+                                         "running 05_deployment.ipynb ...\n[IPKernelApp] WARNING | Kernel\n")
+    (tmp_path / "course_runs.jsonl").write_text(json.dumps({"notebook": "03_grpo_training.ipynb", "run": run_dir.name,
+                                                            "how": "trained"}) + "\n")
+    path = course_row.write_course_row(tmp_path, 16, tmp_path / "rows")
+    row, = memory.capped_rows(tmp_path / "rows")
+    assert path.name == "course__notebooks-03-04-under-16-gib.json" and row.error is None
+    assert [(nb.notebook[:2], nb.status, nb.seconds) for nb in row.notebooks] == [("03", "ok", 307.0), ("04", "ok", 9.0)]
+    assert row.extra["did_not_finish"] == ["05_deployment.ipynb"] and row.step_seconds == (6.0, 2.0, 1.8)
+    assert "notebook 03 about 5 minutes" in memory.expectation(16, [row])
 
 
 def test_the_course_runner_records_peaks():

@@ -5,10 +5,11 @@ and notebook 03's run: its plan (``config.json``), step times and tokens per sec
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-from jobs import Row
+from jobs import Row, row_id
 from measure import base_record, write
 
 from grpo_lab import runs
@@ -32,8 +33,27 @@ def course_name(summary: list[dict[str, Any]]) -> str:
     return f"notebooks {numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else f"notebook {numbers[0]}"
 
 
+def summary_of(course: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The course's ``summary.json``; for a run cut short (the machine went back before ``run.sh`` wrote it), the
+    notebooks that finished, rebuilt from ``course.log`` ("running X ...", "ok in N s") and ``course_runs.jsonl``,
+    without their peaks; and the notebooks that started and did not finish."""
+    if (course / "summary.json").is_file():
+        return json.loads((course / "summary.json").read_text()), []
+    runs_file = course / "course_runs.jsonl"
+    uses = [json.loads(line) for line in runs_file.read_text().splitlines() if line.strip()] if runs_file.is_file() else []
+    summary, started = [], None
+    for line in (course / "course.log").read_text().splitlines():
+        if line.startswith("running ") and line.endswith(" ..."):
+            started = line.split()[1]
+        elif started and (done := re.match(r"\s+(\w+) in (\d+) s", line)):
+            summary.append({"notebook": started, "status": done.group(1), "seconds": float(done.group(2)),
+                            "runs": [f"{u['how']} {u['run']}" for u in uses if u["notebook"] == started]})
+            started = None
+    return summary, [started] if started else []
+
+
 def course_record(course: Path, cap_gib: float) -> dict[str, Any]:
-    summary = json.loads((course / "summary.json").read_text())
+    summary, unfinished = summary_of(course)
     meta = json.loads((course / "run.json").read_text()) if (course / "run.json").is_file() else {}
     record = base_record("course", Row(f"{course_name(summary)} under {cap_gib:g} GiB", "course", {}, 0), cap_gib,
                          Path(meta.get("model", "")).name)
@@ -46,6 +66,8 @@ def course_record(course: Path, cap_gib: float) -> dict[str, Any]:
     used = [row.get("device_used_gib") for row in summary if row.get("device_used_gib") is not None]
     record["measured"] = {"max_allocated_gib": max(peaks, default=None), "device_used_gib": max(used, default=None)}
     record["extra"] = {"notebook_seconds": round(sum(row["seconds"] for row in summary), 1)}
+    if unfinished:
+        record["extra"]["did_not_finish"] = unfinished  # cut short: the machine went back, not a failure
     run_dir = notebook_03_run(course, summary)
     if run_dir is None:
         return record
@@ -70,4 +92,5 @@ def course_record(course: Path, cap_gib: float) -> dict[str, Any]:
 
 
 def write_course_row(course: Path, cap_gib: float, rows_dir: Path) -> Path:
-    return write(course_record(course, cap_gib), rows_dir / f"course__the-whole-course-under-{cap_gib:g}-gib.json")
+    record = course_record(course, cap_gib)
+    return write(record, rows_dir / f"{row_id('course', Row(record['name'], 'course', {}, 0))}.json")

@@ -156,8 +156,10 @@ def run_job(job: str, timeout_s: int = ROW_TIMEOUT_S) -> int:
             except subprocess.TimeoutExpired:
                 code = f"timed out after {timeout_s} s"
         if not (WORK / "rows" / f"{stem}.json").is_file():
+            servers = "".join(f"\n--- {path.name}\n" + path.read_text(errors="replace")[-2000:]
+                              for path in sorted((WORK / "runs" / job).glob("*/serve-*.log")))
             write_error(WORK / "rows" / f"{stem}.json", job, row, JOBS[job].cap_gib,
-                        f"exit {code}\n" + log.read_text(errors="replace"))
+                        f"exit {code}\n" + log.read_text(errors="replace") + servers)
         print(f"{stem}: exit {code} in {time.perf_counter() - started:.0f} s", flush=True)
     return 0
 
