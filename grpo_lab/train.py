@@ -344,6 +344,9 @@ def prepare(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
     asked = config or TrainConfig()
     config = asked.resolve(machine)
     cap = device.apply_memory_cap(machine.memory_gib, kind=machine.kind)  # a Machine smaller than its device (CUDA)
+    for caveat in [*device.cap_caveats(cap, config.use_vllm and config.vllm_enable_sleep_mode),
+                   *lora.rollout_caveats(config)]:
+        warnings.warn(caveat, stacklevel=2)
     if config.output_dir is None:
         config = dataclasses.replace(config, output_dir=str(runs.new_run_dir(config.profile, datetime.now())))
     run_dir, resume = _prepare_run_dir(config)

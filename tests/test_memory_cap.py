@@ -159,3 +159,15 @@ def test_the_cap_says_what_it_does_not_emulate():
     text = MemoryCap(24, H200_GIB, "cuda").describe()
     assert all(word in text for word in ("bandwidth", "other processes", "CUDA context"))
     assert device.MEMORY_CAP_ENV in (device.apply_memory_cap.__doc__ or "") + (device.__doc__ or "") + text
+
+
+def test_sleep_mode_under_an_enforced_cap_is_flagged_before_the_run():
+    """Measured on an H100 (results/probes/sleep_probe.json): a sleeping engine's pool still counts against torch's
+    per-process fraction, so a plan that counts on sleep mode fails under the cap and not on a real card."""
+    cap = MemoryCap(32, 79.18, "cuda")
+    assert "sleep mode" in cap.describe()
+    [caveat] = device.cap_caveats(cap, sleep_mode=True)
+    assert "32" in caveat and "vllm_enable_sleep_mode" in caveat and "real 32 GiB card" in caveat
+    assert device.cap_caveats(cap, sleep_mode=False) == []
+    assert device.cap_caveats(None, sleep_mode=True) == []
+    assert device.cap_caveats(MemoryCap(32, 32, "cpu"), sleep_mode=True) == []  # the CPU only sizes the plan

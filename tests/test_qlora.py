@@ -136,3 +136,15 @@ def test_liger_stays_off_under_a_4_bit_base(monkeypatch):
     assert TrainConfig(profile="gpu", model=SMOLLM2).resolve(CARD).use_liger_kernel
     assert not qlora().resolve(CARD).use_liger_kernel
     assert qlora(use_liger_kernel=True).resolve(CARD).use_liger_kernel  # asked for: as asked
+
+
+def test_qlora_with_vllm_rollouts_is_told_that_the_engine_does_not_follow_the_adapter():
+    """Measured: peft's merge into 4-bit codes kept 1.2 % of a 50-step adapter (benchmarks/capped/results/probes/
+    qlora_merge_probe.json), and the engine's greedy answers after 50 QLoRA steps were the base's (the qlora row)."""
+    config = qlora().resolve(CARD)
+    assert config.use_vllm and lora.rollout_caveats(config) == [lora.QLORA_ENGINE_CAVEAT]
+    assert "backend='hf'" in lora.QLORA_ENGINE_CAVEAT and "1.2 %" in lora.QLORA_ENGINE_CAVEAT
+    assert lora.rollout_caveats(dataclasses.replace(config, use_vllm=False)) == []
+    plain = TrainConfig(profile="gpu", model=SMOLLM2, use_peft=True, output_dir="unused").resolve(CARD)
+    assert lora.rollout_caveats(plain) == []
+    assert "rollout_caveats" in inspect.getsource(train.prepare)

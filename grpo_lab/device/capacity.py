@@ -19,11 +19,19 @@ from grpo_lab.device import DeviceError
 
 MEMORY_CAP_ENV = "GRPO_LAB_DEVICE_MEMORY_GIB"
 """``GRPO_LAB_DEVICE_MEMORY_GIB=N``: device 0 as an N GiB card, for its memory only (:data:`MEMORY_CAP_LIMITS`)."""
+SLEEP_MODE_UNDER_CAP = (
+    "vLLM's sleep mode: a sleeping colocated engine hands its memory back to the device, but torch still counts its "
+    "memory pool's blocks against the cap, so under a cap sleep mode frees nothing for the update (measured on an "
+    "H100: 17.5 GiB still allocated while asleep, 77.97 of 79.18 GiB free on the device, a 15.9 GiB allocation "
+    "refused under a 32 GiB cap; benchmarks/capped/results/probes/sleep_probe.json); a real N GiB card gets it back"
+)
+"""Why a plan that counts on sleep mode runs out of memory under a cap and not on a real card of that size."""
 MEMORY_CAP_LIMITS = (
     "memory bandwidth and compute: the steps run at the real device's speed, not a smaller card's",
     "other processes: memory another process holds on the device is not inside the cap",
     "memory outside torch's allocator (the CUDA context, about 0.5 GiB, NCCL and vLLM's non-torch buffers) is not "
     "counted against the cap; a real card of N GiB holds it too",
+    SLEEP_MODE_UNDER_CAP,
 )
 """What a cap does not emulate."""
 CAP_ROUNDING_GIB = 0.01
@@ -130,6 +138,15 @@ def apply_memory_cap(memory_gib: float, index: int = 0, kind: str | None = None)
     hw.torch.cuda.set_per_process_memory_fraction(cap.fraction, index)
     _APPLIED[kind, index] = cap
     return cap
+
+
+def cap_caveats(cap: MemoryCap | None, sleep_mode: bool) -> list[str]:
+    """What a run with ``sleep_mode`` under an enforced ``cap`` should be told before it starts (none otherwise)."""
+    if cap is None or not cap.enforced or not sleep_mode:
+        return []
+    return [f"{MEMORY_CAP_ENV}={cap.memory_gib:g} with vllm_enable_sleep_mode=True: the plan counts on sleep mode, "
+            f"which the cap does not emulate ({SLEEP_MODE_UNDER_CAP}). Expect an out-of-memory error in the update "
+            f"that a real {cap.memory_gib:g} GiB card would not have; to run under the cap, plan without sleep mode."]
 
 
 def enforce_memory_cap(index: int = 0, kind: str | None = None) -> MemoryCap | None:

@@ -106,6 +106,10 @@ class NotebookPeak:
     device_used_gib: float | None = None
 
 
+ACCURACY_KEYS = {"greedy_accuracy": " on the trainer's engine", "greedy_accuracy_hf": " on HF generate"}
+"""A capped row's held-out accuracy before and after its run (``extra``), and where it was measured."""
+
+
 @dataclass(frozen=True)
 class CappedRow:
     """One committed run under a device memory cap (a file of ``benchmarks/capped/results/``)."""
@@ -169,7 +173,10 @@ class CappedRow:
             f", {self.tokens_per_second:,.0f} tok/s" if self.tokens_per_second else "")
         share = self.planned.get("vllm_gpu_memory_utilization")
         return (f"{self.cap_gib:g} GiB · {self.name}: " + (f"vLLM {share} of the cap, " if share else "")
-                + f"{outcome}{peaks}; device used {self.measured.get('device_used_gib')} GiB{speed}")
+                + f"{outcome}{peaks}; device used {self.measured.get('device_used_gib')} GiB{speed}"
+                + "".join(f"; greedy accuracy{where} {gain['before']:.1%} → {gain['after']:.1%} "
+                          f"({gain['standard_errors']:+.1f} standard errors)"
+                          for key, where in ACCURACY_KEYS.items() if (gain := self.extra.get(key))))
 
 
 def capped_rows(results_dir: str | Path = CAPPED_RESULTS_DIR, job: str | None = None) -> list[CappedRow]:
