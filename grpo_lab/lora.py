@@ -13,7 +13,8 @@ QLoRA (``TrainConfig(use_peft=True, load_in_4bit=True)``, CUDA): the base is loa
 with ``quantization="bitsandbytes"``. ``adapter/`` is served on that 4-bit base (vLLM's LoRA serving with
 ``--quantization bitsandbytes``: the model as it trained), ``final/`` is the adapter merged into the base's
 full-precision weights (QLoRA's usual export; it differs from the trained model by the base's quantization error).
-With vLLM rollouts the engine barely follows the adapter (:data:`QLORA_ENGINE_CAVEAT`; ``train`` warns).
+With vLLM rollouts through TRL's merge the engine barely follows the adapter (:data:`QLORA_ENGINE_CAVEAT`; ``train``
+warns); ``vllm_lora_sync="adapter"`` hands it the adapter itself.
 
 >>> from grpo_lab import lora
 >>> lora.peft_name_to_base("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight")
@@ -48,7 +49,9 @@ QLORA_ENGINE_CAVEAT = (
     "the adapter's change and 2.1 % of its effect on the logits; on an H100 the engine's greedy answers after 50 QLoRA "
     "steps scored exactly the base's. The engine keeps sampling about the base model, so the rollouts are off-policy "
     "and the trainer's engine cannot show what the run learned: evaluate final/ on HF generate "
-    "(evaluation.evaluate(run.final_model_dir, rows, backend='hf')), or train LoRA on a 16-bit base where it fits."
+    "(evaluation.evaluate(run.final_model_dir, rows, backend='hf')). TrainConfig(vllm_lora_sync='adapter') hands the "
+    "engine the adapter itself instead (vLLM's LoRA support; it matches the trainer on vLLM-CPU, not yet run on a "
+    "GPU under a 4-bit base), or train LoRA on a 16-bit base where it fits."
 )
 """Why a QLoRA run's vLLM engine does not follow its adapter (TRL issue 3466 reports the same merge)."""
 
@@ -69,8 +72,9 @@ def lora_config(r: int, alpha: int, dropout: float, target_modules: tuple[str, .
 
 def rollout_caveats(config: Any) -> list[str]:
     """What a resolved ``TrainConfig`` should be told before it trains: :data:`QLORA_ENGINE_CAVEAT` for QLoRA with
-    vLLM rollouts (none otherwise)."""
-    return [QLORA_ENGINE_CAVEAT] if config.load_in_4bit and config.use_peft and config.use_vllm else []
+    vLLM rollouts through TRL's merge (none otherwise)."""
+    merged = config.vllm_lora_sync == "merge"
+    return [QLORA_ENGINE_CAVEAT] if config.load_in_4bit and config.use_peft and config.use_vllm and merged else []
 
 
 def compute_dtype(config: Any) -> str:

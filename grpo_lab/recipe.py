@@ -103,6 +103,12 @@ ADDITIONS: tuple[Addition, ...] = (
     Addition("no sampled-token log-probs where nothing reads them", "GRPOLabTrainer.sampling_logprobs",
              "with vllm_importance_sampling_correction=False only (the course keeps it on): on the 0.5B shape the "
              "H200 step 5.86 -> 4.58 s median (-22 %)", "benchmarks/trainer_switches/README.md"),
+    Addition("a LoRA policy's adapter handed to the engine (vllm_lora_sync='adapter')",
+             "grpo_lab.weight_sync.install_adapter_sync",
+             "stock TRL merges the adapter into the base for every sync, and under a 4-bit base that merge keeps 1.2 % "
+             "of a 50-step adapter (CPU); with the adapter itself, vLLM-CPU's log-probs after a large-lr LoRA step "
+             "are 0.020 from the trainer's, its base 1.19 (a run that kept 'merge' needs nothing of it)",
+             "tests/test_adapter_sync.py, benchmarks/capped/results/probes/qlora_merge_probe.json"),
     Addition("the colocated engine lent to evaluation", "GRPOLabTrainer.lend_engine, device.COLOCATED_MAX_NUM_SEQS",
              "notebook 03 evaluates before and after training on the trainer's own engine: no second engine start "
              "and no second share of the device ('engine start 0 s' on the H200)",

@@ -99,7 +99,10 @@ def choose_backend(config: TrainConfig) -> tuple[bool, str]:
     if config.use_vllm and config.vllm_mode == "server":
         return True, f"vLLM server at {config.vllm_server_base_url} (TRL server mode, grpo_lab.scale)"
     if config.use_vllm:
-        where = "vLLM-CPU, weight sync through reload_weights" if weight_sync.vllm_runs_on_cpu() else "vLLM"
+        cpu = weight_sync.vllm_runs_on_cpu()
+        sync = ("the LoRA adapter handed to the engine" if config.use_peft and config.vllm_lora_sync == "adapter"
+                else "weight sync through reload_weights" if cpu else "")
+        where = ", ".join(part for part in ("vLLM-CPU" if cpu else "vLLM", sync) if part)
         return True, f"vLLM colocate ({where}), vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization}"
     if device.is_cpu(config.device):
         return False, experiment.CPU_BACKEND_REASON
@@ -237,7 +240,9 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
                                  processing_class=tokenizer, callbacks=[*tool_set.callbacks(), *callbacks],
                                  peft_config=peft_config, quantization_config=lora.quantization_config(config),
                                  tools=tool_set.funcs or None,
-                                 engine_max_num_seqs=device.COLOCATED_MAX_NUM_SEQS[config.device])
+                                 engine_max_num_seqs=device.COLOCATED_MAX_NUM_SEQS[config.device],
+                                 adapter_sync=(Path(config.output_dir) / weight_sync.ADAPTER_FOLDER, config.lora_r)
+                                 if use_vllm and config.vllm_lora_sync == "adapter" else None)
     trainer.backend_reason = why
     quiet_progress(trainer)
     tracking.without_dashboard(trainer)

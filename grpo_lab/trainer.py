@@ -1,6 +1,7 @@
 """The trainer grpo_lab trains with: TRL's ``GRPOTrainer``, unchanged in what it computes, plus what the course adds
 (:class:`GRPOLabTrainer`): timings of every part of a step, a NaN guard, reward errors that say what to do, checkpoints
-renamed into place once complete, the vLLM-CPU weight sync, and the colocated engine lent to evaluation.
+renamed into place once complete, the vLLM-CPU weight sync, a LoRA policy's adapter sync, and the colocated engine lent
+to evaluation.
 
 It builds on :class:`grpo_lab.speedups.SpeedUpTrainer`, TRL's trainer with the speed-ups that change no result (flat
 log-probs, no log-probs where nothing reads them, the collector paused, the deferred correction, length grouping):
@@ -66,14 +67,15 @@ TRL_INTERNALS: tuple[UpstreamName, ...] = (
 
 
 @contextlib.contextmanager
-def _colocated_engine_arguments(max_num_seqs: int | None = None) -> Iterator[None]:
+def _colocated_engine_arguments(max_num_seqs: int | None = None, lora_rank: int | None = None) -> Iterator[None]:
     """While the trainer starts its colocated vLLM engine, what grpo_lab changes in TRL's ``LLM(...)`` call: no
     weight-loading or CUDA-graph-capture progress bars in a notebook (TRL does not pass vLLM's ``use_tqdm_on_load``;
-    the rollout engine does the same through its own arguments), and ``max_num_seqs`` raised to at least
-    ``max_num_seqs`` (TRL sizes it to one generation batch; an evaluation lent the engine sends more at once)."""
+    the rollout engine does the same through its own arguments), ``max_num_seqs`` raised to at least
+    ``max_num_seqs`` (TRL sizes it to one generation batch; an evaluation lent the engine sends more at once), and
+    with ``lora_rank`` vLLM's LoRA support (adapter sync, :func:`grpo_lab.weight_sync.engine_lora_arguments`)."""
     original = getattr(vllm_generation, "LLM", None)
     quiet = not env.show_progress()
-    if original is None or (not quiet and max_num_seqs is None):  # TRL without vLLM, or nothing to change
+    if original is None or (not quiet and max_num_seqs is None and lora_rank is None):  # nothing to change
         yield
         return
 
@@ -82,6 +84,8 @@ def _colocated_engine_arguments(max_num_seqs: int | None = None) -> Iterator[Non
             kwargs.setdefault("use_tqdm_on_load", False)
         if max_num_seqs is not None:
             kwargs["max_num_seqs"] = max(kwargs.get("max_num_seqs") or 0, max_num_seqs)
+        if lora_rank is not None:
+            kwargs.update(weight_sync.engine_lora_arguments(lora_rank))
         return original(*args, **kwargs)
 
     vllm_generation.LLM = start_engine
@@ -98,12 +102,20 @@ class GRPOLabTrainer(SpeedUpTrainer):
     its colocated engine to evaluation (:meth:`lend_engine`).
 
     ``engine_max_num_seqs``: the colocated engine decodes at least this many sequences at once (None: TRL's sizing,
-    one generation batch; ``grpo_lab.train`` passes ``device.COLOCATED_MAX_NUM_SEQS``)."""
+    one generation batch; ``grpo_lab.train`` passes ``device.COLOCATED_MAX_NUM_SEQS``). ``adapter_sync``: the
+    folder where the colocated engine is handed the LoRA adapter each sync, and the adapter's rank
+    (``TrainConfig.vllm_lora_sync="adapter"``, :func:`grpo_lab.weight_sync.install_adapter_sync`); None: TRL's
+    merged weights."""
 
-    def __init__(self, *args: Any, engine_max_num_seqs: int | None = None, **kwargs: Any):
-        with _colocated_engine_arguments(engine_max_num_seqs):
+    def __init__(self, *args: Any, engine_max_num_seqs: int | None = None,
+                 adapter_sync: tuple[Path, int] | None = None, **kwargs: Any):
+        with _colocated_engine_arguments(engine_max_num_seqs, adapter_sync[1] if adapter_sync else None):
             super().__init__(*args, **kwargs)
-        self.weight_sync_installed = bool(self.use_vllm and weight_sync.install(self.vllm_generation))
+        colocated = self.use_vllm and self.vllm_generation.mode == "colocate"
+        self.adapter_sync = (weight_sync.install_adapter_sync(self.vllm_generation, adapter_sync[0])
+                             if adapter_sync and colocated else None)
+        self.weight_sync_installed = bool(self.use_vllm and not self.adapter_sync
+                                          and weight_sync.install(self.vllm_generation))
         self._staging: Path | None = None
         self._timers: dict[str, float] = {}
         if self.use_vllm and self.vllm_generation.mode == "colocate":  # time vLLM's own calls inside _generate

