@@ -142,8 +142,10 @@ def test_every_module_is_short_enough_to_read_in_one_sitting():
 
 DEVICE_CALL_BYTES = 64 * 2**20
 """What one call of the lent GPU machine carries, the repository that travels with it included."""
-LARGEST_PART_BYTES = 38 * 2**20
-"""The GPU bundles' and the model's largest part (benchmarks/course_gpu/README.md, benchmarks/verl/build.sh)."""
+LARGEST_PART_BYTES = 33 * 2**20
+"""The GPU bundles' and the model's largest part (benchmarks/course_gpu/README.md: the bundle in 32 MiB parts since
+2026-12-05, when the repository had grown to the room left beside 38 MiB ones; benchmarks/verl/build.sh; SmolLM2's
+33 MiB parts)."""
 
 
 def test_the_repository_leaves_room_for_a_bundle_part_in_a_device_call():

@@ -15,10 +15,11 @@
 # Afterwards it checks the unpacked site (verl, ray binaries and their executable bits, no jars), and downloads
 # transformers.txt's wheels into OUTDIR/verl-transformers/ (carried by the run call, see README.md).
 #
-# Parts are 38 MiB, not build-bundle's 53: a device call carries at most 64 MiB INCLUDING the repository that travels
-# with it (11 MiB on 2026-12-01 morning, 19 MiB by its evening), so 48 MiB parts no longer fit; 38 MiB parts make 7.
+# Parts are 32 MiB, not build-bundle's 53: a device call carries at most 64 MiB INCLUDING the repository that travels
+# with it (11 MiB on 2026-12-01 morning, 19 MiB by its evening, 25 MiB on 2026-12-05), so 48 MiB parts stopped
+# fitting, then 38 MiB ones left no room for the repository to grow.
 #
-# Knobs: PYTHON (default python3), GRPO_GPU_SHARED (default <repo>/../shared/gpu), PART_SIZE (default 38M),
+# Knobs: PYTHON (default python3), GRPO_GPU_SHARED (default <repo>/../shared/gpu), PART_SIZE (default 32M),
 # FORCE=1 (passed to build-bundle), KEEP_SITE=1 (keep OUTDIR/.work/site for inspection).
 set -euo pipefail
 
@@ -88,7 +89,7 @@ find "$OUTDIR/.work/wheels" -maxdepth 1 -name 'ray-2.55.1-cp312-*.whl' -print -d
 
 # 4. The shared builder, unchanged.
 log "running $SHARED/build-bundle $OUTDIR"
-WHEELS_TXT="$VERL/wheels.txt" PIP_FIND_LINKS="$LINKS" KEEP_SITE=1 PYTHON="$PY" PART_SIZE="${PART_SIZE:-38M}" \
+WHEELS_TXT="$VERL/wheels.txt" PIP_FIND_LINKS="$LINKS" KEEP_SITE=1 PYTHON="$PY" PART_SIZE="${PART_SIZE:-32M}" \
   "$SHARED/build-bundle" "$OUTDIR" | tee "$VERL/build-bundle.out"
 
 # 5. Check what verl needs in the site (only when build-bundle just built it; it keeps the site with KEEP_SITE=1).
