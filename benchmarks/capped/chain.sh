@@ -3,12 +3,12 @@
 # start asserted while another process freed memory, and jobs raced for TRL's port: README.md, 2026-12-03), in order
 # of what they settle, after the staging calls of ../course_gpu/README.md:
 #
-#   qlora (learns, now also on HF generate; served) -> qlora-adapter (the same with vllm_lora_sync='adapter')
-#   -> notebooks 03-05 under 16 GiB -> bench-80 (4 min; on an H100,
-#   the 80 GB card itself) -> 03-05 under 32 GiB -> lengths-32 -> lengths-24
+#   qlora-adapter (learns with vllm_lora_sync='adapter', on the engine and on HF generate; then served)
+#   -> lengths-24 -> lengths-32 -> notebooks 03-05 under 32 GiB -> under 16 GiB (05 is the row missing there)
+#   -> bench-80 (4 min; on an H100, the 80 GB card itself)
 #
-# The sleep probe and lengths-16 ran on 2026-12-05 (README.md); `sleep_probe.py` and `run.py jobs lengths-16` still
-# run them alone.
+# The sleep probe, lengths-16 and qlora (TRL's merge: it did not learn) ran on 2026-12-05 (README.md); `sleep_probe.py`
+# and `run.py jobs <name>` still run them alone.
 #
 #   GRPO_LAB_COMMIT=<sha> setsid bash benchmarks/capped/chain.sh > /tmp/chain.log 2>&1 < /dev/null &
 #   bash benchmarks/capped/chain.sh collect     # waits <= CHAIN_WAIT_S (540), tars what has finished into $OUT
@@ -41,8 +41,10 @@ mkdir -p "$LOG"
 echo "started $(date +%T)" > "$LOG/progress"
 step() { echo "$1 $2 $(date +%T)" >> "$LOG/progress"; }
 bash benchmarks/course_gpu/run.sh compile > "$LOG/compile.out" 2>&1
-python3 benchmarks/capped/run.py jobs qlora > "$LOG/qlora.out" 2>&1; step qlora $?
 python3 benchmarks/capped/run.py jobs qlora-adapter > "$LOG/qlora-adapter.out" 2>&1; step qlora-adapter $?
+for job in lengths-24 lengths-32; do
+  python3 benchmarks/capped/run.py jobs $job > "$LOG/$job.out" 2>&1; step $job $?
+done
 course() {  # notebooks 03-05 under a cap, as a learner with that card runs them (05 deploys what 03 trained)
   mkdir -p /tmp/packs-$1
   COURSE=/tmp/course-$1 COURSE_CAP_GIB=$1 OUT=/tmp/packs-$1 \
@@ -50,10 +52,7 @@ course() {  # notebooks 03-05 under a cap, as a learner with that card runs them
     timeout 900 bash benchmarks/course_gpu/run.sh > "$LOG/course-$1.out" 2>&1
   step "course-03-05-$1" "$(cat /tmp/course-$1/exit_code 2>/dev/null)"
 }
+course 32
 course 16
 python3 benchmarks/capped/run.py jobs bench-80 > "$LOG/bench-80.out" 2>&1; step bench-80 $?
-course 32
-for job in lengths-32 lengths-24; do
-  python3 benchmarks/capped/run.py jobs $job > "$LOG/$job.out" 2>&1; step $job $?
-done
 step done 0

@@ -74,11 +74,12 @@ JOBS: dict[str, Job] = {job.name: job for job in (
             # a process of its own, as a learner serves a finished run: the trainer's memory is gone
             Row("QLoRA r=16, served", "serve", {"run_of": "QLoRA r=16, learns"}, 0),
         )),
-    Job("qlora-adapter", 16, 4.5, "the qlora run again with the adapter handed to the engine (vllm_lora_sync="
-        "'adapter'), so that its rollouts follow the policy: learns on the engine as on HF generate?", (
+    Job("qlora-adapter", 16, 6.0, "the qlora run again with the adapter handed to the engine (vllm_lora_sync="
+        "'adapter'), so that its rollouts follow the policy: learns on the engine as on HF generate? then served", (
             Row("QLoRA r=16, adapter sync, learns", "course", {"use_peft": True, "load_in_4bit": True, **LORA,
                                                                "learning_rate": QLORA_LEARNING_RATE,
                                                                "vllm_lora_sync": "adapter"}, 50, evaluate=True),
+            Row("QLoRA r=16, adapter sync, served", "serve", {"run_of": "QLoRA r=16, adapter sync, learns"}, 0),
         )),
     _lengths(16), _lengths(24), _lengths(32),
 )}
