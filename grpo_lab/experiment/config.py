@@ -165,7 +165,7 @@ class TrainConfig:
     ``"adapter"``, the engine keeping the base and loading the adapter itself through vLLM's LoRA support (an
     adapter folder a step, ``<run>/.engine-adapter``). Under a 4-bit base TRL's merge rounds the adapter away
     (``grpo_lab.lora.QLORA_ENGINE_CAVEAT``); ``"adapter"`` keeps it (on vLLM-CPU, ``tests/test_adapter_sync.py``;
-    on a GPU under a 4-bit base not yet run). Not with sleep mode."""
+    on an H100 under a 4-bit base, ``benchmarks/capped/README.md``). Not with sleep mode."""
     ignore_eos: bool = False
     """Every completion runs to ``max_completion_length`` (vLLM's ``SamplingParams`` name; ``min_new_tokens`` with HF
     generate): the memory planner's case, for measurement runs (a model stops much earlier on its own)."""
