@@ -109,6 +109,33 @@ def choose_backend(config: TrainConfig) -> tuple[bool, str]:
     return False, "HF generate (use_vllm=False)"
 
 
+TRL_COLOCATED_ENGINE: dict[str, Any] = {"max_num_batched_tokens": 4096, "model_impl": "vllm"}
+"""What TRL 1.16's colocated ``LLM(...)`` call sets beyond the experiment's own fields: ``max_num_batched_tokens=4096``
+(``VLLMGeneration._init_vllm``) and ``model_impl`` from ``GRPOConfig.vllm_model_impl`` (default ``"vllm"``, which
+grpo_lab leaves). ``tests/test_train.py`` checks both against the installed TRL."""
+
+
+def colocated_engine_settings(config: TrainConfig) -> dict[str, Any]:
+    """:class:`~grpo_lab.rollout.RolloutConfig` settings that start an engine as the trainer will start its colocated
+    one for ``config`` (a profile applied): the context window (``max_model_len``), the decode batch
+    (``max_num_seqs``, as :class:`~grpo_lab.trainer.GRPOLabTrainer` raises it) and :data:`TRL_COLOCATED_ENGINE`.
+
+    vLLM keys its compiled graphs by these and the model's path, not by the memory share or the seed, and every
+    engine of the course compiles into one ``VLLM_CACHE_ROOT``: an engine opened with them on ``config.model``
+    (notebook 01's, notebook 06's bench) leaves the graph the trainer then loads instead of compiling
+    (``benchmarks/course_gpu/engine_start.json``: a start 95.6 s cold, 42.4 s warm on the H200). Empty when the run
+    samples without a colocated engine (the CPU profile's HF ``generate``, a vLLM server): nothing to share."""
+    if not (config.use_vllm and config.vllm_mode == "colocate"):
+        return {}
+    raised_to = device.COLOCATED_MAX_NUM_SEQS[config.device or device.detect()] or 0
+    shared = "as the trainer's colocated engine will start: its compiled graph is then loaded, not compiled again"
+    return {"max_model_len": config.max_model_len, "max_num_seqs": max(config.generation_batch_size, raised_to),
+            "vllm_options": dict(TRL_COLOCATED_ENGINE),
+            "reasons": {"max_model_len": f"the training run's window (TRL's vllm_max_model_length), {shared}",
+                        "max_num_seqs": f"the training run's decode batch, {shared}",
+                        "vllm_options": f"what TRL's colocated LLM(...) call sets, {shared}"}}
+
+
 
 # --------------------------------------------------------------------------------------------------
 # vLLM's share of the device: the planner's choice, printed and recorded

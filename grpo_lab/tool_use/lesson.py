@@ -42,10 +42,12 @@ class ToolLesson:
         return TrainConfig(model=str(model), tools=("calculator",), **fields)
 
 
+# 24 GRPO steps: in the committed 40-step SmolLM2 run (benchmarks/tools_smollm2) the rollouts' tool-call share passed
+# 95 % at step 11 and the reward reached 1.0 at step 16; the 16 steps after that bought nothing but 23 s of the course.
 _ACCELERATOR_LESSON = ToolLesson(
     PrimingConfig(num_train_rows=600, num_train_epochs=2, per_device_train_batch_size=16, learning_rate=1e-4,
                   max_length=512, add_tool_tokens=False),
-    dict(max_steps=40, max_tool_calling_iterations=2, rewards=("correctness",), reward_weights=(1.0,), save_steps=1000,
+    dict(max_steps=24, max_tool_calling_iterations=2, rewards=("correctness",), reward_weights=(1.0,), save_steps=1000,
          live_plot=False), eval_size=200)
 LESSONS: dict[str, ToolLesson] = {
     # 2 CPU cores in CI, within notebook 10's 90 s: 150 priming steps teach the tiny model the format (its byte-level
