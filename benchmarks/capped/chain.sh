@@ -4,10 +4,10 @@
 # of what they settle, after the staging calls of ../course_gpu/README.md:
 #
 #   qlora-adapter (learns with vllm_lora_sync='adapter', on the engine and on HF generate; then served)
-#   -> lengths-24 -> lengths-32 -> notebooks 03-05 under 32 GiB -> under 16 GiB (05 is the row missing there)
+#   -> notebooks 03-05 under 32 GiB -> under 16 GiB (05 is the row missing there)
 #   -> bench-80 (4 min; on an H100, the 80 GB card itself)
 #
-# The sleep probe, lengths-16 and qlora (TRL's merge: it did not learn) ran on 2026-12-05 (README.md); `sleep_probe.py`
+# The sleep probe, lengths-16/24/32 and qlora (TRL's merge: it did not learn) ran on 2026-12-05 (README.md); `sleep_probe.py`
 # and `run.py jobs <name>` still run them alone.
 #
 #   GRPO_LAB_COMMIT=<sha> setsid bash benchmarks/capped/chain.sh > /tmp/chain.log 2>&1 < /dev/null &
@@ -42,9 +42,6 @@ echo "started $(date +%T)" > "$LOG/progress"
 step() { echo "$1 $2 $(date +%T)" >> "$LOG/progress"; }
 bash benchmarks/course_gpu/run.sh compile > "$LOG/compile.out" 2>&1
 python3 benchmarks/capped/run.py jobs qlora-adapter > "$LOG/qlora-adapter.out" 2>&1; step qlora-adapter $?
-for job in lengths-24 lengths-32; do
-  python3 benchmarks/capped/run.py jobs $job > "$LOG/$job.out" 2>&1; step $job $?
-done
 course() {  # notebooks 03-05 under a cap, as a learner with that card runs them (05 deploys what 03 trained)
   mkdir -p /tmp/packs-$1
   COURSE=/tmp/course-$1 COURSE_CAP_GIB=$1 OUT=/tmp/packs-$1 \
