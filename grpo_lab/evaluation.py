@@ -57,7 +57,8 @@ def accuracy_report(rows: Sequence[dict[str, Any]], greedy_texts: Sequence[str],
     scores: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for row, greedy_text, samples in zip(rows, greedy_texts, sampled_texts, strict=True):
         hits = [is_correct(text, row["answer"]) for text in samples]
-        score = (float(is_correct(greedy_text, row["answer"])), sum(hits) / len(hits), float(any(hits)))
+        sampled = (sum(hits) / len(hits), float(any(hits))) if hits else (math.nan, math.nan)  # greedy only: no samples
+        score = (float(is_correct(greedy_text, row["answer"])), *sampled)
         scores[row.get("type", "all")].append(score)
 
     def summary(values: list[tuple[float, float, float]]) -> dict[str, float]:
@@ -96,6 +97,8 @@ def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int
              **engine_settings: Any) -> Evaluation:
     """Greedy accuracy plus pass@1 (mean over ``num_samples`` samples at ``temperature``) and pass@k.
 
+    ``num_samples=0``: greedy only (half the decoding where the samples are not wanted); pass@1 and pass@k are NaN.
+
     Sampling goes through :func:`grpo_lab.rollout.open_engine` (``backend="auto"``: vLLM where it runs, else HF
     ``generate``; pass the backend training used, ``TrainConfig.rollout_backend``); ``engine_settings`` are more
     RolloutConfig fields (e.g. ``gpu_memory_utilization``). ``engine``: an engine that is already running with
@@ -105,18 +108,20 @@ def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int
     """
     if not rows:
         raise ConfigError("no rows to evaluate")
-    if temperature <= 0:
+    if num_samples < 0:
+        raise ConfigError(f"num_samples={num_samples}: use 0 (greedy only) or more samples per problem")
+    if num_samples and temperature <= 0:
         raise ConfigError(f"temperature={temperature}: greedy decoding gives one completion per prompt, so pass@k "
                           f"needs sampling (temperature > 0); the greedy accuracy is measured anyway.")
     started = time.perf_counter()
     prompts = [row["prompt"] for row in rows]
     if engine is None:
-        engine = open_engine(str(model), backend=backend, n=num_samples, max_tokens=max_tokens,
+        engine = open_engine(str(model), backend=backend, n=max(num_samples, 1), max_tokens=max_tokens,
                              temperature=temperature, seed=seed, prompts=prompts, **engine_settings)
     with engine:
         greedy = engine.generate(prompts, Sampling(n=1, max_tokens=max_tokens, temperature=0.0, seed=seed)).texts
         sampled = engine.generate(prompts, Sampling(n=num_samples, max_tokens=max_tokens, temperature=temperature,
-                                                    seed=seed)).texts
+                                                    seed=seed)).texts if num_samples else [[] for _ in prompts]
         used, load_s = engine.name, engine.load_s
     report = accuracy_report(rows, [g[0] for g in greedy], sampled, temperature)
     return Evaluation(str(model), report, [g[0] for g in greedy], time.perf_counter() - started, used, sampled,

@@ -1,5 +1,7 @@
 """grpo_lab.evaluation: held-out accuracy through the rollout engine, graded by the course's one rule."""
 
+import math
+
 import pytest
 
 from grpo_lab import data, evaluation, models
@@ -28,6 +30,16 @@ def test_evaluate_accuracy_report(small_eval):
     assert 0.0 <= report.greedy <= 1.0 and report.sampled_pass_at_1 <= report.pass_at_k
     assert sum(m["count"] for m in report.per_type.values()) == 4 and "all" in report.table()
     assert [len(samples) for samples in result.sampled_texts] == [2] * 4
+
+
+def test_greedy_only_decodes_the_same_greedy_answers_and_no_samples(small_eval):
+    rows, sampled = small_eval
+    greedy = evaluation.evaluate(models.TINY_MODEL_DIR, rows, num_samples=0, max_tokens=32, backend="hf")
+    assert greedy.greedy_texts == sampled.greedy_texts and greedy.report.greedy == sampled.report.greedy
+    assert greedy.sampled_texts == [[]] * 4 and greedy.report.k == 0
+    assert math.isnan(greedy.report.sampled_pass_at_1) and math.isnan(greedy.report.pass_at_k)
+    with pytest.raises(ConfigError, match="num_samples=-1"):
+        evaluation.evaluate(models.TINY_MODEL_DIR, rows, num_samples=-1)
 
 
 def test_side_by_side_shows_both_directions(small_eval):
