@@ -37,11 +37,16 @@ if [ "${1:-}" = collect ]; then
   ls -la "$target"
   exit 0
 fi
+# CHAIN_STEPS: the steps to run, in this order (default: all), e.g. "course-32 course-16 bench-80" after a course run
+STEPS=" ${CHAIN_STEPS:-qlora-adapter course-32 course-16 bench-80} "
+wanted() { [[ "$STEPS" == *" $1 "* ]]; }
 mkdir -p "$LOG"
-echo "started $(date +%T)" > "$LOG/progress"
+echo "started $(date +%T): $STEPS" > "$LOG/progress"
 step() { echo "$1 $2 $(date +%T)" >> "$LOG/progress"; }
 bash benchmarks/course_gpu/run.sh compile > "$LOG/compile.out" 2>&1
-python3 benchmarks/capped/run.py jobs qlora-adapter > "$LOG/qlora-adapter.out" 2>&1; step qlora-adapter $?
+if wanted qlora-adapter; then
+  python3 benchmarks/capped/run.py jobs qlora-adapter > "$LOG/qlora-adapter.out" 2>&1; step qlora-adapter $?
+fi
 course() {  # notebooks 03-05 under a cap, as a learner with that card runs them (05 deploys what 03 trained)
   mkdir -p /tmp/packs-$1
   COURSE=/tmp/course-$1 COURSE_CAP_GIB=$1 OUT=/tmp/packs-$1 \
@@ -49,7 +54,9 @@ course() {  # notebooks 03-05 under a cap, as a learner with that card runs them
     timeout 900 bash benchmarks/course_gpu/run.sh > "$LOG/course-$1.out" 2>&1
   step "course-03-05-$1" "$(cat /tmp/course-$1/exit_code 2>/dev/null)"
 }
-course 32
-course 16
-python3 benchmarks/capped/run.py jobs bench-80 > "$LOG/bench-80.out" 2>&1; step bench-80 $?
+if wanted course-32; then course 32; fi
+if wanted course-16; then course 16; fi
+if wanted bench-80; then
+  python3 benchmarks/capped/run.py jobs bench-80 > "$LOG/bench-80.out" 2>&1; step bench-80 $?
+fi
 step done 0
