@@ -72,7 +72,10 @@ pack() {
 case ${1:-foreground} in
   start) mkdir -p "$COURSE"; setsid bash "$0" foreground-no-pack > "$COURSE/driver.log" 2>&1 < /dev/null &
          echo "started in its own session; follow $COURSE/course.log" ;;
-  wait)  waited=0
+  wait)  if [ ! -f "$COURSE/run.json" ]; then  # nothing to wait for: say so now, not after WAIT_S of device time
+           echo "no course was started in $COURSE (no run.json): start it first"; exit 1
+         fi
+         waited=0
          while [ ! -f "$COURSE/exit_code" ] && [ "$waited" -lt "$WAIT_S" ]; do sleep 10; waited=$((waited + 10)); done
          [ -f "$COURSE/exit_code" ] && echo "course finished, exit $(cat "$COURSE/exit_code")" \
            || echo "course still running after ${waited} s of waiting: call 'wait' again"
