@@ -237,3 +237,14 @@ def test_async_grpo_signatures():
 
     assert {"weight_transfer", "rollout_worker"} <= set(parameters(AsyncGRPOTrainer.__init__))
     assert parameters(AsyncGRPOTrainer.training_step) == ["self", "model", "inputs", "num_items_in_batch"]
+
+
+def test_the_vllm_variables_the_device_module_sets_are_vllms():
+    """grpo_lab.device.VLLM_ENV sets vLLM environment variables (the V1 model runner on CUDA, a short worker shutdown
+    on the CPU): a variable vLLM no longer reads would be set silently for nothing."""
+    envs = pytest.importorskip("vllm.envs")
+    from grpo_lab import device
+
+    names = {name for values in device.VLLM_ENV.values() for name in values if name.startswith("VLLM_")}
+    assert "VLLM_USE_V2_MODEL_RUNNER" in names
+    assert names <= set(envs.environment_variables), names - set(envs.environment_variables)
