@@ -68,7 +68,8 @@ COLOCATED_MAX_NUM_SEQS = {"npu": None, "cuda": 512, "cpu": None}
 # worker never exits within vLLM's 5 s default, which made every stop() take 5-10 s); on Ascend spawned workers
 # (vllm-ascend's documented setting: forked processes cannot re-initialise the NPU); on CUDA vLLM's V1 model runner:
 # vLLM 0.26's V2 runner JITs its Triton kernels at the start of every new engine configuration, into a cache vLLM keeps
-# per configuration (14-17 s per start in the course's GPU runs); benchmarks/course_gpu/runner_probe.json compares them.
+# per configuration; on an H100 a ready engine took 95.2 s cold and 41.4 s warm with V2, 68.0 and 36.9 s with V1
+# (benchmarks/course_gpu/runner_probe.json).
 VLLM_ENV = {"npu": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, "cuda": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
             "cpu": {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "1"}}
 # The variable that sizes vLLM's KV cache in GiB of host memory where no engine argument does (TRL's colocated engine
