@@ -111,7 +111,7 @@ ADDITIONS: tuple[Addition, ...] = (
              "tests/test_adapter_sync.py, benchmarks/capped/results/probes/qlora_merge_probe.json"),
     Addition("the colocated engine lent to evaluation", "GRPOLabTrainer.lend_engine, device.COLOCATED_MAX_NUM_SEQS",
              "notebook 03 evaluates before and after training on the trainer's own engine: no second engine start "
-             "and no second share of the device ('engine start 0 s' on the H200)",
+             "and no second share of the device ('engine start 0 s' on an H200 and an H100)",
              "benchmarks/course_gpu/results/03_grpo_training.ipynb"),
     Addition("each tool call guarded", "grpo_lab.tools.prepare, GuardedTool",
              "every call's outcome counted by kind in metrics.jsonl (tools/ok, not_text, bad_arguments, raised, "

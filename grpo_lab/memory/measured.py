@@ -190,7 +190,7 @@ def capped_rows(results_dir: str | Path = CAPPED_RESULTS_DIR, job: str | None = 
 
 def speed_table(rows: list[CappedRow]) -> list[dict[str, Any]]:
     """Per cap and row with timed steps: the step's median seconds, tokens per second and, for the course, notebook
-    03's seconds: what a learner's device of that size gets (at the H200's speed)."""
+    03's seconds: what a learner's device of that size gets (at the speed of the card each row ran on)."""
     table = []
     for row in rows:
         if row.median_step_seconds is None and not row.notebooks:
