@@ -3,9 +3,9 @@
 # start asserted while another process freed memory, and jobs raced for TRL's port: README.md, 2026-12-03), in order
 # of what they settle, after the staging calls of ../course_gpu/README.md:
 #
-#   qlora-adapter (learns with vllm_lora_sync='adapter', on the engine and on HF generate; then served)
-#   -> notebooks 03-05 under 32 GiB -> under 16 GiB (05 is the row missing there)
-#   -> bench-80 (4 min; on an H100, the 80 GB card itself)
+#   qlora-adapter (learns with vllm_lora_sync='adapter', on the engine and on HF generate; then served: the row missing)
+#   -> notebooks 03-05 under 16 GiB (05 is the row missing there) -> bench-80 (4 min; on an H100, the 80 GB card itself)
+#   (course-32, notebooks 03-05 under 32 GiB, ran on 2026-12-06 and is not in the default any more)
 #
 # The sleep probe, lengths-16/24/32 and qlora (TRL's merge: it did not learn) ran on 2026-12-05 (README.md); `sleep_probe.py`
 # and `run.py jobs <name>` still run them alone.
@@ -37,8 +37,8 @@ if [ "${1:-}" = collect ]; then
   ls -la "$target"
   exit 0
 fi
-# CHAIN_STEPS: the steps to run, in this order (default: all), e.g. "course-32 course-16 bench-80" after a course run
-STEPS=" ${CHAIN_STEPS:-qlora-adapter course-32 course-16 bench-80} "
+# CHAIN_STEPS: the steps to run, in this order (default: the three still missing), e.g. "course-16 bench-80" after a course run
+STEPS=" ${CHAIN_STEPS:-qlora-adapter course-16 bench-80} "
 wanted() { [[ "$STEPS" == *" $1 "* ]]; }
 mkdir -p "$LOG"
 echo "started $(date +%T): $STEPS" > "$LOG/progress"
