@@ -228,7 +228,7 @@ def test_executed_notebooks_follow_the_rule(rule):
 
 
 GPU_RUN_DIR = REPO_ROOT / "benchmarks" / "course_gpu" / "results"
-"""The committed run of the whole course on one H200 with SmolLM2-135M-Instruct (benchmarks/course_gpu/README.md)."""
+"""The committed run of the whole course on one GPU (its run.json names the card; benchmarks/course_gpu/README.md)."""
 NOT_YET_RUN_ON_GPU: dict[str, str] = {}
 """Notebooks of the course that no committed GPU run holds yet, each with why: listed, so that none goes missing
 unnoticed, and removed once a run includes it (the test then fails until it is)."""
