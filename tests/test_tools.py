@@ -427,7 +427,7 @@ def test_the_benchmark_writes_what_its_reader_reads(tmp_path, monkeypatch):
     assert record["train"]["calls_by_kind"]["ok"] == 2.0
 
 
-def test_the_committed_h200_record_is_what_the_course_run_printed():
+def test_the_committed_gpu_record_is_what_the_course_run_printed():
     """benchmarks/tools_smollm2/results.json is read from the GPU course's executed notebook 10: written again from
     the committed copy it is the same record, and every change it holds is a line that copy printed."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks" / "tools_smollm2"))

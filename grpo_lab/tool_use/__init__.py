@@ -16,7 +16,7 @@ calls run, within ``max_completion_length`` tokens for the whole answer, tool an
 
 The package's rooms: :mod:`.traces` (traces from the problems), :mod:`.priming` (the SFT step), :mod:`.loop` (the tool
 loop on a rollout engine and its report) and :mod:`.lesson` (notebook 10's settings, the changes it reports, the
-committed H200 run). Import from ``grpo_lab.tool_use``: every name is here.
+committed GPU run). Import from ``grpo_lab.tool_use``: every name is here.
 """
 
 from grpo_lab.tool_use.lesson import (

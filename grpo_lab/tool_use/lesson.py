@@ -1,5 +1,5 @@
 """Notebook 10's lesson: its settings for each profile, the whole lesson in one call (for the GPU benchmark), the
-changes it reports, and the reader of its committed H200 run."""
+changes it reports, and the reader of its committed GPU run."""
 
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ class ToolRun:
 
 
 def committed_tool_run(path: str | Path = TOOLS_SMOLLM2_FILE) -> ToolRun:
-    """The committed H200 run of the tool lesson on SmolLM2-135M (its benchmark's ``results.json``)."""
+    """The committed GPU run of the tool lesson on SmolLM2-135M (its benchmark's ``results.json``)."""
     data = read_committed(path)
     gains = {name: Gain(g["what"], g["before"], g["after"], g["count"], g["standard_error_points"])
              for name, g in data["gains"].items()}
