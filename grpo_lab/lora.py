@@ -12,7 +12,8 @@ QLoRA (``TrainConfig(use_peft=True, load_in_4bit=True)``, CUDA): the base is loa
 ``ModelConfig`` fields, and :func:`model_init_kwargs`: the compute dtype); TRL then starts the colocated vLLM engine
 with ``quantization="bitsandbytes"``. ``adapter/`` is served on that 4-bit base (vLLM's LoRA serving with
 ``--quantization bitsandbytes``: the model as it trained), ``final/`` is the adapter merged into the base's
-full-precision weights (QLoRA's usual export; it differs from the trained model by the base's quantization error).
+full-precision weights (QLoRA's usual export; it differs from the trained model by the base's quantization error, and
+serving it warns with ``deploy.QLORA_MERGED_CAVEAT``).
 With vLLM rollouts through TRL's merge the engine barely follows the adapter (:data:`QLORA_ENGINE_CAVEAT`; ``train``
 warns); ``vllm_lora_sync="adapter"`` hands it the adapter itself.
 
@@ -50,10 +51,12 @@ QLORA_ENGINE_CAVEAT = (
     "steps scored exactly the base's. The engine keeps sampling about the base model, so the rollouts are off-policy "
     "and the trainer's engine cannot show what the run learned: evaluate final/ on HF generate "
     "(evaluation.evaluate(run.final_model_dir, rows, backend='hf')). TrainConfig(vllm_lora_sync='adapter') hands the "
-    "engine the adapter itself instead (vLLM's LoRA support; on an H100 under a 16 GiB cap, 50 QLoRA steps of SmolLM2 "
-    "that way took greedy accuracy from 0.25 % to 6.0 %), or train LoRA on a 16-bit base where it fits."
+    "engine the adapter itself instead (vLLM's LoRA support; on an H100 under a 16 GiB cap, two runs of 50 QLoRA steps "
+    "of SmolLM2 that way took greedy accuracy from 0.25 % to 6.0 % and to 2.5 %), or train LoRA on a 16-bit base where "
+    "it fits."
 )
 """Why a QLoRA run's vLLM engine does not follow its adapter (TRL issue 3466 reports the same merge)."""
+
 
 ADAPTER_MARK = "lora_"
 """PEFT's adapter tensors carry this in their names (``lora_A``, ``lora_B``)."""

@@ -6,11 +6,19 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import warnings
 
 import pytest
 
 from grpo_lab import device, lora, memory, train
-from grpo_lab.deploy import FOUR_BIT_QUANTIZATION, DeployError, ServeConfig, served_quantization, served_weights
+from grpo_lab.deploy import (
+    FOUR_BIT_QUANTIZATION,
+    QLORA_MERGED_CAVEAT,
+    DeployError,
+    ServeConfig,
+    served_quantization,
+    served_weights,
+)
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import TrainConfig, memory_budget
@@ -119,7 +127,15 @@ def test_a_qlora_run_serves_its_adapter_on_the_4_bit_base_and_merged_as_plain_we
     assert served_weights(run, adapter=True) == ("base", str(run / "adapter"))
     assert served_quantization(run, adapter=True) == served_quantization(run / "adapter", adapter=True) == "bitsandbytes"
     assert served_quantization(run) is None  # final/: the adapter merged into full-precision weights
-    assert served_quantization(_run(tmp_path, four_bit=False), adapter=True) is None
+    lora_run = _run(tmp_path, four_bit=False)
+    assert served_quantization(lora_run, adapter=True) is None
+    with pytest.warns(UserWarning, match="not the model that trained") as warned:
+        assert served_weights(run) == (str(run / "final"), None)
+    assert warned[0].message.args[0] == QLORA_MERGED_CAVEAT and "--lora" in QLORA_MERGED_CAVEAT
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert served_weights(lora_run) == (str(lora_run / "final"), None)
+        served_weights(run, adapter=True)
     command = ServeConfig(model="data/models/tiny-qwen2", quantization=FOUR_BIT_QUANTIZATION).command(8000)
     assert command[command.index("--quantization") + 1] == "bitsandbytes" and "--load-format" not in command
     assert "safetensors" in ServeConfig(model="data/models/tiny-qwen2").command(8000)

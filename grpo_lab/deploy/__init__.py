@@ -30,6 +30,7 @@ from grpo_lab.deploy.query import (
 from grpo_lab.deploy.server import (
     ADAPTER_CONFIG,
     FOUR_BIT_QUANTIZATION,
+    QLORA_MERGED_CAVEAT,
     ServeConfig,
     VLLMServer,
     VLLM_LORA_RANKS,
@@ -46,6 +47,7 @@ __all__ = [
     "DeployError",
     "FOUR_BIT_QUANTIZATION",
     "GreedyCheck",
+    "QLORA_MERGED_CAVEAT",
     "REQUIRED_FILES",
     "Reply",
     "STOP_HELP",

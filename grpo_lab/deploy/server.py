@@ -33,6 +33,15 @@ FOUR_BIT_QUANTIZATION = "bitsandbytes"
 """vLLM's name for a 4-bit NF4 base quantized as it loads (TRL's colocated engine for a QLoRA policy)."""
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for ``--max-lora-rank``."""
+QLORA_MERGED_CAVEAT = (
+    "Serving a QLoRA run's final/: the adapter merged into the base's full-precision weights, not the 4-bit base it "
+    "trained against, so it is not the model that trained. Measured on an H100 (benchmarks/capped, job qlora-adapter: "
+    "two runs of 50 QLoRA steps of SmolLM2, 400 held-out problems): final/ on HF generate kept the gain once (+2.7 "
+    "standard errors) and lost it once (-0.7, where the adapter on its 4-bit base had gained +3.0). To serve the model "
+    "as it trained, serve the adapter on its 4-bit base: deploy.served_weights(run, adapter=True), grpo-lab serve RUN "
+    "--lora."
+)
+"""Why a QLoRA run's merged ``final/`` may not answer as the run did (:func:`served_weights` warns with it)."""
 
 
 def _is_loopback(host: str) -> bool:
@@ -156,7 +165,8 @@ def served_weights(folder: str | Path, adapter: bool = False) -> tuple[str, str 
     """``(model folder, LoRA adapter folder or None)`` to serve for ``folder``: a model folder as it is; a training
     run's ``final/`` (for a LoRA run: the adapter merged into plain weights, the default: it serves anywhere, with
     no LoRA overhead per request); with ``adapter=True`` a LoRA run's (or an adapter folder's) base model and
-    adapter, for vLLM's LoRA serving (several adapters can share one base)."""
+    adapter, for vLLM's LoRA serving (several adapters can share one base). A QLoRA run's ``final/`` warns with
+    :data:`QLORA_MERGED_CAVEAT`: it is merged into the full-precision base, not the 4-bit one it trained on."""
     path = Path(folder)
     if _is_training_run(path):
         run = runs.Run(path)
@@ -166,6 +176,8 @@ def served_weights(folder: str | Path, adapter: bool = False) -> tuple[str, str 
             return str(run.record["config"]["model"]), str(run.adapter_dir)
         if run.final_dir is None:
             raise DeployError(f"{path} has not finished (no {runs.FINAL}/): resume it, or serve a checkpoint export.")
+        if run.record["config"].get("load_in_4bit"):
+            warnings.warn(QLORA_MERGED_CAVEAT, stacklevel=2)
         return str(run.final_dir), None
     if (path / ADAPTER_CONFIG).is_file():
         if not adapter:
