@@ -149,6 +149,20 @@ def test_a_row_says_how_its_accuracy_moved_and_where_it_was_measured():
     assert "greedy" not in memory.CappedRow("seed-2b", "x", 32, "m", "r").line()
 
 
+def test_a_served_row_says_how_each_way_started_and_answered():
+    """The shape ``runners.serve_both`` writes (a way that failed keeps its error; the next way is still tried)."""
+    served = {"adapter on its 4-bit base": {"start_seconds": 61.1, "quantization": "bitsandbytes", "accuracy": 0.0625,
+                                            "problems": 16},
+              "merged final/": {"error": "ServerDied: exit 1"}, "same_greedy_text": 0.0625}
+    row = memory.CappedRow("qlora-adapter", "served", 16, "model", "{}", measured={"device_used_gib": 5.8},
+                           extra={"served": served})
+    assert row.outcome == ("served adapter on its 4-bit base (started in 61 s, 1 of 16 held-out problems right); "
+                           "merged final/ (failed: ServerDied: exit 1)")
+    assert row.line().endswith(f"{row.outcome}; device used 5.8 GiB")
+    assert memory.CappedRow("qlora", "x", 16, "m", "r", steps=50).outcome == "50 steps"
+    assert "device used" not in memory.CappedRow("qlora", "x", 16, "m", "r", error="killed").line()
+
+
 def test_the_capped_course_becomes_a_row(tmp_path):
     run_dir = tmp_path / "grpo-gpu-20261203-120000"
     run_dir.mkdir()

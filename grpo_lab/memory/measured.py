@@ -162,18 +162,31 @@ class CappedRow:
     def within_target(self) -> bool | None:
         return None if self.planner_error is None else abs(self.planner_error) <= PLANNER_TARGET
 
+    @property
+    def outcome(self) -> str:
+        """How the row ended: out of memory (its step and phase), failed, served (how, what it answered), or steps."""
+        if self.oom:
+            return f"OOM at step {self.oom.step} ({self.oom.phase})"
+        if self.error:
+            return f"failed: {self.error}"
+        served = {how: reply for how, reply in self.extra.get("served", {}).items() if isinstance(reply, dict)}
+        if served:
+            return "served " + "; ".join(
+                f"{how} (failed: {reply['error']})" if "error" in reply else
+                f"{how} (started in {reply['start_seconds']:.0f} s, {round(reply['accuracy'] * reply['problems'])} "
+                f"of {reply['problems']} held-out problems right)" for how, reply in served.items())
+        return f"{self.steps} steps"
+
     def line(self) -> str:
         """One line: the row, its plan against what it measured, its speed."""
-        outcome = (f"OOM at step {self.oom.step} ({self.oom.phase})" if self.oom else f"failed: {self.error}"
-                   if self.error else f"{self.steps} steps")
         planned, measured = self.planned.get("training_peak_gib"), self.measured.get("training_peak_gib")
         peaks = (f"; training peak planned {planned:.2f} GiB, measured {measured:.2f} GiB ({self.planner_error:+.1%})"
                  if self.planner_error is not None else f"; training peak planned {planned:.2f} GiB" if planned else "")
         speed = (f", {self.median_step_seconds:.2f} s/step" if self.median_step_seconds else "") + (
             f", {self.tokens_per_second:,.0f} tok/s" if self.tokens_per_second else "")
-        share = self.planned.get("vllm_gpu_memory_utilization")
+        share, used = self.planned.get("vllm_gpu_memory_utilization"), self.measured.get("device_used_gib")
         return (f"{self.cap_gib:g} GiB · {self.name}: " + (f"vLLM {share} of the cap, " if share else "")
-                + f"{outcome}{peaks}; device used {self.measured.get('device_used_gib')} GiB{speed}"
+                + f"{self.outcome}{peaks}" + (f"; device used {used} GiB" if used is not None else "") + speed
                 + "".join(f"; greedy accuracy{where} {gain['before']:.1%} → {gain['after']:.1%} "
                           f"({gain['standard_errors']:+.1f} standard errors)"
                           for key, where in ACCURACY_KEYS.items() if (gain := self.extra.get(key))))
