@@ -3,15 +3,16 @@
 # start asserted while another process freed memory, and jobs raced for TRL's port: README.md, 2026-12-03), in order
 # of what they settle, after the staging calls of ../course_gpu/README.md:
 #
-#   qlora-adapter (learns with vllm_lora_sync='adapter', on the engine and on HF generate; then served: the row missing)
-#   -> notebooks 03-05 under 16 GiB (05 is the row missing there) -> bench-80 (4 min; on an H100, the 80 GB card itself)
-#   (course-32, notebooks 03-05 under 32 GiB, ran on 2026-12-06 and is not in the default any more)
+#   notebooks 03-05 under 16 GiB (05 is the row missing there) -> bench-80 (4 min; on an H100, the 80 GB card itself)
+#   (course-32, notebooks 03-05 under 32 GiB, and qlora-adapter, learns then served, ran on 2026-12-06 and are not in
+#   the default any more: CHAIN_STEPS names them to run again)
 #
 # The sleep probe, lengths-16/24/32 and qlora (TRL's merge: it did not learn) ran on 2026-12-05 (README.md); `sleep_probe.py`
 # and `run.py jobs <name>` still run them alone.
 #
 #   GRPO_LAB_COMMIT=<sha> setsid bash benchmarks/capped/chain.sh > /tmp/chain.log 2>&1 < /dev/null &
 #   bash benchmarks/capped/chain.sh collect     # waits <= CHAIN_WAIT_S (540), tars what has finished into $OUT
+#   (in the call that assembled the model and started the chain: CHAIN_WAIT_S=420, or the call runs past 600 s)
 #
 # Each step's rows and logs land under /tmp/capped and /tmp/course-<cap>; /tmp/chain/progress says what finished.
 # `collect` copies only rows, logs, summaries and executed notebooks (never weights), so it can be called as often as
@@ -37,8 +38,8 @@ if [ "${1:-}" = collect ]; then
   ls -la "$target"
   exit 0
 fi
-# CHAIN_STEPS: the steps to run, in this order (default: the three still missing), e.g. "course-16 bench-80" after a course run
-STEPS=" ${CHAIN_STEPS:-qlora-adapter course-16 bench-80} "
+# CHAIN_STEPS: the steps to run, in this order (default: the two still missing), e.g. "qlora-adapter course-16"
+STEPS=" ${CHAIN_STEPS:-course-16 bench-80} "
 wanted() { [[ "$STEPS" == *" $1 "* ]]; }
 mkdir -p "$LOG"
 echo "started $(date +%T): $STEPS" > "$LOG/progress"
