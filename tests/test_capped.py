@@ -93,6 +93,41 @@ def test_a_job_runs_under_its_cap_with_its_own_compile_cache():
     assert "--per-device-train-batch-size" in run.bench_command(32)
 
 
+def test_sleep_mode_is_stood_in_for_by_ballast_not_by_the_fraction(seed_prompt_length):
+    """The fraction counts a sleeping engine's released memory (probes/sleep_probe.json); ballast.py leaves the driver
+    only the cap free instead, and sleep mode is then the lever between the two rows of one share."""
+    import ballast
+
+    awake, asleep = jobs.JOBS["seed-2b-sleep"].rows
+    assert awake.stand_in == asleep.stand_in == "ballast" and jobs.JOBS["seed-2b-sleep"].cap_gib == 32
+    assert {r.stand_in for r in jobs.JOBS["seed-2b"].rows} == {"fraction"}
+    share = {r.settings["vllm_gpu_memory_utilization"] for r in (awake, asleep)}
+    assert share == {0.55} and asleep.settings["vllm_enable_sleep_mode"]
+    assert "vllm_enable_sleep_mode" not in awake.settings
+    plans = [measure.trl_plan(row, 32, seed_prompt_length) for row in (awake, asleep)]
+    assert not plans[0].fits and plans[1].fits
+    gib = ballast.GIB
+    assert ballast.ballast_bytes(78 * gib, 32 * gib) == 46 * gib
+    assert ballast.chunks(int(2.5 * gib)) == [gib, gib, gib // 2] and sum(ballast.chunks(46 * gib)) == 46 * gib
+    with pytest.raises(ValueError, match="only 20.00 GiB are free"):
+        ballast.ballast_bytes(20 * gib, 32 * gib)
+    with pytest.raises(ValueError, match="positive"):
+        ballast.ballast_bytes(20 * gib, 0)
+
+
+def test_a_ballast_that_cannot_hold_lets_the_row_say_so(tmp_path, monkeypatch, capsys):
+    """Here (no CUDA) ballast.py fails at once: the context ends it, its log says why, and no ready file claims a
+    held device (the row's own check, runners.ballast_check, then refuses to run as a 32 GiB card)."""
+    run = _run_module()
+    monkeypatch.setattr(run, "WORK", tmp_path)
+    (tmp_path / "logs").mkdir()
+    with run.ballast("seed-2b-sleep", "row", 32, ready_s=60):
+        pass
+    assert "ballast not ready" in capsys.readouterr().out
+    assert not (tmp_path / "logs" / "row.ballast.json").exists()
+    assert "Error" in (tmp_path / "logs" / "row.ballast.log").read_text()
+
+
 def test_the_command_line(capsys):
     run = _run_module()
     assert run.main(["list"]) == 0
@@ -102,8 +137,6 @@ def test_the_command_line(capsys):
         run.main(["start", "no-such-job"])
     with pytest.raises(SystemExit):
         run.main(["job", "bench-80"])
-
-
 
 
 def test_an_out_of_memory_row_round_trips_through_the_reader(tmp_path):

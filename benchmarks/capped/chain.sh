@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One GPU session (an H200, or an H100: every cap here but bench-80's is below 79 GiB) for issue 42's rows that are still missing, each ALONE on the machine (side by side, vLLM 0.26's
-# start asserted while another process freed memory, and jobs raced for TRL's port: README.md, 2026-12-03), in order
-# of what they settle, after the staging calls of ../course_gpu/README.md:
+# One GPU session (an H200, or an H100: every cap here but bench-80's is below 79 GiB) for issue 42's rows that are still
+# missing, each ALONE on the machine (side by side, vLLM 0.26's start asserted while another process freed memory, and
+# jobs raced for TRL's port: README.md, 2026-12-03), shortest first, after the staging calls of ../course_gpu/README.md:
 #
-#   notebooks 03-05 under 16 GiB (05 is the row missing there) -> bench-80 (4 min; on an H100, the 80 GB card itself)
+#   seed-2b-sleep (4 min: sleep mode on a device with 32 GiB free, ballast.py) -> bench-80 (4 min; on an H100, the
+#   80 GB card itself) -> notebooks 03-05 under 16 GiB (8 min; 05 is the row missing there)
 #   (course-32, notebooks 03-05 under 32 GiB, and qlora-adapter, learns then served, ran on 2026-12-06 and are not in
 #   the default any more: CHAIN_STEPS names them to run again)
 #
@@ -38,16 +39,16 @@ if [ "${1:-}" = collect ]; then
   ls -la "$target"
   exit 0
 fi
-# CHAIN_STEPS: the steps to run, in this order (default: the two still missing), e.g. "qlora-adapter course-16"
-STEPS=" ${CHAIN_STEPS:-course-16 bench-80} "
+# CHAIN_STEPS: the steps to run, in this order (default: the three still missing), e.g. "qlora-adapter course-16"
+STEPS=" ${CHAIN_STEPS:-seed-2b-sleep bench-80 course-16} "
 wanted() { [[ "$STEPS" == *" $1 "* ]]; }
 mkdir -p "$LOG"
 echo "started $(date +%T): $STEPS" > "$LOG/progress"
 step() { echo "$1 $2 $(date +%T)" >> "$LOG/progress"; }
 bash benchmarks/course_gpu/run.sh compile > "$LOG/compile.out" 2>&1
-if wanted qlora-adapter; then
-  python3 benchmarks/capped/run.py jobs qlora-adapter > "$LOG/qlora-adapter.out" 2>&1; step qlora-adapter $?
-fi
+for job in seed-2b-sleep qlora-adapter; do
+  if wanted $job; then python3 benchmarks/capped/run.py jobs $job > "$LOG/$job.out" 2>&1; step $job $?; fi
+done
 course() {  # notebooks 03-05 under a cap, as a learner with that card runs them (05 deploys what 03 trained)
   mkdir -p /tmp/packs-$1
   COURSE=/tmp/course-$1 COURSE_CAP_GIB=$1 OUT=/tmp/packs-$1 \
@@ -55,9 +56,9 @@ course() {  # notebooks 03-05 under a cap, as a learner with that card runs them
     timeout 900 bash benchmarks/course_gpu/run.sh > "$LOG/course-$1.out" 2>&1
   step "course-03-05-$1" "$(cat /tmp/course-$1/exit_code 2>/dev/null)"
 }
-if wanted course-32; then course 32; fi
-if wanted course-16; then course 16; fi
 if wanted bench-80; then
   python3 benchmarks/capped/run.py jobs bench-80 > "$LOG/bench-80.out" 2>&1; step bench-80 $?
 fi
+if wanted course-32; then course 32; fi
+if wanted course-16; then course 16; fi
 step done 0

@@ -38,6 +38,10 @@ class Row:
     """Held-out greedy accuracy before and after, on the trainer's engine (notebook 03's measure)."""
     expect: str = "fits"
     """What the planner says: ``fits`` or ``oom`` (checked on the CPU by ``tests/test_capped.py``)."""
+    stand_in: str = "fraction"
+    """How the smaller card is stood in for: ``fraction`` (torch's per-process fraction, as the package enforces a
+    cap) or ``ballast`` (``ballast.py`` holds the rest of the device in a process of its own, so the driver has only
+    the cap free; for sleep mode, whose released memory torch's fraction still counts)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,14 @@ JOBS: dict[str, Job] = {job.name: job for job in (
                                                                "learning_rate": QLORA_LEARNING_RATE,
                                                                "vllm_lora_sync": "adapter"}, 50, evaluate=True),
             Row("QLoRA r=16, adapter sync, served", "serve", {"run_of": "QLoRA r=16, adapter sync, learns"}, 0),
+        )),
+    Job("seed-2b-sleep", 32, 4.0, "seed-2b's sleep-mode row again, on a device with only 32 GiB free (ballast.py) "
+        "instead of under torch's fraction, which counts a sleeping engine's released memory (sleep_probe.json): "
+        "vLLM at 0.55 awake (the planner: out of memory), then asleep during the update (the planner: fits)", (
+            Row("full FT, vLLM 0.55 awake, 32 GiB free", "trl", {"vllm_gpu_memory_utilization": 0.55}, 3,
+                expect="oom", stand_in="ballast"),
+            Row("sleep mode, vLLM 0.55, 32 GiB free", "trl", {"vllm_gpu_memory_utilization": 0.55,
+                                                               "vllm_enable_sleep_mode": True}, 3, stand_in="ballast"),
         )),
     _lengths(16), _lengths(24), _lengths(32),
 )}

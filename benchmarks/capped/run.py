@@ -17,6 +17,7 @@ out-of-memory step and phase are in each row (``grpo_lab.memory.CappedRow`` read
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -139,8 +140,32 @@ def run_row(job: str, index: int) -> int:
     os._exit(0)  # the row is written: no teardown of an engine that ran out of memory (it can hang the exit)
 
 
+@contextlib.contextmanager
+def ballast(job: str, stem: str, leave_gib: float, ready_s: int = 180):
+    """``ballast.py`` in a process of its own (not the row's child: the row's driver count leaves it out) while the
+    row runs, holding all but ``leave_gib`` of the device; its numbers land in ``logs/<row>.ballast.json``."""
+    ready = WORK / "logs" / f"{stem}.ballast.json"
+    ready.unlink(missing_ok=True)
+    with (WORK / "logs" / f"{stem}.ballast.log").open("w") as handle:
+        holder = subprocess.Popen([sys.executable, str(HERE / "ballast.py"), "--leave-gib", f"{leave_gib:g}",
+                                   "--ready", str(ready)], stdout=handle, stderr=subprocess.STDOUT,
+                                  env=job_environment(job))
+    try:
+        waited = 0.0
+        while not ready.is_file() and holder.poll() is None and waited < ready_s:
+            time.sleep(0.5)
+            waited += 0.5
+        print(f"{stem}: ballast " + (ready.read_text().replace("\n", " ") if ready.is_file() else "not ready"),
+              flush=True)
+        yield  # a ballast that failed: the row finds the device free and says so (runners.ballast_check)
+    finally:
+        holder.terminate()
+        holder.wait(timeout=60)
+
+
 def run_job(job: str, timeout_s: int = ROW_TIMEOUT_S) -> int:
-    """A job's rows one after another, each in its own process; a row that dies gets an error row."""
+    """A job's rows one after another, each in its own process (a ``ballast`` row beside ``ballast.py``'s); a row
+    that dies gets an error row."""
     from runners import write_error
 
     logs = WORK / "logs"
@@ -149,7 +174,8 @@ def run_job(job: str, timeout_s: int = ROW_TIMEOUT_S) -> int:
         stem = row_id(job, row)
         log = logs / f"{stem}.log"
         started = time.perf_counter()
-        with log.open("w") as handle:
+        stand_in = ballast(job, stem, JOBS[job].cap_gib) if row.stand_in == "ballast" else contextlib.nullcontext()
+        with stand_in, log.open("w") as handle:
             try:
                 code = subprocess.run([sys.executable, __file__, "row", job, str(index)], stdout=handle,
                                       stderr=subprocess.STDOUT, env=job_environment(job), timeout=timeout_s).returncode

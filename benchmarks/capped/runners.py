@@ -1,7 +1,8 @@
 """The two kinds of row, run on the GPU under the job's cap (``GRPO_LAB_DEVICE_MEMORY_GIB``, set by ``run.py``).
 
 ``trl``: TRL's ``GRPOTrainer`` on the 2B shape (random weights, bf16), the cap enforced with
-``device.apply_memory_cap`` and vLLM's share converted with ``device.device_share``, as ``grpo_lab.train`` does.
+``device.apply_memory_cap`` (or, for a ``ballast`` row, by ``ballast.py`` holding the rest of the device) and vLLM's
+share converted with ``device.device_share``, as ``grpo_lab.train`` does.
 ``course``: ``grpo_lab.train.prepare`` on the ``gpu`` profile (SmolLM2 via ``GRPO_LAB_MODEL``), which does both itself.
 """
 
@@ -62,7 +63,11 @@ def run_trl_row(job: str, row: Row, cap_gib: float, out: Path) -> dict[str, Any]
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         rows, prompt_length = longest_rows(tokenizer)
         budget = trl_plan(row, cap_gib, prompt_length)
-        cap = device.apply_memory_cap(cap_gib, kind="cuda")
+        if row.stand_in == "ballast":  # run.py's ballast process left the driver cap_gib free: no fraction here
+            record["extra"]["stand_in"] = ballast_check(cap_gib)
+            cap = None
+        else:
+            cap = device.apply_memory_cap(cap_gib, kind="cuda")
         share = budget.vllm_gpu_memory_utilization
         record["planned"] = planned_fields(budget, SEED_RECIPE["per_device_train_batch_size"], 1,
                                            device.device_share(share, kind="cuda"))
@@ -96,6 +101,19 @@ def run_trl_row(job: str, row: Row, cap_gib: float, out: Path) -> dict[str, Any]
     except Exception as caught:  # torch's OutOfMemoryError too: the row's record says what happened
         error = caught
     return finish(record, clock, engine, sampler, error)
+
+
+def ballast_check(cap_gib: float) -> dict[str, Any]:
+    """What the driver leaves this row at its start, beside ``ballast.py``'s process: about ``cap_gib`` free."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    found = {"how": "ballast.py holds the rest of the device in a process of its own; no per-process fraction",
+             "driver_free_at_start_gib": round(free / 2**30, 3), "driver_total_gib": round(total / 2**30, 3)}
+    if free > (cap_gib + 1) * 2**30:
+        raise RuntimeError(f"the ballast row found {free / 2**30:.1f} GiB free, more than its {cap_gib:g} GiB: the "
+                           "ballast process is not holding the rest of the device")
+    return found
 
 
 def run_course_row(job: str, row: Row, cap_gib: float, out: Path) -> dict[str, Any]:
