@@ -98,7 +98,7 @@ def test_sleep_mode_is_stood_in_for_by_ballast_not_by_the_fraction(seed_prompt_l
     only the cap free instead, and sleep mode is then the lever between the two rows of one share."""
     import ballast
 
-    awake, asleep = jobs.JOBS["seed-2b-sleep"].rows
+    asleep, awake = jobs.JOBS["seed-2b-sleep"].rows
     assert awake.stand_in == asleep.stand_in == "ballast" and jobs.JOBS["seed-2b-sleep"].cap_gib == 32
     assert {r.stand_in for r in jobs.JOBS["seed-2b"].rows} == {"fraction"}
     share = {r.settings["vllm_gpu_memory_utilization"] for r in (awake, asleep)}

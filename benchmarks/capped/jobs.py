@@ -87,11 +87,11 @@ JOBS: dict[str, Job] = {job.name: job for job in (
         )),
     Job("seed-2b-sleep", 32, 4.0, "seed-2b's sleep-mode row again, on a device with only 32 GiB free (ballast.py) "
         "instead of under torch's fraction, which counts a sleeping engine's released memory (sleep_probe.json): "
-        "vLLM at 0.55 awake (the planner: out of memory), then asleep during the update (the planner: fits)", (
-            Row("full FT, vLLM 0.55 awake, 32 GiB free", "trl", {"vllm_gpu_memory_utilization": 0.55}, 3,
-                expect="oom", stand_in="ballast"),
+        "vLLM at 0.55 asleep during the update (the planner: fits), then awake (the planner: out of memory)", (
             Row("sleep mode, vLLM 0.55, 32 GiB free", "trl", {"vllm_gpu_memory_utilization": 0.55,
                                                                "vllm_enable_sleep_mode": True}, 3, stand_in="ballast"),
+            Row("full FT, vLLM 0.55 awake, 32 GiB free", "trl", {"vllm_gpu_memory_utilization": 0.55}, 3,
+                expect="oom", stand_in="ballast"),
         )),
     _lengths(16), _lengths(24), _lengths(32),
 )}
