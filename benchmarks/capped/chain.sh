@@ -3,8 +3,8 @@
 # missing, each ALONE on the machine (side by side, vLLM 0.26's start asserted while another process freed memory, and
 # jobs raced for TRL's port: README.md, 2026-12-03), shortest first, after the staging calls of ../course_gpu/README.md:
 #
-#   seed-2b-sleep (4 min: sleep mode on a device with 32 GiB free, ballast.py) -> bench-80 (4 min; on an H100, the
-#   80 GB card itself) -> notebooks 03-05 under 16 GiB (8 min; 05 is the row missing there)
+#   bench-80 (4 min; on an H100, the 80 GB card itself) -> notebooks 03-05 under 16 GiB (8 min; 05 is the row missing)
+#   (seed-2b-sleep, sleep mode on a device with 32 GiB free beside ballast.py, ran on 2026-12-06: CHAIN_STEPS names it)
 #   (course-32, notebooks 03-05 under 32 GiB, and qlora-adapter, learns then served, ran on 2026-12-06 and are not in
 #   the default any more: CHAIN_STEPS names them to run again)
 #
@@ -39,8 +39,8 @@ if [ "${1:-}" = collect ]; then
   ls -la "$target"
   exit 0
 fi
-# CHAIN_STEPS: the steps to run, in this order (default: the three still missing), e.g. "qlora-adapter course-16"
-STEPS=" ${CHAIN_STEPS:-seed-2b-sleep bench-80 course-16} "
+# CHAIN_STEPS: the steps to run, in this order (default: the two still missing), e.g. "qlora-adapter course-16"
+STEPS=" ${CHAIN_STEPS:-bench-80 course-16} "
 wanted() { [[ "$STEPS" == *" $1 "* ]]; }
 mkdir -p "$LOG"
 echo "started $(date +%T): $STEPS" > "$LOG/progress"
