@@ -168,6 +168,7 @@ def test_sleep_mode_under_an_enforced_cap_is_flagged_before_the_run():
     assert "sleep mode" in cap.describe()
     [caveat] = device.cap_caveats(cap, sleep_mode=True)
     assert "32" in caveat and "vllm_enable_sleep_mode" in caveat and "real 32 GiB card" in caveat
+    assert "ballast.py" in caveat  # the stand-in that measured sleep mode (results/seed-2b-sleep__*.json)
     assert device.cap_caveats(cap, sleep_mode=False) == []
     assert device.cap_caveats(None, sleep_mode=True) == []
     assert device.cap_caveats(MemoryCap(32, 32, "cpu"), sleep_mode=True) == []  # the CPU only sizes the plan

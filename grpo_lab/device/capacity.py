@@ -23,7 +23,10 @@ SLEEP_MODE_UNDER_CAP = (
     "vLLM's sleep mode: a sleeping colocated engine hands its memory back to the device, but torch still counts its "
     "memory pool's blocks against the cap, so under a cap sleep mode frees nothing for the update (measured on an "
     "H100: 17.5 GiB still allocated while asleep, 77.97 of 79.18 GiB free on the device, a 15.9 GiB allocation "
-    "refused under a 32 GiB cap; benchmarks/capped/results/probes/sleep_probe.json); a real N GiB card gets it back"
+    "refused under a 32 GiB cap; benchmarks/capped/results/probes/sleep_probe.json); a device with only N GiB free "
+    "gets it back (measured on an H200 that another process left 32 GiB free: the write-up's 2B recipe, vLLM at 0.55 "
+    "of 32 GiB, ran its steps asleep in the update, 30.8 GiB used, and ran out of memory awake; "
+    "benchmarks/capped/results/seed-2b-sleep__*.json)"
 )
 """Why a plan that counts on sleep mode runs out of memory under a cap and not on a real card of that size."""
 MEMORY_CAP_LIMITS = (
@@ -146,7 +149,9 @@ def cap_caveats(cap: MemoryCap | None, sleep_mode: bool) -> list[str]:
         return []
     return [f"{MEMORY_CAP_ENV}={cap.memory_gib:g} with vllm_enable_sleep_mode=True: the plan counts on sleep mode, "
             f"which the cap does not emulate ({SLEEP_MODE_UNDER_CAP}). Expect an out-of-memory error in the update "
-            f"that a real {cap.memory_gib:g} GiB card would not have; to run under the cap, plan without sleep mode."]
+            f"that a real {cap.memory_gib:g} GiB card would not have; to run under the cap, plan without sleep mode, "
+            f"or stand in for the card by holding the rest of the device in another process instead of a cap "
+            f"(benchmarks/capped/ballast.py)."]
 
 
 def enforce_memory_cap(index: int = 0, kind: str | None = None) -> MemoryCap | None:
