@@ -128,6 +128,25 @@ def test_a_ballast_that_cannot_hold_lets_the_row_say_so(tmp_path, monkeypatch, c
     assert "Error" in (tmp_path / "logs" / "row.ballast.log").read_text()
 
 
+def test_a_job_that_fails_fails_the_jobs_command(tmp_path, monkeypatch):
+    """2026-12-07: bench-80 exited 2 (no model folder) and `run.py jobs` still reported 0 to chain.sh's progress."""
+    run = _run_module()
+
+    class Child:
+        def __init__(self, command, **_):
+            self.code = 2 if command[-1] == "qlora" else 0
+
+        def wait(self):
+            return self.code
+
+    monkeypatch.setattr(run, "WORK", tmp_path)
+    monkeypatch.setattr(run, "START_STAGGER_S", 0)
+    monkeypatch.setattr(run.subprocess, "Popen", Child)
+    assert run.run_jobs(["seed-2b", "qlora"]) == 1
+    assert json.loads((tmp_path / "done").read_text()) == {"seed-2b": 0, "qlora": 2}
+    assert run.run_jobs(["seed-2b"]) == 0
+
+
 def test_the_command_line(capsys):
     run = _run_module()
     assert run.main(["list"]) == 0
@@ -245,6 +264,22 @@ def test_a_course_cut_short_gives_the_notebooks_that_finished(tmp_path):
     assert [(nb.notebook[:2], nb.status, nb.seconds) for nb in row.notebooks] == [("03", "ok", 307.0), ("04", "ok", 9.0)]
     assert row.extra["did_not_finish"] == ["05_deployment.ipynb"] and row.step_seconds == (6.0, 2.0, 1.8)
     assert "notebook 03 about 5 minutes" in memory.expectation(16, [row])
+
+
+def test_a_row_of_notebook_05_alone_neither_hides_the_step_time_nor_reads_as_zero_steps(tmp_path):
+    """05 under 16 GiB ran alone on 2026-12-07 (deploying the base model) beside the committed 03-04 row of that cap."""
+    (tmp_path / "summary.json").write_text(json.dumps([{"notebook": "05_deployment.ipynb", "status": "ok", "seconds": 156.1,
+                                                        "runs": ["trained lora-run"], "max_allocated_gib": 1.12,
+                                                        "device_used_gib": 15.432}]))
+    (tmp_path / "run.json").write_text(json.dumps({"commit": "5b06a61", "device": "NVIDIA H100 80GB HBM3, 81559 MiB"}))
+    course_row.write_course_row(tmp_path, 16, tmp_path / "rows")
+    alone, = memory.capped_rows(tmp_path / "rows")
+    assert alone.name == "notebook 05 under 16 GiB" and alone.steps == 0 and alone.outcome == "05 ok in 156 s"
+    assert alone.measured == {"max_allocated_gib": 1.12, "device_used_gib": 15.432}
+    trained = dataclasses.replace(alone, name="notebooks 03-04 under 16 GiB", steps=3, step_seconds=(6.0, 2.0, 1.8),
+                                  notebooks=(memory.NotebookPeak("03_grpo_training.ipynb", "ok", 307.0),))
+    assert "about 1.9 s per step, notebook 03 about 5 minutes" in memory.expectation(16, [alone, trained])
+    assert "an unrecorded step time" in memory.expectation(16, [alone])  # only where no row timed a step
 
 
 def test_the_course_runner_records_peaks():

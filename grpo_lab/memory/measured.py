@@ -175,6 +175,8 @@ class CappedRow:
                 f"{how} (failed: {reply['error']})" if "error" in reply else
                 f"{how} (started in {reply['start_seconds']:.0f} s, {round(reply['accuracy'] * reply['problems'])} "
                 f"of {reply['problems']} held-out problems right)" for how, reply in served.items())
+        if not self.steps and self.notebooks:  # a course row of notebooks that train nothing (04, 05)
+            return ", ".join(f"{nb.notebook.split('_')[0]} {nb.status} in {nb.seconds:.0f} s" for nb in self.notebooks)
         return f"{self.steps} steps"
 
     def line(self) -> str:
@@ -216,13 +218,15 @@ def speed_table(rows: list[CappedRow]) -> list[dict[str, Any]]:
 
 def expectation(memory_gib: float, rows: list[CappedRow] | None = None) -> str:
     """What the course's recipe takes on a device of ``memory_gib``, from the committed course run under the largest
-    cap that is not larger (its step time and notebook 03's seconds); says so when none is committed."""
+    cap that is not larger and that timed steps where one did (its step time and notebook 03's seconds); says so when
+    none is committed."""
     rows = capped_rows(job="course") if rows is None else [row for row in rows if row.job == "course"]
     fitting = [row for row in rows if row.cap_gib <= memory_gib and not row.error]
     if not fitting:
         return (f"no course run under a cap of at most {memory_gib:.0f} GiB is committed yet "
                 f"(benchmarks/capped/README.md says how to make one)")
-    row = max(fitting, key=lambda r: r.cap_gib)
+    timed = [row for row in fitting if row.median_step_seconds]  # a row of notebooks 04-05 alone times no step
+    row = max(timed or fitting, key=lambda r: r.cap_gib)
     notebook_03 = next((nb.seconds for nb in row.notebooks if nb.notebook.startswith("03_")), None)
     step = f"about {row.median_step_seconds:.1f} s per step" if row.median_step_seconds else "an unrecorded step time"
     total = f", notebook 03 about {notebook_03 / 60:.0f} minutes in all" if notebook_03 else ""
