@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# One GPU session (an H200, or an H100: every cap here but bench-80's is below 79 GiB) for issue 42's rows that are still
-# missing, each ALONE on the machine (side by side, vLLM 0.26's start asserted while another process freed memory, and
-# jobs raced for TRL's port: README.md, 2026-12-03), shortest first, after the staging calls of ../course_gpu/README.md:
+# One GPU session (an H200, or an H100: every cap here but bench-80's is below 79 GiB) for issue 42's rows, each ALONE on
+# the machine (side by side, vLLM 0.26's start asserted while another process freed memory, and jobs raced for TRL's
+# port: README.md, 2026-12-03), shortest first, after the staging calls of ../course_gpu/README.md, SmolLM2's included
+# (bench-80's random-weight shape takes its tokenizer):
 #
-#   bench-80 (4 min; on an H100, the 80 GB card itself) -> notebooks 03-05 under 16 GiB (8 min; 05 is the row missing)
+#   bench-80 (4 min; on an H100, the 80 GB card itself) -> notebooks 03-05 under 16 GiB (9 min)
+#   (both ran on 2026-12-07, bench-80 on an H100 and 05 alone under 16 GiB: the default runs them again, 05 after the
+#   03 it deploys)
 #   (seed-2b-sleep, sleep mode on a device with 32 GiB free beside ballast.py, ran on 2026-12-06: CHAIN_STEPS names it)
 #   (course-32, notebooks 03-05 under 32 GiB, and qlora-adapter, learns then served, ran on 2026-12-06 and are not in
 #   the default any more: CHAIN_STEPS names them to run again)

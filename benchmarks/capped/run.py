@@ -191,7 +191,8 @@ def run_job(job: str, timeout_s: int = ROW_TIMEOUT_S) -> int:
 
 
 def run_jobs(jobs: list[str]) -> int:
-    """The jobs side by side, one process each; waits for all, then marks the work folder done."""
+    """The jobs side by side, one process each; waits for all, then marks the work folder done (each job's exit code);
+    1 when any job failed."""
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "done").unlink(missing_ok=True)
     (WORK / "jobs.json").write_text(json.dumps({"jobs": jobs, "started": time.time()}))
@@ -212,7 +213,7 @@ def run_jobs(jobs: list[str]) -> int:
             children[job] = subprocess.Popen([sys.executable, __file__, "job", job])
     codes = {job: child.wait() for job, child in children.items()}
     (WORK / "done").write_text(json.dumps(codes))
-    return 0
+    return 1 if any(codes.values()) else 0  # chain.sh's progress line shows it
 
 
 def wait_and_collect(out: Path, wait_s: int = WAIT_S) -> int:
