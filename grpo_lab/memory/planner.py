@@ -247,7 +247,8 @@ def _assumptions(setting: _Setting, shape: TrainingShape) -> list[str]:
         f"runtime margin {setting.margin / GIB:.2f} GiB = max({MARGIN_MIN_BYTES / GIB:.0f} GiB, "
         f"{MARGIN_FRACTION:.0%} of the device)",
         *([f"LoRA r={shape.lora_r} on {', '.join(shape.lora_target_modules)}: frozen base (no gradients or AdamW "
-           "states), adapters train; the reference is the base with the adapter off (no copy); not yet measured"]
+           "states), adapters train; the reference is the base with the adapter off (no copy); measured: the "
+           "training peak within 3.4 % on the 2B shape at 32 GiB, 5.7 % on SmolLM2 at 16 GiB (benchmarks/capped)"]
           if shape.lora else []),
         *([f"QLoRA: the base's linear weights in 4-bit NF4 ({FOUR_BIT_BYTES_PER_PARAMETER:.4g} bytes per weight with "
            "the blocks' scales), the embedding, norms and biases in the compute dtype, in the trainer and in vLLM "
@@ -256,7 +257,9 @@ def _assumptions(setting: _Setting, shape: TrainingShape) -> list[str]:
         *([f"sleep mode (TRL: level 2): vLLM's weights and KV cache are released after each rollout and "
            f"{VLLM_ASLEEP_BYTES / GIB:.1f} GiB (runtime, CUDA graphs) stays; waking re-allocates vLLM's whole share "
            "next to the trainer's weights and optimizer states (gradients freed) and the sync sends the weights "
-           "again; not yet measured"] if shape.vllm_enable_sleep_mode else []),
+           "again; measured: the training peak within 0.7 % on a device with 32 GiB free (benchmarks/capped, "
+           "seed-2b-sleep)"]
+          if shape.vllm_enable_sleep_mode else []),
     ]
 
 
