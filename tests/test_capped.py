@@ -268,9 +268,9 @@ def test_a_course_cut_short_gives_the_notebooks_that_finished(tmp_path):
 
 def test_a_row_of_notebook_05_alone_neither_hides_the_step_time_nor_reads_as_zero_steps(tmp_path):
     """05 under 16 GiB ran alone on 2026-12-07 (deploying the base model) beside the committed 03-04 row of that cap."""
-    (tmp_path / "summary.json").write_text(json.dumps([{"notebook": "05_deployment.ipynb", "status": "ok", "seconds": 156.1,
-                                                        "runs": ["trained lora-run"], "max_allocated_gib": 1.12,
-                                                        "device_used_gib": 15.432}]))
+    summary = [{"notebook": "05_deployment.ipynb", "status": "ok", "seconds": 156.1, "runs": ["trained lora-run"],
+                "max_allocated_gib": 1.12, "device_used_gib": 15.432}]
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
     (tmp_path / "run.json").write_text(json.dumps({"commit": "5b06a61", "device": "NVIDIA H100 80GB HBM3, 81559 MiB"}))
     course_row.write_course_row(tmp_path, 16, tmp_path / "rows")
     alone, = memory.capped_rows(tmp_path / "rows")

@@ -46,8 +46,9 @@ def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None
     """Everything in one process: rollouts, GRPO step, roofline; returns the results dict.
 
     ``shape`` (``qwen2.5-0.5b``/``qwen2.5-1.5b``) runs random ("dummy") weights of that architecture with the
-    tokenizer of ``model`` (``GRPO_LAB_MODEL`` or the shipped tiny model); ``engine`` holds :class:`~grpo_lab.rollout.RolloutConfig` overrides for every
-    engine (``max_num_seqs``, ``hf_batch_size``, ``vllm_options`` ...); ``ragged`` is ``uniform`` (drawn
+    tokenizer of ``model`` (``GRPO_LAB_MODEL`` or the shipped tiny model); ``engine`` holds
+    :class:`~grpo_lab.rollout.RolloutConfig` overrides for every engine (``max_num_seqs``, ``hf_batch_size``,
+    ``vllm_options`` ...); ``ragged`` is ``uniform`` (drawn
     lengths, the default: random weights never end, and the tiny model answers these long prompts in ~6 tokens)
     or ``eos`` (a real model's own lengths). ``grpo_workload`` is the GRPO step's (``fixed`` or ``ragged``, see
     :func:`grpo_step_bench`); the ``engine`` part times the same step's generation on TRL's engine settings in a
@@ -71,8 +72,9 @@ def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None
         dtype = config.dtype or str(device.preferred_dtype(kind)).removeprefix("torch.")
         cost = model_cost(path, dtype)
         notes = [f"profile {profile.name}: {profile.why}",
-                 (f"weights: RANDOM (dummy) of the {shape} shape with the tokenizer of {Path(resolve_model(model)).name}: "
-                  "every number here is speed only; outputs are noise") if dummy else f"weights: real ({Path(path).name})",
+                 (f"weights: RANDOM (dummy) of the {shape} shape with the tokenizer of "
+                  f"{Path(resolve_model(model)).name}: every number here is speed only; outputs are noise")
+                 if dummy else f"weights: real ({Path(path).name})",
                  *(engine_notes if "rollout" in parts else []), SEED_REFERENCE]
         if device.is_cpu(kind):
             notes.append(f"CPU timings are noisy: load average {load[0]:.1f} on {os.cpu_count()} cores at the start")
