@@ -1,6 +1,6 @@
 """Asynchronous GRPO: generation overlapped with training, with TRL's ``AsyncGRPOTrainer`` (TRL 1.16).
 
-In every synchronous layout (colocate in notebook 03, server mode in :mod:`grpo_lab.scale`) a step is *generate, then
+In every synchronous layout (colocate, server mode in :mod:`grpo_lab.scale`) a step is *generate, then
 update*: the trainer waits while the rollout engine generates, and the engine idles while the trainer updates, so a
 step costs the sum of the two. ``trl.experimental.async_grpo.AsyncGRPOTrainer`` overlaps them. A worker process
 streams completions from a vLLM server into a queue without pause; the trainer trains on whatever is queued and
@@ -33,7 +33,7 @@ that overlaps them.
 policy differ from the ones the server reported. TRL 1.16's ``AsyncGRPOTrainer`` has *no* importance-sampling
 correction: its loss is PPO's clipped ratio ``π_θ / π_vLLM(θ_old)`` against the server's log-probabilities, and only
 the ε-clip bounds it (huggingface/trl#6945; PR #7120 would add one). The synchronous ``GRPOTrainer`` has one
-(``vllm_importance_sampling_correction``, a truncated or masked weight ``π_old / π_vLLM``); notebook 07 compares both.
+(``vllm_importance_sampling_correction``, a truncated or masked weight ``π_old / π_vLLM``); the scale-out lesson compares both.
 
 **Weight transfer.** On CUDA TRL's own NCCL transfer runs unchanged. Where there is no NCCL (the CPU, and Ascend) the
 trainer gets :class:`grpo_lab.weight_sync.FileWeightTransfer` through ``AsyncGRPOTrainer``'s ``weight_transfer=``
@@ -72,6 +72,7 @@ from transformers import TrainerCallback
 
 from grpo_lab import experiment, scale, train
 from grpo_lab.data import to_dataset
+from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError, GrpoLabError
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.rewards import RewardSet, WeightedReward, prepare, reward_name
@@ -230,18 +231,21 @@ class StepEndClock(TrainerCallback):
 
 
 def async_grpo_args(config: TrainConfig, knobs: AsyncConfig, base_url: str):
-    """TRL's ``AsyncGRPOConfig`` for a resolved experiment (:meth:`TrainConfig.trl_kwargs`) and resolved knobs;
-    checkpoints go to ``<run>/checkpoints``.
+    """TRL's ``AsyncGRPOConfig`` for a resolved experiment and resolved knobs: the fields it shares with
+    ``GRPOConfig`` from the one translation (:meth:`grpo_lab.experiment.Plan.trl_kwargs`), then its own.
 
     ``token_budget=0`` selects TRL's fixed-count batcher: a micro-batch is ``per_device_train_batch_size``
     completions, as the experiment says (and as the staleness gate counts). The trainer holds fp32 weights, with
-    bf16 autocast where ``bf16`` (as :mod:`grpo_lab.train` does).
+    bf16 autocast where ``bf16`` (as :mod:`grpo_lab.train` does). Liger's kernels stay off: the asynchronous
+    trainer's Liger path has not run in this project.
     """
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
+    own = {item.name for item in dataclasses.fields(AsyncGRPOConfig)} - {"use_liger_kernel"}
+    kwargs = experiment.plan(config, Machine.detect()).trl_kwargs(use_vllm=True)
     return AsyncGRPOConfig(
-        **config.trl_kwargs(), dtype="float32", token_budget=0, vllm_server_base_url=base_url,
-        max_staleness=knobs.max_staleness, max_inflight_tasks=knobs.max_inflight_tasks,
+        **{name: value for name, value in kwargs.items() if name in own}, dtype="float32", token_budget=0,
+        vllm_server_base_url=base_url, max_staleness=knobs.max_staleness, max_inflight_tasks=knobs.max_inflight_tasks,
         weight_sync_steps=knobs.weight_sync_steps, queue_maxsize=knobs.queue_maxsize)
 
 
@@ -253,7 +257,7 @@ def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_d
     from grpo_lab.async_trainer import GrpoLabAsyncTrainer  # imports TRL's experimental trainer: only to train
 
     check_experiment(config)
-    reward_set = prepare(*experiment.reward_spec(config, reward_funcs), config.reward_errors)
+    reward_set = prepare(list(reward_funcs or config.rewards), config.reward_weights, config.reward_errors)
     rows = experiment.load_train_rows(config)
     train.check_dataset(rows, reward_set.funcs, source=config.dataset or "data/train.jsonl")
     tokenizer = with_response_template(load_tokenizer(config.model))
@@ -443,7 +447,7 @@ def lag_histogram(path: str | Path) -> Counter[int]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Measured steps, laid out for notebook 07 (grpo_lab.plots draws them)
+# Measured steps, laid out for a figure (grpo_lab.plots draws them)
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Span:

@@ -143,7 +143,7 @@ def check_device_memory() -> Check:
     (what the memory plan below divides)."""
     kind = device.detect()
     try:
-        cap = device.memory_cap(kind=kind)
+        cap = device.Machine.detect().cap
     except device.MemoryCapError as error:
         return Check("device memory", "fail", str(error), f"set {device.MEMORY_CAP_ENV} to a positive number of GiB "
                                                           "no larger than the device, or unset it")

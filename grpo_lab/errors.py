@@ -38,6 +38,10 @@ class TrainingDivergedError(GrpoLabError, RuntimeError):
     :data:`NAN_ADVICE`)."""
 
 
+class DeviceError(GrpoLabError, RuntimeError):
+    """A device was asked for that is unknown or not present, or a memory cap it cannot stand for."""
+
+
 class DeployError(GrpoLabError, RuntimeError):
     """An export, a folder or a server that is not usable; the message says what to do."""
 

@@ -62,15 +62,26 @@ ADAPTER_MARK = "lora_"
 """PEFT's adapter tensors carry this in their names (``lora_A``, ``lora_B``)."""
 
 
-def lora_config(r: int, alpha: int, dropout: float, target_modules: tuple[str, ...]) -> Any:
-    """PEFT's ``LoraConfig`` for a causal LM, as TRL's ``get_peft_config`` builds it from its ``ModelConfig``."""
+def lora_kwargs(config: Any) -> dict[str, Any] | None:
+    """PEFT's ``LoraConfig`` fields for a ``TrainConfig`` with ``use_peft`` (None without LoRA), as TRL's
+    ``get_peft_config`` sets them for a causal LM."""
+    if not config.use_peft:
+        return None
+    return {"task_type": "CAUSAL_LM", "r": config.lora_r, "lora_alpha": config.lora_alpha,
+            "lora_dropout": config.lora_dropout, "target_modules": list(config.lora_target_modules), "bias": "none"}
+
+
+def lora_config(config: Any) -> Any | None:
+    """PEFT's ``LoraConfig`` of :func:`lora_kwargs` (None without LoRA)."""
+    kwargs = lora_kwargs(config)
+    if kwargs is None:
+        return None
     try:
         from peft import LoraConfig
     except ImportError:
         raise ConfigError("use_peft=True needs the peft package: make install (it is in every stack), or "
                           "pip install peft -c grpo_lab/stacks/<stack>.txt.") from None
-    return LoraConfig(task_type="CAUSAL_LM", r=r, lora_alpha=alpha, lora_dropout=dropout,
-                      target_modules=list(target_modules), bias="none")
+    return LoraConfig(**kwargs)
 
 
 def rollout_caveats(config: Any) -> list[str]:
@@ -85,16 +96,30 @@ def compute_dtype(config: Any) -> str:
     return "bfloat16" if config.bf16 else "float16"
 
 
-def quantization_config(config: Any) -> Any | None:
-    """transformers' ``BitsAndBytesConfig`` for a resolved ``TrainConfig`` with ``load_in_4bit`` (None otherwise), as
-    TRL's ``get_quantization_config`` builds it from a ``ModelConfig``: NF4, no nested quantization, computing in
-    :func:`compute_dtype`. ``GRPOTrainer(quantization_config=...)`` then loads the base in 4 bits."""
+def quantization_kwargs(config: Any) -> dict[str, Any] | None:
+    """transformers' ``BitsAndBytesConfig`` fields for a ``TrainConfig`` with ``load_in_4bit`` (None otherwise), as
+    TRL's ``get_quantization_config`` sets them from its ``ModelConfig``: NF4, no nested quantization, computing in
+    :func:`compute_dtype`."""
     if not config.load_in_4bit:
         return None
-    from trl import ModelConfig, get_quantization_config
+    from trl import ModelConfig
 
-    return get_quantization_config(ModelConfig(load_in_4bit=True, bnb_4bit_quant_type=FOUR_BIT_QUANT_TYPE,
-                                               dtype=compute_dtype(config)))
+    model_args = ModelConfig(load_in_4bit=True, bnb_4bit_quant_type=FOUR_BIT_QUANT_TYPE, dtype=compute_dtype(config))
+    return {"load_in_4bit": True, "bnb_4bit_compute_dtype": model_args.dtype,
+            "bnb_4bit_quant_type": model_args.bnb_4bit_quant_type,
+            "bnb_4bit_use_double_quant": model_args.use_bnb_nested_quant,
+            "bnb_4bit_quant_storage": model_args.bnb_4bit_quant_storage}
+
+
+def quantization_config(config: Any) -> Any | None:
+    """transformers' ``BitsAndBytesConfig`` of :func:`quantization_kwargs` (None without a 4-bit base):
+    ``GRPOTrainer(quantization_config=...)`` then loads the base in 4 bits."""
+    kwargs = quantization_kwargs(config)
+    if kwargs is None:
+        return None
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(**kwargs)
 
 
 def model_init_kwargs(config: Any) -> dict[str, str] | None:

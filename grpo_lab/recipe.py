@@ -1,19 +1,14 @@
 """The run as plain TRL: one standalone Python script that reproduces a grpo_lab run with stock ``GRPOTrainer``.
 
-:func:`export_recipe` (``grpo-lab export-recipe RUN_DIR``) writes a script that imports only ``datasets``,
-``transformers``, ``trl``, ``peft``, ``torch`` and the standard library. It holds
+:func:`export_recipe` (``grpo-lab export-recipe RUN_DIR``) writes a script that imports only the packages its header
+lists (``datasets``, ``transformers``, ``trl``, ``torch``, and ``peft`` for LoRA) and the standard library. It holds
 
 * the data loading and the filters the run applied (types, languages, size), as grpo_lab reads the rows;
-* the reward functions, written into it: their source and that of every module-level name they use, carried out of
-  their module (:func:`carry`; ``grpo_lab/rewards.py`` is standard library only), never an import of grpo_lab;
-* ``GRPOConfig`` with every field the course set: the keyword arguments :func:`grpo_lab.train.grpo_args` passes to
-  TRL, recorded while it builds the run's config (:func:`grpo_kwargs`), not listed a second time here;
-* the tools the model may call (``TrainConfig.tools``), carried the same way, with the course's tool chat template and
-  TRL's parser for it (:func:`carry_tools`);
-* PEFT's ``LoraConfig`` when the run trained LoRA (the arguments :func:`grpo_lab.lora.lora_config` passes, recorded the
-  same way); QLoRA's ``BitsAndBytesConfig`` recorded the same way (:func:`quantization_kwargs`);
-* at its top, in comments, what grpo_lab adds to stock ``GRPOTrainer`` and what each addition bought, with the
-  measured figure and the file it comes from (:data:`ADDITIONS`).
+* the reward functions and tools, written into it: their source and that of every module-level name they use,
+  carried out of their module (:func:`grpo_lab.carry.carry`), never an import of grpo_lab;
+* ``GRPOConfig`` with every field the run's plan set (:meth:`grpo_lab.experiment.Plan.trl_kwargs`), vLLM's share as a
+  share of the card the run was planned for; PEFT's ``LoraConfig`` and QLoRA's ``BitsAndBytesConfig`` likewise;
+* its paths resolved against its own folder, and a free port for TRL's colocated engine unless ``MASTER_PORT`` is set.
 
 On a machine without an accelerator the script samples with HF ``generate`` even where the run used vLLM: stock TRL's
 colocated weight sync fails on vLLM-CPU hosts that repack their weights (:mod:`grpo_lab.weight_sync`), and the script
@@ -28,14 +23,13 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import dataclasses
-import importlib
 import inspect
+import os
 import sys
 import textwrap
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,84 +39,23 @@ from grpo_lab.carry import CarryError, carry, run_alone
 from grpo_lab.data import SplitConfig
 from grpo_lab.device import Machine
 from grpo_lab.errors import ExistingFileError, GrpoLabError
-from grpo_lab.experiment import TrainConfig
+from grpo_lab.experiment import Plan, TrainConfig
 from grpo_lab.rewards import prepare as prepare_rewards
-from grpo_lab.train import choose_backend, grpo_args
+from grpo_lab.train import choose_backend
 
-SCRIPT_PACKAGES = ("datasets", "transformers", "trl", "peft", "torch")
-"""What the script may import besides the standard library."""
+BASE_PACKAGES = ("datasets", "transformers", "trl", "torch")
+"""What every script imports besides the standard library."""
+SCRIPT_PACKAGES = (*BASE_PACKAGES, "peft")
+"""What a script may import: the base packages, and peft for a LoRA run."""
 RECIPE_FILE = "trl_recipe.py"
 """The script's name in a run folder (``grpo-lab export-recipe RUN_DIR`` writes it there by default)."""
 TRAINER_COLUMNS = ("prompt", "answer", "unit", "type", "lang")
 """The row columns grpo_lab hands TRL's trainer (:func:`grpo_lab.train.build_trainer`), where a row has them."""
-GRPO_LAB_ONLY_SAMPLING = {
-    "flat_logprobs": "vLLM's flat log-probs are read only by grpo_lab.trainer.extract_flat_logprobs; stock TRL reads "
-                     "its per-token dicts",
-}
-"""``GRPOConfig.generation_kwargs`` entries that need grpo_lab's trainer, left out of the script, with why."""
+TRACKER_PACKAGES = {"trackio": "trackio", "tensorboard": "tensorboard"}
 
 
 class RecipeError(CarryError):
     """A run that cannot be written as a standalone script as it is; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class Addition:
-    """One thing grpo_lab's trainer adds to stock ``GRPOTrainer``, and what it bought."""
-
-    name: str
-    where: str
-    """grpo_lab's code that does it."""
-    bought: str
-    """What it bought, with the measured figure."""
-    source: str
-    """The file the figure comes from."""
-
-
-ADDITIONS: tuple[Addition, ...] = (
-    Addition("vLLM colocate on the CPU", "grpo_lab.weight_sync.install",
-             "where vLLM-CPU repacks its Linear weights (AVX-512/AMX hosts) stock TRL's first weight sync fails "
-             "('Parameter' object has no attribute 'weight_loader'); grpo_lab reloads the weights through vLLM's "
-             "reload_weights and re-packs a tied lm_head, and vLLM's log-probs match the trainer's after a large-lr "
-             "step only with it", "tests/test_weight_sync.py, tests/test_weight_sync_layouts.py"),
-    Addition("importance-sampling correction from the loss's own forward", "GRPOLabTrainer.deferred_correction",
-             "no separate no-grad forward for the old log-probs (exact: grpo_lab.trainer.defers_correction). H200, "
-             "SmolLM2-135M, gpu profile: that forward 0.140 -> 0.078 s median, the step 1.53 -> 1.44 s (inside the "
-             "spread); 2-core CPU, tiny model on vLLM-CPU: step 0.626 -> 0.472 s median",
-             "benchmarks/trainer_switches/README.md"),
-    Addition("micro-batches grouped by completion length", "GRPOLabTrainer.length_grouping",
-             "only with several micro-batches per generation (exact: grpo_lab.trainer.groups_by_length). H200, the "
-             "bench's 0.5B shape with ragged lengths: the update 1.72 -> 1.43 s median (-17 %), the step 1.08x; no "
-             "gain at 135 M parameters or on the CPU", "benchmarks/trainer_switches/README.md"),
-    Addition("flat vLLM log-probs", "grpo_lab.trainer.extract_flat_logprobs",
-             "TRL's log-prob extraction of 512 x 256 sampled tokens 205 -> 50 ms on the 2-core CPU (about 4x); in a "
-             "GPU step not measured", "benchmarks/logprob_extraction/README.md"),
-    Addition("garbage collector paused while TRL generates", "grpo_lab.trainer.collection_paused",
-             "the collections themselves 0.98 -> 0.09 s for vLLM's 512 x 256 log-probs on the CPU (10.4x); whole CPU "
-             "steps inside each other's range; on the H200 not measured", "benchmarks/trainer_switches/README.md"),
-    Addition("no sampled-token log-probs where nothing reads them", "GRPOLabTrainer.sampling_logprobs",
-             "with vllm_importance_sampling_correction=False only (the course keeps it on): on the 0.5B shape the "
-             "H200 step 5.86 -> 4.58 s median (-22 %)", "benchmarks/trainer_switches/README.md"),
-    Addition("a LoRA policy's adapter handed to the engine (vllm_lora_sync='adapter')",
-             "grpo_lab.weight_sync.install_adapter_sync",
-             "stock TRL merges the adapter into the base for every sync, and under a 4-bit base that merge keeps 1.2 % "
-             "of a 50-step adapter (CPU); with the adapter itself, vLLM-CPU's log-probs after a large-lr LoRA step "
-             "are 0.020 from the trainer's, its base 1.19 (a run that kept 'merge' needs nothing of it)",
-             "tests/test_adapter_sync.py, benchmarks/capped/results/probes/qlora_merge_probe.json"),
-    Addition("the colocated engine lent to evaluation", "GRPOLabTrainer.lend_engine, device.COLOCATED_MAX_NUM_SEQS",
-             "notebook 03 evaluates before and after training on the trainer's own engine: no second engine start "
-             "and no second share of the device ('engine start 0 s' on an H200 and an H100)",
-             "benchmarks/course_gpu/results/03_grpo_training.ipynb"),
-    Addition("each tool call guarded", "grpo_lab.tools.prepare, GuardedTool",
-             "every call's outcome counted by kind in metrics.jsonl (tools/ok, not_text, bad_arguments, raised, "
-             "time_limit; TRL counts failures only), a tool that loops stopped after tools.TIME_LIMIT_S, an answer "
-             "that is not text handed on as JSON text: runs with a tool", "tests/test_tools.py"),
-    Addition("safety nets and timings", "GRPOLabTrainer.training_step, _calculate_rewards, _save_checkpoint",
-             "a NaN loss or reward stops before the bad update; a broken reward names the function and the sample; "
-             "checkpoints are renamed into place once complete, so a kill never leaves half of one; per-step "
-             "generation / reward / update seconds in metrics.jsonl", "tests/test_faults.py, tests/test_train.py"),
-)
-"""What the script does without, in the order its header lists them."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -217,104 +150,50 @@ def carry_tools(names: Sequence[str]) -> CarriedTools:
 
 
 # --------------------------------------------------------------------------------------------------
-# TRL's and PEFT's configs, as grpo_lab builds them for the run
-# --------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _recorded(module: str, name: str) -> Iterator[list[dict[str, Any]]]:
-    """While the block runs, ``module.name`` only records the keyword arguments of each call (and returns None): a
-    GPU run's GRPOConfig could not even be built on a CPU machine (bf16 needs the GPU), and only its fields count."""
-    owner = importlib.import_module(module)
-    original, calls = getattr(owner, name), []
-    setattr(owner, name, lambda *args, **kwargs: calls.append(dict(kwargs)))
-    try:
-        yield calls
-    finally:
-        setattr(owner, name, original)
-
-
-def recorded_kwargs(module: str, name: str, build: Callable[[], Any]) -> dict[str, Any]:
-    """The keyword arguments ``build()`` passes to ``module.name``, called once and not run: what a grpo_lab builder
-    sets (``tests/test_recipe.py`` checks that the recorded fields make the builder's object)."""
-    with _recorded(module, name) as calls:
-        build()
-    if len(calls) != 1:
-        raise RecipeError(f"expected one call of {module}.{name} while building, saw {len(calls)}: the builder no "
-                          f"longer looks it up in {module} when called (update grpo_lab.recipe)")
-    return calls[0]
-
-
-def run_rewards(config: TrainConfig, reward_funcs: Sequence[Callable] | None = None):
-    """The run's reward set as :func:`grpo_lab.train.build_trainer` prepares it (functions and weights)."""
-    return prepare_rewards(*experiment.reward_spec(config, reward_funcs), config.reward_errors)
-
-
-def grpo_kwargs(config: TrainConfig, use_vllm: bool, weights: Sequence[float] | None = None) -> dict[str, Any]:
-    """Every field :func:`grpo_lab.train.grpo_args` sets on TRL's ``GRPOConfig`` for the resolved ``config`` (the
-    reward ``weights`` as the trainer's builder passes them), in the order it passes them."""
-    if weights is not None:
-        config = dataclasses.replace(config, reward_weights=tuple(weights))
-    return recorded_kwargs("trl", "GRPOConfig", lambda: grpo_args(config, use_vllm))
-
-
-def lora_kwargs(config: TrainConfig) -> dict[str, Any] | None:
-    """The ``LoraConfig`` fields :func:`grpo_lab.lora.lora_config` sets for the run (None without LoRA)."""
-    if not config.use_peft:
-        return None
-    return recorded_kwargs("peft", "LoraConfig", lambda: lora.lora_config(
-        config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules))
-
-
-def quantization_kwargs(config: TrainConfig) -> dict[str, Any] | None:
-    """The ``BitsAndBytesConfig`` fields of a QLoRA run (``load_in_4bit``) as :func:`grpo_lab.lora.quantization_config`
-    has TRL build them (``trl.get_quantization_config``), recorded; None for any other run."""
-    if not config.load_in_4bit:
-        return None
-    fields = recorded_kwargs("trl.trainer.utils", "BitsAndBytesConfig", lambda: lora.quantization_config(config))
-    return {name: str(value).removeprefix("torch.") if name.endswith("_dtype") else value
-            for name, value in fields.items() if value is not None}
-
-
-# --------------------------------------------------------------------------------------------------
 # The script
 # --------------------------------------------------------------------------------------------------
+def packages(config: TrainConfig, use_vllm: bool) -> tuple[str, ...]:
+    """Every package the script imports or its settings enable: the base packages, then peft (LoRA), bitsandbytes
+    (a 4-bit base), liger-kernel (``use_liger_kernel``), the trackers of ``report_to`` and vLLM (its rollouts)."""
+    extra = [name for name, needed in (("peft", config.use_peft), ("bitsandbytes", config.load_in_4bit),
+                                       ("liger-kernel", bool(config.use_liger_kernel)), ("vllm", use_vllm)) if needed]
+    return (*BASE_PACKAGES, *extra, *(TRACKER_PACKAGES[name] for name in config.report_to))
+
+
 def _comment(text: str, indent: str = "") -> str:
     return "\n".join(textwrap.wrap(text, 116 - len(indent), initial_indent=f"{indent}# ",
                                    subsequent_indent=f"{indent}#   "))
 
 
-def _mapping(name: str, values: dict[str, Any] | None, dropped: dict[str, str]) -> str:
-    """``NAME = {...}`` one field per line, or ``NAME = None``; a dropped entry stays visible as a comment."""
+def _mapping(name: str, values: dict[str, Any] | None) -> str:
+    """``NAME = {...}`` one field per line, or ``NAME = None``."""
     if values is None:
         return f"{name} = None"
-    lines = [f"{name} = {{"]
-    for key, value in values.items():
-        lines.append(f"    {key!r}: {value!r},")
-    lines += [_comment(f"left out: {key} ({why})", "    ") for key, why in dropped.items()]
-    return "\n".join([*lines, "}"])
+    return "\n".join([f"{name} = {{", *(f"    {key!r}: {value!r}," for key, value in values.items()), "}"])
 
 
-def _stock_sampling(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """The GRPOConfig fields for stock TRL: generation_kwargs without what only grpo_lab's trainer reads."""
-    sampling = kwargs.get("generation_kwargs")
-    if not sampling:
-        return kwargs, {}
-    dropped = {key: GRPO_LAB_ONLY_SAMPLING[key] for key in sampling if key in GRPO_LAB_ONLY_SAMPLING}
-    kept = {key: value for key, value in sampling.items() if key not in GRPO_LAB_ONLY_SAMPLING}
-    return {**kwargs, "generation_kwargs": kept or None}, {f"generation_kwargs[{k!r}]": v for k, v in dropped.items()}
+def _script_path(path: str, script_dir: Path) -> str:
+    """A local file or folder as a path relative to the script's folder (the script resolves it against its own
+    folder, so it runs from anywhere and moves with the repository); anything else (a hub id) as given."""
+    local = Path(path).expanduser()
+    if not local.exists():
+        return path
+    return os.path.relpath(local.resolve(), script_dir.resolve())
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """Everything the script is made of, for one resolved run."""
+    """Everything the script is made of, for one planned run."""
 
-    config: TrainConfig
+    plan: Plan
     run_name: str
     backend: str
     """How the run sampled (grpo_lab.train.choose_backend's reason, or the run folder's record)."""
     grpo_config: dict[str, Any]
-    dropped: dict[str, str]
+    """TRL's GRPOConfig fields, vLLM's share as a share of the planned card."""
     lora_config: dict[str, Any] | None
     quantization: dict[str, Any] | None
+    packages: tuple[str, ...]
     rewards: CarriedRewards
     tools: CarriedTools
     data_file: Path
@@ -322,75 +201,85 @@ class Recipe:
     run_dir: Path | None = None
     """The run folder it was read from (None: made from a config)."""
 
-    def grpo_config_call(self) -> str:
-        """The ``GRPOConfig(...)`` call the script makes on a machine like the run's, one field per line."""
-        fields = "".join(f"\n    {key}={value!r}," for key, value in self.grpo_config.items())
-        return f"GRPOConfig({fields}\n)"
+    @property
+    def config(self) -> TrainConfig:
+        return self.plan.config
 
 
-def build_recipe(config: TrainConfig, run_name: str | None = None, backend: str | None = None,
+def build_recipe(source: Plan | TrainConfig, run_name: str | None = None, backend: str | None = None,
                  reward_funcs: Sequence[Callable] | None = None) -> Recipe:
-    """The script's parts for a resolved ``config`` (a config that is not resolved is resolved for this machine)."""
-    if not config.is_resolved:
-        config = config.resolve(Machine.detect())
+    """The script's parts for a plan (a config is planned for this machine first)."""
+    step = source if isinstance(source, Plan) else experiment.plan(source, Machine.detect(), reward_funcs)
+    config = step.config
     run_name = run_name or (Path(config.output_dir).name if config.output_dir else f"grpo-{config.profile}")
     if config.output_dir is None:
-        config = dataclasses.replace(config, output_dir=run_name)
+        step = dataclasses.replace(step, config=dataclasses.replace(config, output_dir=run_name))
+        config = step.config
     use_vllm, why = choose_backend(config)
     if use_vllm:  # choose_backend's words would describe this machine's vLLM, not the one the run is for
         why = "vLLM colocated with the trainer" if config.vllm_mode == "colocate" else "a vLLM server (TRL server mode)"
-    reward_set = run_rewards(config, reward_funcs)
-    kwargs, dropped = _stock_sampling(grpo_kwargs(config, use_vllm, reward_set.weights))
+    reward_set = prepare_rewards(list(reward_funcs or config.rewards), config.reward_weights, config.reward_errors)
     rows = experiment.load_train_rows(config)
     columns = tuple(sorted({key for row in rows for key in row} & set(TRAINER_COLUMNS)))
     data_file = Path(config.dataset) if config.dataset else SplitConfig().path("train")
     rewards = carry_rewards([getattr(fn, "fn", fn) for fn in reward_set.funcs])
-    return Recipe(config, run_name, backend or why, kwargs, dropped, lora_kwargs(config), quantization_kwargs(config),
-                  rewards, carry_tools(config.tools), data_file.resolve(), columns)
+    return Recipe(step, run_name, backend or why, step.trl_kwargs(use_vllm, device_units=False),
+                  lora.lora_kwargs(config), lora.quantization_kwargs(config), packages(config, use_vllm), rewards,
+                  carry_tools(config.tools), data_file, columns)
 
 
 def _header(recipe: Recipe, name: str) -> str:
-    config = recipe.config
+    config, machine = recipe.config, recipe.plan.machine
     step = (f"{config.num_prompts_per_step} prompts x {config.num_generations} completions per step, "
             f"{config.max_steps} steps, lr {config.learning_rate:g}, beta {config.beta:g}")
     rows = (f"types {list(config.train_types) or 'all'}, languages {list(config.train_languages) or 'all'}"
             + (f", at most {config.train_size} rows" if config.train_size else ""))
-    additions = "\n#\n".join(_comment(f"{a.name} ({a.where}): {a.bought}. [{a.source}]") for a in ADDITIONS)
+    card = (f"Planned for a {machine.memory_gib:g} GiB {machine.kind} device: vllm_gpu_memory_utilization="
+            f"{recipe.grpo_config['vllm_gpu_memory_utilization']} and the micro-batch are grpo_lab's memory plan for "
+            f"that device (vLLM's share is a share of it); on a device of another size, plan again or scale the "
+            f"share by {machine.memory_gib:g} / its GiB.")
     return f'''#!/usr/bin/env python3
 """GRPO run {recipe.run_name} as plain TRL: stock trl.GRPOTrainer, nothing from grpo_lab.
 
-Written by `grpo-lab export-recipe` (grpo_lab {__version__}). It needs datasets, transformers, trl and peft (and torch):
+Written by `grpo-lab export-recipe` (grpo_lab {__version__}). It needs: {", ".join(recipe.packages)}.
 
     python {name} [--output-dir DIR] [--max-steps N] [--model MODEL] [--data-file ROWS.jsonl]
 
 {textwrap.fill(f"The run: the {config.profile} profile on {config.device}, {Path(config.model).name}, {step}; rows of "
                 f"{rows}; rewards {list(config.rewards)} with weights {list(config.reward_weights)}. It sampled with "
                 f"{recipe.backend}.", 116)}
+
+{textwrap.fill(card, 116)}
+
+{textwrap.fill("MODEL and DATA_FILE are paths relative to this script's folder (or a hub id); --output-dir is relative "
+               "to the current folder. TRL's colocated engine takes a free port unless MASTER_PORT is set.", 116)}
 """
-# What grpo_lab adds to stock GRPOTrainer, and what each addition bought (the measured figure and where it is
-# recorded, in the grpo-lab repository). This script has none of them: the same loss and rewards, with TRL's own
-# speed, checks and checkpointing.
-#
-{additions}
-#
-{_comment("grpo_lab.train also chose settings that this script takes as plain numbers: vllm_gpu_memory_utilization and "
-          "the micro-batch from its memory planner (notebook 04), and it checked every prompt against "
-          "max_prompt_length before training (TRL never truncates prompts).")}
 '''
 
 
 def _imports(recipe: Recipe) -> str:
     """The script's imports: the standard library's (its own and the carried rewards'), then the packages'."""
-    standard = {"import argparse", "import importlib.util", "import json", "from pathlib import Path",
-                *recipe.rewards.imports, *recipe.tools.imports}
+    standard = {"import argparse", "import importlib.util", "import json", "import os", "import socket",
+                "from pathlib import Path", *recipe.rewards.imports, *recipe.tools.imports}
     ordered = sorted(standard, key=lambda line: (line.startswith("from "), line.split()[1]))
-    return "\n".join(["from __future__ import annotations", "", *ordered, "", "import torch",
-                      "from datasets import Dataset", "from peft import LoraConfig",
-                      "from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig",
-                      "from trl import GRPOConfig, GRPOTrainer"])
+    packages = ["import torch", "from datasets import Dataset",
+                "from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig",
+                "from trl import GRPOConfig, GRPOTrainer"]
+    if recipe.lora_config is not None:
+        packages.insert(2, "from peft import LoraConfig")
+    return "\n".join(["from __future__ import annotations", "", *ordered, "", *packages])
 
 
 _BODY = '''
+
+HERE = Path(__file__).resolve().parent
+
+
+def local(path: str) -> str:
+    """A path relative to this script's folder, where it names a file or folder there; else as given (a hub id)."""
+    candidate = HERE / path
+    return str(candidate) if candidate.exists() else path
+
 
 def load_rows(path: str) -> Dataset:
     """The training rows as grpo_lab reads them (one JSON object per line; a plain-string prompt becomes one user
@@ -424,11 +313,17 @@ def for_this_machine(settings: dict) -> dict:
         # Stock TRL's colocated weight sync copies each parameter into vLLM with load_weights. vLLM-CPU repacks its
         # Linear weights after loading on AVX-512/AMX hosts and keeps an empty Parameter without a weight_loader, so
         # the first sync fails ('Parameter' object has no attribute 'weight_loader'); grpo_lab syncs through vLLM's
-        # reload_weights instead (grpo_lab/weight_sync.py), which stock TRL does not. So on the CPU this script
-        # samples with HF generate, as grpo_lab's CPU profile does for small models anyway.
+        # reload_weights instead, which stock TRL does not. So on the CPU this script samples with HF generate.
         print("no accelerator: sampling with HF generate (stock TRL's vLLM weight sync fails on vLLM-CPU)")
         settings.update(use_vllm=False, generation_kwargs=None)
     return settings
+
+
+def free_port() -> str:
+    """A TCP port nobody listens on now (TRL's colocated engine otherwise takes 29500, which another trainer may hold)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
 
 
 def main() -> None:
@@ -438,19 +333,21 @@ def main() -> None:
     parser.add_argument("--model", default=MODEL, help="a model folder or hub id (default: the run's)")
     parser.add_argument("--data-file", default=DATA_FILE, help="JSONL rows (default: the run's)")
     args = parser.parse_args()
+    os.environ.setdefault("MASTER_PORT", free_port())
     settings = for_this_machine({**GRPO_CONFIG, "output_dir": args.output_dir, "max_steps": args.max_steps,
                                  "run_name": Path(args.output_dir).name})
+    model_path = local(args.model)
     # fp32 master weights as grpo_lab holds them (bf16=True autocasts): lr-sized updates vanish in pure bf16 weights
     model = AutoModelForCausalLM.from_pretrained(
-        args.model, dtype=torch.float32, use_safetensors=True,
+        model_path, dtype=torch.float32, use_safetensors=True,
         quantization_config=BitsAndBytesConfig(**QUANTIZATION) if QUANTIZATION else None)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if TOOLS:  # the tool template: Qwen2.5's call format in compact ChatML, parsed by TRL's parser for that format
         tokenizer = use_tool_template(tokenizer)
     trainer = GRPOTrainer(model=model, reward_funcs=REWARD_FUNCS, args=GRPOConfig(**settings),
-                          train_dataset=load_rows(args.data_file), processing_class=tokenizer,
+                          train_dataset=load_rows(local(args.data_file)), processing_class=tokenizer,
                           peft_config=LoraConfig(**LORA_CONFIG) if LORA_CONFIG else None, tools=TOOLS or None)
     trainer.train()
     trainer.save_model(str(Path(args.output_dir) / "final"))
@@ -471,14 +368,14 @@ def _tools_section(carried: CarriedTools) -> str:
             f"----\n\n\n{carried.source.rstrip()}\n\n\nTOOLS = [{', '.join(carried.names)}]")
 
 
-def render(recipe: Recipe, name: str = RECIPE_FILE) -> str:
-    """The script's text (``name``: its file name, for the usage line), checked to compile and to import nothing
-    beyond :data:`SCRIPT_PACKAGES` and the standard library."""
-    config = recipe.config
+def render(recipe: Recipe, path: str | Path = RECIPE_FILE) -> str:
+    """The script's text for ``path`` (its paths are written relative to that file's folder), checked to compile and
+    to import nothing beyond :data:`SCRIPT_PACKAGES` and the standard library."""
+    config, script_dir = recipe.config, Path(path).parent
     settings = f'''
 
-MODEL = {config.model!r}
-DATA_FILE = {str(recipe.data_file)!r}
+MODEL = {_script_path(config.model, script_dir)!r}
+DATA_FILE = {_script_path(str(recipe.data_file), script_dir)!r}
 TRAIN_LANGUAGES = {tuple(config.train_languages or ())!r}  # the run's languages (empty: every language)
 TRAIN_TYPES = {tuple(config.train_types or ())!r}  # the run's problem types (empty: every type)
 TRAIN_SIZE = {config.train_size!r}  # at most this many rows after the filters (None: all)
@@ -494,14 +391,14 @@ OUTPUT_DIR = {recipe.run_name + "-trl"!r}
 REWARD_FUNCS = [{", ".join(recipe.rewards.expressions)}]
 {_tools_section(recipe.tools)}
 
-# ---- TRL's GRPOConfig: every field grpo_lab.train.grpo_args set for the run (for_this_machine adapts a few) ----
-{_mapping("GRPO_CONFIG", {k: v for k, v in recipe.grpo_config.items() if k != "output_dir"}, recipe.dropped)}
+# ---- TRL's GRPOConfig: every field of the run's plan (for_this_machine adapts a few to the machine it runs on) ----
+{_mapping("GRPO_CONFIG", {k: v for k, v in recipe.grpo_config.items() if k != "output_dir"})}
 
 # ---- PEFT's LoraConfig (None: every weight trains) and QLoRA's 4-bit loading (None: not quantized) ----
-{_mapping("LORA_CONFIG", recipe.lora_config, {})}
+{_mapping("LORA_CONFIG", recipe.lora_config)}
 QUANTIZATION = {recipe.quantization!r}
 '''
-    script = _header(recipe, name) + "\n" + _imports(recipe) + settings + _BODY
+    script = _header(recipe, Path(path).name) + "\n" + _imports(recipe) + settings + _BODY
     check_script(script)
     return script
 
@@ -521,14 +418,17 @@ def check_script(script: str) -> None:
 
 
 def recipe_for(source: TrainConfig | str | Path, reward_funcs: Sequence[Callable] | None = None) -> Recipe:
-    """The recipe of a run folder (or ``"latest"``, or a run's name under the runs root) or of a :class:`TrainConfig`.
-    A run trained with your own ``reward_funcs`` needs them again here: its folder records only reward names."""
+    """The recipe of a run folder (or ``"latest"``, or a run's name under the runs root), planned for the machine the
+    run recorded, or of a :class:`TrainConfig` planned for this machine. A run trained with your own
+    ``reward_funcs`` needs them again here: its folder records only reward names."""
     if isinstance(source, TrainConfig):
         return build_recipe(source, reward_funcs=reward_funcs)
     run = runs.find_run(source, finished=False)
     record = run.record
-    built = build_recipe(TrainConfig.from_dict(record["config"]), run.name, record.get("backend"), reward_funcs)
-    return dataclasses.replace(built, run_dir=run.path)
+    recorded = (record.get("memory_plan") or {}).get("machine")
+    machine = Machine(**recorded) if recorded else Machine.detect()
+    step = experiment.plan(TrainConfig.from_dict(record["config"]), machine)
+    return dataclasses.replace(build_recipe(step, run.name, record.get("backend"), reward_funcs), run_dir=run.path)
 
 
 def write_recipe(recipe: Recipe, path: str | Path | None = None, overwrite: bool = False) -> Path:
@@ -537,7 +437,7 @@ def write_recipe(recipe: Recipe, path: str | Path | None = None, overwrite: bool
     if target.exists() and not overwrite:
         raise ExistingFileError(f"{target} exists: pass overwrite=True (--overwrite) or another path")
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render(recipe, target.name), encoding="utf-8")
+    target.write_text(render(recipe, target), encoding="utf-8")
     return target
 
 
@@ -560,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     except GrpoLabError as error:
         print(f"grpo-lab export-recipe: {error}")
         return 2
-    print(f"wrote {path}: run it with `python {path}` (datasets, transformers, trl and peft; no grpo_lab)")
+    print(f"wrote {path}: run it with `python {path}` (needs no grpo_lab)")
     return 0
 
 

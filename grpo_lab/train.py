@@ -59,8 +59,8 @@ from grpo_lab.callbacks import (  # the callbacks a run is watched with: train.M
 from grpo_lab.data import to_dataset
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError, ExistingFileError, GrpoLabError
-from grpo_lab.experiment import AUTO, TrainConfig
-from grpo_lab.memory import CPU_KV_CACHE_GIB, MemoryPlanError
+from grpo_lab.experiment import Plan, TrainConfig
+from grpo_lab.memory import CPU_KV_CACHE_GIB
 from grpo_lab.models import write_manifest
 from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.rollout import RolloutEngine, borrow_engine
@@ -110,7 +110,7 @@ def choose_backend(config: TrainConfig) -> tuple[bool, str]:
 
 
 TRL_COLOCATED_ENGINE: dict[str, Any] = {"max_num_batched_tokens": 4096, "model_impl": "vllm"}
-"""What TRL 1.16's colocated ``LLM(...)`` call sets beyond the experiment's own fields: ``max_num_batched_tokens=4096``
+"""What TRL's colocated ``LLM(...)`` call sets beyond the experiment's own fields: ``max_num_batched_tokens=4096``
 (``VLLMGeneration._init_vllm``) and ``model_impl`` from ``GRPOConfig.vllm_model_impl`` (default ``"vllm"``, which
 grpo_lab leaves). ``tests/test_train.py`` checks both against the installed TRL."""
 
@@ -122,9 +122,8 @@ def colocated_engine_settings(config: TrainConfig) -> dict[str, Any]:
 
     vLLM keys its compiled graphs by these and the model's path, not by the memory share or the seed, and every
     engine of the course compiles into one ``VLLM_CACHE_ROOT``: an engine opened with them on ``config.model``
-    (notebook 01's, notebook 06's bench) leaves the graph the trainer then loads instead of compiling
-    (``benchmarks/course_gpu/engine_start.json``: a start 95.6 s cold, 42.4 s warm on the H200). Empty when the run
-    samples without a colocated engine (the CPU profile's HF ``generate``, a vLLM server): nothing to share."""
+    leaves the graph the trainer then loads instead of compiling it again. Empty when the run samples without a
+    colocated engine (the CPU profile's HF ``generate``, a vLLM server): nothing to share."""
     if not (config.use_vllm and config.vllm_mode == "colocate"):
         return {}
     raised_to = device.COLOCATED_MAX_NUM_SEQS[config.device or device.detect()] or 0
@@ -135,66 +134,6 @@ def colocated_engine_settings(config: TrainConfig) -> dict[str, Any]:
                         "max_num_seqs": f"the training run's decode batch, {shared}",
                         "vllm_options": f"what TRL's colocated LLM(...) call sets, {shared}"}}
 
-
-
-# --------------------------------------------------------------------------------------------------
-# vLLM's share of the device: the planner's choice, printed and recorded
-# --------------------------------------------------------------------------------------------------
-def memory_note(asked: TrainConfig, config: TrainConfig, machine: Machine) -> dict[str, Any]:
-    """What the memory planner says of the resolved step on ``machine``, for the run's ``config.json``; warns when a
-    fraction that was given (not ``"auto"``) will not fit, before any engine starts."""
-    chosen_by = "planner" if asked.vllm_gpu_memory_utilization == AUTO else "given"
-    note: dict[str, Any] = {"vllm_gpu_memory_utilization": config.vllm_gpu_memory_utilization,
-                            "chosen_by": chosen_by, "machine": dataclasses.asdict(machine)}
-    try:
-        budget = experiment.memory_budget(config, machine)
-    except MemoryPlanError as error:
-        note["planned"] = f"not planned: {error}"
-        return note
-    note.update(fits=budget.fits, training_peak_gib=round(budget.training_peak_bytes / 2**30, 3),
-                vllm_gib=round(budget.vllm_bytes / 2**30, 3), kv_cache_sequences=budget.sequences_in_kv_cache,
-                planned=budget.summary(config.rollout_backend).splitlines()[0])
-    if chosen_by == "planner" and device.is_cpu(machine.kind) and config.use_vllm:
-        note["planned"] = experiment.choose_vllm_memory(config.with_profile(), machine)[1]
-    if chosen_by == "given" and config.use_vllm and not budget.fits:
-        warnings.warn(f"vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization} will not fit by the memory "
-                      f"planner's count: {budget.advice} (leave it 'auto' for the planner's choice)", stacklevel=3)
-    return note
-
-
-def grpo_args(config: TrainConfig, use_vllm: bool):
-    """TRL's ``GRPOConfig`` for a resolved :class:`TrainConfig` (:meth:`TrainConfig.trl_kwargs` plus the fields only the
-    synchronous trainer has); checkpoints go to ``<run>/checkpoints``."""
-    from trl import GRPOConfig
-
-    return GRPOConfig(
-        **config.trl_kwargs(),
-        beta=config.beta,
-        loss_type=config.loss_type,
-        scale_rewards=config.scale_rewards,
-        reward_weights=list(config.reward_weights) if config.reward_weights else None,
-        use_vllm=use_vllm,
-        vllm_mode=config.vllm_mode,
-        vllm_server_base_url=config.vllm_server_base_url,
-        vllm_group_port=config.vllm_group_port,
-        vllm_gpu_memory_utilization=device.device_share(config.vllm_gpu_memory_utilization, kind=config.device),
-        vllm_max_model_length=config.max_model_len,
-        vllm_enable_sleep_mode=config.vllm_enable_sleep_mode,
-        vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
-        max_tool_calling_iterations=config.max_tool_calling_iterations,
-        use_liger_kernel=bool(config.use_liger_kernel),
-        # colocated: no detokenizing in the decode loop's thread, flat log-probs (grpo_lab.speedups says why)
-        generation_kwargs={**(_colocated_sampling_arguments() if use_vllm and config.vllm_mode == "colocate" else {}),
-                           **config.completion_length_kwargs(use_vllm)} or None,
-        model_init_kwargs=lora.model_init_kwargs(config),
-        dataloader_num_workers=0,
-    )
-
-
-def _colocated_sampling_arguments() -> dict[str, bool]:
-    from grpo_lab.speedups import colocated_sampling_arguments  # imports TRL and vLLM: only where vLLM samples
-
-    return colocated_sampling_arguments()
 
 
 @dataclass
@@ -226,14 +165,13 @@ class TrainResult:
         return sum(values) / len(values) if values else float("nan")
 
 
-def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_funcs: Sequence[Callable] | None = None):
-    """A ready ``GRPOTrainer`` (our thin subclass) for a resolved config; checks every input first.
-
-    ``reward_funcs`` replaces ``config.rewards`` with your own functions in TRL's signature (handled as
-    ``config.reward_errors`` says, see :func:`grpo_lab.rewards.prepare`).
-    """
-    device.enforce_memory_cap(kind=config.device)  # GRPO_LAB_DEVICE_MEMORY_GIB caps this trainer's process (CUDA)
-    reward_set = prepare_rewards(*experiment.reward_spec(config, reward_funcs), config.reward_errors)
+def build_trainer(plan: Plan, callbacks: Sequence[Any] = (), reward_funcs: Sequence[Callable] | None = None):
+    """A ready ``GRPOTrainer`` (our subclass, :mod:`grpo_lab.upstream.trl`) for a planned experiment; every input
+    checked first. ``reward_funcs``: the functions :func:`~grpo_lab.experiment.plan` named (your own, in TRL's
+    signature, handled as ``config.reward_errors`` says), else the config's named rewards."""
+    config = plan.config
+    device.enforce_cap(plan.machine)  # a smaller card stood in for: this trainer's process holds to it (CUDA)
+    reward_set = prepare_rewards(list(reward_funcs or config.rewards), config.reward_weights, config.reward_errors)
     tool_set = prepare_tools(config.tools)  # each call guarded and counted (grpo_lab.tools)
     rows = experiment.load_train_rows(config)
     check_dataset(rows, reward_set.funcs, source=config.dataset or "data/train.jsonl")
@@ -256,16 +194,14 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
             os.environ.setdefault(name, value)
     columns = sorted({key for row in rows for key in row} & {"prompt", "answer", "unit", "type", "lang"})
     dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows])
-    peft_config = lora.lora_config(config.lora_r, config.lora_alpha, config.lora_dropout,
-                                   config.lora_target_modules) if config.use_peft else None
     from grpo_lab.trainer import GRPOLabTrainer  # imports TRL (and vLLM): seconds, so only to build a trainer
 
-    args = grpo_args(dataclasses.replace(config, reward_weights=tuple(reward_set.weights)), use_vllm)
+    args = plan.grpo_config(use_vllm)
     # TRL starts its colocated engine here: in the environment of the course's other engines (one cache folder)
     with in_engine_environment(config.device) if use_vllm else contextlib.nullcontext():
         trainer = GRPOLabTrainer(model=model, reward_funcs=reward_set.funcs, args=args, train_dataset=dataset,
                                  processing_class=tokenizer, callbacks=[*tool_set.callbacks(), *callbacks],
-                                 peft_config=peft_config, quantization_config=lora.quantization_config(config),
+                                 peft_config=lora.lora_config(config), quantization_config=lora.quantization_config(config),
                                  tools=tool_set.funcs or None,
                                  engine_max_num_seqs=device.COLOCATED_MAX_NUM_SEQS[config.device],
                                  adapter_sync=(Path(config.output_dir) / weight_sync.ADAPTER_FOLDER, config.lora_r)
@@ -342,6 +278,8 @@ class PreparedRun:
     rng: dict = field(repr=False)
     """The random generators' state when the trainer was built: :meth:`train` starts from it, so what ran in between
     (an evaluation sampling on the lent engine) does not change the run."""
+    plan: Plan | None = field(default=None, repr=False)
+    """The plan the run was built from (:func:`grpo_lab.experiment.plan`)."""
     trained: bool = False
 
     def rollout_engine(self, **sampling: Any) -> RolloutEngine | None:
@@ -370,23 +308,21 @@ class PreparedRun:
 
 def prepare(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
             reward_funcs: Sequence[Callable] | None = None, machine: Machine | None = None) -> PreparedRun:
-    """Resolve ``config`` on ``machine`` (default: this one, detected), check every input, build the trainer and
-    write the run folder's record; :meth:`PreparedRun.train` then trains. ``train(config)`` does both at once."""
-    machine = machine or Machine.detect()
-    asked = config or TrainConfig()
-    config = asked.resolve(machine)
-    cap = device.apply_memory_cap(machine.memory_gib, kind=machine.kind)  # a Machine smaller than its device (CUDA)
-    for caveat in [*device.cap_caveats(cap, config.use_vllm and config.vllm_enable_sleep_mode),
-                   *lora.rollout_caveats(config)]:
+    """A run ready to train, in one straight line: detect the machine (unless given), plan the experiment on it
+    (:func:`grpo_lab.experiment.plan`: resolved once), build the trainer, record the run; then
+    :meth:`PreparedRun.train`. ``train(config)`` does both at once."""
+    step = experiment.plan(config or TrainConfig(), machine or Machine.detect(), reward_funcs)
+    for caveat in step.caveats:
         warnings.warn(caveat, stacklevel=2)
-    if config.output_dir is None:
-        config = dataclasses.replace(config, output_dir=str(runs.new_run_dir(config.profile, datetime.now())))
+    if step.config.output_dir is None:
+        new_dir = str(runs.new_run_dir(step.config.profile, datetime.now()))
+        step = dataclasses.replace(step, config=dataclasses.replace(step.config, output_dir=new_dir))
+    config = step.config
     run_dir, resume = _prepare_run_dir(config)
     resume_step = runs.checkpoint_step(resume) if resume else None
-    plan = memory_note(asked, config, machine)
     logger = MetricsLogger(run_dir, live_plot=config.live_plot, plot_every=config.plot_every, resume_step=resume_step)
     budget = TimeBudget(config.max_minutes) if config.max_minutes else None
-    trainer = build_trainer(config, callbacks=[logger, *([budget] if budget else []), *callbacks],
+    trainer = build_trainer(step, callbacks=[logger, *([budget] if budget else []), *callbacks],
                             reward_funcs=reward_funcs)
     print(f"GRPO: {config.num_prompts_per_step} prompts × {config.num_generations} completions per step, "
           f"{config.max_steps} steps, lr {config.learning_rate:g}, beta {config.beta:g}, "
@@ -395,13 +331,13 @@ def prepare(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
     if config.use_peft:
         print(f"LoRA: r={config.lora_r}, alpha={config.lora_alpha}, dropout={config.lora_dropout} on "
               f"{', '.join(config.lora_target_modules)}; the base stays frozen")
-    print(f"vLLM memory: vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization} ({plan['chosen_by']}): "
-          f"{plan['planned']}" if config.use_vllm else f"Memory: {plan['planned']}")
+    print(f"vLLM memory: vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization} ({step.share_chosen_by}): "
+          f"{step.verdict}" if config.use_vllm else f"Memory: {step.verdict}")
     if resume:
         print(f"Resuming from {resume} (step {resume_step}) to step {config.max_steps}")
-    write_run_record(run_dir, config, backend=trainer.backend_reason, memory_plan=plan,
-                     memory_cap=dataclasses.asdict(cap) if cap else None, resumed_from=str(resume) if resume else None)
-    return PreparedRun(config, trainer, run_dir, resume, logger, budget, device.rng_state(config.device))
+    write_run_record(run_dir, config, backend=trainer.backend_reason, memory_plan=step.record(),
+                     resumed_from=str(resume) if resume else None)
+    return PreparedRun(config, trainer, run_dir, resume, logger, budget, device.rng_state(config.device), step)
 
 
 def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
@@ -470,49 +406,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"done: {result.global_step} steps in {result.seconds:.0f} s; run folder {result.run_dir}, "
           f"final model {result.final_model_dir}")
     return 0
-
-
-# --------------------------------------------------------------------------------------------------
-# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
-# --------------------------------------------------------------------------------------------------
-from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
-
-_OLD_TRAINING_KNOBS = ("max_steps", "lr_scheduler_type", "warmup_steps", "beta", "loss_type", "scale_rewards",
-                       "temperature", "use_vllm", "save_steps")
-
-
-def _training_defaults() -> dict[str, dict[str, Any]]:
-    """0.1.0's ``TRAINING_DEFAULTS``, rebuilt from today's profiles (a knob no profile sets: TrainConfig's default)."""
-    defaults = {item.name: item.default for item in fields(TrainConfig)}
-    return {name: {key: values.get(key, defaults[key]) for key in _OLD_TRAINING_KNOBS}
-            for name, values in experiment.PROFILES.items()}
-
-
-__getattr__ = moved_names(__name__, moved={
-    "evaluate": ("grpo_lab.evaluation:evaluate", "its backend now defaults to 'auto', was 'hf'"),
-    **{name: f"grpo_lab.evaluation:{name}" for name in ("Evaluation", "compare", "pooled", "side_by_side")},
-    **{name: f"grpo_lab.runs:{name}" for name in (
-        "CHECKPOINTS", "CHECKPOINT_FILES", "CONFIG_FILE", "CURVES_FILE", "FINAL", "METRICS_FILE", "PARTIAL",
-        "RUN_DIR_ENV", "CheckpointError", "check_checkpoint", "checkpoint_step", "discard_interrupted_saves",
-        "list_checkpoints", "publish_folder", "read_metrics", "resolve_resume")},
-    **{name: f"grpo_lab.experiment:{name}" for name in ("CPU_BACKEND_REASON", "check_lengths", "check_prompt_lengths",
-                                                        "default_train_types", "load_train_rows")},
-    "REPO_ROOT": "grpo_lab.paths:REPO_ROOT",
-    **{name: f"grpo_lab.errors:{name}" for name in ("NAN_ADVICE", "TrainingDivergedError")},
-    "REWARD_ERROR_MODES": "grpo_lab.rewards:REWARD_ERROR_MODES",
-}, computed={
-    "TRAINING_DEFAULTS": ("grpo_lab.experiment.PROFILES", "each profile's TrainConfig values; this dict is rebuilt "
-                          "from them", _training_defaults),
-    "RUNS_DIR": ("grpo_lab.runs.root()", "it follows GRPO_LAB_RUN_DIR", lambda: runs.root()),
-}, removed={
-    "build_reward_funcs": "use grpo_lab.rewards.prepare(names, weights, errors=...)",
-    "fault_point": "fault injection is test-only now (tests/fault_injection.py installs it on the trainer)",
-    "FAULT_ENV": "fault injection is test-only now (tests/fault_injection.py installs it on the trainer)",
-    "guard_reward_funcs": "use grpo_lab.rewards.prepare(funcs, weights, errors=...)",
-    "check_reward_errors": "TrainConfig(reward_errors=...) is checked when the config is made",
-    "check_batch_shape": "TrainConfig checks its step's shape when it is made",
-    "model_max_length": "use TrainConfig.resolve(machine).max_model_len",
-}, since="0.2.0")
 
 
 if __name__ == "__main__":

@@ -495,7 +495,7 @@ def _(x: Inputs):
 def _(x: Inputs):
     path = x.jsonl("train.jsonl", ROW)
     config = train.TrainConfig(profile="tiny", dataset=str(path), train_types=(), output_dir=str(x.tmp / "run"))
-    return lambda: train.build_trainer(config.resolve(device.Machine("cpu", bf16=False, memory_gib=24)))
+    return lambda: train.build_trainer(experiment.plan(config, device.Machine("cpu", bf16=False, memory_gib=24)))
 
 
 @case("train/dataset-file-missing-answer", DataError, r"missing column\(s\) \['answer'\]", "every row needs")
@@ -560,7 +560,7 @@ def _(x: Inputs):
 @case("train/reward-weights-mismatch", ConfigError, r"has 2 weight\(s\) for 1 reward\(s\)", "give one weight per reward")
 def _(x: Inputs):
     config = train.TrainConfig(profile="tiny", reward_weights=(1.0, 0.5), output_dir=str(x.tmp / "run"))
-    return lambda: train.build_trainer(config.resolve(device.Machine.detect()))
+    return lambda: train.build_trainer(experiment.plan(config, device.Machine.detect()))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -66,10 +66,37 @@ def test_rewards_and_their_weights():
     assert TrainConfig(profile="gpu", rewards=("correctness",)).with_profile().reward_weights == (1.0,)
     with pytest.raises(ConfigError, match="one weight per reward"):
         TrainConfig(rewards=("correctness", "format"), reward_weights=(1.0,))
-    gpu = TrainConfig(profile="gpu").with_profile()
-    assert experiment.reward_spec(gpu) == (("correctness", "format"), (1.0, 0.2))
-    assert experiment.reward_spec(gpu, ["mine"]) == (("mine",), None)  # the profile's weights were for its rewards
-    assert experiment.reward_spec(gpu, ["a", "b"]) == (("a", "b"), (1.0, 0.2))
+    gpu = TrainConfig(profile="gpu")
+    assert gpu.with_rewards(None) is gpu
+    assert gpu.with_rewards(["mine"]).with_profile().reward_weights == (1.0,)  # the profile's were for its rewards
+
+    def mine(prompts, completions, **kwargs):
+        return [0.0] * len(completions)
+
+    named = TrainConfig(profile="tiny").with_rewards([mine, "format", mine, mine]).with_profile()
+    assert named.rewards == ("mine", "format", "mine", "mine") and named.reward_weights == (1.0,) * 4
+    weighted = TrainConfig(reward_weights=(2.0, 1.0)).with_rewards([mine, "format"])
+    assert weighted.reward_weights == (2.0, 1.0)
+    with pytest.raises(ConfigError, match="one weight per function"):
+        TrainConfig(reward_weights=(2.0,)).with_rewards([mine, "format"])
+    assert TrainConfig(rewards=("correctness", "format"), reward_weights=(1.0, 0.2)).with_rewards(
+        [mine]).reward_weights == (1.0,)  # weights given for the config's own rewards
+
+
+def test_a_plan_is_computed_once_and_translates_to_trl():
+    machine = Machine("cuda", bf16=True, memory_gib=16, device_gib=80)
+    step = experiment.plan(TrainConfig(profile="gpu", output_dir="runs/p"), machine)
+    assert step.config.is_resolved and step.share_chosen_by == "planner" and step.budget.fits
+    assert step.cap.memory_gib == 16 and step.vllm_device_share == pytest.approx(step.vllm_share * 16 / 80, abs=1e-4)
+    on_device, on_card = step.trl_kwargs(use_vllm=True), step.trl_kwargs(use_vllm=True, device_units=False)
+    assert on_device["vllm_gpu_memory_utilization"] == step.vllm_device_share
+    assert on_card["vllm_gpu_memory_utilization"] == step.vllm_share
+    assert step.cap.card_share(on_device["vllm_gpu_memory_utilization"]) == pytest.approx(step.vllm_share, abs=2e-4)
+    assert on_device["output_dir"].endswith("runs/p/checkpoints") and on_device["run_name"] == "p"
+    assert step.record()["memory_cap"]["device_gib"] == 80 and step.record()["chosen_by"] == "planner"
+    given = experiment.plan(TrainConfig(profile="gpu", vllm_gpu_memory_utilization=0.95),
+                            machine)
+    assert given.share_chosen_by == "given" and any("will not fit" in caveat for caveat in given.caveats)
 
 
 def test_the_model_manifest_names_the_languages_it_trains_on(tmp_path):
@@ -89,7 +116,7 @@ def test_profiles_only_fill_fields_left_open():
     open_fields = {f.name for f in dataclasses.fields(TrainConfig) if f.default is None}
     for name, table in PROFILES.items():
         assert set(table) <= open_fields, f"profile {name} overrides a field with a default: {set(table) - open_fields}"
-        assert set(table) == set(experiment.PROFILE_FIELDS), name
+        assert set(table) == set(PROFILES["tiny"]), name
 
 
 def test_resolution_reads_only_the_machine_it_is_given():

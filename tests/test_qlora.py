@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from grpo_lab import device, lora, memory, train
+from grpo_lab import device, experiment, lora, memory, train
 from grpo_lab.deploy import (
     FOUR_BIT_QUANTIZATION,
     QLORA_MERGED_CAVEAT,
@@ -91,25 +91,15 @@ def test_trl_gets_the_quantization_config_and_the_compute_dtype(monkeypatch):
     from trl import GRPOTrainer
 
     assert "quantization_config" in inspect.signature(GRPOTrainer.__init__).parameters
-    passed = {}
-    import trl
-
-    monkeypatch.setattr(trl, "GRPOConfig", lambda **kwargs: passed.update(kwargs))
-    train.grpo_args(config, use_vllm=True)
-    assert passed["model_init_kwargs"] == {"dtype": "bfloat16"}
+    assert experiment.trl_kwargs(config, True, 0.5)["model_init_kwargs"] == {"dtype": "bfloat16"}
 
 
-def test_forced_lengths_reach_the_sampler(monkeypatch):
+def test_forced_lengths_reach_the_sampler():
     config = TrainConfig(profile="gpu", model=SMOLLM2, ignore_eos=True, output_dir="unused").resolve(CARD)
-    assert config.completion_length_kwargs(True) == {"ignore_eos": True}
-    assert config.completion_length_kwargs(False) == {"min_new_tokens": config.max_completion_length}
-    assert TrainConfig(profile="gpu").with_profile().completion_length_kwargs(True) == {}
-    passed = {}
-    import trl
-
-    monkeypatch.setattr(trl, "GRPOConfig", lambda **kwargs: passed.update(kwargs))
-    train.grpo_args(config, use_vllm=False)
-    assert passed["generation_kwargs"] == {"min_new_tokens": 256}
+    assert experiment.trl_kwargs(config, True, 0.5)["generation_kwargs"] == {"ignore_eos": True}
+    assert experiment.trl_kwargs(config, False, 0.5)["generation_kwargs"] == {"min_new_tokens": 256}
+    plain = TrainConfig(profile="gpu", model=SMOLLM2, output_dir="unused").resolve(CARD)
+    assert experiment.trl_kwargs(plain, True, 0.5)["generation_kwargs"] is None
 
 
 def _run(tmp_path, four_bit: bool):
@@ -164,4 +154,4 @@ def test_qlora_with_vllm_rollouts_is_told_that_the_engine_does_not_follow_the_ad
     assert lora.rollout_caveats(dataclasses.replace(config, vllm_lora_sync="adapter")) == []
     plain = TrainConfig(profile="gpu", model=SMOLLM2, use_peft=True, output_dir="unused").resolve(CARD)
     assert lora.rollout_caveats(plain) == []
-    assert "rollout_caveats" in inspect.getsource(train.prepare)
+    assert "rollout_caveats" in inspect.getsource(experiment.plan)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab import cli, lora, recipe, rewards, tools
+from grpo_lab import cli, experiment, lora, recipe, rewards, tools
 from grpo_lab import train as T
 from grpo_lab.carry import CarryError, carry, run_alone
 from grpo_lab.device import Machine
@@ -149,32 +149,50 @@ def test_a_reward_with_options_is_rebuilt_with_them():
 
 
 # --------------------------------------------------------------------------------------------------
-# The configs: recorded from grpo_lab's builders, not listed twice
+# The configs: the plan's one translation to TRL, in the planned card's units
 # --------------------------------------------------------------------------------------------------
-def test_the_recorded_grpo_config_is_the_one_grpo_lab_trains_with(tmp_path):
+def test_the_script_s_grpo_config_is_the_one_grpo_lab_trains_with(tmp_path):
     from trl import GRPOConfig
 
-    config = TrainConfig(**TINY, output_dir=str(tmp_path / "run"), report_to="tensorboard").resolve(CPU)
-    kwargs = recipe.grpo_kwargs(config, use_vllm=False)
-    assert GRPOConfig(**kwargs).to_dict() == T.grpo_args(config, use_vllm=False).to_dict()
-    assert set(config.trl_kwargs()) <= set(kwargs) and kwargs["report_to"] == ["tensorboard"]
+    config = TrainConfig(**TINY, output_dir=str(tmp_path / "run"), report_to="tensorboard")
+    built = recipe.build_recipe(experiment.plan(config, CPU))
+    trained = experiment.plan(config, CPU).grpo_config(use_vllm=False)
+    assert GRPOConfig(**built.grpo_config).to_dict() == trained.to_dict()
+    assert built.grpo_config["report_to"] == ["tensorboard"] and "tensorboard" in built.packages
 
 
-def test_a_gpu_lora_run_keeps_its_fields_and_leaves_out_what_needs_grpo_lab(tmp_path):
-    pytest.importorskip("vllm")  # the colocated sampling arguments ask vLLM which it has
-    config = TrainConfig(profile="gpu", use_peft=True, output_dir=str(tmp_path / "gpu-run")).resolve(
-        Machine("cuda", bf16=True, memory_gib=80))
-    built = recipe.build_recipe(config)
+def test_a_gpu_lora_run_planned_for_a_smaller_card_carries_that_card_s_share(tmp_path):
+    machine = Machine("cuda", bf16=True, memory_gib=16, device_gib=80)  # a 16 GiB card stood in for by an 80 GiB one
+    step = experiment.plan(TrainConfig(profile="gpu", use_peft=True, output_dir=str(tmp_path / "gpu-run")), machine)
+    built = recipe.build_recipe(step)
     assert built.grpo_config["use_vllm"] and built.grpo_config["bf16"] and built.grpo_config["beta"] == 0.04
-    assert "flat_logprobs" not in (built.grpo_config["generation_kwargs"] or {})
-    assert "generation_kwargs['flat_logprobs']" in built.dropped
-    script = recipe.render(built)
-    assert "# left out: generation_kwargs['flat_logprobs']" in script
+    assert built.grpo_config["vllm_gpu_memory_utilization"] == step.vllm_share  # of the 16 GiB card, as planned
+    assert step.trl_kwargs(use_vllm=True)["vllm_gpu_memory_utilization"] < step.vllm_share  # what the trainer passed
+    assert built.packages[:4] == recipe.BASE_PACKAGES and {"peft", "vllm"} <= set(built.packages)
+    script = recipe.render(built, tmp_path / "out" / recipe.RECIPE_FILE)
+    assert f"vllm_gpu_memory_utilization={step.vllm_share}" in script and "16 GiB cuda device" in script
     namespace: dict = {}
     exec(script[script.index("LORA_CONFIG = {"):script.index("QUANTIZATION =")], namespace)
     from peft import LoraConfig
-    assert LoraConfig(**namespace["LORA_CONFIG"]) == lora.lora_config(
-        config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
+    assert LoraConfig(**namespace["LORA_CONFIG"]) == lora.lora_config(step.config)
+
+
+def test_the_script_resolves_its_paths_against_its_own_folder_and_takes_a_free_port(tmp_path):
+    built = recipe.build_recipe(experiment.plan(TrainConfig(**TINY, output_dir=str(tmp_path / "run")), CPU))
+    script = recipe.render(built, tmp_path / "deep" / "er" / recipe.RECIPE_FILE)
+    namespace: dict = {"__file__": str(tmp_path / "deep" / "er" / recipe.RECIPE_FILE)}
+    exec(script[:script.index("# ---- The reward functions")], namespace)
+    assert not namespace["MODEL"].startswith("/") and namespace["MODEL"].startswith("../../")
+    assert (tmp_path / "deep" / "er" / namespace["DATA_FILE"]).resolve() == built.data_file.resolve()
+    path = recipe.write_recipe(built, tmp_path / "deep" / "er" / recipe.RECIPE_FILE)
+    import runpy
+    body = runpy.run_path(str(path), run_name="recipe_body")  # defines, does not train
+    assert Path(body["local"](namespace["MODEL"])).resolve() == Path(built.config.model).resolve()
+    port = int(body["free_port"]())
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))  # nobody listens there
+    assert "os.environ.setdefault(\"MASTER_PORT\", free_port())" in script
 
 
 def test_a_quantized_recipe_renders_its_bits_and_bytes_config(tmp_path):
@@ -194,10 +212,11 @@ def test_a_qlora_run_carries_the_bits_and_bytes_config_grpo_lab_builds(tmp_path)
     gpu = Machine("cuda", True, 16, "a 16 GiB GPU")
     config = TrainConfig(profile="gpu", use_peft=True,
                          load_in_4bit=True, output_dir=str(tmp_path / "run")).resolve(gpu)
-    fields = recipe.quantization_kwargs(config)
+    fields = lora.quantization_kwargs(config)
     assert fields["load_in_4bit"] and fields["bnb_4bit_quant_type"] == "nf4"
     assert BitsAndBytesConfig(**fields).to_dict() == lora.quantization_config(config).to_dict()
-    assert recipe.quantization_kwargs(dataclasses.replace(config, load_in_4bit=False)) is None
+    assert lora.quantization_kwargs(dataclasses.replace(config, load_in_4bit=False)) is None
+    assert "bitsandbytes" in recipe.packages(config, use_vllm=True)
 
 
 def test_a_tool_run_carries_its_tools_and_their_chat_template(tmp_path, monkeypatch):
@@ -237,14 +256,15 @@ def test_a_tool_run_carries_its_tools_and_their_chat_template(tmp_path, monkeypa
 
 
 def test_the_script_imports_only_the_stock_packages(tmp_path):
-    script = recipe.render(recipe.build_recipe(TrainConfig(**TINY, output_dir=str(tmp_path / "run")).resolve(CPU)))
+    built = recipe.build_recipe(TrainConfig(**TINY, output_dir=str(tmp_path / "run")).resolve(CPU))
+    script = recipe.render(built)
     tree = ast.parse(script)
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert imported - set(sys.stdlib_module_names) == {"torch", "datasets", "peft", "transformers", "trl"}
-    for addition in recipe.ADDITIONS:  # the header says what grpo_lab adds, each with where its figure is recorded
-        assert addition.name in script and addition.source.split(",")[0] in script
+    assert imported - set(sys.stdlib_module_names) == {"torch", "datasets", "transformers", "trl"}  # no LoRA: no peft
+    assert built.packages == recipe.BASE_PACKAGES and f"It needs: {', '.join(built.packages)}." in script
+    assert "liger-kernel" in recipe.packages(dataclasses.replace(built.config, use_liger_kernel=True), False)
     with pytest.raises(recipe.RecipeError, match="grpo_lab"):
         recipe.check_script(script + "\nimport grpo_lab\n")
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_lab import tool_use, tools
+from grpo_lab import experiment, tool_use, tools
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import TrainConfig, check_prompt_lengths
@@ -59,12 +59,11 @@ def test_the_calculator_never_evaluates_code():
 def test_tools_are_named_in_the_config_and_reach_trl():
     from trl import GRPOConfig
 
-    from grpo_lab.train import grpo_args
 
     config = TrainConfig(profile="tiny", tools="calculator", max_tool_calling_iterations=3, output_dir="run").resolve(CPU)
     assert config.tools == ("calculator",)
-    assert grpo_args(config, use_vllm=False).max_tool_calling_iterations == 3
-    assert isinstance(grpo_args(config, use_vllm=False), GRPOConfig)
+    assert experiment.plan(config, CPU).grpo_config(use_vllm=False).max_tool_calling_iterations == 3
+    assert isinstance(experiment.plan(config, CPU).grpo_config(use_vllm=False), GRPOConfig)
     assert TrainConfig.from_dict(config.to_dict()).tools == ("calculator",)
     with pytest.raises(ConfigError, match="Unknown tool 'abacus'.*calculator"):
         TrainConfig(tools=("abacus",))

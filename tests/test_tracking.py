@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from grpo_lab import runs, tracking
+from grpo_lab import experiment, runs, tracking
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import TrainConfig
@@ -57,9 +57,9 @@ def test_report_to_takes_trl_s_values_and_refuses_trackers_that_need_an_account(
     with pytest.raises(ConfigError, match="wandb"):
         TrainConfig(report_to="wandb")
     cpu = Machine("cpu", bf16=False, memory_gib=24)
-    quiet = TrainConfig(profile="tiny", output_dir="runs/quiet").resolve(cpu).trl_kwargs()
+    quiet = experiment.plan(TrainConfig(profile="tiny", output_dir="runs/quiet"), cpu).trl_kwargs(use_vllm=False)
     assert quiet["report_to"] == "none" and quiet["run_name"] == "quiet" and quiet["project"] == TRACKIO_PROJECT
-    assert TrainConfig(profile="tiny", output_dir="x", report_to="tensorboard").resolve(cpu).trl_kwargs()[
+    assert experiment.plan(TrainConfig(profile="tiny", output_dir="x", report_to="tensorboard"), cpu).trl_kwargs(False)[
         "report_to"] == ["tensorboard"]
 
 

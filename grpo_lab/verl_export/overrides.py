@@ -10,7 +10,7 @@ from typing import Any
 
 from grpo_lab import device as device_module
 from grpo_lab.errors import ConfigError
-from grpo_lab.experiment import AUTO, TrainConfig, default_train_types
+from grpo_lab.experiment import AUTO, TrainConfig, default_train_types, trl_kwargs
 from grpo_lab.memory import VLLM_MEMORY_FRACTION
 from grpo_lab.verl_export.folder import (
     LAUNCH_FILE,
@@ -54,7 +54,9 @@ def resolve_experiment(config: TrainConfig | None, device: str = "cuda") -> Trai
 
 
 def grpo_settings(config: TrainConfig, target: VerlTarget, num_train_rows: int) -> list[Setting]:
-    """verl's overrides for a resolved experiment on a resolved target; raises early on what verl would reject."""
+    """verl's overrides for a resolved experiment on a resolved target, from TRL's fields of the experiment (the one
+    translation, :func:`grpo_lab.experiment.trl_kwargs`); raises early on what verl would reject."""
+    trl = trl_kwargs(config, use_vllm=True, vllm_share=config.vllm_gpu_memory_utilization)
     tp, devices = target.rollout_tensor_parallel_size, target.total_devices
     if target.n_gpus_per_node < 1 or target.nnodes < 1 or tp < 1:
         raise ConfigError("n_gpus_per_node, nnodes and rollout_tensor_parallel_size must be at least 1 "
@@ -63,81 +65,81 @@ def grpo_settings(config: TrainConfig, target: VerlTarget, num_train_rows: int) 
         fits = [d for d in range(1, target.n_gpus_per_node + 1) if target.n_gpus_per_node % d == 0]
         raise ConfigError(f"rollout_tensor_parallel_size={tp} does not divide n_gpus_per_node={target.n_gpus_per_node}: "
                          f"each vLLM engine needs {tp} devices of one node. Use one of {fits}.")
-    loss_agg = LOSS_AGG_MODE.get(config.loss_type)
+    loss_agg = LOSS_AGG_MODE.get(trl["loss_type"])
     if loss_agg is None:
-        raise ConfigError(f"loss_type={config.loss_type!r} has no verl equivalent here; use one of "
+        raise ConfigError(f"loss_type={trl['loss_type']!r} has no verl equivalent here; use one of "
                          f"{sorted(LOSS_AGG_MODE)} (verl's loss_agg_mode {sorted(set(LOSS_AGG_MODE.values()))}).")
-    norm_by_std = NORM_BY_STD.get(str(config.scale_rewards).lower())
+    norm_by_std = NORM_BY_STD.get(str(trl["scale_rewards"]).lower())
     if norm_by_std is None:
-        raise ConfigError(f"scale_rewards={config.scale_rewards!r}: verl's GRPO normalises by the group std or not at "
+        raise ConfigError(f"scale_rewards={trl['scale_rewards']!r}: verl's GRPO normalises by the group std or not at "
                          "all; use scale_rewards='group' or 'none'.")
-    scheduler = LR_SCHEDULER.get(config.lr_scheduler_type)
+    scheduler = LR_SCHEDULER.get(trl["lr_scheduler_type"])
     if scheduler is None:
-        raise ConfigError(f"lr_scheduler_type={config.lr_scheduler_type!r}: verl schedules 'constant' or 'cosine' "
+        raise ConfigError(f"lr_scheduler_type={trl['lr_scheduler_type']!r}: verl schedules 'constant' or 'cosine' "
                          f"(with warmup); use one of {sorted(LR_SCHEDULER)}.")
-    completions_per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps * devices
-    prompts_per_step = completions_per_step // config.num_generations
+    completions_per_step = trl["per_device_train_batch_size"] * trl["gradient_accumulation_steps"] * devices
+    prompts_per_step = completions_per_step // trl["num_generations"]
     steps_per_epoch = num_train_rows // prompts_per_step
     if steps_per_epoch < 1:
         raise ConfigError(f"{num_train_rows} training rows are fewer than one step's {prompts_per_step} prompts "
-                         f"({devices} devices × {config.per_device_train_batch_size} completions / "
-                         f"{config.num_generations}); lower per_device_train_batch_size or use more rows.")
-    warmup = 0.0 if config.lr_scheduler_type == "constant" else float(config.warmup_steps or 0)  # HF ignores it there
-    beta = float(config.beta)
+                         f"({devices} devices × {trl['per_device_train_batch_size']} completions / "
+                         f"{trl['num_generations']}); lower per_device_train_batch_size or use more rows.")
+    warmup = 0.0 if trl["lr_scheduler_type"] == "constant" else float(trl["warmup_steps"] or 0)  # HF ignores it there
+    beta = float(trl["beta"])
     settings = [
         Setting("algorithm.adv_estimator", "grpo", "GRPO: advantages normalised within each prompt's group"),
-        Setting("algorithm.norm_adv_by_std_in_grpo", norm_by_std, f"TRL scale_rewards={config.scale_rewards!r}"),
+        Setting("algorithm.norm_adv_by_std_in_grpo", norm_by_std, f"TRL scale_rewards={trl['scale_rewards']!r}"),
         Setting("algorithm.use_kl_in_reward", False, "TRL puts the KL in the loss, not in the reward"),
         Setting("data.train_files", TRAIN_FILE, f"{num_train_rows} rows: the experiment's training rows"),
         Setting("data.val_files", TEST_FILE, f"{target.val_size} rows of the course's eval split"),
         Setting("data.train_batch_size", prompts_per_step,
-                f"prompts per step = per_device_train_batch_size {config.per_device_train_batch_size} × "
-                f"gradient_accumulation_steps {config.gradient_accumulation_steps} × {devices} devices / "
-                f"num_generations {config.num_generations}"),
+                f"prompts per step = per_device_train_batch_size {trl['per_device_train_batch_size']} × "
+                f"gradient_accumulation_steps {trl['gradient_accumulation_steps']} × {devices} devices / "
+                f"num_generations {trl['num_generations']}"),
         Setting("data.max_prompt_length", config.max_prompt_length, "max_prompt_length (grpo_lab checks prompts)"),
-        Setting("data.max_response_length", config.max_completion_length, "TRL max_completion_length"),
+        Setting("data.max_response_length", trl["max_completion_length"], "TRL max_completion_length"),
         Setting("data.filter_overlong_prompts", True, "drop prompts longer than max_prompt_length"),
         Setting("data.truncation", "error", "never cut a prompt silently"),
-        Setting("data.seed", config.seed, "TRL seed (data order)"),
+        Setting("data.seed", trl["seed"], "TRL seed (data order)"),
         Setting(MODEL_KEY, config.model, f"TRL model (MODEL_PATH overrides it in {LAUNCH_FILE})"),
         Setting("actor_rollout_ref.model.enable_gradient_checkpointing", True, "TRL gradient_checkpointing"),
-        Setting("actor_rollout_ref.actor.optim.lr", config.learning_rate, "TRL learning_rate"),
+        Setting("actor_rollout_ref.actor.optim.lr", trl["learning_rate"], "TRL learning_rate"),
         Setting("actor_rollout_ref.actor.optim.lr_scheduler_type", scheduler,
-                f"TRL lr_scheduler_type={config.lr_scheduler_type!r}"),
+                f"TRL lr_scheduler_type={trl['lr_scheduler_type']!r}"),
         (Setting("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", float(warmup), f"TRL warmup_steps={warmup}")
          if warmup < 1 else
          Setting("actor_rollout_ref.actor.optim.lr_warmup_steps", int(warmup), f"TRL warmup_steps={warmup}")),
         Setting("actor_rollout_ref.actor.optim.weight_decay", 0.0, "TRL weight_decay (verl's default is 0.01)"),
         Setting("actor_rollout_ref.actor.ppo_mini_batch_size", prompts_per_step,
                 "one update per batch of rollouts, as TRL with num_iterations=1"),
-        Setting("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", config.per_device_train_batch_size,
+        Setting("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", trl["per_device_train_batch_size"],
                 "TRL per_device_train_batch_size (completions per forward pass)"),
-        Setting("actor_rollout_ref.actor.loss_agg_mode", loss_agg, f"TRL loss_type={config.loss_type!r}"),
+        Setting("actor_rollout_ref.actor.loss_agg_mode", loss_agg, f"TRL loss_type={trl['loss_type']!r}"),
         Setting("actor_rollout_ref.actor.use_kl_loss", beta > 0, f"TRL beta={beta:g} > 0 loads a reference model"),
         Setting("actor_rollout_ref.actor.kl_loss_coef", beta, "TRL beta"),
         Setting("actor_rollout_ref.actor.kl_loss_type", "low_var_kl", "TRL's k3 estimator (verl clamps it)"),
         Setting("actor_rollout_ref.actor.entropy_coeff", 0, "TRL has no entropy bonus"),
         Setting("actor_rollout_ref.rollout.name", "vllm", "TRL use_vllm (colocated, as verl's hybrid engine)"),
-        Setting("actor_rollout_ref.rollout.n", config.num_generations, "TRL num_generations (the group size)"),
-        Setting("actor_rollout_ref.rollout.temperature", config.temperature, "TRL temperature"),
-        Setting("actor_rollout_ref.rollout.top_p", config.top_p, "TRL top_p"),
+        Setting("actor_rollout_ref.rollout.n", trl["num_generations"], "TRL num_generations (the group size)"),
+        Setting("actor_rollout_ref.rollout.temperature", trl["temperature"], "TRL temperature"),
+        Setting("actor_rollout_ref.rollout.top_p", trl["top_p"], "TRL top_p"),
         Setting("actor_rollout_ref.rollout.tensor_model_parallel_size", tp, "devices per vLLM engine"),
-        Setting("actor_rollout_ref.rollout.gpu_memory_utilization", config.vllm_gpu_memory_utilization,
-                "TRL vllm_gpu_memory_utilization (notebook 04)"),
-        Setting("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", config.per_device_train_batch_size,
+        Setting("actor_rollout_ref.rollout.gpu_memory_utilization", trl["vllm_gpu_memory_utilization"],
+                "TRL vllm_gpu_memory_utilization (the memory plan)"),
+        Setting("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", trl["per_device_train_batch_size"],
                 "old log-probs, same micro batch as training"),
-        Setting("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", config.per_device_train_batch_size,
+        Setting("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", trl["per_device_train_batch_size"],
                 "reference log-probs, same micro batch as training"),
         Setting("reward.custom_reward_function.path", REWARD_FILE, f"TRL rewards {list(config.rewards)}"),
         Setting("reward.custom_reward_function.name", REWARD_FUNCTION, "verl's reward signature"),
         Setting("trainer.device", target.device, "cuda or npu"),
         Setting("trainer.n_gpus_per_node", target.n_gpus_per_node, "devices per node"),
         Setting("trainer.nnodes", target.nnodes, "nodes (more than 1: start a Ray cluster first)"),
-        Setting("trainer.total_training_steps", config.max_steps, "TRL max_steps"),
-        Setting("trainer.total_epochs", math.ceil(config.max_steps / steps_per_epoch),
+        Setting("trainer.total_training_steps", trl["max_steps"], "TRL max_steps"),
+        Setting("trainer.total_epochs", math.ceil(trl["max_steps"] / steps_per_epoch),
                 f"enough passes for max_steps ({steps_per_epoch} steps per epoch)"),
-        Setting("trainer.save_freq", config.save_steps, "TRL save_steps"),
-        Setting("trainer.test_freq", config.save_steps, "greedy accuracy on test.parquet, also before training"),
+        Setting("trainer.save_freq", trl["save_steps"], "TRL save_steps"),
+        Setting("trainer.test_freq", trl["save_steps"], "greedy accuracy on test.parquet, also before training"),
         Setting("trainer.critic_warmup", 0, "GRPO has no critic"),
         Setting("trainer.logger", ["console"], "add 'wandb' or 'tensorboard' as you like"),
         Setting("trainer.project_name", target.project_name, "experiment tracking"),

@@ -1,0 +1,143 @@
+"""An experiment planned for a machine, once: :func:`plan` returns a :class:`Plan`, a value that holds the resolved
+experiment, the memory planner's budget of its step, vLLM's share in the units of the device it runs on, the cap to
+enforce and what to tell the user before training; :meth:`Plan.trl_kwargs` is the one translation to TRL's
+``GRPOConfig``, used by training, asynchronous training, the exported recipe and the verl export.
+
+>>> from grpo_lab.device import Machine
+>>> from grpo_lab.experiment import TrainConfig, plan
+>>> step = plan(TrainConfig(profile="tiny", output_dir="runs/x"), Machine("cpu", bf16=True, memory_gib=24))
+>>> step.trl_kwargs(use_vllm=False)["num_generations"]
+8
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_lab import device, lora, memory
+from grpo_lab.device import Machine, MemoryCap
+from grpo_lab.experiment.config import TrainConfig
+from grpo_lab.experiment.planning import choose_vllm_memory, planned_share, step_budget
+from grpo_lab.experiment.profiles import AUTO
+from grpo_lab.runs import CHECKPOINTS
+from grpo_lab.tracking import TRACKIO_PROJECT
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A resolved experiment on one machine, and everything the run derives from it (see the module docstring)."""
+
+    config: TrainConfig
+    """Every field filled in for :attr:`machine`."""
+    machine: Machine
+    budget: memory.MemoryBudget | None
+    """The planner's budget of one step at the config's vLLM share; None where the model's shape cannot be read."""
+    share_chosen_by: str
+    """``"planner"`` when ``vllm_gpu_memory_utilization`` was ``"auto"``, else ``"given"``."""
+    verdict: str
+    """The planner's one-line verdict on the step (or why it was not planned)."""
+    caveats: tuple[str, ...] = ()
+    """What to tell the user before training (a given share that does not fit, a cap that sleep mode defeats, ...)."""
+
+    @property
+    def cap(self) -> MemoryCap | None:
+        """The smaller card the machine stands in for its device, to enforce in the trainer's process."""
+        return self.machine.cap
+
+    @property
+    def vllm_share(self) -> float:
+        """vLLM's share of the planned card (``machine.memory_gib``)."""
+        return self.config.vllm_gpu_memory_utilization
+
+    @property
+    def vllm_device_share(self) -> float:
+        """vLLM's share in the units of the device it runs on (under a cap, of the real device)."""
+        return self.machine.device_share(self.vllm_share)
+
+    def trl_kwargs(self, use_vllm: bool, device_units: bool = True) -> dict[str, Any]:
+        """:func:`trl_kwargs` of the resolved experiment. ``device_units``: vLLM's share as the device it runs on
+        counts it (what this process passes to vLLM); False: as a share of the planned card, for a script that runs
+        on that card (the exported recipe)."""
+        return trl_kwargs(self.config, use_vllm, self.vllm_device_share if device_units else self.vllm_share)
+
+    def grpo_config(self, use_vllm: bool) -> Any:
+        """TRL's ``GRPOConfig`` built from :meth:`trl_kwargs` (imports TRL)."""
+        from trl import GRPOConfig
+
+        return GRPOConfig(**self.trl_kwargs(use_vllm))
+
+    def record(self) -> dict[str, Any]:
+        """The plan as the run's ``config.json`` keeps it (``"memory_plan"``)."""
+        record: dict[str, Any] = {"vllm_gpu_memory_utilization": self.vllm_share, "chosen_by": self.share_chosen_by,
+                                  "vllm_device_share": self.vllm_device_share,
+                                  "machine": dataclasses.asdict(self.machine), "planned": self.verdict,
+                                  "memory_cap": dataclasses.asdict(self.cap) if self.cap else None}
+        if self.budget is not None:
+            record.update(fits=self.budget.fits, training_peak_gib=round(self.budget.training_peak_bytes / 2**30, 3),
+                          vllm_gib=round(self.budget.vllm_bytes / 2**30, 3),
+                          kv_cache_sequences=self.budget.sequences_in_kv_cache)
+        return record
+
+
+def trl_kwargs(config: TrainConfig, use_vllm: bool, vllm_share: float) -> dict[str, Any]:
+    """Every field of TRL's ``GRPOConfig`` a resolved experiment sets, vLLM's share as given: the one translation
+    from grpo_lab's experiment to TRL (training, asynchronous training, the recipe and the verl export read it).
+    Checkpoints go to ``<output_dir>/checkpoints``; with ``ignore_eos`` every completion runs to
+    ``max_completion_length`` (vLLM's ``ignore_eos``, HF generate's ``min_new_tokens``)."""
+    run_dir = Path(config.output_dir or ".")
+    sampling = None
+    if config.ignore_eos:
+        sampling = {"ignore_eos": True} if use_vllm else {"min_new_tokens": config.max_completion_length}
+    return dict(
+        output_dir=str(run_dir / CHECKPOINTS), max_steps=config.max_steps,
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps, num_generations=config.num_generations,
+        max_completion_length=config.max_completion_length, learning_rate=config.learning_rate,
+        lr_scheduler_type=config.lr_scheduler_type, warmup_steps=config.warmup_steps, temperature=config.temperature,
+        top_p=config.top_p, gradient_checkpointing=config.gradient_checkpointing, bf16=bool(config.bf16),
+        use_cpu=device.is_cpu(config.device), logging_steps=config.logging_steps, save_strategy="steps",
+        save_steps=config.save_steps, save_total_limit=config.save_total_limit, seed=config.seed,
+        data_seed=config.seed, report_to=list(config.report_to) or "none", log_completions=False,
+        vllm_server_timeout=config.vllm_server_timeout, project=TRACKIO_PROJECT, run_name=run_dir.name,
+        beta=config.beta, loss_type=config.loss_type, scale_rewards=config.scale_rewards,
+        reward_weights=list(config.reward_weights) if config.reward_weights else None, use_vllm=use_vllm,
+        vllm_mode=config.vllm_mode, vllm_server_base_url=config.vllm_server_base_url,
+        vllm_group_port=config.vllm_group_port, vllm_gpu_memory_utilization=vllm_share,
+        vllm_max_model_length=config.max_model_len, vllm_enable_sleep_mode=config.vllm_enable_sleep_mode,
+        vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
+        max_tool_calling_iterations=config.max_tool_calling_iterations,
+        use_liger_kernel=bool(config.use_liger_kernel), generation_kwargs=sampling,
+        model_init_kwargs=lora.model_init_kwargs(config), dataloader_num_workers=0)
+
+
+def plan(config: TrainConfig, machine: Machine, reward_funcs: Sequence[Callable | str] | None = None) -> Plan:
+    """Plan ``config`` for ``machine`` once: the rewards named (``reward_funcs``, else the config's), every field
+    resolved (:meth:`TrainConfig.resolve`), the step's budget at vLLM's share, and the caveats to print."""
+    asked = config.with_rewards(reward_funcs)
+    resolved = asked.resolve(machine)
+    chosen_by = "planner" if asked.vllm_gpu_memory_utilization == AUTO else "given"
+    caveats = [*device.cap_caveats(machine.cap, resolved.use_vllm and resolved.vllm_enable_sleep_mode),
+               *lora.rollout_caveats(resolved)]
+    try:
+        budget = step_budget(resolved, machine, resolved.vllm_gpu_memory_utilization)
+    except memory.MemoryPlanError as error:
+        return Plan(resolved, machine, None, chosen_by, f"not planned: {error}", tuple(caveats))
+    verdict = budget.summary(resolved.rollout_backend).splitlines()[0]
+    if chosen_by == "planner" and device.is_cpu(machine.kind) and resolved.use_vllm:
+        verdict = choose_vllm_memory(resolved, machine)[1]
+    if chosen_by == "given" and resolved.use_vllm and not budget.fits:
+        caveats.append(f"vllm_gpu_memory_utilization={resolved.vllm_gpu_memory_utilization} will not fit by the "
+                       f"memory planner's count: {budget.advice} (leave it 'auto' for the planner's choice)")
+    return Plan(resolved, machine, budget, chosen_by, verdict, tuple(caveats))
+
+
+def memory_budget(config: TrainConfig, machine: Machine) -> memory.MemoryBudget:
+    """The memory planner's budget of ``config``'s step on ``machine`` (colocated vLLM), its step resolved as a run
+    resolves it, at the config's vLLM share; for ``"auto"`` on an accelerator the planner's recommendation (its
+    largest fitting share), or, where nothing fits, the budget that says what would."""
+    step = config.resolve_step(machine)
+    return step_budget(step, machine, planned_share(step, machine))
