@@ -12,6 +12,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +36,14 @@ class MetricsLogger(TrainerCallback):
     and the optimizer step).
     """
 
-    def __init__(self, run_dir: Path, live_plot: bool = True, plot_every: int = 10, resume_step: int | None = None):
+    def __init__(self, run_dir: Path, live_plot: bool = True, plot_every: int = 10,
+                 previous: Sequence[dict[str, Any]] = ()):
         self.path = Path(run_dir) / runs.METRICS_FILE
         self.figure_path = Path(run_dir) / runs.CURVES_FILE
         self.live_plot = live_plot
         self.plot_every = max(1, plot_every)
-        self.records: list[dict[str, Any]] = []
+        self.records: list[dict[str, Any]] = list(previous)  # a resumed run's log up to its checkpoint
         self._handle = None
-        if resume_step is not None:  # keep the log up to the checkpoint; the steps after it are trained again
-            self.records = [r for r in runs.read_metrics(self.path) if r.get("step", 0) <= resume_step]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         rewritten = self.path.with_name(self.path.name + ".tmp")  # then renamed: a kill never leaves half a log
         with rewritten.open("w", encoding="utf-8") as handle:

@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.errors import GrpoLabError
+from grpo_lab.errors import ExistingFileError, GrpoLabError
 from grpo_lab.paths import REPO_ROOT
 
 RUN_DIR_ENV = "GRPO_LAB_RUN_DIR"
@@ -341,3 +341,34 @@ def discard_interrupted_saves(run_dir: Path) -> None:
         if names:
             print(f"Deleting {folder} ({', '.join(names)}): a save interrupted when the run stopped; never loaded.")
         shutil.rmtree(folder)
+
+
+@dataclass(frozen=True)
+class OpenedRun:
+    """A run folder ready to train into (:func:`open_run`)."""
+
+    path: Path
+    resume: Path | None
+    """The checkpoint training continues from (None: a fresh run)."""
+    resume_step: int | None
+    metrics: list[dict[str, Any]]
+    """The log up to that checkpoint (the steps after it are trained again); empty for a fresh run."""
+
+
+def open_run(output_dir: str | Path | None, resume_from_checkpoint: str | bool | None = None,
+             profile: str = "run") -> OpenedRun:
+    """Open the run folder a training run writes: a new ``grpo-<profile>-<time>`` folder when ``output_dir`` is None;
+    the checkpoint to resume from, checked (a folder that already holds a run is refused unless it resumes); saves
+    that a kill interrupted discarded; the notebook's use recorded (:func:`record_use`)."""
+    run_dir = Path(output_dir) if output_dir is not None else new_run_dir(profile, datetime.now())
+    resume = resolve_resume(run_dir, resume_from_checkpoint)
+    if resume is None and (run_dir / CONFIG_FILE).exists():
+        raise ExistingFileError(f"{run_dir} already holds a run. Continue it with resume_from_checkpoint=True, or "
+                                f"choose another output_dir (nothing was changed).")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    discard_interrupted_saves(run_dir)
+    step = checkpoint_step(resume) if resume else None
+    metrics = [r for r in read_metrics(run_dir / METRICS_FILE) if r.get("step", 0) <= step] if resume else []
+    record_use(run_dir, "trained")
+    return OpenedRun(run_dir, resume, step, metrics)
+

@@ -58,8 +58,8 @@ from grpo_lab.callbacks import (  # the callbacks a run is watched with: train.M
 )
 from grpo_lab.data import to_dataset
 from grpo_lab.device import Machine
-from grpo_lab.errors import ConfigError, ExistingFileError, GrpoLabError
-from grpo_lab.experiment import Plan, TrainConfig
+from grpo_lab.errors import ConfigError, GrpoLabError
+from grpo_lab.experiment import Plan, TrainConfig, plan
 from grpo_lab.memory import CPU_KV_CACHE_GIB
 from grpo_lab.models import write_manifest
 from grpo_lab.rewards import prepare as prepare_rewards
@@ -207,29 +207,18 @@ def build_trainer(plan: Plan, callbacks: Sequence[Any] = (), reward_funcs: Seque
                                  adapter_sync=(Path(config.output_dir) / weight_sync.ADAPTER_FOLDER, config.lora_r)
                                  if use_vllm and config.vllm_lora_sync == "adapter" else None)
     trainer.backend_reason = why
+    trainer.rng_at_start = device.rng_state(config.device)  # PreparedRun.train starts from it
     quiet_progress(trainer)
     tracking.without_dashboard(trainer)
     return trainer
 
 
-def _prepare_run_dir(config: TrainConfig) -> tuple[Path, Path | None]:
-    run_dir = Path(config.output_dir)
-    resume = runs.resolve_resume(run_dir, config.resume_from_checkpoint)
-    if resume is None and (run_dir / runs.CONFIG_FILE).exists():
-        raise ExistingFileError(f"{run_dir} already holds a run. Continue it with resume_from_checkpoint=True, or "
-                                f"choose another output_dir (nothing was changed).")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    runs.discard_interrupted_saves(run_dir)
-    return run_dir, resume
-
-
 def write_run_record(run_dir: Path, config: TrainConfig, **facts: Any) -> dict[str, Any]:
     """Write the run's ``config.json``: when, the resolved experiment (``"config"``), the installed versions and
-    ``facts`` (the rollout backend, the memory plan …); note the use for ``make course``'s summary."""
+    ``facts`` (the rollout backend, the memory plan …)."""
     record = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "config": config.to_dict(),
               **facts, "versions": {k: v for k, v in env.installed_versions(list(VERSIONS)).items() if v}}
     (run_dir / runs.CONFIG_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    runs.record_use(run_dir, "trained")
     return record
 
 
@@ -308,19 +297,16 @@ class PreparedRun:
 
 def prepare(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
             reward_funcs: Sequence[Callable] | None = None, machine: Machine | None = None) -> PreparedRun:
-    """A run ready to train, in one straight line: detect the machine (unless given), plan the experiment on it
-    (:func:`grpo_lab.experiment.plan`: resolved once), build the trainer, record the run; then
+    """A run ready to train, in one straight line: plan the experiment on the machine (detected unless given;
+    :func:`grpo_lab.experiment.plan`, resolved once), open its run folder, build the trainer, record the run; then
     :meth:`PreparedRun.train`. ``train(config)`` does both at once."""
-    step = experiment.plan(config or TrainConfig(), machine or Machine.detect(), reward_funcs)
+    step = plan(config or TrainConfig(), machine or Machine.detect(), reward_funcs)
     for caveat in step.caveats:
         warnings.warn(caveat, stacklevel=2)
-    if step.config.output_dir is None:
-        new_dir = str(runs.new_run_dir(step.config.profile, datetime.now()))
-        step = dataclasses.replace(step, config=dataclasses.replace(step.config, output_dir=new_dir))
+    run = runs.open_run(step.config.output_dir, step.config.resume_from_checkpoint, step.config.profile)
+    step = dataclasses.replace(step, config=dataclasses.replace(step.config, output_dir=str(run.path)))
     config = step.config
-    run_dir, resume = _prepare_run_dir(config)
-    resume_step = runs.checkpoint_step(resume) if resume else None
-    logger = MetricsLogger(run_dir, live_plot=config.live_plot, plot_every=config.plot_every, resume_step=resume_step)
+    logger = MetricsLogger(run.path, live_plot=config.live_plot, plot_every=config.plot_every, previous=run.metrics)
     budget = TimeBudget(config.max_minutes) if config.max_minutes else None
     trainer = build_trainer(step, callbacks=[logger, *([budget] if budget else []), *callbacks],
                             reward_funcs=reward_funcs)
@@ -333,11 +319,11 @@ def prepare(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
               f"{', '.join(config.lora_target_modules)}; the base stays frozen")
     print(f"vLLM memory: vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization} ({step.share_chosen_by}): "
           f"{step.verdict}" if config.use_vllm else f"Memory: {step.verdict}")
-    if resume:
-        print(f"Resuming from {resume} (step {resume_step}) to step {config.max_steps}")
-    write_run_record(run_dir, config, backend=trainer.backend_reason, memory_plan=step.record(),
-                     resumed_from=str(resume) if resume else None)
-    return PreparedRun(config, trainer, run_dir, resume, logger, budget, device.rng_state(config.device), step)
+    if run.resume:
+        print(f"Resuming from {run.resume} (step {run.resume_step}) to step {config.max_steps}")
+    write_run_record(run.path, config, backend=trainer.backend_reason, memory_plan=step.record(),
+                     resumed_from=str(run.resume) if run.resume else None)
+    return PreparedRun(config, trainer, run.path, run.resume, logger, budget, trainer.rng_at_start, step)
 
 
 def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),

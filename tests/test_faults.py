@@ -153,7 +153,8 @@ def test_metrics_log_survives_a_line_cut_short(tmp_path):
     lines = [json.dumps({"step": s, "reward": 0.5}) for s in (1, 2, 3)] + ['{"step": 4, "rew']
     (tmp_path / runs.METRICS_FILE).write_text("\n".join(lines))
     assert [r["step"] for r in runs.read_metrics(tmp_path)] == [1, 2, 3]
-    logger = T.MetricsLogger(tmp_path, live_plot=False, resume_step=2)
+    logger = T.MetricsLogger(tmp_path, live_plot=False,
+                             previous=[r for r in runs.read_metrics(tmp_path) if r["step"] <= 2])
     assert [r["step"] for r in logger.records] == [1, 2]
     assert [r["step"] for r in runs.read_metrics(tmp_path)] == [1, 2]
     assert sorted(p.name for p in tmp_path.iterdir()) == [runs.METRICS_FILE]  # no temporary file left

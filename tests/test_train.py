@@ -132,8 +132,6 @@ def test_the_trainer_is_the_speed_ups_plus_the_courses_additions():
     assert grpo_lab.trainer.GRPOLabTrainer.__mro__[1:3] == (SpeedUpTrainer, GRPOTrainer)
     with pytest.warns(DeprecationWarning, match=r"use grpo_lab\.upstream\.UpstreamName instead"):
         assert grpo_lab.trainer.TrlName is UpstreamName
-    with pytest.warns(DeprecationWarning, match=r"use grpo_lab\.errors\.TrainingDivergedError instead"):
-        assert T.TrainingDivergedError is TrainingDivergedError  # the NaN guard moved with the callbacks
     assert T.MetricsLogger.__module__ == "grpo_lab.callbacks" and T.StepClock and T.TimeBudget  # train's, as before
 
 
