@@ -82,7 +82,9 @@ def test_lora_fields_are_checked():
     with pytest.raises(ConfigError, match="lora_target_modules"):
         T.TrainConfig(lora_target_modules=())
     assert T.TrainConfig(lora_target_modules="q_proj").lora_target_modules == ("q_proj",)
-    peft_config = lora.lora_config(8, 16, 0.0, ("q_proj", "v_proj"))
+    peft_config = lora.lora_config(T.TrainConfig(use_peft=True, lora_r=8, lora_alpha=16, lora_dropout=0.0,
+                                                 lora_target_modules=("q_proj", "v_proj")))
+    assert lora.lora_config(T.TrainConfig()) is None
     assert (peft_config.r, peft_config.lora_alpha, set(peft_config.target_modules)) == (8, 16, {"q_proj", "v_proj"})
 
 

@@ -22,6 +22,7 @@ from grpo_lab.deploy import (
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import TrainConfig, memory_budget
+from grpo_lab.experiment.profiles import LORA_LEARNING_RATE_SCALE
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # its shape ships in data/configs (smollm2-135m)
 CARD = Machine("cuda", bf16=True, memory_gib=16)
@@ -144,14 +145,18 @@ def test_liger_stays_off_under_a_4_bit_base(monkeypatch):
     assert qlora(use_liger_kernel=True).resolve(CARD).use_liger_kernel  # asked for: as asked
 
 
-def test_qlora_with_vllm_rollouts_is_told_that_the_engine_does_not_follow_the_adapter():
-    """Measured: peft's merge into 4-bit codes kept 1.2 % of a 50-step adapter (benchmarks/capped/results/probes/
-    qlora_merge_probe.json), and the engine's greedy answers after 50 QLoRA steps were the base's (the qlora row)."""
+def test_qlora_defaults_make_the_engine_follow_the_adapter_and_learn_at_lora_s_rate():
+    """TRL's merge into 4-bit codes rounds a LoRA update away, so by default a 4-bit base sampled by the colocated
+    engine hands the engine the adapter itself; merging it anyway is allowed and told before training."""
     config = qlora().resolve(CARD)
-    assert config.use_vllm and lora.rollout_caveats(config) == [lora.QLORA_ENGINE_CAVEAT]
-    assert "backend='hf'" in lora.QLORA_ENGINE_CAVEAT and "1.2 %" in lora.QLORA_ENGINE_CAVEAT
-    assert lora.rollout_caveats(dataclasses.replace(config, use_vllm=False)) == []
-    assert lora.rollout_caveats(dataclasses.replace(config, vllm_lora_sync="adapter")) == []
+    assert config.use_vllm and config.vllm_lora_sync == "adapter" and lora.rollout_caveats(config) == []
+    assert config.learning_rate == experiment.PROFILES["gpu"]["learning_rate"] * LORA_LEARNING_RATE_SCALE
+    assert qlora(learning_rate=1e-5).resolve(CARD).learning_rate == 1e-5  # asked for: as asked
+    merged = qlora(vllm_lora_sync="merge").resolve(CARD)
+    assert lora.rollout_caveats(merged) == [lora.QLORA_ENGINE_CAVEAT] and "backend='hf'" in lora.QLORA_ENGINE_CAVEAT
+    assert lora.rollout_caveats(dataclasses.replace(merged, use_vllm=False)) == []
+    asleep = qlora(vllm_enable_sleep_mode=True).resolve(CARD)  # sleep drops the base the adapter rides on
+    assert asleep.vllm_lora_sync == "merge" and lora.rollout_caveats(asleep) == [lora.QLORA_ENGINE_CAVEAT]
     plain = TrainConfig(profile="gpu", model=SMOLLM2, use_peft=True, output_dir="unused").resolve(CARD)
-    assert lora.rollout_caveats(plain) == []
+    assert plain.vllm_lora_sync == "merge" and lora.rollout_caveats(plain) == []
     assert "rollout_caveats" in inspect.getsource(experiment.plan)

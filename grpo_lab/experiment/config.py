@@ -18,6 +18,7 @@ from grpo_lab.errors import ConfigError
 from grpo_lab.experiment.planning import choose_vllm_memory, fit_micro_batch, needs_checkpointing
 from grpo_lab.experiment.profiles import (
     AUTO,
+    LORA_LEARNING_RATE_SCALE,
     LORA_TARGET_MODULES,
     PROFILE_FIELDS,
     PROFILES,
@@ -78,6 +79,7 @@ class TrainConfig:
     max_prompt_length: int | None = None
     max_completion_length: int | None = None
     learning_rate: float | None = None
+    """Default: the profile's; a LoRA run's (``use_peft``) is :data:`LORA_LEARNING_RATE_SCALE` times it."""
     vllm_gpu_memory_utilization: float | str = AUTO
     """Share of the device's memory vLLM may take. ``"auto"``: the memory planner's choice for this step on this
     machine (:func:`choose_vllm_memory`); a number wins, with a warning when the planner says it will not fit."""
@@ -157,12 +159,14 @@ class TrainConfig:
     has no bf16); TRL then starts the colocated vLLM with ``quantization="bitsandbytes"``. Needs ``use_peft``; CUDA
     only (``device.FOUR_BIT_MISSING`` says why not elsewhere). ``final/`` is the adapter merged into the base's
     full-precision weights; ``adapter/`` is served on the 4-bit base it trained on."""
-    vllm_lora_sync: str = "merge"
+    vllm_lora_sync: str | None = None
     """How a LoRA policy (``use_peft``) reaches the colocated vLLM engine before each rollout
     (:data:`LORA_SYNC_MODES`): ``"merge"``, TRL's (the adapter merged into the base and every weight sent), or
     ``"adapter"``, the engine keeping the base and loading the adapter itself through vLLM's LoRA support (an
     adapter folder a step, ``<run>/.engine-adapter``). Under a 4-bit base TRL's merge rounds the adapter away
-    (``grpo_lab.lora.QLORA_ENGINE_CAVEAT``); ``"adapter"`` keeps it. Not with sleep mode."""
+    (``grpo_lab.lora.QLORA_ENGINE_CAVEAT``); ``"adapter"`` keeps it. Not with sleep mode. Default: ``"adapter"``
+    where a 4-bit base is sampled by the colocated engine awake, so that the engine follows the policy; else
+    ``"merge"``."""
     ignore_eos: bool = False
     """Every completion runs to ``max_completion_length`` (vLLM's ``SamplingParams`` name; ``min_new_tokens`` with HF
     generate): the memory planner's case, for measurement runs (a model stops much earlier on its own)."""
@@ -243,7 +247,7 @@ class TrainConfig:
     def check_lora_sync(self) -> None:
         """``vllm_lora_sync``: one of :data:`LORA_SYNC_MODES`; ``"adapter"`` needs a LoRA policy and the colocated
         engine, awake (sleep mode's level 2 drops the base weights the adapter rides on)."""
-        if self.vllm_lora_sync not in LORA_SYNC_MODES:
+        if self.vllm_lora_sync is not None and self.vllm_lora_sync not in LORA_SYNC_MODES:
             raise ConfigError(f"vllm_lora_sync={self.vllm_lora_sync!r}: use one of "
                               + "; ".join(f"{name!r} ({what})" for name, what in LORA_SYNC_MODES.items()) + ".")
         if self.vllm_lora_sync != "adapter":
@@ -298,6 +302,8 @@ class TrainConfig:
         for key, value in PROFILES[name].items():
             if getattr(self, key) is None:
                 values[key] = value
+        if self.learning_rate is None and self.use_peft:  # an adapter learns at a larger rate than every weight
+            values["learning_rate"] = PROFILES[name]["learning_rate"] * LORA_LEARNING_RATE_SCALE
         if self.rewards is not None and self.reward_weights is None:  # the profile's weights are for its rewards
             values["reward_weights"] = (1.0,) * len(self.rewards)
         if self.model is None and os.environ.get(models.MODEL_ENV_VAR):
@@ -344,6 +350,10 @@ class TrainConfig:
             facts["train_types"] = default_train_types(config.model) or ()
         if config.train_languages is None:
             facts["train_languages"] = model_languages(config.model) or ()
+        if config.vllm_lora_sync is None:  # the engine follows a 4-bit base's adapter only when handed it
+            follows = (config.use_peft and config.load_in_4bit and config.use_vllm is not False
+                       and config.vllm_mode == "colocate" and not config.vllm_enable_sleep_mode)
+            facts["vllm_lora_sync"] = "adapter" if follows else "merge"
         if config.use_liger_kernel is None:  # not with a 4-bit base: that pair has not run in this project
             facts["use_liger_kernel"] = (device.has_triton(machine.kind) and not config.load_in_4bit
                                          and importlib.util.find_spec("liger_kernel") is not None)

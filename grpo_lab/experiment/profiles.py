@@ -22,6 +22,9 @@ LORA_SYNC_MODES = {
 """How a LoRA policy reaches its colocated vLLM engine (``TrainConfig.vllm_lora_sync``)."""
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every linear layer of a Qwen2/Llama decoder layer (PEFT's ``"all-linear"`` there; the LM head stays frozen)."""
+LORA_LEARNING_RATE_SCALE = 10.0
+"""A LoRA run's default learning rate is the profile's times this (TRL's LoRA guidance: an adapter on every linear
+layer learns at about ten times the full fine-tune's rate)."""
 SMALLER_STEP_LEVERS = ("lower vllm_gpu_memory_utilization to the planner's share (vllm_gpu_memory_utilization='auto')",
                        "LoRA (use_peft=True)", "vLLM in server mode on other devices (grpo_lab.scale)")
 
