@@ -125,7 +125,7 @@ def test_how_the_engine_follows_a_lora_policy_is_checked_before_anything_loads()
     from grpo_lab.experiment import LORA_SYNC_MODES, TrainConfig
 
     engine_lora_arguments = weight_sync.engine_lora_arguments
-    assert TrainConfig().vllm_lora_sync == "merge" and set(LORA_SYNC_MODES) == {"merge", "adapter"}
+    assert TrainConfig().vllm_lora_sync is None and set(LORA_SYNC_MODES) == {"merge", "adapter"}  # None: chosen
     for fields, why in (({"vllm_lora_sync": "both"}, "use one of 'merge'"),
                         ({"vllm_lora_sync": "adapter"}, "needs use_peft=True"),
                         ({"vllm_lora_sync": "adapter", "use_peft": True, "use_vllm": False}, "vllm_mode='colocate'"),
