@@ -36,9 +36,7 @@ from grpo_lab.paths import REPO_ROOT
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
-# --------------------------------------------------------------------------------------------------
-# Where next (notebook 09): which notebook to reopen for which goal, and what a learner's own device can run
-# --------------------------------------------------------------------------------------------------
+# --- Where next (notebook 09): which notebook to reopen for which goal, and what a learner's own device can run ---
 # Every notebook and `grpo-lab` subcommand named here exists (tests/test_course.py checks).
 REOPEN: tuple[tuple[str, str, str], ...] = (
     ("train a real model on your GPU or NPU", "03_grpo_training",
@@ -321,9 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r.status == "ok" for r in results) else 1
 
 
-# --------------------------------------------------------------------------------------------------
-# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
-# --------------------------------------------------------------------------------------------------
+# --- Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md) ---
 from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
 
 __getattr__ = moved_names(__name__, moved={

@@ -182,9 +182,7 @@ def side_by_side(rows: Sequence[dict[str, Any]], before: Evaluation, after: Eval
     return (mixed + longer[min(len(gained), len(lost)):])[:limit]
 
 
-# --------------------------------------------------------------------------------------------------
-# Conclusions computed from a run: the sentences a notebook prints instead of prose numbers
-# --------------------------------------------------------------------------------------------------
+# --- Conclusions computed from a run: the sentences a notebook prints instead of prose numbers ---
 METRICS = ("greedy", "sampled_pass_at_1", "pass_at_k")
 METRIC_LABELS = {"greedy": "greedy accuracy", "sampled_pass_at_1": "pass@1", "pass_at_k": "pass@k"}
 STEADY_POINTS = 1.0

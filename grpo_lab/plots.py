@@ -9,9 +9,7 @@ from matplotlib.figure import Figure
 
 from grpo_lab.errors import DataError
 
-# --------------------------------------------------------------------------------------------------
-# Rewards and advantages (notebook 02)
-# --------------------------------------------------------------------------------------------------
+# --- Rewards and advantages ---
 
 _POSITIVE, _NEGATIVE, _NEUTRAL = "#2a9d4b", "#d1495b", "#9aa0a6"
 
@@ -79,9 +77,7 @@ def plot_reward_components(table, labels: Sequence[str] | None = None, title: st
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# GRPO training curves and before/after accuracy (notebook 03)
-# --------------------------------------------------------------------------------------------------
+# --- GRPO training curves and before/after accuracy ---
 
 
 def _series(records: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
@@ -201,9 +197,7 @@ def plot_accuracy_before_after(before, after, metric: str = "sampled_pass_at_1",
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# Rollout engines (notebook 01)
-# --------------------------------------------------------------------------------------------------
+# --- Rollout engines ---
 
 
 def plot_rollout_throughput(results, title: str | None = None) -> Figure:
@@ -243,9 +237,7 @@ def plot_prefix_cache_effect(effects, title: str | None = None) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# Memory budget (notebook 04)
-# --------------------------------------------------------------------------------------------------
+# --- Memory budget ---
 
 _MEMORY_COLORS = {
     "policy weights": "#1f4e79", "AdamW states": "#2e75b6", "reference model": "#5b9bd5", "gradients": "#9dc3e6",
@@ -324,9 +316,7 @@ def plot_memory_budget(budget, title: str | None = None) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# Performance benchmark (notebook 06, grpo_lab.bench)
-# --------------------------------------------------------------------------------------------------
+# --- Performance benchmark ---
 
 _BENCH_COLORS = {"hf": "#9aa0a6", "vllm": "#7fa7e8", "vllm+prefix": "#2a6fdb"}
 _STEP_PARTS = (("generation_s", "generation", "#2a6fdb"), ("reward_s", "reward", "#f4b183"),
@@ -405,9 +395,7 @@ def plot_bench(results: dict, title: str | None = None) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# Serving under load (notebook 05)
-# --------------------------------------------------------------------------------------------------
+# --- Serving under load ---
 def plot_load_test(records: Sequence[dict], title: str | None = None) -> Figure:
     """Throughput (left: output tokens/s, dashed: requests/s on the right axis) and p99 latency (right: end-to-end
     and first token) against concurrent clients, one colour per ``label``.
@@ -457,9 +445,7 @@ def plot_load_test(records: Sequence[dict], title: str | None = None) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# Synchronous vs asynchronous steps (notebook 07)
-# --------------------------------------------------------------------------------------------------
+# --- Synchronous vs asynchronous steps ---
 _PHASE_COLORS = {"generate": "#4c78a8", "generate (weights pushed meanwhile)": "#4c78a8", "update": "#e07a1f",
                  "wait for completions": "#d9d9d9", "idle": "#f2f2f2", "weight sync": "#d1495b",
                  "paused for the weight sync": "#f4a3ad", "rewards, batching, logging": "#9aa0a6",

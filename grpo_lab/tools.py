@@ -83,9 +83,7 @@ class CalculationError(GrpoLabError, ValueError):
     """An expression the calculator refuses: the message says what it accepts."""
 
 
-# --------------------------------------------------------------------------------------------------
-# The calculator: arithmetic by walking Python's syntax tree, never eval
-# --------------------------------------------------------------------------------------------------
+# --- The calculator: arithmetic by walking Python's syntax tree, never eval ---
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
 MAX_MAGNITUDE = 10 ** 30
@@ -145,9 +143,7 @@ def calculator(expression: str) -> str:
     return _format(_evaluate(tree))
 
 
-# --------------------------------------------------------------------------------------------------
-# The registry: tools by name (TrainConfig.tools), as rewards are registered by name
-# --------------------------------------------------------------------------------------------------
+# --- The registry: tools by name (TrainConfig.tools), as rewards are registered by name ---
 _REGISTRY: dict[str, Tool] = {"calculator": calculator}
 
 
@@ -174,9 +170,7 @@ def get_tool(name: str) -> Tool:
     return _REGISTRY[name]
 
 
-# --------------------------------------------------------------------------------------------------
-# The guard: every call recorded by kind, the result made text, a looping tool stopped
-# --------------------------------------------------------------------------------------------------
+# --- The guard: every call recorded by kind, the result made text, a looping tool stopped ---
 class _TimeLimitReached(BaseException):
     """Raised inside a tool by the timer; a BaseException so that the tool's own ``except Exception`` cannot keep
     it."""
@@ -323,9 +317,7 @@ def prepare(tools: Sequence[str | Tool], time_limit_s: float = TIME_LIMIT_S) -> 
     return ToolSet(guards, counts)
 
 
-# --------------------------------------------------------------------------------------------------
-# The chat template: ChatML with Qwen2.5's tool format, and TRL's parser for it
-# --------------------------------------------------------------------------------------------------
+# --- The chat template: ChatML with Qwen2.5's tool format, and TRL's parser for it ---
 TOOL_CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"

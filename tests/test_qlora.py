@@ -159,7 +159,7 @@ def test_qlora_with_vllm_rollouts_is_told_that_the_engine_does_not_follow_the_ad
     qlora_merge_probe.json), and the engine's greedy answers after 50 QLoRA steps were the base's (the qlora row)."""
     config = qlora().resolve(CARD)
     assert config.use_vllm and lora.rollout_caveats(config) == [lora.QLORA_ENGINE_CAVEAT]
-    assert "backend='hf'" in lora.QLORA_ENGINE_CAVEAT and "1.2 %" in lora.QLORA_ENGINE_CAVEAT
+    assert "backend='hf'" in lora.QLORA_ENGINE_CAVEAT and "one 4-bit step" in lora.QLORA_ENGINE_CAVEAT
     assert lora.rollout_caveats(dataclasses.replace(config, use_vllm=False)) == []
     assert lora.rollout_caveats(dataclasses.replace(config, vllm_lora_sync="adapter")) == []
     plain = TrainConfig(profile="gpu", model=SMOLLM2, use_peft=True, output_dir="unused").resolve(CARD)

@@ -73,12 +73,10 @@ def chat(server: VLLMServer, messages: list[dict[str, str]], max_tokens: int = 3
 
 
 TOKEN_AGREEMENT_FLOOR = 0.90
-"""The share of transformers' greedy tokens the server must also rank first, fed transformers' own text.
-
-In fp32 on both sides (the CPU) the share is 1.0 and the texts are identical. A server computing in bf16 (a GPU or
-NPU serving fp32 weights) breaks near-ties differently, and one different token sends the rest of a greedy text
-elsewhere; fed the same text, it still ranks nearly every token first: 427 of 442 (96.6 %) for SmolLM2-135M after
-GRPO on one H200, with 0 of 4 texts identical (notebook 05, ``benchmarks/course_gpu``)."""
+"""The share of transformers' greedy tokens the server must also rank first, fed transformers' own text. In fp32 on
+both sides (the CPU) it is 1.0 and the texts are identical; a server computing in bf16 breaks near-ties differently,
+and one different token sends the rest of a greedy text elsewhere, but fed the same text it still ranks nearly every
+token first."""
 
 
 @dataclass

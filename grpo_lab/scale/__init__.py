@@ -111,9 +111,7 @@ __all__ = [
     "trainer_command", "trainer_environment",
 ]
 
-# --------------------------------------------------------------------------------------------------
-# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
-# --------------------------------------------------------------------------------------------------
+# --- Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md) ---
 from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
 
 __getattr__ = moved_names(__name__, moved={
