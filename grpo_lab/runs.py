@@ -7,7 +7,7 @@ Every run and every notebook output lives under one root, ``$GRPO_LAB_RUN_DIR`` 
     metrics.jsonl     one record per logged step
     curves.png        the training curves
     checkpoints/      checkpoint-N (safetensors, optimizer, scheduler, state), written under .partial/ first
-    final/            the trained model with a manifest of checksums: what notebook 05 deploys (a LoRA run:
+    final/            the trained model with a manifest of checksums: what deployment serves (a LoRA run:
                       the adapter merged into plain weights)
     adapter/          a LoRA run (use_peft=True) only: PEFT's adapter folder, for serving it on the base model
 
@@ -194,7 +194,7 @@ def find_run(which: str | Path = "latest", profile: str | None = None, finished:
             existing = ", ".join(r.name for r in list_runs()) or "none"
             what = f"finished {profile + ' ' if profile else ''}run" if finished else "run"
             raise RunNotFoundError(f"no {what} under {root()} (runs there: {existing}). Train one first "
-                                   f"(notebook 03 or `grpo-lab train`), or point {RUN_DIR_ENV} at where yours are.")
+                                   f"(`grpo-lab train`), or point {RUN_DIR_ENV} at where yours are.")
         return run
     path = Path(which)
     path = path if path.is_dir() else root() / str(which)

@@ -1,4 +1,4 @@
-"""Resource planning (notebook 07): which devices hold the actor, the rollout, the reference and the reward, per
+"""Resource planning: which devices hold the actor, the rollout, the reference and the reward, per
 layout (:func:`plan_resources`), and the memory each layout needs (:func:`memory_by_layout`)."""
 
 from __future__ import annotations
@@ -88,8 +88,7 @@ def plan_resources(num_devices: int = 8, layout: str = "server", kind: str = "cu
                  RoleAssignment("rollout", r, "vLLM inside each training process (`vllm_mode='colocate'`), "
                                               "`vllm_gpu_memory_utilization` of each device"),
                  RoleAssignment("reference", *reference), RoleAssignment("reward", *reward_row))
-        launch = (f"{var}=0 python -m grpo_lab.train --use-vllm true --vllm-mode colocate   # one device, as in "
-                  "notebook 03",)
+        launch = (f"{var}=0 python -m grpo_lab.train --use-vllm true --vllm-mode colocate   # one device",)
         if num_devices > 1:
             launch += (f"# on {num_devices} devices this layout is TRL's `accelerate launch --num_processes "
                        f"{num_devices}` of that trainer; grpo_lab.train writes its run folder from one process, so it "

@@ -123,7 +123,7 @@ def grpo_settings(config: TrainConfig, target: VerlTarget, num_train_rows: int) 
         Setting("actor_rollout_ref.rollout.top_p", config.top_p, "TRL top_p"),
         Setting("actor_rollout_ref.rollout.tensor_model_parallel_size", tp, "devices per vLLM engine"),
         Setting("actor_rollout_ref.rollout.gpu_memory_utilization", config.vllm_gpu_memory_utilization,
-                "TRL vllm_gpu_memory_utilization (notebook 04)"),
+                "TRL vllm_gpu_memory_utilization"),
         Setting("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", config.per_device_train_batch_size,
                 "old log-probs, same micro batch as training"),
         Setting("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", config.per_device_train_batch_size,
