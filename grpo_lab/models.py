@@ -181,11 +181,8 @@ def resolve_model(name: str | os.PathLike[str] | None = None) -> str:
 
 def load_model_and_tokenizer(name_or_path: str | os.PathLike[str] | None = None, device: str = "cpu",
                              dtype: Any = None, trust_remote_code: bool = False, verify: bool = True):
-    """Load ``(model, tokenizer)`` from safetensors only, in eval mode, on ``device``.
-
-    A local folder with a ``manifest.json`` is verified first (``verify=False`` skips it). ``dtype`` is a
-    torch dtype or its name (``"float32"``, ``"bfloat16"``); None keeps the saved one.
-    """
+    """Load ``(model, tokenizer)`` from safetensors only, in eval mode, on ``device``; a folder with a
+    ``manifest.json`` is verified first (unless ``verify=False``); ``dtype``: a torch dtype or its name (None: saved)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

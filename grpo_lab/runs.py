@@ -225,11 +225,8 @@ def recorded_uses(folder: Path | None = None) -> list[dict[str, str]]:
 
 # --- Metrics ---
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The per-step records of a run's ``metrics.jsonl`` (or of the run folder holding it).
-
-    A last line cut short (the process was killed while appending it) is left out: that step was not
-    checkpointed yet, so a resumed run trains and logs it again.
-    """
+    """The per-step records of a run's ``metrics.jsonl`` (or of the run folder holding it); a last line cut short by
+    a kill is left out (a resumed run logs that step again)."""
     path = Path(path)
     path = path / METRICS_FILE if path.is_dir() else path
     if not path.is_file():
@@ -254,11 +251,8 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def check_checkpoint(path: str | Path) -> Path:
-    """Raise :class:`CheckpointError` unless ``path`` is a complete checkpoint (weights, optimizer, state).
-
-    Checkpoints written by ``grpo_lab.train`` are complete by construction (:func:`publish_folder`); this check
-    guards folders from elsewhere (a copy cut short, another tool) and refuses anything under ``.partial/``.
-    """
+    """Raise :class:`CheckpointError` unless ``path`` is a complete checkpoint (weights, optimizer, state): for
+    folders from elsewhere (a copy cut short, another tool); anything under ``.partial/`` is refused."""
     path = Path(path)
     if path.parent.name == PARTIAL:
         raise CheckpointError(
@@ -302,14 +296,10 @@ def checkpoint_step(path: Path) -> int:
 
 
 def publish_folder(staged: Path, target: Path) -> Path:
-    """Move a completely written folder to ``target`` with a rename: ``target`` is then absent or complete.
-
-    Why: the Trainer writes a checkpoint file by file (weights, optimizer, scheduler, RNG, state); a process killed
-    in between would leave a ``checkpoint-N`` that looks like the newest. Writing into ``<run>/.partial/`` and
-    renaming within one file system is atomic, so the process can die at any moment. (This covers a killed
-    process; surviving a power cut would also need fsync, which the savers do not do.) An existing ``target`` (a
-    run resumed from an older checkpoint saves that step again) is renamed aside first, then deleted; the
-    emptied ``.partial/`` is removed.
+    """Move a completely written folder to ``target`` with a rename, so ``target`` is absent or complete: the Trainer
+    writes a checkpoint file by file, and a process killed in between would leave one that looks like the newest (a
+    power cut would also need fsync). An existing ``target`` (a resumed run saving that step again) is renamed aside,
+    then deleted; the emptied ``.partial/`` is removed.
     """
     staged, target = Path(staged), Path(target)
     if target.exists():

@@ -129,12 +129,9 @@ def top_token_agreement(server: VLLMServer, prompt_ids: list[int], completion_id
 
 def compare_greedy(folder: str | Path, server: VLLMServer, prompts: list[list[dict[str, str]]],
                    max_tokens: int = 32, model: str | None = None) -> GreedyCheck:
-    """Reload the folder with transformers (the rollout engine's HF backend, fp32) and compare its greedy output
-    with the server's: the texts, and each of transformers' tokens against the server's first choice at its place.
-
-    Identical text is what intact weights and a shared tokenizer/chat template give in fp32; a mismatch
-    on the first tokens means the export or the serving config differs from what was trained.
-    """
+    """Compare transformers' greedy output (the rollout engine's HF backend, fp32) with the server's: the texts, and
+    each of transformers' tokens against the server's first choice at its place. A mismatch on the first tokens means
+    the export or the serving config differs from what was trained."""
     with open_engine(str(folder), backend="hf", dtype="float32", n=1, max_tokens=max_tokens, temperature=0.0,
                      prompts=prompts) as engine:
         rollouts = engine.generate(prompts, Sampling(n=1, max_tokens=max_tokens, temperature=0.0)).outputs

@@ -162,10 +162,8 @@ def _is_training_run(path: Path) -> bool:
 
 def served_weights(folder: str | Path, adapter: bool = False) -> tuple[str, str | None]:
     """``(model folder, LoRA adapter folder or None)`` to serve for ``folder``: a model folder as it is; a training
-    run's ``final/`` (for a LoRA run: the adapter merged into plain weights, the default: it serves anywhere, with
-    no LoRA overhead per request); with ``adapter=True`` a LoRA run's (or an adapter folder's) base model and
-    adapter, for vLLM's LoRA serving (several adapters can share one base). A QLoRA run's ``final/`` warns with
-    :data:`QLORA_MERGED_CAVEAT`: it is merged into the full-precision base, not the 4-bit one it trained on."""
+    run's ``final/`` (a LoRA run's adapter merged: serves anywhere); with ``adapter=True`` a LoRA run's base and
+    adapter, for vLLM's LoRA serving. A QLoRA run's ``final/`` warns with :data:`QLORA_MERGED_CAVEAT`."""
     path = Path(folder)
     if _is_training_run(path):
         run = runs.Run(path)
