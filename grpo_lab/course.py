@@ -113,8 +113,9 @@ def largest_fitting_model(profile: str, memory_gib: float, use_peft: bool = Fals
 def _device_commands(profile: str, memory_gib: float, where: str) -> list[tuple[str, str]]:
     full, lora = largest_fitting_model(profile, memory_gib), largest_fitting_model(profile, memory_gib, use_peft=True)
     if full is None and lora is None:
-        return [(f"grpo-lab doctor --profile {profile}", f"{where}: no model of {', '.join(LEARNER_MODELS)} fits this "
-                                                         "recipe, even with LoRA; the doctor's memory plan says what would")]
+        return [(f"grpo-lab doctor --profile {profile}",
+                 f"{where}: no model of {', '.join(LEARNER_MODELS)} fits this recipe, even with LoRA; the doctor's "
+                 "memory plan says what would")]
     best = lora if full is None or LEARNER_MODELS.index(lora.model) > LEARNER_MODELS.index(full.model) else full
     how = "with LoRA" if best.use_peft else "fine-tuning every weight"
     also = f"; every weight: {full.model.split('/')[-1]}" if full is not None and best is not full else ""

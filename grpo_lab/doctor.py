@@ -391,8 +391,8 @@ SYMPTOMS: tuple[Symptom, ...] = (
             "read the server's log; send the key the server was started with"),
     Symptom("every start is slow: a notebook's first cell, a vLLM engine or server, each takes tens of seconds",
             "Python compiles torch, transformers and vLLM from source in every process: the image sets "
-            "PYTHONDONTWRITEBYTECODE=1 and its site-packages hold no bytecode; then vLLM's first start of an engine configuration compiles its graphs (a later one of "
-            "the same configuration loads them from VLLM_CACHE_ROOT)",
+            "PYTHONDONTWRITEBYTECODE=1 and its site-packages hold no bytecode; then vLLM's first start of an engine "
+            "configuration compiles its graphs (a later one loads them from VLLM_CACHE_ROOT)",
             "compile the packages once (the command doctor prints); keep one VLLM_CACHE_ROOT for every engine (grpo_lab "
             "does)", ("python bytecode",)),
     Symptom("garbled completions, rewards computed on nonsense",

