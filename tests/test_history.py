@@ -108,6 +108,7 @@ def test_the_scan_finds_history(kind, text):
     "color='#1f77b4'", "timeout_s: float = 600.0", "def f(x):  # 4-bit base", "sha256 = 'ab' * 32",
     "max_tokens=256", "a LoRA update smaller than one 4-bit step", "GRPO_LAB_PROFILE=tiny", "f'{x:.1f} s'",
     "2**30", "the v0.2 shims", "Qwen2.5-0.5B", "item[0]", "# noqa: E402", "utf-8", "x_03_name",
+    "'2 × (3 + 4) = 14 m'", "ceil(1.1 x (prompt + completion))", "f'{share:>6.1%}'", "10_000", "notebooks/NN_*.ipynb",
 ])
 def test_the_scan_passes_code(text):
     assert not [kind for kind, pattern in PATTERNS.items() if pattern.search(text)], text
