@@ -1,28 +1,21 @@
-"""Group-relative advantages, computed the way TRL 1.16's ``GRPOTrainer`` computes them.
+"""Group-relative advantages, computed the way TRL's ``GRPOTrainer`` computes them.
 
-GRPO samples ``num_generations`` completions per prompt (a *group*), scores each, and turns scores into
-advantages by comparing each completion with its own group: ``advantage = (reward - group mean) / (std + 1e-4)``.
-Completions better than their siblings get pushed up, worse ones down; a group where every completion scores
-the same (zero variance) teaches nothing.
+GRPO samples ``num_generations`` completions per prompt (a *group*), scores each, and compares each completion with
+its own group: ``advantage = (reward - group mean) / (std + 1e-4)``. A group where every completion scores the same
+teaches nothing. TRL (``GRPOTrainer._generate_and_score_completions``) works in float32 and:
 
-TRL (``GRPOTrainer._generate_and_score_completions``) works in float32 and:
+* combines reward functions per completion as ``nansum(reward_i * weight_i)`` (None counts as NaN); a completion where
+  *every* function returned None is left out of the group statistics and gets advantage 0;
+* subtracts the **group** mean (also with ``scale_rewards="batch"``);
+* divides by ``std + 1e-4``, the **sample** std (``n - 1``) of the group (``scale_rewards="group"``, or ``True``) or
+  of the batch (``"batch"``), or not at all (``"none"`` or ``False``, as Dr. GRPO recommends);
+* with ``multi_objective_aggregation="normalize_then_sum"`` (GDPO) normalizes each reward within its group first,
+  sums with the weights, then normalizes the sum over the batch.
 
-* combines reward functions per completion as ``nansum(reward_i * weight_i)`` (None counts as NaN); a completion
-  where *every* function returned None is unscorable: it is left out of the group statistics and gets advantage 0;
-* subtracts the **group** mean (always per group, also with ``scale_rewards="batch"``);
-* divides by ``std + 1e-4`` where std is the **sample** standard deviation (Bessel's correction, ``n - 1``)
-  of the group (``scale_rewards="group"``, the default, or ``True``) or of the whole batch (``"batch"``), or
-  does not divide at all (``"none"`` or ``False``, as Dr. GRPO recommends);
-* with ``multi_objective_aggregation="normalize_then_sum"`` (GDPO) normalizes each reward function within its
-  group first, sums with the weights, then normalizes the sum over the batch.
-
-verl's GRPO (``verl.trainer.ppo.core_algos.compute_grpo_outcome_advantage``, verl 0.9.1) computes the same thing
-with three differences: its epsilon is ``1e-6`` (:data:`VERL_EPSILON`; pass ``epsilon=VERL_EPSILON`` to reproduce it);
-a group of one completion keeps its raw score (verl uses mean 0 and std 1 there, TRL gives 0; unreachable with
-``num_generations >= 2``); and verl has no "not applicable": the export's ``compute_score`` turns a completion no
-reward applies to into 0.0, which then counts in its group's mean and std, while TRL leaves it out.
-``norm_adv_by_std_in_grpo=False`` is ``scale_rewards="none"``. :mod:`grpo_lab.verl_parity` checks a verl run's
-logged batches against this module.
+verl's GRPO (``compute_grpo_outcome_advantage``) differs in three ways: its epsilon is ``1e-6`` (:data:`VERL_EPSILON`);
+a group of one keeps its raw score (TRL gives 0; unreachable with ``num_generations >= 2``); and verl has no "not
+applicable": the export's ``compute_score`` turns it into 0.0, which counts in its group's statistics.
+``norm_adv_by_std_in_grpo=False`` is ``scale_rewards="none"``.
 
 >>> result = group_advantages([0.6, 0.5, 0.5, 0.2], num_generations=4)
 >>> round(result.group_mean[0], 4), [round(a, 4) for a in result.advantages]
@@ -131,11 +124,8 @@ def compute_advantages(
     multi_objective_aggregation: Aggregation = "sum_then_normalize",
     epsilon: float = EPSILON,
 ) -> Advantages:
-    """Advantages from several reward functions, as ``GRPOTrainer`` computes them.
-
-    ``rewards_per_func[i][j]`` is reward function ``j`` on completion ``i`` (None allowed); completions of one
-    prompt are contiguous (``num_generations`` of them), which is how TRL orders a batch.
-    """
+    """Advantages from several reward functions, as ``GRPOTrainer`` computes them: ``rewards_per_func[i][j]`` is
+    function ``j`` on completion ``i`` (None allowed), the ``num_generations`` completions of a prompt contiguous."""
     table = _as_tensor(rewards_per_func)
     if table.dim() != 2:
         raise DataError(
@@ -248,11 +238,10 @@ def explain_group(rewards: Sequence[float] = SEED_EXAMPLE_REWARDS, epsilon: floa
 
 
 def all_right_share(mean_reward: float, frac_reward_zero_std: float, group_size: int) -> tuple[float, float]:
-    """Bounds on the share of groups whose completions were *all* right, from two numbers TRL logs, for a reward that
-    is 1 (right) or 0 (wrong): ``frac_reward_zero_std`` = z (groups that all scored the same: all right or all
-    wrong) and the mean reward r. The other groups hold between 1 and G − 1 right answers of G, so
-    r = a + (1 − z)·m with m in [1/G, (G − 1)/G]: the all-right share a lies in
-    [r − (1 − z)(G − 1)/G, r − (1 − z)/G], within [0, z]. Both are linear, so means over steps keep the bounds.
+    """Bounds on the share of groups whose completions were *all* right, for a 1/0 reward, from ``frac_reward_zero_std``
+    = z and the mean reward r: the other groups hold 1 to G − 1 right answers of G, so r = a + (1 − z)·m with m in
+    [1/G, (G − 1)/G], and a lies in [r − (1 − z)(G − 1)/G, r − (1 − z)/G] within [0, z] (linear: means over steps keep
+    the bounds).
 
     >>> [round(x, 3) for x in all_right_share(0.8, 0.63, 8)]
     [0.476, 0.63]

@@ -1,10 +1,6 @@
-"""The callbacks (transformers' ``TrainerCallback``) a GRPO run is watched with: its metrics written to
-``metrics.jsonl`` and drawn live (with the NaN guard), a wall-time budget, a device-synchronised step clock, and a
-quiet progress bar.
-
-:mod:`grpo_lab.train` adds them to every run it builds (and re-exports them: ``train.MetricsLogger`` ...); the
-benchmarks, server mode and asynchronous GRPO add them to theirs.
-"""
+"""The callbacks a GRPO run is watched with: metrics written to ``metrics.jsonl`` and drawn live (with the NaN guard),
+a wall-time budget, a device-synchronised step clock, and a quiet progress bar. :mod:`grpo_lab.train` adds them to
+every run it builds."""
 
 from __future__ import annotations
 
@@ -24,17 +20,10 @@ from grpo_lab.plots import plot_training_curves
 
 
 class MetricsLogger(TrainerCallback):
-    """Records TRL's per-step metrics to ``metrics.jsonl``, keeps them in ``records`` and draws the live plot.
-
-    Each record has ``step``, ``reward``, ``reward_std``, ``rewards/<name>/mean``, ``kl`` (with beta > 0),
-    ``entropy``, ``completions/mean_length``, ``clip_ratio/region_mean``, ``step_time`` and the split
-    ``timing/generation_s`` / ``timing/reward_s`` / ``timing/update_s``; inside generation (vLLM colocate)
-    ``timing/vllm_generate_s`` (the engine), ``timing/weight_sync_s`` and ``timing/generation_other_s`` (log-prob
-    extraction, tokenizing); inside the update ``timing/old_ref_logps_s`` (no-grad forwards for the old and reference
-    log-probs; no old one where the correction comes from the loss's forward,
-    :func:`grpo_lab.speedups.defers_correction`) and ``timing/backward_optimizer_s`` (the loss's forward, the backward
-    and the optimizer step).
-    """
+    """Records TRL's per-step metrics to ``metrics.jsonl``, keeps them in ``records`` and draws the live plot: TRL's
+    own (``reward``, ``rewards/<name>/mean``, ``kl``, ``entropy``, ...) plus ``step_time`` and its split
+    (``timing/generation_s``, ``timing/reward_s``, ``timing/update_s``, and inside them ``timing/vllm_generate_s``,
+    ``timing/weight_sync_s``, ``timing/old_ref_logps_s``, ``timing/backward_optimizer_s``)."""
 
     def __init__(self, run_dir: Path, live_plot: bool = True, plot_every: int = 10,
                  previous: Sequence[dict[str, Any]] = ()):

@@ -1,10 +1,9 @@
 """Carrying definitions out of a module: the source a file needs so that some of a module's functions, classes or
 constants work without the module (:func:`carry`), and the check that they do (:func:`run_alone`).
 
-The recipe (:mod:`grpo_lab.recipe`) writes the reward functions into a script that must not import grpo_lab: it
-carries ``CorrectnessReward`` out of :mod:`grpo_lab.rewards` with every module-level name it uses (``check_answer``,
-the number patterns, the imports they need), and nothing else. Names are followed through the code's scopes, so a
-function's parameters and locals never pull in a module-level name they happen to share.
+The recipe writes reward functions into a script that must not import grpo_lab: it carries ``CorrectnessReward`` out
+of :mod:`grpo_lab.rewards` with every module-level name it uses and nothing else. Names are followed through the code's
+scopes, so a function's locals never pull in a module-level name they happen to share.
 
 >>> carried = carry(["double"], "import math\nSCALE = 2\ndef double(x):\n    return SCALE * x\n")
 >>> print(carried.text)

@@ -1,20 +1,5 @@
-"""`grpo-lab` command line: one subcommand per module that has a ``main(argv)``.
-
-    grpo-lab env [--smoke] [--json]     versions, verified-stack verdict, device, smoke test
-    grpo-lab build-tiny-model           rebuild the shipped tiny model (CPU, minutes)
-    grpo-lab course [--out DIR]         run every notebook headless, in order
-    grpo-lab doctor [--config FILE]     one check per troubleshooting-table row, with fixes
-    grpo-lab rollout [--shape S]        HF generate vs vLLM on eval prompts, tokens/s
-    grpo-lab train [--profile P ...]    a GRPO run (TRL GRPOTrainer), run folder with metrics and checkpoints
-    grpo-lab export-recipe RUN_DIR      the run as one standalone script for stock TRL (no grpo_lab)
-    grpo-lab bench --profile tiny       HF vs vLLM vs prefix caching, ratios and roofline
-    grpo-lab serve [FOLDER] [--ask MSG] serve a model folder with vLLM (127.0.0.1, optional API key)
-    grpo-lab load-test [FOLDER] --concurrency 1,4,16 --requests 128   serve on 127.0.0.1 and load it: req/s,
-                                        tok/s, TTFT and latency p50/p90/p99, errors by kind
-    grpo-lab scale [--rollout-devices 0 --train-devices 1]   TRL server mode: vLLM server + accelerate trainer
-    grpo-lab async-grpo [--max-staleness 2]  asynchronous GRPO: generation overlapped with training
-    grpo-lab verl-export --out DIR      the same experiment as verl inputs: parquet, compute_score, config, launch
-"""
+"""`grpo-lab` command line: ``grpo-lab env`` and one subcommand per module that has a ``main(argv)``
+(:data:`SUBCOMMANDS`; ``grpo-lab --help`` lists them)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """Run the course headless: every notebook in order, executed copies and results kept under a run folder.
 
-``make course`` calls ``python -m grpo_lab.course --out runs/course``. Each notebook runs in its own
-kernel with ``GRPO_LAB_RUN_DIR`` pointing at the run folder (:mod:`grpo_lab.runs`), so what a notebook saves
-(metrics, plots, models, the GRPO runs it trains) lands next to its executed copy, and the summary names the run
-each notebook trained or used. A failing notebook is recorded and the run stops there, since later notebooks
-build on earlier ones (``--keep-going`` runs the rest anyway, to see every failure in one run). A run folder that
-already holds a ``summary.json`` keeps the rows of the notebooks not run this time, so a course can be run in
-parts (``python -m grpo_lab.course --out RUN notebooks/03_*.ipynb``).
+``make course`` calls ``python -m grpo_lab.course --out runs/course``. The notebooks are ``notebooks/NN_*.ipynb`` in
+the order of their numbers. Each runs in its own kernel with ``GRPO_LAB_RUN_DIR`` pointing at the run folder
+(:mod:`grpo_lab.runs`), so what it saves lands next to its executed copy, and the summary names the run each notebook
+trained or used. A failing notebook stops the run, since later notebooks build on earlier ones (``--keep-going`` runs
+the rest anyway). A run folder that already holds a ``summary.json`` keeps the rows of the notebooks not run this time,
+so a course can be run in parts (``python -m grpo_lab.course --out RUN notebooks/<name>.ipynb``).
 """
 
 from __future__ import annotations
@@ -17,10 +16,8 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from queue import Empty
 from typing import Any
 
 import nbformat
@@ -36,38 +33,46 @@ from grpo_lab.paths import REPO_ROOT
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
-# --------------------------------------------------------------------------------------------------
-# Where next (notebook 09): which notebook to reopen for which goal, and what a learner's own device can run
-# --------------------------------------------------------------------------------------------------
-# Every notebook and `grpo-lab` subcommand named here exists (tests/test_course.py checks).
-REOPEN: tuple[tuple[str, str, str], ...] = (
-    ("train a real model on your GPU or NPU", "03_grpo_training",
+# --- Where next: which notebook to reopen for which goal, and what a learner's own device can run ---
+# (goal, notebook topic: its file name after the number, what to change there)
+_REOPEN_TOPICS = (
+    ("train a real model on your GPU or NPU", "grpo_training",
      "set GRPO_LAB_PROFILE and GRPO_LAB_MODEL before starting Jupyter: the same cells train it, plot the curves and "
      "evaluate before and after"),
-    ("fit a larger model, or more completions per step", "04_memory_budget",
+    ("fit a larger model, or more completions per step", "memory_budget",
      "the planner with your model and device memory: vLLM's share, the micro-batch, gradient checkpointing"),
-    ("your own problems, your own reward, or a real task (GSM8K)", "08_bring_your_own",
+    ("your own problems, your own reward, or a real task (GSM8K)", "bring_your_own",
      "JSONL rows in the course's format, register_reward, data.load_gsm8k, and grpo-lab doctor on the experiment"),
-    ("a reward that cannot be gamed", "02_reward_design",
+    ("a reward that cannot be gamed", "reward_design",
      "score the completions your model really writes; watch for a reward that outvotes correctness"),
-    ("pick the sampling settings (temperature, n, lengths)", "01_vllm_smoke",
+    ("pick the sampling settings (temperature, n, lengths)", "vllm_smoke",
      "sample your model's answers at a few temperatures: GRPO needs groups that disagree"),
-    ("serve what you trained", "05_deployment", "export, verify, serve and load-test the run's final model"),
-    ("find out what limits your step", "06_performance", "generation or update: the measured split and the roofline"),
-    ("more than one device", "07_scale_out", "server mode, asynchronous GRPO, or an export to verl"),
-    ("teach the model to call a tool", "10_tools",
+    ("serve what you trained", "deployment", "export, verify, serve and load-test the run's final model"),
+    ("find out what limits your step", "performance", "generation or update: the measured split and the roofline"),
+    ("more than one device", "scale_out", "server mode, asynchronous GRPO, or an export to verl"),
+    ("teach the model to call a tool", "tools",
      "register your tool (tools.register_tool), prime the call format, then TrainConfig(tools=...) with GRPO"),
-    ("a new machine or a new version stack", "00_environment", "the environment report and the smoke test"),
+    ("a new machine or a new version stack", "environment", "the environment report and the smoke test"),
 )
-"""(goal, notebook, what to change there)."""
+
+
+def _notebook_stem(topic: str, directory: Path = NOTEBOOK_DIR) -> str:
+    """The name (stem) of the course notebook on ``topic``, whatever its number; the topic where none is."""
+    found = sorted(directory.glob(f"[0-9][0-9]_{topic}.ipynb"))
+    return found[0].stem if found else topic
+
+
+REOPEN: tuple[tuple[str, str, str], ...] = tuple((goal, _notebook_stem(topic), what)
+                                                 for goal, topic, what in _REOPEN_TOPICS)
+"""(goal, notebook, what to change there); every notebook and ``grpo-lab`` subcommand named exists (tested)."""
 
 LEARNER_MODELS = ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-3B-Instruct",
                   "Qwen/Qwen2.5-7B-Instruct")
 """Hub models anyone can download, smallest first. Each one's ``config.json`` ships with the course
 (``data/configs``), so the memory planner sizes them offline, without downloading anything."""
 TYPICAL_DEVICE_GIB = {"gpu": (16, 24, 80), "npu": (32, 64)}
-"""The device sizes planned for, by profile, on a machine that has none of that kind: consumer GPUs and an
-A100/H100; an Ascend 910B (the write-up's 32 GB) and a 64 GB one."""
+"""The device sizes planned for, by profile, on a machine that has none of that kind: two consumer GPU sizes and a
+data-centre GPU; the write-up's 32 GB NPU and a 64 GB one."""
 
 
 @dataclass(frozen=True)
@@ -105,13 +110,12 @@ def largest_fitting_model(profile: str, memory_gib: float, use_peft: bool = Fals
     return None
 
 
-# What a learner's device gets, in time as well as memory: the per-device-size table of measured step times
-# (issue 42's capped H200 runs) joins these plans here, in `_device_commands`' reasons, once it is committed.
 def _device_commands(profile: str, memory_gib: float, where: str) -> list[tuple[str, str]]:
     full, lora = largest_fitting_model(profile, memory_gib), largest_fitting_model(profile, memory_gib, use_peft=True)
     if full is None and lora is None:
-        return [(f"grpo-lab doctor --profile {profile}", f"{where}: no model of {', '.join(LEARNER_MODELS)} fits this "
-                                                         "recipe, even with LoRA; notebook 04 says what would")]
+        return [(f"grpo-lab doctor --profile {profile}",
+                 f"{where}: no model of {', '.join(LEARNER_MODELS)} fits this recipe, even with LoRA; the doctor's "
+                 "memory plan says what would")]
     best = lora if full is None or LEARNER_MODELS.index(lora.model) > LEARNER_MODELS.index(full.model) else full
     how = "with LoRA" if best.use_peft else "fine-tuning every weight"
     also = f"; every weight: {full.model.split('/')[-1]}" if full is not None and best is not full else ""
@@ -120,7 +124,6 @@ def _device_commands(profile: str, memory_gib: float, where: str) -> list[tuple[
     if full is not None:  # the course's notebooks train every weight: the smallest model, which the planner fits
         commands.insert(0, (f"GRPO_LAB_PROFILE={profile} GRPO_LAB_MODEL={LEARNER_MODELS[0]} make course",
                             f"{where}: the whole course with a real model (any local folder or hub id)"))
-    commands.append((best.gsm8k_command(), f"{where}: GSM8K, the real task (notebook 08), with the same model"))
     return commands
 
 
@@ -153,7 +156,7 @@ class NotebookResult:
     executed_copy: str | None = None
     error: str | None = None
     runs: list[str] = field(default_factory=list)
-    """The GRPO runs this notebook trained or used, e.g. ``"trained grpo-tiny-20261201-101500"``."""
+    """The GRPO runs this notebook trained or used, e.g. ``"trained grpo-tiny-<time>"``."""
     max_allocated_gib: float | None = None
     """torch's peak allocated in the notebook's kernel (asked after its last cell, or the one that failed); None on
     the CPU or where the kernel never used the device."""
@@ -215,43 +218,14 @@ def cell_error(exc: CellExecutionError) -> str:
     return text.splitlines()[-1] if text else repr(exc)
 
 
-WAIT_SLICE_S = 1.0
-"""The longest single poll of a wait for a kernel message (:func:`poll_in_slices`)."""
+CELL_TIMEOUT_S = 1800
+"""The longest one cell may run (nbclient's ``timeout``): a cell past it fails the notebook, and it bounds any wait
+for a kernel message (pyzmq's asyncio poll can miss a message's wake-up and find it only when the wait ends)."""
 
 
-def poll_in_slices(slice_s: float = WAIT_SLICE_S) -> None:
-    """Make every wait for a kernel message (jupyter_client's asyncio channels, which nbclient and nbmake use) a
-    series of polls of at most ``slice_s``. pyzmq's asyncio poll can miss the wake-up of a message that has arrived
-    and find it only when its timeout ends with a real poll: under ``make test`` the notebook client then waited out
-    its whole cell timeout (900 s) after notebook 04's widget cell, and went on as if nothing had happened (two of the
-    rehearsals of 2026-12-02). Sliced, a missed wake-up costs at most ``slice_s``. Installed once per process."""
-    from jupyter_client.channels import AsyncZMQSocketChannel
-
-    if not getattr(AsyncZMQSocketChannel.get_msg, "sliced", False):
-        AsyncZMQSocketChannel.get_msg = sliced_waits(AsyncZMQSocketChannel.get_msg, slice_s)
-
-
-def sliced_waits(get_msg: Callable[..., Awaitable[Any]], slice_s: float) -> Callable[..., Awaitable[Any]]:
-    """``get_msg(channel, timeout=None)`` that polls at most ``slice_s`` at a time until ``timeout`` (None: for
-    ever), raising ``queue.Empty`` as the original does when the whole timeout passes."""
-
-    async def get_msg_in_slices(channel: Any, timeout: float | None = None) -> Any:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            try:
-                return await get_msg(channel, timeout=slice_s if left is None else max(0.0, min(slice_s, left)))
-            except Empty:
-                if left is not None and left <= slice_s:
-                    raise
-
-    get_msg_in_slices.sliced = True  # type: ignore[attr-defined]
-    return get_msg_in_slices
-
-
-def run_notebook(path: Path, out_dir: Path, timeout_s: int = 1800) -> NotebookResult:
-    """Execute one notebook with its own folder as working directory; save the executed copy."""
-    poll_in_slices()
+def run_notebook(path: Path, out_dir: Path, timeout_s: int = CELL_TIMEOUT_S) -> NotebookResult:
+    """Execute one notebook with its own folder as working directory (``timeout_s``: per cell); save the executed
+    copy."""
     nb = nbformat.read(path, as_version=4)
     client = MeasuredClient(nb, timeout=timeout_s, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
@@ -273,7 +247,8 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 1800) -> NotebookRe
                           gib(client.torch_peak_bytes), gib(client.sampler.peak_bytes))
 
 
-def run_course(out_dir: Path, notebooks: list[Path] | None = None, keep_going: bool = False) -> list[NotebookResult]:
+def run_course(out_dir: Path, notebooks: list[Path] | None = None, keep_going: bool = False,
+               cell_timeout_s: int = CELL_TIMEOUT_S) -> list[NotebookResult]:
     """Run the notebooks in order, stopping after the first failure (unless ``keep_going``); write ``summary.json``
     (with the earlier rows of notebooks not run this time). Returns this run's results."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -284,7 +259,7 @@ def run_course(out_dir: Path, notebooks: list[Path] | None = None, keep_going: b
             results.append(NotebookResult(path.name, "not run", 0.0))
             continue
         print(f"running {path.name} ...", flush=True)
-        results.append(run_notebook(path, out_dir))
+        results.append(run_notebook(path, out_dir, cell_timeout_s))
         print(f"  {results[-1].status} in {results[-1].seconds:.0f} s", flush=True)
     summary = {row["notebook"]: row for row in read_summary(out_dir)}
     summary.update({r.notebook: asdict(r) for r in results})
@@ -312,18 +287,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run every course notebook headless, in order.")
     parser.add_argument("--out", type=Path, default=Path("runs/course"), help="run folder (default runs/course)")
     parser.add_argument("--keep-going", action="store_true", help="run the later notebooks after a failure too")
+    parser.add_argument("--cell-timeout", type=int, default=CELL_TIMEOUT_S,
+                        help=f"seconds one cell may run (default {CELL_TIMEOUT_S})")
     parser.add_argument("notebooks", nargs="*", type=Path, help="only these notebooks (default: all)")
     args = parser.parse_args(argv)
-    results = run_course(args.out, args.notebooks or None, keep_going=args.keep_going)
+    results = run_course(args.out, args.notebooks or None, keep_going=args.keep_going,
+                         cell_timeout_s=args.cell_timeout)
     print()
     print(format_summary(results))
     print(f"\nExecuted copies and results: {args.out}/")
     return 0 if all(r.status == "ok" for r in results) else 1
 
 
-# --------------------------------------------------------------------------------------------------
-# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
-# --------------------------------------------------------------------------------------------------
+# --- Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md) ---
 from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
 
 __getattr__ = moved_names(__name__, moved={

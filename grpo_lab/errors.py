@@ -1,9 +1,6 @@
-"""The package's errors: every error grpo_lab raises on purpose derives from :class:`GrpoLabError`.
-
-Each message says what was wrong and what to do. Catch ``GrpoLabError`` to handle any of them; the more specific
-classes also derive from the built-in a caller would expect (``ValueError`` for a bad setting, ``RuntimeError``
-for something that failed while running, ``FileNotFoundError`` for a missing checkpoint).
-"""
+"""The package's errors: every error grpo_lab raises on purpose derives from :class:`GrpoLabError`, and the specific
+classes also from the built-in a caller would expect (``ValueError``, ``RuntimeError``, ``FileNotFoundError``). Each
+message says what was wrong and what to do."""
 
 from __future__ import annotations
 

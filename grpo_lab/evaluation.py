@@ -95,16 +95,13 @@ class Evaluation:
 def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int = 8, temperature: float = 1.0,
              max_tokens: int = 48, backend: str = "auto", seed: int = 0, engine: RolloutEngine | None = None,
              **engine_settings: Any) -> Evaluation:
-    """Greedy accuracy plus pass@1 (mean over ``num_samples`` samples at ``temperature``) and pass@k.
-
-    ``num_samples=0``: greedy only (half the decoding where the samples are not wanted); pass@1 and pass@k are NaN.
+    """Greedy accuracy plus pass@1 (mean over ``num_samples`` samples at ``temperature``) and pass@k;
+    ``num_samples=0``: greedy only (pass@1 and pass@k are NaN).
 
     Sampling goes through :func:`grpo_lab.rollout.open_engine` (``backend="auto"``: vLLM where it runs, else HF
-    ``generate``; pass the backend training used, ``TrainConfig.rollout_backend``); ``engine_settings`` are more
-    RolloutConfig fields (e.g. ``gpu_memory_utilization``). ``engine``: an engine that is already running with
-    ``model``'s weights (``PreparedRun.rollout_engine()`` / ``TrainResult.rollout_engine()``, the trainer's own vLLM)
-    instead of starting one; it is stopped at the end like one opened here (a borrowed engine goes back to its owner,
-    which keeps it running).
+    ``generate``); ``engine_settings`` are more RolloutConfig fields. ``engine``: an engine already running with
+    ``model``'s weights (e.g. ``TrainResult.rollout_engine()``, the trainer's own vLLM), stopped (or handed back to its
+    owner) at the end.
     """
     if not rows:
         raise ConfigError("no rows to evaluate")
@@ -182,9 +179,7 @@ def side_by_side(rows: Sequence[dict[str, Any]], before: Evaluation, after: Eval
     return (mixed + longer[min(len(gained), len(lost)):])[:limit]
 
 
-# --------------------------------------------------------------------------------------------------
-# Conclusions computed from a run: the sentences a notebook prints instead of prose numbers
-# --------------------------------------------------------------------------------------------------
+# --- Conclusions computed from a run: the sentences a notebook prints instead of prose numbers ---
 METRICS = ("greedy", "sampled_pass_at_1", "pass_at_k")
 METRIC_LABELS = {"greedy": "greedy accuracy", "sampled_pass_at_1": "pass@1", "pass_at_k": "pass@k"}
 STEADY_POINTS = 1.0
@@ -217,12 +212,9 @@ def changes(before: AccuracyReport, after: AccuracyReport, trained_types: Sequen
 
 
 def describe_change(what: str, old: float, new: float, percent: bool = True, steady: float | None = None) -> str:
-    """One sentence whose direction word is computed from the numbers it quotes.
-
-    ``percent=True`` (accuracies as fractions): ``"pass@1 on the trained types rose 18.8 points (30.1% → 48.9%)"``;
-    a change below ``steady`` points (default :data:`STEADY_POINTS`) reads ``"did not move (30.1% → 30.6%)"``.
-    ``percent=False`` (any other quantity): ``"entropy rose from 0.137 to 0.228"``; within ``steady`` (a relative
-    change, default 5 %) it ``"stayed near 0.137 (0.137 → 0.139)"``.
+    """One sentence whose direction word is computed from the numbers it quotes. ``percent=True`` (accuracies as
+    fractions): a change below ``steady`` points (default :data:`STEADY_POINTS`) "did not move"; ``percent=False`` (any
+    other quantity): within ``steady`` (a relative change, default 5 %) it "stayed near" the old value.
 
     >>> describe_change("greedy accuracy", 0.234, 0.138)
     'greedy accuracy fell 9.6 points (23.4% → 13.8%)'
@@ -281,10 +273,9 @@ def subset(rows: Sequence[dict[str, Any]], evaluation: Evaluation, keep: Sequenc
 
 def trained_conclusions(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation, trained: Sequence[bool],
                         scope: str) -> list[str]:
-    """What training did to held-out accuracy, told apart by what the run trained on: ``trained[i]`` says whether
-    ``rows[i]`` is of a type and language the run trained on (``TrainConfig.trains_on``), ``scope`` says which in
-    words (``TrainConfig.training_scope()``). Each metric on those problems, on the others (when there are any) and on
-    all; then, among the trained problems, each type (up to four) or the two types that moved most."""
+    """What training did to held-out accuracy, told apart by what the run trained on (``trained[i]``: ``rows[i]`` is
+    of a kind it trained on; ``scope``: which, in words): each metric on those problems, the others and all; then each
+    trained type (up to four) or the two that moved most."""
     labels = {**METRIC_LABELS, "pass_at_k": f"pass@{before.report.k}"}
     count = sum(map(bool, trained))
     groups = [(f"the {count} problems of the kind it trained on ({scope})", list(trained)),
@@ -364,9 +355,8 @@ def greedy_gain(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evalu
 
 
 def greedy_followed(before: AccuracyReport, after: AccuracyReport, trained_types: Sequence[str]) -> list[str]:
-    """Whether greedy accuracy went the way pass@1 went, on each trained type: greedy picks the single most likely
-    answer, so it can stay or turn wrong while the share of right samples rises. A change within
-    :data:`STEADY_POINTS` counts as no move; "followed" means the same direction (or both steady)."""
+    """Whether greedy accuracy went the way pass@1 went (same direction, a change within :data:`STEADY_POINTS` being
+    none), on each trained type: greedy can stay wrong while the share of right samples rises."""
     def direction(old: float, new: float) -> int:
         points = 100 * (new - old)
         return 0 if abs(points) < STEADY_POINTS else (1 if points > 0 else -1)
@@ -390,9 +380,8 @@ def greedy_followed(before: AccuracyReport, after: AccuracyReport, trained_types
 
 def describe_reward_gap(first_reward: float, held_out_pass_at_1: float, fine_tuned_on_rows: bool, binary: bool,
                         train_temperature: float, eval_temperature: float) -> str:
-    """Why the training reward at the start differs from held-out pass@1 on the same types, as a sentence: the reward
-    is measured on the training rows (which a model fine-tuned on them has seen with their answers), at the trainer's
-    temperature, and with every reward of the set (``binary``: correctness alone, so it is a share of right answers).
+    """Why the training reward at the start differs from held-out pass@1 on the same types, as a sentence (``binary``:
+    the reward is correctness alone, a share of right answers).
 
     >>> print(describe_reward_gap(0.602, 0.228, True, True, 1.0, 1.0))  # doctest: +NORMALIZE_WHITESPACE
     training reward at the start 0.602 (a share of right answers on the training rows) vs held-out pass@1 on the same

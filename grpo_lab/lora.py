@@ -1,21 +1,16 @@
 """LoRA GRPO: PEFT's ``LoraConfig`` from the experiment's fields, the adapter merged into plain weights, and the check
 that training changed the adapter and nothing else.
 
-With ``TrainConfig(use_peft=True)`` TRL's ``GRPOTrainer`` wraps the model with PEFT (``peft_config=``): the base
-weights are frozen and only the low-rank adapters (``lora_A``, ``lora_B`` of each targeted linear layer) train.
-A run then keeps two things (:mod:`grpo_lab.runs`): ``adapter/``, PEFT's adapter folder, and ``final/``, the
-adapter merged into the base's weights — a plain model that evaluation, export and serving read like any other
-(the default for deployment: no LoRA support needed where it is served).
+With ``TrainConfig(use_peft=True)`` TRL's ``GRPOTrainer`` wraps the model with PEFT: the base is frozen and only the
+low-rank adapters train. A run keeps ``adapter/`` (PEFT's folder) and ``final/``, the adapter merged into the base's
+weights: a plain model that evaluation, export and serving read like any other.
 
-QLoRA (``TrainConfig(use_peft=True, load_in_4bit=True)``, CUDA): the base is loaded by TRL itself, from its name, in
-4-bit NF4 through bitsandbytes (:func:`quantization_config`, built by TRL's own ``get_quantization_config`` from its
-``ModelConfig`` fields, and :func:`model_init_kwargs`: the compute dtype); TRL then starts the colocated vLLM engine
-with ``quantization="bitsandbytes"``. ``adapter/`` is served on that 4-bit base (vLLM's LoRA serving with
-``--quantization bitsandbytes``: the model as it trained), ``final/`` is the adapter merged into the base's
-full-precision weights (QLoRA's usual export; it differs from the trained model by the base's quantization error, and
-serving it warns with ``deploy.QLORA_MERGED_CAVEAT``).
-With vLLM rollouts through TRL's merge the engine barely follows the adapter (:data:`QLORA_ENGINE_CAVEAT`; ``train``
-warns); ``vllm_lora_sync="adapter"`` hands it the adapter itself.
+QLoRA (``use_peft=True, load_in_4bit=True``, CUDA): TRL loads the base by name in 4-bit NF4 through bitsandbytes
+(:func:`quantization_config`, :func:`model_init_kwargs`) and starts its colocated vLLM engine with
+``quantization="bitsandbytes"``. ``adapter/`` serves on that 4-bit base (the model as it trained); ``final/`` is the
+adapter merged into the full-precision base (it differs by the base's quantization error:
+``deploy.QLORA_MERGED_CAVEAT``). Through TRL's merge the engine barely follows the adapter
+(:data:`QLORA_ENGINE_CAVEAT`); ``vllm_lora_sync="adapter"`` hands it the adapter itself.
 
 >>> from grpo_lab import lora
 >>> lora.peft_name_to_base("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight")
@@ -44,18 +39,15 @@ FOUR_BIT_QUANT_TYPE = "nf4"
 """QLoRA's 4-bit data type (TRL's ``bnb_4bit_quant_type`` default)."""
 
 QLORA_ENGINE_CAVEAT = (
-    "QLoRA with vLLM rollouts: TRL 1.16 syncs a 4-bit policy to its vLLM engine by merging the adapter into the "
-    "base's 4-bit weights (peft's merge_adapter), and a LoRA update is far smaller than a 4-bit step. Measured "
-    "(benchmarks/capped/qlora_merge_probe.py, SmolLM2, 50 AdamW steps at lr 2e-4): the merged weights kept 1.2 % of "
-    "the adapter's change and 2.1 % of its effect on the logits; on an H100 the engine's greedy answers after 50 QLoRA "
-    "steps scored exactly the base's. The engine keeps sampling about the base model, so the rollouts are off-policy "
-    "and the trainer's engine cannot show what the run learned: evaluate final/ on HF generate "
-    "(evaluation.evaluate(run.final_model_dir, rows, backend='hf')). TrainConfig(vllm_lora_sync='adapter') hands the "
-    "engine the adapter itself instead (vLLM's LoRA support; on an H100 under a 16 GiB cap, two runs of 50 QLoRA steps "
-    "of SmolLM2 that way took greedy accuracy from 0.25 % to 6.0 % and to 2.5 %), or train LoRA on a 16-bit base where "
-    "it fits."
+    "QLoRA with vLLM rollouts: TRL syncs a 4-bit policy to its vLLM engine by merging the adapter into the base's "
+    "4-bit weights (peft's merge_adapter), and that merge loses a LoRA update smaller than one 4-bit step. The engine "
+    "keeps sampling about the base model, so the rollouts are off-policy and the trainer's engine cannot show what the "
+    "run learned: evaluate final/ on HF generate (evaluation.evaluate(run.final_model_dir, rows, backend='hf')). "
+    "TrainConfig(vllm_lora_sync='adapter') hands the engine the adapter itself instead (vLLM's LoRA support), or train "
+    "LoRA on a 16-bit base where it fits."
 )
-"""Why a QLoRA run's vLLM engine does not follow its adapter (TRL issue 3466 reports the same merge)."""
+"""Why a QLoRA run's vLLM engine does not follow its adapter (reported upstream:
+https://github.com/huggingface/trl/issues/3466)."""
 
 
 ADAPTER_MARK = "lora_"

@@ -33,9 +33,7 @@ class ModelIntegrityError(GrpoLabError, RuntimeError):
     """A model folder does not match its manifest (missing, altered or unexpected files)."""
 
 
-# --------------------------------------------------------------------------------------------------
-# Manifest
-# --------------------------------------------------------------------------------------------------
+# --- Manifest ---
 def file_sha256(path: str | Path) -> str:
     digest = hashlib.sha256()
     with Path(path).open("rb") as handle:
@@ -162,9 +160,7 @@ def require_safetensors(model_dir: str | Path) -> None:
         f"AutoModelForCausalLM.from_pretrained(folder, use_safetensors=False).save_pretrained(folder).")
 
 
-# --------------------------------------------------------------------------------------------------
-# Choosing and loading
-# --------------------------------------------------------------------------------------------------
+# --- Choosing and loading ---
 def resolve_model(name: str | os.PathLike[str] | None = None) -> str:
     """The model to use: ``name`` if given, else ``$GRPO_LAB_MODEL``, else the shipped tiny model.
 
@@ -185,11 +181,9 @@ def resolve_model(name: str | os.PathLike[str] | None = None) -> str:
 
 def load_model_and_tokenizer(name_or_path: str | os.PathLike[str] | None = None, device: str = "cpu",
                              dtype: Any = None, trust_remote_code: bool = False, verify: bool = True):
-    """Load ``(model, tokenizer)`` from safetensors only, in eval mode, on ``device``.
-
-    A local folder with a ``manifest.json`` is verified first (``verify=False`` skips it). ``dtype`` is a
-    torch dtype or its name (``"float32"``, ``"bfloat16"``); None keeps the saved one.
-    """
+    """Load ``(model, tokenizer)`` from safetensors only, in eval mode, on ``device``; a folder with a
+    ``manifest.json`` is verified first (unless ``verify=False``); ``dtype``: a torch dtype or its name (None: as
+    saved)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -9,9 +9,7 @@ from matplotlib.figure import Figure
 
 from grpo_lab.errors import DataError
 
-# --------------------------------------------------------------------------------------------------
-# Rewards and advantages (notebook 02)
-# --------------------------------------------------------------------------------------------------
+# --- Rewards and advantages ---
 
 _POSITIVE, _NEGATIVE, _NEUTRAL = "#2a9d4b", "#d1495b", "#9aa0a6"
 
@@ -79,9 +77,7 @@ def plot_reward_components(table, labels: Sequence[str] | None = None, title: st
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# GRPO training curves and before/after accuracy (notebook 03)
-# --------------------------------------------------------------------------------------------------
+# --- GRPO training curves and before/after accuracy ---
 
 
 def _series(records: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
@@ -101,12 +97,8 @@ def _smooth(values: Sequence[float], window: int) -> list[float]:
 
 
 def plot_training_curves(records: Sequence[dict], title: str | None = None, smooth: int | None = None) -> Figure:
-    """Six panels from a GRPO run's per-step records (``grpo_lab.train.read_metrics``).
-
-    Reward (total, per function, ± within-batch std), KL to the reference and policy entropy, completion
-    length, clip ratios, and the time split of a step between generation and the update. Thin lines are
-    per step, thick lines a trailing mean over ``smooth`` steps (default: about a twentieth of the run).
-    """
+    """Six panels from a GRPO run's per-step records: reward, KL and entropy, completion length, clip ratios, the
+    step's time split, loss. Thin lines per step, thick a trailing mean over ``smooth`` steps (default: a twentieth)."""
     fig = Figure(figsize=(13, 6.4), layout="constrained")
     axes = fig.subplots(2, 3)
     window = smooth or max(1, len(records) // 20)
@@ -201,9 +193,7 @@ def plot_accuracy_before_after(before, after, metric: str = "sampled_pass_at_1",
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# Rollout engines (notebook 01)
-# --------------------------------------------------------------------------------------------------
+# --- Rollout engines ---
 
 
 def plot_rollout_throughput(results, title: str | None = None) -> Figure:
@@ -243,9 +233,7 @@ def plot_prefix_cache_effect(effects, title: str | None = None) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# Memory budget (notebook 04)
-# --------------------------------------------------------------------------------------------------
+# --- Memory budget ---
 
 _MEMORY_COLORS = {
     "policy weights": "#1f4e79", "AdamW states": "#2e75b6", "reference model": "#5b9bd5", "gradients": "#9dc3e6",
@@ -270,10 +258,7 @@ def _stack(ax, x: float, parts: Sequence[tuple[str, float]], seen: set, width: f
 
 
 def plot_memory_budgets(budgets: Sequence, labels: Sequence[str] | None = None, title: str | None = None) -> Figure:
-    """Stacked bars of several ``grpo_lab.memory.MemoryBudget`` (GiB), with each device's memory as a line.
-
-    Bars above their device line are plans that go out of memory.
-    """
+    """Stacked bars of several ``grpo_lab.memory.MemoryBudget`` (GiB), each device's memory a line above them."""
     labels = list(labels) if labels is not None else [f"{b.vllm_gpu_memory_utilization:.2f}" for b in budgets]
     fig = Figure(figsize=(max(5.5, 1.6 * len(budgets) + 4.5), 4.2), layout="constrained")
     ax = fig.subplots()
@@ -324,9 +309,7 @@ def plot_memory_budget(budget, title: str | None = None) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# Performance benchmark (notebook 06, grpo_lab.bench)
-# --------------------------------------------------------------------------------------------------
+# --- Performance benchmark ---
 
 _BENCH_COLORS = {"hf": "#9aa0a6", "vllm": "#7fa7e8", "vllm+prefix": "#2a6fdb"}
 _STEP_PARTS = (("generation_s", "generation", "#2a6fdb"), ("reward_s", "reward", "#f4b183"),
@@ -405,16 +388,10 @@ def plot_bench(results: dict, title: str | None = None) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# Serving under load (notebook 05)
-# --------------------------------------------------------------------------------------------------
+# --- Serving under load ---
 def plot_load_test(records: Sequence[dict], title: str | None = None) -> Figure:
-    """Throughput (left: output tokens/s, dashed: requests/s on the right axis) and p99 latency (right: end-to-end
-    and first token) against concurrent clients, one colour per ``label``.
-
-    ``records`` are ``grpo_lab.load_test`` rows (``LoadResult.record()`` or the ``runs`` of a results file); runs
-    with errors are ringed in red, since their latency counts only the requests that succeeded.
-    """
+    """Throughput (tokens/s, dashed: requests/s) and p99 latency (end-to-end, first token) against concurrent
+    clients, one colour per ``label``, from ``LoadResult.record()`` rows; runs with errors are ringed in red."""
     if not records:
         raise DataError("no load-test records to plot")
     fig = Figure(figsize=(10.0, 3.6), layout="constrained")
@@ -457,9 +434,7 @@ def plot_load_test(records: Sequence[dict], title: str | None = None) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------------------
-# Synchronous vs asynchronous steps (notebook 07)
-# --------------------------------------------------------------------------------------------------
+# --- Synchronous vs asynchronous steps ---
 _PHASE_COLORS = {"generate": "#4c78a8", "generate (weights pushed meanwhile)": "#4c78a8", "update": "#e07a1f",
                  "wait for completions": "#d9d9d9", "idle": "#f2f2f2", "weight sync": "#d1495b",
                  "paused for the weight sync": "#f4a3ad", "rewards, batching, logging": "#9aa0a6",
@@ -467,12 +442,8 @@ _PHASE_COLORS = {"generate": "#4c78a8", "generate (weights pushed meanwhile)": "
 
 
 def plot_timeline(spans: Sequence, title: str | None = None) -> Figure:
-    """Gantt bars of steps: one panel per ``span.panel``, one row per ``span.lane``, colored by ``span.label``.
-
-    ``spans`` have ``panel``, ``lane``, ``label``, ``start`` and ``seconds`` (e.g.
-    ``grpo_lab.async_grpo.step_timeline``); step boundaries (``label == "step"``) are drawn as dotted lines. All
-    panels share the time axis, so a layout that trains the same steps sooner ends further left.
-    """
+    """Gantt bars of steps: one panel per ``span.panel``, one row per ``span.lane``, coloured by ``span.label``
+    (``label == "step"``: a dotted boundary); the panels share the time axis."""
     panels = list(dict.fromkeys(s.panel for s in spans))
     fig = Figure(figsize=(12, 1.2 + 1.5 * len(panels)), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
@@ -501,11 +472,8 @@ def plot_timeline(spans: Sequence, title: str | None = None) -> Figure:
 
 
 def plot_async_tradeoff(runs: dict, title: str | None = None) -> Figure:
-    """Throughput, reward per completion trained, and staleness, for runs side by side.
-
-    ``runs`` maps a name to ``{"completions_per_second": float, "completions": [...], "reward": [...],
-    "lag_counts": {lag: count} (optional)}``: cumulative completions trained and the reward at each step.
-    """
+    """Throughput, reward per completion trained, and staleness, side by side: ``runs`` maps a name to
+    ``{"completions_per_second", "completions" (cumulative), "reward", "lag_counts" (optional)}``."""
     fig = Figure(figsize=(13, 3.6), layout="constrained")
     ax_speed, ax_reward, ax_lag = fig.subplots(1, 3, width_ratios=[1, 1.6, 1])
     names = list(runs)

@@ -51,9 +51,7 @@ RewardFunc = Callable[..., list]
 """A reward function in TRL's signature ``f(prompts, completions, **kwargs) -> list[float | None]``."""
 
 
-# --------------------------------------------------------------------------------------------------
-# Completions as text
-# --------------------------------------------------------------------------------------------------
+# --- Completions as text ---
 
 
 def completion_text(completion: Any) -> str:
@@ -83,9 +81,7 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-# --------------------------------------------------------------------------------------------------
-# Number extraction
-# --------------------------------------------------------------------------------------------------
+# --- Number extraction ---
 
 _CHAR_MAP = str.maketrans(
     {
@@ -191,11 +187,9 @@ class ExtractedAnswer:
 
 
 def extract_answer(completion: Any, marker: str = ANSWER_MARKER) -> ExtractedAnswer:
-    r"""Find the final numeric answer in a completion.
-
-    Preference order: the last ``#### N`` marker line, then the last ``\boxed{N}``, then the last number
-    anywhere in the text. Units are ignored (``30 km/h``, ``25平方米``, ``12 元``); full-width digits,
-    thousands separators, decimals, fractions and negative numbers are understood.
+    r"""Find the final numeric answer in a completion: the last ``#### N`` marker line, else the last
+    ``\boxed{N}``, else the last number in the text. Units are ignored; full-width digits, thousands separators,
+    decimals, fractions and negative numbers are understood.
 
     >>> extract_answer("速度是 ６０ ÷ ２ = ３０ 千米/小时\n#### ３０").value
     30.0
@@ -223,9 +217,7 @@ def extract_answer(completion: Any, marker: str = ANSWER_MARKER) -> ExtractedAns
     return ExtractedAnswer(None, None, "none", "no number found in the completion")
 
 
-# --------------------------------------------------------------------------------------------------
-# Answer correctness
-# --------------------------------------------------------------------------------------------------
+# --- Answer correctness ---
 
 
 @dataclass(frozen=True)
@@ -317,10 +309,8 @@ def _column(kwargs: Mapping[str, Any], name: str, reward_name: str, n: int) -> l
 
 @dataclass
 class CorrectnessReward:
-    """1.0 when the completion's final number equals the ``answer`` column (within tolerance), else 0.0.
-
-    ``explain`` gives the reason per sample, e.g. "wrong value: found 25 …, expected 30".
-    """
+    """1.0 when the completion's final number equals the ``answer`` column (within tolerance), else 0.0;
+    ``explain`` gives the reason per sample."""
 
     require_marker: bool = False
     """Score 0 when the ``####`` marker is missing, even if the last number is right."""
@@ -345,9 +335,7 @@ class CorrectnessReward:
         return [check.score for check in self.explain(completions, **kwargs)]
 
 
-# --------------------------------------------------------------------------------------------------
-# Format, length, keywords, repetition
-# --------------------------------------------------------------------------------------------------
+# --- Format, length, keywords, repetition ---
 
 
 @dataclass
@@ -373,8 +361,8 @@ class FormatReward:
 
 @dataclass
 class LengthWindowReward:
-    """The seed's length rule: 1.0 when the completion has between ``min_chars`` and ``max_chars``
-    characters, else 0.0. On its own it is easy to game (pad with anything): see notebook 02."""
+    """1.0 when the completion has between ``min_chars`` and ``max_chars`` characters, else 0.0. On its own it is
+    easy to game (pad with anything)."""
 
     min_chars: int = 10
     max_chars: int = 200
@@ -392,7 +380,7 @@ class LengthWindowReward:
 
 @dataclass
 class KeywordReward:
-    """The seed's keyword rule: the fraction of ``keywords`` present in the completion (0.0 … 1.0)."""
+    """The fraction of ``keywords`` present in the completion (0.0 … 1.0)."""
 
     keywords: tuple[str, ...] = (ANSWER_MARKER,)
     case_sensitive: bool = False
@@ -413,9 +401,8 @@ class KeywordReward:
 
 @dataclass
 class ContainsAnswerReward:
-    """The seed's naive rule: 1.0 when the reference answer appears anywhere in the text as a number.
-
-    Gameable by listing many numbers, which is why ``CorrectnessReward`` reads only the final answer."""
+    """1.0 when the reference answer appears anywhere in the text as a number. Gameable by listing many numbers,
+    which is why ``CorrectnessReward`` reads only the final answer."""
 
     answer_column: str = "answer"
     name: str = "contains_answer"
@@ -447,11 +434,8 @@ def tokenize_for_repetition(text: str) -> list[str]:
 
 @dataclass
 class RepetitionPenalty:
-    """A penalty in [max_penalty, 0]: ``max_penalty * (1 - distinct n-grams / all n-grams)``.
-
-    Text with no repeated n-gram scores 0.0; text that repeats one phrase forever approaches ``max_penalty``.
-    Texts shorter than ``ngram_size`` tokens score 0.0.
-    """
+    """A penalty in [max_penalty, 0]: ``max_penalty * (1 - distinct n-grams / all n-grams)``; 0.0 for text with no
+    repeated n-gram or shorter than ``ngram_size`` tokens."""
 
     ngram_size: int = 3
     max_penalty: float = -1.0
@@ -475,9 +459,7 @@ class RepetitionPenalty:
         return [self.score(c) for c in completions]
 
 
-# --------------------------------------------------------------------------------------------------
-# Weighted combination (TRL's reward_weights semantics)
-# --------------------------------------------------------------------------------------------------
+# --- Weighted combination (TRL's reward_weights semantics) ---
 
 
 def reward_name(fn: Callable) -> str:
@@ -488,10 +470,8 @@ def reward_name(fn: Callable) -> str:
 
 
 def weighted_sum(values: Sequence[float | None], weights: Sequence[float]) -> float | None:
-    """TRL's per-completion combination: ``nansum(reward_i * weight_i)``, where None counts as NaN.
-
-    When every reward is None the completion is unscorable: TRL marks its reward NaN and gives it
-    advantage 0, so this returns None.
+    """TRL's per-completion combination: ``nansum(reward_i * weight_i)``, None counting as NaN; None when every
+    reward is None (TRL gives such a completion advantage 0).
 
     >>> weighted_sum([1.0, None, 0.5], [2.0, 1.0, 1.0])
     2.5
@@ -553,14 +533,9 @@ def score_all(
 
 @dataclass
 class WeightedReward:
-    """Several rewards folded into one TRL reward function with TRL's ``reward_weights`` semantics.
-
-    ``GRPOTrainer(reward_funcs=[WeightedReward([a, b], [1.0, 0.5])])`` trains on the same total as
-    ``GRPOTrainer(reward_funcs=[a, b], args=GRPOConfig(reward_weights=[1.0, 0.5]))`` (with the default
-    ``multi_objective_aggregation="sum_then_normalize"``); the second form
-    logs each component separately, so prefer it in training and use this one where a single callable
-    is needed (verl export, a quick look in a notebook).
-    """
+    """Several rewards folded into one reward function with TRL's ``reward_weights`` semantics: the same total as
+    ``reward_funcs=[a, b]`` with ``reward_weights`` (TRL's default ``sum_then_normalize``), which logs each reward
+    separately; use this where one callable is needed."""
 
     reward_funcs: Sequence[Callable]
     weights: Sequence[float] | None = None
@@ -584,9 +559,7 @@ class WeightedReward:
         return self.table(prompts, completions, **kwargs).totals
 
 
-# --------------------------------------------------------------------------------------------------
-# Registry
-# --------------------------------------------------------------------------------------------------
+# --- Registry ---
 
 _REGISTRY: dict[str, Callable[..., RewardFunc]] = {
     "correctness": CorrectnessReward,
@@ -618,9 +591,7 @@ def get_reward(name: str, /, **options: Any) -> RewardFunc:
     return _REGISTRY[name](**options)
 
 
-# --------------------------------------------------------------------------------------------------
-# verl adapters
-# --------------------------------------------------------------------------------------------------
+# --- verl adapters ---
 
 _TRL_INTERNAL_KWARGS = frozenset({"completion_ids", "trainer_state", "log_extra", "log_metric", "environments"})
 
@@ -632,12 +603,9 @@ def from_verl(
     default_data_source: str = "grpo_lab",
     name: str | None = None,
 ) -> RewardFunc:
-    """Turn a verl ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` into a TRL reward.
-
-    ``ground_truth`` comes from the ``answer_column`` column, ``data_source`` from a ``data_source`` column
-    when the dataset has one; every other column of the sample (and its prompt) goes into ``extra_info``.
-    ``compute_score`` may return a number or a dict with a ``"score"`` key, as verl allows.
-    """
+    """Turn a verl ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` into a TRL reward:
+    ``ground_truth`` from the ``answer_column`` column, ``data_source`` from a ``data_source`` column if any, every
+    other column (and the prompt) in ``extra_info``; a number or a dict with a ``"score"`` key is accepted."""
 
     def reward(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
         n = len(completions)
@@ -684,12 +652,8 @@ def _verl_columns(data_source: str, ground_truth: Any, extra_info: Mapping | Non
 
 
 def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score: float = 0.0) -> Callable[..., float]:
-    """Turn a TRL reward into verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``.
-
-    ``ground_truth`` is passed as the ``answer_column`` column, ``data_source`` as a ``data_source`` column, and
-    every ``extra_info`` entry as a column of its own; ``extra_info["prompt"]`` (else ``["question"]``) is the
-    prompt. verl has no "not applicable", so a None reward becomes ``none_score``.
-    """
+    """Turn a TRL reward into verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``
+    (columns as :func:`_verl_columns` builds them); verl has no "not applicable": None becomes ``none_score``."""
 
     def compute_score(
         data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping | None = None, **_: Any
@@ -706,9 +670,7 @@ def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score
     return compute_score
 
 
-# --------------------------------------------------------------------------------------------------
-# Validation
-# --------------------------------------------------------------------------------------------------
+# --- Validation ---
 
 
 class RewardValidationError(GrpoLabError, ValueError):
@@ -772,11 +734,8 @@ def check_error_mode(mode: str) -> str:
 
 
 class ValidatedReward:
-    """A reward function wrapped with checks; see ``validate_reward``.
-
-    ``check_values=False`` checks only what the function does as a whole (an exception, a non-list, a wrong
-    count) and passes its values through as returned (the trainer stops on inf itself).
-    """
+    """A reward function wrapped with checks (:func:`validate_reward`). ``check_values=False`` checks only the call
+    as a whole (an exception, a non-list, a wrong count) and passes the values through."""
 
     def __init__(self, fn: Callable, mode: Literal["raise", "skip"] = "raise", check_values: bool = True) -> None:
         check_error_mode(mode)
@@ -868,13 +827,12 @@ class ValidatedReward:
 
 
 def validate_reward(fn: Callable, mode: Literal["raise", "skip"] = "raise") -> ValidatedReward:
-    """Wrap a reward function so that broken outputs are caught with a message a person can act on.
+    """Wrap a reward function so that broken outputs stop with a message a person can act on.
 
-    Checks the signature at once, then on every call: exceptions (re-run per sample to find the culprit),
-    a return that is not a list, the wrong number of values, non-numbers, NaN and ±inf. ``mode="raise"``
-    stops at the first problem with ``RewardValidationError``; ``mode="skip"`` logs a warning, records
-    None for the sample (TRL then ignores it) and carries on. Problems are kept in ``.issues``. The
-    wrapper keeps ``__name__`` so TRL's metric names stay the same.
+    Checks the signature at once, then on every call: exceptions (re-run per sample to find the culprit), a return
+    that is not a list, the wrong count, non-numbers, NaN and ±inf. ``mode="raise"`` stops at the first problem
+    (``RewardValidationError``); ``mode="skip"`` warns, records None for the sample and goes on. Problems are kept
+    in ``.issues``; ``__name__`` is kept, so TRL's metric names stay the same.
 
     >>> safe = validate_reward(lambda prompts, completions, **kw: [1 / len(c) for c in completions], mode="skip")
     >>> safe(prompts=["a", "b"], completions=["ok", ""])
@@ -883,9 +841,7 @@ def validate_reward(fn: Callable, mode: Literal["raise", "skip"] = "raise") -> V
     return ValidatedReward(fn, mode)
 
 
-# --------------------------------------------------------------------------------------------------
-# The one entry point: names or functions -> guarded functions with their weights
-# --------------------------------------------------------------------------------------------------
+# --- The one entry point: names or functions -> guarded functions with their weights ---
 
 
 def _is_reward_model(fn: Any) -> bool:

@@ -7,7 +7,7 @@ Every run and every notebook output lives under one root, ``$GRPO_LAB_RUN_DIR`` 
     metrics.jsonl     one record per logged step
     curves.png        the training curves
     checkpoints/      checkpoint-N (safetensors, optimizer, scheduler, state), written under .partial/ first
-    final/            the trained model with a manifest of checksums: what notebook 05 deploys (a LoRA run:
+    final/            the trained model with a manifest of checksums: what deployment serves (a LoRA run:
                       the adapter merged into plain weights)
     adapter/          a LoRA run (use_peft=True) only: PEFT's adapter folder, for serving it on the base model
 
@@ -59,9 +59,7 @@ class CheckpointError(GrpoLabError, FileNotFoundError):
     """A checkpoint to resume from is missing or incomplete."""
 
 
-# --------------------------------------------------------------------------------------------------
-# Where runs live
-# --------------------------------------------------------------------------------------------------
+# --- Where runs live ---
 def root() -> Path:
     """The runs root: ``$GRPO_LAB_RUN_DIR``, else ``runs/`` in the repository."""
     return Path(os.environ.get(RUN_DIR_ENV) or REPO_ROOT / "runs")
@@ -196,7 +194,7 @@ def find_run(which: str | Path = "latest", profile: str | None = None, finished:
             existing = ", ".join(r.name for r in list_runs()) or "none"
             what = f"finished {profile + ' ' if profile else ''}run" if finished else "run"
             raise RunNotFoundError(f"no {what} under {root()} (runs there: {existing}). Train one first "
-                                   f"(notebook 03 or `grpo-lab train`), or point {RUN_DIR_ENV} at where yours are.")
+                                   f"(`grpo-lab train`), or point {RUN_DIR_ENV} at where yours are.")
         return run
     path = Path(which)
     path = path if path.is_dir() else root() / str(which)
@@ -225,15 +223,10 @@ def recorded_uses(folder: Path | None = None) -> list[dict[str, str]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-# --------------------------------------------------------------------------------------------------
-# Metrics
-# --------------------------------------------------------------------------------------------------
+# --- Metrics ---
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The per-step records of a run's ``metrics.jsonl`` (or of the run folder holding it).
-
-    A last line cut short (the process was killed while appending it) is left out: that step was not
-    checkpointed yet, so a resumed run trains and logs it again.
-    """
+    """The per-step records of a run's ``metrics.jsonl`` (or of the run folder holding it); a last line cut short by
+    a kill is left out (a resumed run logs that step again)."""
     path = Path(path)
     path = path / METRICS_FILE if path.is_dir() else path
     if not path.is_file():
@@ -249,9 +242,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-# --------------------------------------------------------------------------------------------------
-# Checkpoints
-# --------------------------------------------------------------------------------------------------
+# --- Checkpoints ---
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """``checkpoint-N`` folders of a run, oldest first."""
     folder = Path(run_dir) / CHECKPOINTS
@@ -260,11 +251,8 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def check_checkpoint(path: str | Path) -> Path:
-    """Raise :class:`CheckpointError` unless ``path`` is a complete checkpoint (weights, optimizer, state).
-
-    Checkpoints written by ``grpo_lab.train`` are complete by construction (:func:`publish_folder`); this check
-    guards folders from elsewhere (a copy cut short, another tool) and refuses anything under ``.partial/``.
-    """
+    """Raise :class:`CheckpointError` unless ``path`` is a complete checkpoint (weights, optimizer, state): for
+    folders from elsewhere (a copy cut short, another tool); anything under ``.partial/`` is refused."""
     path = Path(path)
     if path.parent.name == PARTIAL:
         raise CheckpointError(
@@ -308,14 +296,10 @@ def checkpoint_step(path: Path) -> int:
 
 
 def publish_folder(staged: Path, target: Path) -> Path:
-    """Move a completely written folder to ``target`` with a rename: ``target`` is then absent or complete.
-
-    Why: the Trainer writes a checkpoint file by file (weights, optimizer, scheduler, RNG, state); a process killed
-    in between would leave a ``checkpoint-N`` that looks like the newest. Writing into ``<run>/.partial/`` and
-    renaming within one file system is atomic, so the process can die at any moment. (This covers a killed
-    process; surviving a power cut would also need fsync, which the savers do not do.) An existing ``target`` (a
-    run resumed from an older checkpoint saves that step again) is renamed aside first, then deleted; the
-    emptied ``.partial/`` is removed.
+    """Move a completely written folder to ``target`` with a rename, so ``target`` is absent or complete: the Trainer
+    writes a checkpoint file by file, and a process killed in between would leave one that looks like the newest (a
+    power cut would also need fsync). An existing ``target`` (a resumed run saving that step again) is renamed aside,
+    then deleted; the emptied ``.partial/`` is removed.
     """
     staged, target = Path(staged), Path(target)
     if target.exists():

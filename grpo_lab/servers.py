@@ -1,22 +1,13 @@
 """Child processes that die with their owner: start one in its own process group, wait for ``/health``, read its
 log, always stop it.
 
-Every long-lived child the package starts goes through :func:`start_process_group`: vLLM's OpenAI server
-(:mod:`grpo_lab.deploy`, :mod:`grpo_lab.load_test`, ``grpo-lab serve``), TRL's rollout server and the
-``accelerate launch`` trainer (:mod:`grpo_lab.scale`, :mod:`grpo_lab.async_grpo`) and the bench's engine probe. The
-child runs in a session of its own, led by a small watchdog (``python -m grpo_lab.servers --owner PID -- CMD``) that
-starts the command and ends the whole group (API server, engine core, workers) when
-
-- the owner stops it (:func:`stop_process_group`: SIGTERM, then SIGKILL), also from ``atexit`` and, where no other
-  SIGTERM handler is set, from a SIGTERM handler installed on the main thread (it stops the children, then lets
-  SIGTERM end the owner as before);
-- the owner is gone, however it ended (SIGKILL, a crash, a Jupyter kernel restart): the watchdog polls its parent
-  every :data:`WATCH_POLL_S` seconds and needs no code to run in the owner;
-- the command exits by itself: what it left in the group is ended too, and the watchdog exits with its code;
-- the watchdog itself is killed: the command gets SIGTERM (Linux's parent-death signal, set in the command).
-
-Children that vLLM starts itself (an in-process engine's core and workers) get a watchdog of their own through
-:func:`guard_processes`.
+Every long-lived child the package starts (vLLM's OpenAI server, TRL's rollout server, the ``accelerate launch``
+trainer) goes through :func:`start_process_group`: it runs in a session of its own, led by a small watchdog
+(``python -m grpo_lab.servers --owner PID -- CMD``) that ends the whole group (API server, engine core, workers) when
+the owner stops it (:func:`stop_process_group`, also from ``atexit`` and a SIGTERM handler); when the owner is gone,
+however it ended (the watchdog polls its parent every :data:`WATCH_POLL_S`); when the command exits by itself; and,
+through Linux's parent-death signal, when the watchdog itself is killed. Children that vLLM starts itself (an
+in-process engine's core and workers) get a watchdog of their own through :func:`guard_processes`.
 
 >>> from grpo_lab.servers import free_port, port_is_free
 >>> port_is_free(free_port())
@@ -55,9 +46,7 @@ GRACE_S = 5.0
 PR_SET_PDEATHSIG = 1  # Linux prctl(2): the signal a process gets when its parent dies
 
 
-# --------------------------------------------------------------------------------------------------
-# Ports
-# --------------------------------------------------------------------------------------------------
+# --- Ports ---
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now (the OS picks it)."""
     with socket.socket() as s:
@@ -84,9 +73,7 @@ def require_free_port(port: int | None, host: str = "127.0.0.1", name: str = "po
                           f"it, pick another port, or leave {name}=None to take a free one.")
 
 
-# --------------------------------------------------------------------------------------------------
-# Process groups
-# --------------------------------------------------------------------------------------------------
+# --- Process groups ---
 def _processes() -> list[tuple[int, str, int, int]]:
     """``(pid, state, parent pid, process group)`` of every process, read from Linux's ``/proc``."""
     found = []
@@ -196,12 +183,9 @@ atexit.register(stop_all)
 
 def start_process_group(command: Sequence[str], env: Mapping[str, str], stdout: IO | int | None = None,
                         stderr: IO | int | None = None, text: bool = False) -> subprocess.Popen:
-    """Start ``command`` in a session of its own under the watchdog (``python -m grpo_lab.servers``), which ends the
-    whole group when this process is gone; stop it with :func:`stop_process_group` (``atexit`` and SIGTERM do too).
-
-    The returned process is the watchdog: its pid is the group's id, its exit code the command's (negative: killed by
-    that signal; 127: the command could not be started).
-    """
+    """Start ``command`` in a session of its own under the watchdog, which ends the whole group when this process is
+    gone. Returns the watchdog: its pid is the group's id, its exit code the command's (negative: a signal; 127: the
+    command could not start)."""
     _install_sigterm_handler()
     _forget_ended()
     watched = [sys.executable, "-m", "grpo_lab.servers", "--owner", str(os.getpid()), "--", *map(str, command)]
@@ -308,15 +292,10 @@ def guard_processes(pids: Sequence[int]) -> subprocess.Popen:
                              ",".join(map(str, pids))], start_new_session=True)
 
 
-# --------------------------------------------------------------------------------------------------
-# A server
-# --------------------------------------------------------------------------------------------------
+# --- A server ---
 class ServerProcess:
-    """One HTTP server as a child process group: started, waited for, watched and stopped the same way everywhere.
-
-    ``name`` is how messages call it ("the vLLM server", "the rollout server"); ``error`` is the error type raised
-    when it does not start (each caller's own, e.g. ``DeployError``).
-    """
+    """One HTTP server as a child process group: started, waited for, watched and stopped the same way everywhere
+    (``name``: what messages call it; ``error``: the error type raised when it does not start)."""
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str], log_path: str | Path, base_url: str,
                  name: str = "the server", error: type[GrpoLabError] = GrpoLabError):
@@ -395,9 +374,7 @@ class ServerProcess:
             stop_process_group(self.process, timeout_s)
 
 
-# --------------------------------------------------------------------------------------------------
-# The watchdog (the group's leader)
-# --------------------------------------------------------------------------------------------------
+# --- The watchdog (the group's leader) ---
 def _end_others(pgid: int, grace_s: float) -> None:
     """SIGTERM the group, then SIGKILL the members other than this process that are left after ``grace_s``."""
     _signal_group(pgid, signal.SIGTERM)

@@ -1,20 +1,13 @@
 """Build the course's default model: a tiny Qwen2 with its own tokenizer, supervised-fine-tuned on the train split.
 
-Steps (all on CPU, a few minutes on two cores):
+On the CPU, in minutes: a byte-level BPE tokenizer trained on the train texts (every digit its own token) with a
+ChatML template; a randomly initialised Qwen2ForCausalLM of a few million parameters; TRL's ``SFTTrainer`` on prompt →
+completion pairs; greedy accuracy, pass@1 and pass@k on the eval split; safetensors, tokenizer, generation config and
+``manifest.json`` (recipe, versions, metrics, sha256 of every file).
 
-1. train a byte-level BPE tokenizer on the train texts (every digit its own token) with a Qwen-style
-   chat template (``<|im_start|>user ... <|im_end|>``);
-2. make a randomly initialised Qwen2ForCausalLM of a few million parameters (tied embeddings, head_dim 64);
-3. fine-tune it with TRL's ``SFTTrainer`` on prompt → completion pairs (loss on the completion only);
-4. measure greedy accuracy, sampled pass@1 and pass@k on the eval split, save safetensors, tokenizer,
-   generation config and ``manifest.json`` (recipe, versions, metrics, sha256 of every file).
-
-The recipe can teach a deliberate *slip*: in a fraction of the SFT targets of some types the working uses a
-consistent, plausible mistake (see ``grpo_lab.data.SLIPS``). The model then samples both the right and the
-wrong method, so pass@k is far above greedy accuracy on those types — exactly the situation in which GRPO can
-visibly raise accuracy by sharpening what the model already samples. The manifest says so plainly.
-
-Rebuild the shipped model::
+The recipe can teach a deliberate *slip*: a fraction of the SFT targets of some types use a consistent, plausible
+mistake (``grpo_lab.data.SLIPS``). The model then samples both methods, so pass@k is far above greedy accuracy on
+those types: where GRPO can raise accuracy by sharpening what the model already samples. The manifest says so.
 
     python -m grpo_lab.tiny_model            # or: grpo-lab build-tiny-model
 """

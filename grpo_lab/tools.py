@@ -2,33 +2,21 @@
 registry of tools by name (as :mod:`grpo_lab.rewards` registers rewards), the guard every tool runs inside, and the chat
 template that renders and parses the calls.
 
-A tool, as TRL and transformers take it, is a plain Python function with type hints and a Google-style docstring:
-transformers turns its signature and docstring into the JSON schema the chat template shows the model, TRL calls it
-with the arguments the model wrote (``tool(**arguments)``) and appends what it returns, as text, to the conversation.
+A tool is a plain Python function with type hints and a Google-style docstring: transformers turns them into the JSON
+schema the chat template shows the model; TRL calls it with the model's arguments and appends what it returns, as text.
 
-**The guard** (:class:`GuardedTool`, made by :func:`prepare`) sits between TRL and the function and records every call
-in :attr:`ToolSet.counts`, one kind each (:data:`CALL_KINDS`):
+**The guard** (:class:`GuardedTool`, made by :func:`prepare`) records every call in :attr:`ToolSet.counts`, one kind
+each (:data:`CALL_KINDS`): ``ok``; ``not_text`` (it returned a number or a dict: JSON text is handed on instead);
+``bad_arguments`` (they do not fit the signature); ``raised``; ``time_limit`` (it ran past ``time_limit_s``, stopped by
+a timer in the main thread). The last three re-raise (:class:`ToolCallError`), so TRL counts them in
+``tools/failure_frequency`` and hands the model ``{"error": "..."}``; arguments that are not an object fail inside TRL,
+before any tool runs. :meth:`ToolSet.callbacks` logs the counts with each step (``tools/<kind>``).
 
-* ``ok`` - it ran and returned text;
-* ``not_text`` - it returned something else (a number, a dict): JSON text is handed on instead (TRL would pass a list
-  through as multimodal content blocks, which a text template cannot render);
-* ``bad_arguments`` - the arguments do not fit the signature (a missing, unknown or mistyped name);
-* ``raised`` - the function raised;
-* ``time_limit`` - it ran past ``time_limit_s`` (a tool that loops), stopped by a timer in the main thread.
-
-The last three re-raise (as :class:`ToolCallError`), so TRL does what it does with a failing tool: it counts it in
-``tools/failure_frequency`` and hands the model ``{"error": "..."}`` as the tool's answer. A model that keeps calling
-is stopped by TRL's ``max_tool_calling_iterations``. Arguments that are not an object at all (``"arguments": "6*7"``)
-fail inside TRL, before any tool runs: TRL counts those in ``tools/failure_frequency`` only. During training
-:meth:`ToolSet.callbacks` writes the counts into each logged step (``tools/<kind>``, calls since the last log).
-
-**The chat template** (:data:`TOOL_CHAT_TEMPLATE`): ChatML (``<|im_start|>role ... <|im_end|>``, what the tiny model and
-SmolLM2 already speak) plus Qwen2.5's tool format (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in the
-assistant's turn, ``<tool_response>`` in a user turn), with a one-line list of the tools instead of Qwen2.5's JSON
-schema block, and ``{% generation %}`` markers so TRL's ``SFTTrainer`` can train on the assistant's tokens only. TRL
-recognises only the exact template strings it ships; for this one :func:`use_tool_template` sets TRL's own parser for
-Qwen's format (``trl.chat_template_utils.qwen3_template``) as the tokenizer's ``response_template``, which
-``save_pretrained`` keeps. Notebook 10 says why not Qwen2.5's template itself.
+**The chat template** (:data:`TOOL_CHAT_TEMPLATE`): ChatML (what the tiny model and SmolLM2 speak) plus Qwen2.5's
+tool format (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, ``<tool_response>`` in a user turn), a
+one-line list of the tools instead of Qwen2.5's JSON schema block, and ``{% generation %}`` markers so TRL's
+``SFTTrainer`` can train on the assistant's tokens only. TRL recognises only the templates it ships; for this one
+:func:`use_tool_template` sets TRL's parser for Qwen's format as the tokenizer's ``response_template``.
 
 >>> calculator("2 × (3 + 4)")
 '14'
@@ -83,9 +71,7 @@ class CalculationError(GrpoLabError, ValueError):
     """An expression the calculator refuses: the message says what it accepts."""
 
 
-# --------------------------------------------------------------------------------------------------
-# The calculator: arithmetic by walking Python's syntax tree, never eval
-# --------------------------------------------------------------------------------------------------
+# --- The calculator: arithmetic by walking Python's syntax tree, never eval ---
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
 MAX_MAGNITUDE = 10 ** 30
@@ -145,9 +131,7 @@ def calculator(expression: str) -> str:
     return _format(_evaluate(tree))
 
 
-# --------------------------------------------------------------------------------------------------
-# The registry: tools by name (TrainConfig.tools), as rewards are registered by name
-# --------------------------------------------------------------------------------------------------
+# --- The registry: tools by name (TrainConfig.tools), as rewards are registered by name ---
 _REGISTRY: dict[str, Tool] = {"calculator": calculator}
 
 
@@ -174,9 +158,7 @@ def get_tool(name: str) -> Tool:
     return _REGISTRY[name]
 
 
-# --------------------------------------------------------------------------------------------------
-# The guard: every call recorded by kind, the result made text, a looping tool stopped
-# --------------------------------------------------------------------------------------------------
+# --- The guard: every call recorded by kind, the result made text, a looping tool stopped ---
 class _TimeLimitReached(BaseException):
     """Raised inside a tool by the timer; a BaseException so that the tool's own ``except Exception`` cannot keep
     it."""
@@ -323,9 +305,7 @@ def prepare(tools: Sequence[str | Tool], time_limit_s: float = TIME_LIMIT_S) -> 
     return ToolSet(guards, counts)
 
 
-# --------------------------------------------------------------------------------------------------
-# The chat template: ChatML with Qwen2.5's tool format, and TRL's parser for it
-# --------------------------------------------------------------------------------------------------
+# --- The chat template: ChatML with Qwen2.5's tool format, and TRL's parser for it ---
 TOOL_CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"

@@ -1,11 +1,9 @@
 """Experiment tracking through TRL's ``report_to`` (``TrainConfig.report_to``): the trackers the course supports, how
 to look at each, and the one thing grpo_lab changes in how transformers starts trackio.
 
-Both trackers keep their data on the machine that trains and need no account and no network: trackio writes one SQLite
-file per project under ``$TRACKIO_DIR`` (default ``$HF_HOME/trackio``), TensorBoard writes event files under the
-trainer's ``output_dir`` (``<run>/checkpoints/runs/``). transformers' own callbacks do the logging
-(``transformers.integrations.TrackioCallback``, ``TensorBoardCallback``); ``tests/test_tracking.py`` reads both stores
-back from a run trained with the network refused.
+Both keep their data on the machine that trains, with no account and no network: trackio one SQLite file per project
+under ``$TRACKIO_DIR`` (default ``$HF_HOME/trackio``), TensorBoard event files under ``<run>/checkpoints/runs/``;
+transformers' own callbacks do the logging.
 """
 
 from __future__ import annotations

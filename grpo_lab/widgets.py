@@ -1,13 +1,12 @@
-"""The memory calculator of notebook 04 (pick a model, precision, device, batch and lengths; the budget redraws), and
-small HTML helpers for the notebooks (:func:`html_table`, :func:`folded_source`).
+"""A memory calculator (pick a model, precision, device, batch and lengths; the budget redraws), and small HTML
+helpers for notebooks (:func:`html_table`, :func:`folded_source`).
 
 >>> from grpo_lab.widgets import MemoryCalculator
 >>> calc = MemoryCalculator()          # doctest: +SKIP
 >>> calc.update(); calc.widget         # doctest: +SKIP
 
-Every control calls :meth:`MemoryCalculator.update`, which re-plans with ``grpo_lab.memory.plan_memory`` and
-redraws the plot and the recommendation. Call ``update()`` once yourself to draw the first state (that is
-also what runs when the notebook executes headless).
+Every control calls :meth:`MemoryCalculator.update` (re-plan with ``grpo_lab.memory.plan_memory``, redraw); call it
+once yourself to draw the first state, as a headless run does.
 """
 
 from __future__ import annotations

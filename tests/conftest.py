@@ -9,13 +9,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def pytest_configure(config):
-    """The notebooks that nbmake runs from this process wait for kernel messages in short polls (course.py says why)."""
-    from grpo_lab.course import poll_in_slices
-
-    poll_in_slices()
-
-
 def pytest_collection_modifyitems(config, items):
     from grpo_lab import device
 

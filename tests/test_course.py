@@ -101,38 +101,17 @@ def test_where_next_recommends_only_what_the_device_can_run(monkeypatch):
     assert by_kind[0][0] == "grpo-lab doctor --profile npu" and any("NPU with 32 GiB" in why for _, why in by_kind)
 
 
-def test_a_wait_for_a_kernel_message_polls_in_slices():
-    """A missed wake-up in pyzmq's asyncio poll made the notebook client wait out its 900 s cell timeout; sliced, each
-    poll is at most a second, a message that arrives later is still returned, and a timeout still ends in Empty."""
-    import asyncio
-    from queue import Empty
+def test_a_cell_past_its_timeout_fails_the_notebook(tmp_path, monkeypatch):
+    """nbclient's per-cell timeout bounds every wait for the kernel: a cell that runs past it is a failure, named."""
+    monkeypatch.delenv(runs.RUN_DIR_ENV, raising=False)
+    slow = write_notebook(tmp_path / "00_slow.ipynb", "import time\ntime.sleep(30)")
+    result = course.run_notebook(slow, tmp_path, timeout_s=2)
+    assert result.status == "failed" and "timed out" in result.error.lower() and result.seconds < 30
 
-    from jupyter_client.channels import AsyncZMQSocketChannel
 
-    from grpo_lab.course import poll_in_slices, sliced_waits
-
-    asked = []
-
-    async def get_msg(channel, timeout=None):  # stands in for the channel's own: the message is there on the 4th poll
-        asked.append(timeout)
-        if len(asked) < 4:
-            raise Empty
-        return {"msg_type": "execute_reply"}
-
-    sliced = sliced_waits(get_msg, slice_s=0.01)
-    assert asyncio.run(sliced(None, timeout=None)) == {"msg_type": "execute_reply"}
-    assert asked == [0.01] * 4
-    asked.clear()
-    assert asyncio.run(sliced(None, timeout=900)) == {"msg_type": "execute_reply"}
-    assert all(t <= 0.01 for t in asked)
-
-    async def never(channel, timeout=None):
-        await asyncio.sleep(timeout)
-        raise Empty
-
-    with pytest.raises(Empty):
-        asyncio.run(sliced_waits(never, slice_s=0.01)(None, timeout=0.05))
-    poll_in_slices()
-    installed = AsyncZMQSocketChannel.get_msg
-    poll_in_slices()  # once per process: not wrapped twice
-    assert installed.sliced and AsyncZMQSocketChannel.get_msg is installed
+def test_the_notebooks_are_found_by_name_not_by_number():
+    assert course._notebook_stem("grpo_training").endswith("_grpo_training")
+    assert course._notebook_stem("no_such_lesson") == "no_such_lesson"
+    with pytest.raises(SystemExit) as exit_:
+        course.main(["--help"])
+    assert exit_.value.code == 0

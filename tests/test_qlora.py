@@ -153,7 +153,7 @@ def test_qlora_defaults_make_the_engine_follow_the_adapter_and_learn_at_lora_s_r
     assert config.learning_rate == experiment.PROFILES["gpu"]["learning_rate"] * LORA_LEARNING_RATE_SCALE
     assert qlora(learning_rate=1e-5).resolve(CARD).learning_rate == 1e-5  # asked for: as asked
     merged = qlora(vllm_lora_sync="merge").resolve(CARD)
-    assert lora.rollout_caveats(merged) == [lora.QLORA_ENGINE_CAVEAT] and "backend='hf'" in lora.QLORA_ENGINE_CAVEAT
+    assert lora.rollout_caveats(merged) == [lora.QLORA_ENGINE_CAVEAT] and "one 4-bit step" in lora.QLORA_ENGINE_CAVEAT
     assert lora.rollout_caveats(dataclasses.replace(merged, use_vllm=False)) == []
     asleep = qlora(vllm_enable_sleep_mode=True).resolve(CARD)  # sleep drops the base the adapter rides on
     assert asleep.vllm_lora_sync == "merge" and lora.rollout_caveats(asleep) == [lora.QLORA_ENGINE_CAVEAT]

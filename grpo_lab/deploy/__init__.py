@@ -1,18 +1,15 @@
-"""From a trained policy to a running vLLM OpenAI-compatible server.
-
-The seed's deployment section, every step real: export a self-contained folder (safetensors, tokenizer,
-chat template, generation config, manifest of checksums), verify it, reload it with transformers and
-compare greedy output with vLLM, serve it with ``python -m vllm.entrypoints.openai.api_server`` (the
-module exists in the CPU, CUDA and Ascend builds alike) and query it with the ``openai`` client.
+"""From a trained policy to a running vLLM OpenAI-compatible server: export a self-contained folder (safetensors,
+tokenizer, chat template, generation config, manifest of checksums), verify it, compare transformers' greedy output
+with vLLM's, serve it with ``python -m vllm.entrypoints.openai.api_server`` (in the CPU, CUDA and Ascend builds
+alike) and query it with the ``openai`` client.
 
 >>> from grpo_lab import deploy                                    # doctest: +SKIP
 >>> folder = deploy.export_model("runs/grpo/final", "runs/export")   # doctest: +SKIP
 >>> with deploy.VLLMServer(folder) as server:                        # doctest: +SKIP
 ...     print(deploy.complete(server, "1 + 1 =").text)
 
-A package of one concern per module: ``export`` (the folder and its verification), ``server`` (vLLM's server as a
-watched child process, its settings, what a run serves), ``query`` (chat, completion, the greedy check) and ``cli``
-(``grpo-lab serve``); every name imports from ``grpo_lab.deploy``.
+Modules: ``export`` (the folder, its verification), ``server`` (vLLM's server as a watched child process, what a run
+serves), ``query`` (chat, completion, the greedy check), ``cli`` (``grpo-lab serve``).
 """
 
 from grpo_lab.deploy.cli import STOP_HELP, main

@@ -16,12 +16,8 @@ REQUIRED_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)
 
 
 def export_model(source, out_dir: str | Path, tokenizer=None, overwrite: bool = False) -> Path:
-    """Write a self-contained serving folder from a model folder / checkpoint or an in-memory model.
-
-    ``source`` is a path (a checkpoint or a model folder; loaded from safetensors) or a transformers model
-    (then pass its ``tokenizer``). The folder gets safetensors weights, tokenizer files with the chat
-    template, ``generation_config.json`` and a ``manifest.json`` with every file's sha256.
-    """
+    """Write a self-contained serving folder (safetensors, tokenizer with its chat template, generation config, a
+    manifest of sha256s) from a model folder or checkpoint, or an in-memory model (then pass its ``tokenizer``)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         if not overwrite:

@@ -73,12 +73,10 @@ def chat(server: VLLMServer, messages: list[dict[str, str]], max_tokens: int = 3
 
 
 TOKEN_AGREEMENT_FLOOR = 0.90
-"""The share of transformers' greedy tokens the server must also rank first, fed transformers' own text.
-
-In fp32 on both sides (the CPU) the share is 1.0 and the texts are identical. A server computing in bf16 (a GPU or
-NPU serving fp32 weights) breaks near-ties differently, and one different token sends the rest of a greedy text
-elsewhere; fed the same text, it still ranks nearly every token first: 427 of 442 (96.6 %) for SmolLM2-135M after
-GRPO on one H200, with 0 of 4 texts identical (notebook 05, ``benchmarks/course_gpu``)."""
+"""The share of transformers' greedy tokens the server must also rank first, fed transformers' own text. In fp32 on
+both sides (the CPU) it is 1.0 and the texts are identical; a server computing in bf16 breaks near-ties differently,
+and one different token sends the rest of a greedy text elsewhere, but fed the same text it still ranks nearly every
+token first."""
 
 
 @dataclass
@@ -131,12 +129,9 @@ def top_token_agreement(server: VLLMServer, prompt_ids: list[int], completion_id
 
 def compare_greedy(folder: str | Path, server: VLLMServer, prompts: list[list[dict[str, str]]],
                    max_tokens: int = 32, model: str | None = None) -> GreedyCheck:
-    """Reload the folder with transformers (the rollout engine's HF backend, fp32) and compare its greedy output
-    with the server's: the texts, and each of transformers' tokens against the server's first choice at its place.
-
-    Identical text is what intact weights and a shared tokenizer/chat template give in fp32; a mismatch
-    on the first tokens means the export or the serving config differs from what was trained.
-    """
+    """Compare transformers' greedy output (the rollout engine's HF backend, fp32) with the server's: the texts, and
+    each of transformers' tokens against the server's first choice at its place. A mismatch on the first tokens means
+    the export or the serving config differs from what was trained."""
     with open_engine(str(folder), backend="hf", dtype="float32", n=1, max_tokens=max_tokens, temperature=0.0,
                      prompts=prompts) as engine:
         rollouts = engine.generate(prompts, Sampling(n=1, max_tokens=max_tokens, temperature=0.0)).outputs

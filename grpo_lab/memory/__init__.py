@@ -1,10 +1,9 @@
 """Memory budget of a GRPO step with vLLM colocated on the same device, and the settings that follow from it.
 
-Colocated vLLM and the trainer share one device. vLLM takes ``vllm_gpu_memory_utilization`` × the device's
-*total* memory for itself (its weights, its activations, CUDA graphs and, with what is left, the KV cache);
-the trainer needs room for weights, AdamW states, the reference model, activations and gradients *on top of
-that*. This module counts each part from the model's ``config.json`` and recommends the fraction, the number
-of sequences vLLM can hold and the micro-batch.
+vLLM takes ``vllm_gpu_memory_utilization`` × the device's *total* memory for itself (its weights, activations, CUDA
+graphs and, with what is left, the KV cache); the trainer needs room for weights, AdamW states, the reference model,
+activations and gradients *on top of that*. This package counts each part from the model's ``config.json`` and
+recommends the fraction, the number of sequences vLLM can hold and the micro-batch.
 
 >>> from grpo_lab.memory import course_configs, plan_memory
 >>> budget = plan_memory(course_configs()["qwen2.5-0.5b"], device_memory_gib=32, device_kind="npu",
@@ -12,37 +11,29 @@ of sequences vLLM can hold and the micro-batch.
 >>> budget.fits, 0.0 < budget.recommended.vllm_gpu_memory_utilization < 1.0
 (True, True)
 
-How vLLM spends its fraction (vLLM ≥ 0.21, same in 0.26 and 0.31; ``vllm/v1/worker/gpu_worker.py``):
-``requested = ceil(total × utilization)``; vLLM refuses to start when the device's *free* memory is below
-that; the KV cache gets ``requested − (weights + activation peak of a profiling pass + non-torch memory) −
-CUDA-graph estimate``. Memory the trainer already holds is not inside the fraction, so the trainer must fit
-in ``total × (1 − utilization)`` minus a runtime margin — the seed's 2B model on a 32 GB NPU OOMed at 0.6.
+How vLLM spends its fraction (``vllm/v1/worker/gpu_worker.py``): ``requested = ceil(total × utilization)``; vLLM
+refuses to start when the device's *free* memory is below that; the KV cache gets ``requested − (weights +
+activation peak of a profiling pass + non-torch memory) − CUDA-graph estimate``. Memory the trainer already holds is
+not inside the fraction, so the trainer must fit in ``total × (1 − utilization)`` minus a runtime margin.
 
-Assumptions, stated once (``MemoryBudget.assumptions`` repeats them next to every table):
+Assumptions (``MemoryBudget.assumptions`` repeats them next to every table):
 
-* Precision ``bf16`` (a model loaded in bf16: ``model_init_kwargs={"dtype": "bfloat16"}`` or a bf16 model
-  object): weights, gradients and both AdamW moments in bf16 — 8 bytes per parameter; torch's AdamW keeps
-  its states in the parameter dtype, there is no fp32 master copy. ``mixed``: fp32 master weights, fp32
-  gradients and fp32 AdamW moments with bf16 autocast — 16 bytes per parameter plus bf16 copies of the
-  weights while they are used. TRL 1.16 loads a model given by name in float32 unless told otherwise, and
-  ``grpo_lab.train`` loads float32 on purpose: with ``bf16=True`` both are ``mixed``. ``fp32``: 16 bytes.
-* Optimizer: AdamW, fused (transformers' default on torch ≥ 2.8), so the step allocates no temporaries.
-* Activations: Hugging Face's Qwen2/Llama layers with SDPA attention, batches padded to the longest prompt
-  and completion (an attention mask, so grouped K/V heads are repeated), TRL ≥ 1.16's chunked LM head
-  (full logits are never materialised). Counted per token and layer from the tensors autograd saves, and
-  per phase from what each backward step allocates (``training_phases``); on CUDA also cuBLAS's
-  workspaces, which live in torch's allocator. Checked against ``max_memory_allocated`` on an H200 and
-  live tensor bytes on CPU in ``benchmarks/memory``.
-* vLLM: its own copy of the weights in ``vllm_dtype``; activation peak of its profiling pass over
-  ``max_num_batched_tokens`` (TRL colocate passes 4096) plus sampler logits; a fixed runtime allowance
-  (non-torch memory and CUDA graphs); KV cache per token = layers × KV heads × head dim × 2 × bytes.
+* Precision ``bf16`` (a model loaded in bf16): weights, gradients and both AdamW moments in bf16, 8 bytes per
+  parameter (torch's AdamW keeps its states in the parameter dtype). ``mixed``: fp32 master weights, gradients and
+  AdamW moments with bf16 autocast, 16 bytes per parameter plus bf16 copies of the weights in use; ``grpo_lab.train``
+  loads float32 on purpose, so with ``bf16=True`` it is ``mixed``. ``fp32``: 16 bytes.
+* Optimizer: AdamW, fused (transformers' default), so the step allocates no temporaries.
+* Activations: Hugging Face's Qwen2/Llama layers with SDPA attention, batches padded to the longest prompt and
+  completion, TRL's chunked LM head (full logits never materialised); counted per token and layer from the tensors
+  autograd saves, and per phase from what each backward step allocates (``training_phases``); on CUDA also cuBLAS's
+  workspaces.
+* vLLM: its own copy of the weights in ``vllm_dtype``; the activation peak of its profiling pass over
+  ``max_num_batched_tokens`` plus sampler logits; a fixed runtime allowance (non-torch memory and CUDA graphs); KV
+  cache per token = layers × KV heads × head dim × 2 × bytes.
 * Runtime margin: the device context (CUDA/CANN), allocator fragmentation and collective buffers.
 
-The package's modules, from inputs to answers: ``shapes`` (model shape, precision, step sizes), ``components``
-(each part of the step's memory), ``budget`` (the answer: :class:`MemoryBudget`), ``planner``
-(:func:`plan_memory` and its advice), ``tables`` (many models × devices, and the committed measurements),
-``measured`` (runs under a device memory cap: a sampler of a process tree's device memory, the committed rows).
-Everything is importable from ``grpo_lab.memory`` as before.
+Modules, from inputs to answers: ``shapes`` (model shape, precision, step sizes), ``components`` (each part of the
+step's memory), ``budget`` (:class:`MemoryBudget`), ``planner`` (:func:`plan_memory` and its advice).
 """
 
 from __future__ import annotations

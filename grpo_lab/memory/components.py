@@ -84,12 +84,9 @@ def training_phases(model: ModelShape, precision: Precision, shape: TrainingShap
     * ``embedding backward``: all gradients, the gradient of the embedding output and the kernel's buffers.
     * ``optimizer step``: weights, gradients and AdamW states (fused AdamW allocates nothing more).
 
-    The forward is not a phase of its own: it held less than the backward after it in every measured case
-    (its extras, the LM head's forward tile and with ``mixed`` autocast's cache of bf16 weight copies, are
-    smaller than the gradients and fp32 accumulators the backward adds).
-    ``device_kind`` (``cuda``, ``npu``, ``cpu``) picks the kernels: Triton's LM head, cuBLAS workspaces and
-    CUDA's embedding backward on ``cuda``; torch's LM-head fold and embedding backward elsewhere. Measured
-    against real steps in ``benchmarks/memory``.
+    The forward is not a phase of its own: its extras (the LM head's forward tile, with ``mixed`` autocast's bf16
+    weight copies) are smaller than the gradients and fp32 accumulators the backward adds. ``device_kind`` picks the
+    kernels: Triton's LM head, cuBLAS workspaces and CUDA's embedding backward on ``cuda``; torch's elsewhere.
     """
     if device_kind not in device.KINDS:
         raise MemoryPlanError(f"device_kind must be one of {', '.join(device.KINDS)}, got {device_kind!r}.")

@@ -58,12 +58,10 @@ def plan_memory(model: Any, *, precision: str | Precision = "bf16", optimizer: s
                 vllm_dtype: str = "bf16", margin_gib: float | None = None, **shape_fields: Any) -> MemoryBudget:
     """Budget one GRPO step with colocated vLLM; recommend settings, or say which knob to turn.
 
-    ``model`` is a config.json path / model folder / dict / transformers config. Training sizes come as a
-    :class:`TrainingShape` or as its fields (``per_device_train_batch_size=8, num_generations=8, ...``).
-    ``device_memory_gib`` defaults to the detected device's memory (``grpo_lab.device.device_memory_gib``: its total,
-    or ``GRPO_LAB_DEVICE_MEMORY_GIB``), ``device_kind``
-    (``cuda``/``npu``/``cpu``) to the detected kind. Leave ``vllm_gpu_memory_utilization`` unset to get the
-    recommended value; set it to check a value you plan to use.
+    ``model``: a config.json path, model folder, dict or transformers config. Training sizes come as a
+    :class:`TrainingShape` or as its fields. ``device_memory_gib`` and ``device_kind`` default to the detected device
+    (``grpo_lab.device.device_memory_gib``: its total, or ``GRPO_LAB_DEVICE_MEMORY_GIB``). Leave
+    ``vllm_gpu_memory_utilization`` unset for the recommended value; set it to check one.
     """
     shape_obj = _shape(shape, shape_fields)
     model_shape = ModelShape.from_config(model)
@@ -91,7 +89,6 @@ def largest_fitting_batch(model: Any, *, candidates: tuple[int, ...] = (64, 32, 
         if budget.fits and budget.sequences_in_kv_cache >= budget.shape.generation_batch_size:
             return budget
     return budget
-
 
 
 def _shape(shape: TrainingShape | None, shape_fields: dict[str, Any]) -> TrainingShape:
@@ -231,7 +228,7 @@ _TRAINING_NOTES = {
 _VLLM_NOTES = {
     "vLLM weights": "vLLM's own copy of the policy",
     "vLLM activations": "peak of vLLM's profiling pass (max_num_batched_tokens) + sampler logits",
-    "vLLM runtime (non-torch, CUDA graphs)": "stated allowance; measured on the H200 in benchmarks/memory",
+    "vLLM runtime (non-torch, CUDA graphs)": "a stated allowance: non-torch memory and the CUDA-graph pool",
 }
 
 
@@ -248,8 +245,7 @@ def _assumptions(setting: _Setting, shape: TrainingShape) -> list[str]:
         f"runtime margin {setting.margin / GIB:.2f} GiB = max({MARGIN_MIN_BYTES / GIB:.0f} GiB, "
         f"{MARGIN_FRACTION:.0%} of the device)",
         *([f"LoRA r={shape.lora_r} on {', '.join(shape.lora_target_modules)}: frozen base (no gradients or AdamW "
-           "states), adapters train; the reference is the base with the adapter off (no copy); measured: the "
-           "training peak within 3.4 % on the 2B shape at 32 GiB, 5.7 % on SmolLM2 at 16 GiB (benchmarks/capped)"]
+           "states), adapters train; the reference is the base with the adapter off (no copy)"]
           if shape.lora else []),
         *([f"QLoRA: the base's linear weights in 4-bit NF4 ({FOUR_BIT_BYTES_PER_PARAMETER:.4g} bytes per weight with "
            "the blocks' scales), the embedding, norms and biases in the compute dtype, in the trainer and in vLLM "
@@ -258,8 +254,7 @@ def _assumptions(setting: _Setting, shape: TrainingShape) -> list[str]:
         *([f"sleep mode (TRL: level 2): vLLM's weights and KV cache are released after each rollout and "
            f"{VLLM_ASLEEP_BYTES / GIB:.1f} GiB (runtime, CUDA graphs) stays; waking re-allocates vLLM's whole share "
            "next to the trainer's weights and optimizer states (gradients freed) and the sync sends the weights "
-           "again; measured: the training peak within 0.7 % on a device with 32 GiB free (benchmarks/capped, "
-           "seed-2b-sleep)"]
+           "again"]
           if shape.vllm_enable_sleep_mode else []),
     ]
 

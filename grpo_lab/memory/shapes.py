@@ -23,7 +23,7 @@ VLLM_MEMORY_FRACTION: dict[str, float | str] = {
     "colocate": "auto",  # beside the trainer (TrainConfig): the planner's choice for the step and the machine
     "server": 0.9,       # TRL's rollout server (grpo_lab.scale): its devices are vLLM's alone
     "serve": 0.85,       # serving a trained model (grpo_lab.deploy): the device to itself, a margin for the runtime
-    "engine": 0.3,       # a standalone rollout engine next to other work (notebooks 01 and 03, the bench)
+    "engine": 0.3,       # a standalone rollout engine next to other work (sampling lessons, the bench)
     "verl": 0.3,         # verl's rollout share of each device in the export (verl frees it during the update)
 }
 CPU_KV_CACHE_GIB = 1.0
@@ -57,13 +57,11 @@ def check_vllm_memory_fraction(value: Any, name: str = "vllm_gpu_memory_utilizat
         raise MemoryPlanError(
             f"{name}={value}: must be in (0, 1] (got {value}): it is the fraction of the device's total memory vLLM "
             f"may take (weights + KV cache). Use e.g. 0.3 next to a trainer, 0.9 for a device of its own, or leave "
-            f"TrainConfig's vllm_gpu_memory_utilization='auto' for the memory planner's choice (notebook 04).")
+            f"TrainConfig's vllm_gpu_memory_utilization='auto' for the memory planner's choice.")
     return float(value)
 
 
-# --------------------------------------------------------------------------------------------------
-# Model shape, read from config.json
-# --------------------------------------------------------------------------------------------------
+# --- Model shape, read from config.json ---
 
 
 @dataclass(frozen=True)
@@ -95,12 +93,8 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any, name: str | None = None) -> ModelShape:
-        """Read a shape from a config.json path (file or model folder), a dict, or a transformers config.
-
-        Missing ``num_key_value_heads`` means one K/V head per attention head, missing ``head_dim`` means
-        ``hidden_size / num_attention_heads`` (transformers' defaults); missing ``tie_word_embeddings``
-        counts a separate LM head; ``attention_bias`` defaults to True for ``model_type: qwen2``.
-        """
+        """Read a shape from a config.json path (file or model folder), a dict, or a transformers config, with
+        transformers' defaults for missing fields (``attention_bias``: True for ``model_type: qwen2``)."""
         if isinstance(config, ModelShape):
             return config
         values, default_name = _config_dict(config)
@@ -241,9 +235,7 @@ def cpu_vllm_fraction(model: Any, host_memory_gib: float, step: float = 0.05) ->
     return min(1.0, round(math.ceil(needed / (host_memory_gib * GIB) / step) * step, 2))
 
 
-# --------------------------------------------------------------------------------------------------
-# Precision and training shape
-# --------------------------------------------------------------------------------------------------
+# --- Precision and training shape ---
 
 
 @dataclass(frozen=True)
@@ -309,11 +301,9 @@ def context_window(prompt_tokens: int, completion_tokens: int) -> int:
     """vLLM's ``max_model_len`` for prompts of up to ``prompt_tokens`` and completions of up to ``completion_tokens``:
     the one rule the trainer (TRL's ``vllm_max_model_length``), the rollout engine and the server share.
 
-    The write-up's rule, ``ceil(1.1 x (prompt + completion))``. Why 10 % spare: a prompt is counted once, where it is
-    planned or measured, and the engine counts it again after its own chat template and tokenizer; a generation
-    prompt, a system message a client adds or another tokenizer version add a few tokens, and a window sized exactly
-    would refuse those requests. The spare costs little: vLLM's KV cache is paged, so a longer window holds no memory
-    until a sequence fills it.
+    The write-up's rule, ``ceil(1.1 x (prompt + completion))``: the engine counts a prompt again after its own chat
+    template and tokenizer (a generation prompt, a system message, another tokenizer version add a few tokens), and
+    the spare costs little, since vLLM's KV cache is paged.
 
     >>> context_window(96, 32)
     141
@@ -342,13 +332,10 @@ def check_group(num_generations: int, per_device_train_batch_size: int | None, s
 
 @dataclass(frozen=True)
 class TrainingShape:
-    """The GRPO step's sizes; field names follow TRL's GRPOConfig (and :class:`~grpo_lab.experiment.TrainConfig`).
-
-    ``per_device_train_batch_size`` is the micro-batch: completions per forward/backward. ``max_prompt_length`` is
-    your longest prompt in tokens (TRL pads to it). ``steps_per_generation`` defaults to the smallest value that
-    makes the generation batch a multiple of ``num_generations``. The old keyword ``prompt_length`` still works and
-    warns (0.2.0 -> 0.3.0).
-    """
+    """The GRPO step's sizes, in TRL's GRPOConfig names. ``per_device_train_batch_size`` is the micro-batch;
+    ``max_prompt_length`` the longest prompt in tokens (TRL pads to it); ``steps_per_generation`` defaults to the
+    smallest value that makes the generation batch a multiple of ``num_generations``. ``prompt_length=`` still works
+    and warns."""
 
     per_device_train_batch_size: int = 8
     num_generations: int = STEP_DEFAULTS["num_generations"]
@@ -397,10 +384,8 @@ class TrainingShape:
 
     @property
     def sequence_length(self) -> int:
-        """The longest sequence of the step (prompt + completion): what activations and KV blocks are sized for. With
-        tools too (TRL's ``tools=``): TRL appends the tools' answers inside the completion and drops one that would
-        push it past ``max_completion_length``, and each later turn is a new request within vLLM's window, so a
-        multi-turn rollout is at most this long (its prompt lists the tools: count them in ``max_prompt_length``)."""
+        """The longest sequence of the step (prompt + completion), what activations and KV blocks are sized for; with
+        tools too (TRL appends the tools' answers inside the completion, within ``max_completion_length``)."""
         return self.max_prompt_length + self.max_completion_length
 
     @property
@@ -416,7 +401,6 @@ class TrainingShape:
     @property
     def lora(self) -> bool:
         return self.lora_r > 0
-
 
 
 def _accept_prompt_length(init):

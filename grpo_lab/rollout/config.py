@@ -52,13 +52,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class Sampling:
-    """What to sample for each prompt; the same fields as vLLM's ``SamplingParams`` (a subset).
-
-    ``temperature=0`` is greedy decoding (then every one of the ``n`` completions is the same).
-    ``seed`` makes a run repeatable; each prompt and each of its ``n`` samples gets its own stream.
-    ``min_tokens`` holds the end token back until that many new tokens exist (vLLM's ``min_tokens``, HF's
-    ``min_new_tokens``); ``min_tokens=max_tokens`` makes every completion exactly ``max_tokens`` long (benchmarks).
-    """
+    """What to sample for each prompt, in vLLM's ``SamplingParams`` names (:data:`SAMPLING_REASONS` says what each
+    does); ``min_tokens=max_tokens`` makes every completion exactly ``max_tokens`` long."""
 
     n: int = 4
     max_tokens: int = 64
@@ -114,25 +109,14 @@ def _takes_sampling_fields(cls: type) -> type:
 @_takes_sampling_fields
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
-    """Sampling settings plus engine settings. ``None`` means "choose for this device and say why".
+    """Sampling settings plus engine settings; ``None`` means "choose for this device and say why".
 
-    Sampling: ``sampling``, a :class:`Sampling`; its fields (``n``, ``max_tokens``, ``temperature``, ``top_p``,
-    ``seed``, ``stop``, ``min_tokens``) are keywords of this constructor too, and attributes: ``RolloutConfig(n=8)``,
-    ``config.n``.
-
-    Engine (vLLM; the HF backend uses ``dtype``, ``max_model_len`` and ``hf_batch_size``):
-
-    - ``max_prompt_tokens``: longest prompt you plan to send; measured from the prompts when given.
-    - ``max_model_len``: context window; default :func:`grpo_lab.memory.context_window` (longest prompt, max_tokens).
-    - ``gpu_memory_utilization``: share of accelerator memory vLLM may take (weights + KV cache), in (0, 1].
-    - ``cpu_kvcache_gib``: KV-cache size on the CPU (vLLM-CPU's ``VLLM_CPU_KVCACHE_SPACE``).
-    - ``enable_prefix_caching``, ``max_num_seqs``, ``enforce_eager``, ``dtype``, ``enable_sleep_mode``.
-    - ``load_format``: ``"auto"`` loads the weights (from safetensors only), ``"dummy"`` random weights of the
-      same shape (speed tests).
-    - ``hf_batch_size``: sequences per ``model.generate`` call in the HF backend.
-    - ``vllm_options``: more keyword arguments for ``vllm.LLM`` (tuning, e.g. ``{"async_scheduling": True,
-      "max_num_batched_tokens": 16384}``); ``hf_generate_options``: more for ``model.generate`` (e.g.
-      ``{"cache_implementation": "static"}``). Neither may repeat a setting that has its own field.
+    ``sampling``'s fields are keywords and attributes of this class too (``RolloutConfig(n=8)``, ``config.n``). Engine
+    settings are vLLM's names (the HF backend uses ``dtype``, ``max_model_len`` and ``hf_batch_size``):
+    ``max_prompt_tokens`` (measured from the prompts when given), ``max_model_len`` (default
+    :func:`grpo_lab.memory.context_window`), ``gpu_memory_utilization``, ``cpu_kvcache_gib`` (vLLM-CPU's KV cache),
+    ``load_format`` (``"dummy"``: random weights of the same shape). ``vllm_options`` / ``hf_generate_options``: more
+    keyword arguments for ``vllm.LLM`` / ``model.generate``, never one that has its own field.
     """
 
     sampling: Sampling = field(default_factory=Sampling)
@@ -186,11 +170,8 @@ class RolloutConfig:
 
     def resolve(self, device_kind: str | None = None, longest_prompt_tokens: int | None = None,
                 model_path: str | None = None) -> RolloutConfig:
-        """A copy with every ``None`` filled in for ``device_kind`` and the workload, each with its reason.
-
-        ``longest_prompt_tokens`` (measured from the prompts) wins over ``max_prompt_tokens``; ``model_path``
-        lets the reasons quote the model's own limits (context length, KV bytes per token).
-        """
+        """A copy with every ``None`` filled in for ``device_kind`` and the workload, each with its reason
+        (``longest_prompt_tokens`` wins over ``max_prompt_tokens``; ``model_path``: quote the model's limits)."""
         kind = device.check_kind(device_kind or self.device_kind or device.detect())
         model = _model_facts(model_path)
         reasons = dict(self.reasons)

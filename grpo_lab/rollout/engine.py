@@ -1,8 +1,6 @@
-"""The rollout interface every backend implements: :class:`RolloutEngine` and what ``generate`` returns.
-
-:func:`grpo_lab.rollout.backends.open_engine` picks a backend and starts it. The engine owns the model, the shared tokenizer and the resolved :class:`RolloutConfig`. Prompts are
-encoded once here (chat template applied with the shared tokenizer) and checked against ``max_model_len``
-before any backend sees them.
+"""The rollout interface every backend implements: :class:`RolloutEngine` and what ``generate`` returns. The engine
+owns the model, the shared tokenizer and the resolved :class:`RolloutConfig`; prompts are encoded once here and
+checked against ``max_model_len`` before any backend sees them.
 """
 
 from __future__ import annotations
@@ -90,14 +88,8 @@ class BackendChoice:
 
 
 class RolloutEngine:
-    """Base class: prompt handling, checks, timing and lifecycle. Backends implement ``_start``, ``_generate``,
-    ``_stop`` and, where the platform allows, ``_sleep``/``_wake_up``.
-
-    Use it as a context manager so it stops even when the body raises::
-
-        with open_engine(backend="auto") as engine:
-            result = engine.generate([[{"role": "user", "content": "1 + 1 = ?"}]])
-    """
+    """Base class: prompt handling, checks, timing and lifecycle (a context manager: it stops even when the body
+    raises). Backends implement ``_start``, ``_generate``, ``_stop`` and, where they can, ``_sleep``/``_wake_up``."""
 
     name = "base"
 
@@ -161,13 +153,8 @@ class RolloutEngine:
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling | None = None,
                  progress: bool = False, lengths: Sequence[Sequence[int]] | None = None) -> RolloutResult:
-        """Sample ``sampling.n`` completions for every prompt (text or chat messages).
-
-        ``sampling`` defaults to the config's sampling fields; pass ``Sampling(...)`` or
-        ``dataclasses.replace(engine.config.sampling, n=8)`` to change them for one call.
-        ``lengths`` (benchmarks with random weights, which never sample the end token): ``lengths[i][j]`` is the
-        exact number of new tokens of sample ``j`` of prompt ``i``; see :func:`check_completion_lengths`.
-        """
+        """Sample ``sampling.n`` completions for every prompt (default: the config's sampling). ``lengths[i][j]``: the
+        exact new tokens of sample ``j`` of prompt ``i`` (random weights never sample the end token)."""
         self._check_usable()
         sampling = sampling or self.config.sampling
         encoded = self.encode(prompts, sampling.max_tokens)
@@ -226,12 +213,8 @@ def decode_completion(tokenizer, token_ids: Sequence[int], stop: Sequence[str], 
 
 def check_completion_lengths(lengths: Sequence[Sequence[int]] | None, num_prompts: int,
                              sampling: Sampling) -> tuple[tuple[int, ...], ...] | None:
-    """Validate per-sample completion lengths: one row per prompt, ``n`` integers from 1 to ``max_tokens`` each.
-
-    Both backends then make completion ``j`` of prompt ``i`` exactly ``lengths[i][j]`` tokens long (the end token
-    is held back until then; HF ends the row with it, vLLM stops at the length), so HF's padded batches and
-    vLLM's continuous batching can be compared on GRPO-like ragged lengths with random weights.
-    """
+    """Validate per-sample completion lengths (one row per prompt, ``n`` integers from 1 to ``max_tokens``): both
+    backends then make each completion exactly that long, so they compare on GRPO-like ragged lengths."""
     if lengths is None:
         return None
     rows = tuple(tuple(row) for row in lengths)

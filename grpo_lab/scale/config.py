@@ -45,7 +45,7 @@ class ServerModeConfig:
     cpu_kvcache_gib: float = CPU_KV_CACHE_GIB
     """KV cache in host RAM when vLLM runs on the CPU."""
     startup_timeout_s: float = 600.0
-    """How long to wait for ``/health`` (the vLLM-CPU engine takes ~1–2 min on two cores, CUDA ~1 min)."""
+    """How long to wait for ``/health`` (a vLLM engine takes minutes to start on a small CPU)."""
     train_timeout_s: float | None = None
     """Stop the trainer (and say so) after this long; None: no limit."""
     shutdown_timeout_s: float = 30.0

@@ -57,11 +57,8 @@ def default_rollout_count(num_devices: int) -> int:
 def plan_devices(kind: str | None = None, num_devices: int | None = None,
                  rollout_devices: Sequence[int] | None = None,
                  train_devices: Sequence[int] | None = None) -> DevicePlan:
-    """Split the visible devices between the rollout server and the trainer.
-
-    ``kind`` defaults to the detected device, ``num_devices`` to the visible count. Without explicit sets the
-    first :func:`default_rollout_count` devices serve rollouts and the rest train. Each index must exist and
-    the two sets must not overlap (sharing a device is colocate mode, not server mode).
+    """Split the visible devices between the rollout server and the trainer: by default the first
+    :func:`default_rollout_count` serve rollouts, the rest train; the two sets must not overlap (that is colocate mode).
 
     >>> plan_devices("cuda", num_devices=2).rollout_env(), plan_devices("cuda", num_devices=2).train_env()
     ({'CUDA_VISIBLE_DEVICES': '0'}, {'CUDA_VISIBLE_DEVICES': '1'})

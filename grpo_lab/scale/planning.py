@@ -1,4 +1,4 @@
-"""Resource planning (notebook 07): which devices hold the actor, the rollout, the reference and the reward, per
+"""Resource planning: which devices hold the actor, the rollout, the reference and the reward, per
 layout (:func:`plan_resources`), and the memory each layout needs (:func:`memory_by_layout`)."""
 
 from __future__ import annotations
@@ -51,13 +51,9 @@ def _span(indices: Sequence[int]) -> str:
 
 def plan_resources(num_devices: int = 8, layout: str = "server", kind: str = "cuda",
                    rollout_devices: int | None = None, beta: float = 0.04, reward: str = "rule") -> ResourcePlan:
-    """Which devices hold the actor (trained policy), rollout engine, reference model and reward, per layout.
-
-    ``colocate``: TRL, every device trains and generates in turn (vLLM inside each training process).
-    ``server``: TRL server mode, ``rollout_devices`` (default :func:`default_rollout_count`) serve vLLM, the rest
-    train. ``verl``: verl's hybrid engine on Ray, every device holds actor, rollout and reference in turn.
-    ``beta=0`` drops the reference model; ``reward="model"`` puts a reward model on the training devices
-    instead of a rule on the CPU.
+    """Which devices hold the actor, rollout engine, reference model and reward: ``colocate`` (TRL, every device
+    trains and generates in turn), ``server`` (``rollout_devices`` serve vLLM, the rest train) or ``verl`` (its hybrid
+    engine on Ray). ``beta=0`` drops the reference; ``reward="model"`` puts a reward model on the training devices.
 
     >>> print(plan_resources(8, "server").roles[1].devices)
     0–1
@@ -88,8 +84,7 @@ def plan_resources(num_devices: int = 8, layout: str = "server", kind: str = "cu
                  RoleAssignment("rollout", r, "vLLM inside each training process (`vllm_mode='colocate'`), "
                                               "`vllm_gpu_memory_utilization` of each device"),
                  RoleAssignment("reference", *reference), RoleAssignment("reward", *reward_row))
-        launch = (f"{var}=0 python -m grpo_lab.train --use-vllm true --vllm-mode colocate   # one device, as in "
-                  "notebook 03",)
+        launch = (f"{var}=0 python -m grpo_lab.train --use-vllm true --vllm-mode colocate   # one device",)
         if num_devices > 1:
             launch += (f"# on {num_devices} devices this layout is TRL's `accelerate launch --num_processes "
                        f"{num_devices}` of that trainer; grpo_lab.train writes its run folder from one process, so it "
@@ -128,12 +123,8 @@ def plan_resources(num_devices: int = 8, layout: str = "server", kind: str = "cu
 def memory_by_layout(model: Any, device_memory_gib: float, device_kind: str = "cuda",
                      vllm_gpu_memory_utilization: float = VLLM_MEMORY_FRACTION["server"],
                      **training: Any) -> list[dict[str, Any]]:
-    """Colocate on one device vs server mode on two, from :func:`grpo_lab.memory.plan_memory`'s budget.
-
-    Colocate: the planner's verdict and recommended ``vllm_gpu_memory_utilization``. Server mode: the trainer's
-    device holds the training peak plus the runtime margin; the rollout device gives vLLM ``vllm_gpu_memory_utilization``
-    of its memory. ``training`` are the planner's shape fields (``per_device_train_batch_size=8`` …).
-    """
+    """Colocate on one device vs server mode on two (the trainer's device holds the training peak and the margin, the
+    rollout device gives vLLM its share), from :func:`grpo_lab.memory.plan_memory`; ``training``: its shape fields."""
     colocate = plan_memory(model, device_memory_gib=device_memory_gib, device_kind=device_kind, **training)
     server = plan_memory(model, device_memory_gib=device_memory_gib, device_kind=device_kind,
                          vllm_gpu_memory_utilization=vllm_gpu_memory_utilization, **training)

@@ -1,9 +1,6 @@
 """The server-mode runner: the trainer under ``accelerate launch`` on the training devices, watched against a running
-rollout server, and server mode end to end (:func:`run_server_mode`).
-
-Other layouts that train against the rollout server (:mod:`grpo_lab.async_grpo`) build on the same pieces:
-:func:`server_train_config` resolves the experiment, :func:`launch_trainer` runs a module's ``trainer`` entry and
-returns what it wrote, :func:`result_fields` turns that into :class:`ServerModeResult`'s fields.
+rollout server, and server mode end to end (:func:`run_server_mode`). :mod:`grpo_lab.async_grpo` builds on the same
+pieces (:func:`server_train_config`, :func:`launch_trainer`, :func:`result_fields`).
 """
 
 from __future__ import annotations
@@ -122,13 +119,8 @@ class TrainerProcess:
 def launch_trainer(server: RolloutServer, config: ServerModeConfig, run_dir: Path, spec: dict[str, Any], bf16: bool,
                    module: str = "grpo_lab.scale", sync_dir: Path | None = None) -> TrainerProcess:
     """Write ``spec`` to ``<run>/server_mode_spec.json``, run ``module``'s trainer entry under ``accelerate launch`` on
-    the training devices, watch it against ``server`` and return the outcome it wrote to ``spec["result_path"]``.
-
-    A server still starting (``launch_rollout_server(..., wait=False)``) is waited for while the trainer loads; the
-    trainer waits for it too (``vllm_server_timeout``). The trainer runs in a watched process group of its own
-    (:func:`grpo_lab.servers.start_process_group`), which is ended on success, on an error, on a timeout, on an
-    interrupt and when this process dies; ``sync_dir`` (the file weight sync's folder) is removed
-    afterwards.
+    the training devices in a watched process group, watch it against ``server`` (waited for while the trainer loads)
+    and return the outcome it wrote to ``spec["result_path"]``; ``sync_dir`` is removed afterwards.
     """
     spec_path = run_dir / "server_mode_spec.json"
     spec_path.write_text(json.dumps(spec, indent=2, default=str) + "\n", encoding="utf-8")
@@ -161,11 +153,8 @@ def result_fields(server: RolloutServer, trainer: TrainerProcess, run_dir: Path)
 
 
 def train_with_server(server: RolloutServer, config: ServerModeConfig, train_config: TrainConfig) -> ServerModeResult:
-    """Run :func:`grpo_lab.train.train` with ``vllm_mode="server"`` under ``accelerate launch`` on the training
-    devices, against a running ``server``; return the run folder, step times and the server's counts.
-
-    ``train_config`` must be resolved, with ``vllm_mode="server"`` (:func:`run_server_mode` prepares it).
-    """
+    """Run :func:`grpo_lab.train.train` (a resolved ``train_config`` with ``vllm_mode="server"``) under ``accelerate
+    launch`` against a running ``server``; return the run folder, step times and the server's counts."""
     if train_config.vllm_mode != "server" or not train_config.use_vllm:
         raise ConfigError("train_config must have use_vllm=True and vllm_mode='server' (use run_server_mode, or "
                          "server_train_config(train_config)).")
@@ -197,12 +186,8 @@ def server_train_config(train_config: TrainConfig, machine: Machine | None = Non
 
 def run_server_mode(config: ServerModeConfig | None = None, train_config: TrainConfig | None = None
                     ) -> ServerModeResult:
-    """Server mode end to end: plan the devices, start the rollout server and, while it starts, the trainer (which
-    waits for it: ``vllm_server_timeout``), train, stop everything.
-
-    Raises :class:`ScaleOutError` naming the log file when the server does not come up, dies, or the trainer
-    fails; nothing keeps running afterwards.
-    """
+    """Server mode end to end: plan the devices, start the rollout server and, while it starts, the trainer; train;
+    stop everything. :class:`ScaleOutError` names the log file when the server or the trainer fails."""
     config = (config or ServerModeConfig()).resolved()
     plan = plan_devices(config.device, rollout_devices=config.rollout_devices, train_devices=config.train_devices)
     if plan.num_train_processes > 1:

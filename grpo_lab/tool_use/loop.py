@@ -1,9 +1,6 @@
-"""TRL's tool loop played on a rollout engine, and what it measured: the evaluation of tool use before and after.
-
-Each turn is generated greedily on a :mod:`grpo_lab.rollout` engine (HF ``generate`` or vLLM), parsed by TRL's
-``parse_response`` with the tokenizer's ``response_template``, each call run through the guard of
-:mod:`grpo_lab.tools`, its answer appended as ``GRPOTrainer`` appends it, for at most ``max_tool_calling_iterations``
-rounds of calls and ``max_completion_length`` tokens for the whole answer, tool answers included. A
+"""TRL's tool loop played on a rollout engine, and the evaluation of tool use before and after: each turn generated
+greedily, parsed by TRL's ``parse_response``, each call run through the guard of :mod:`grpo_lab.tools` and its answer
+appended as ``GRPOTrainer`` appends it, within ``max_tool_calling_iterations`` and ``max_completion_length``. A
 :class:`ToolUseReport` holds one :class:`Conversation` per problem and every share with its standard error.
 """
 

@@ -1,33 +1,23 @@
 """Export the course's GRPO experiment to verl: parquet data, a ``compute_score`` reward module, the config.
 
-verl (``python3 -m verl.trainer.main_ppo``) trains GRPO with Ray workers, FSDP and vLLM rollouts across many
-GPUs or Ascend NPUs. This module writes what it needs from the same :class:`~grpo_lab.train.TrainConfig` that
-``grpo-lab train`` runs, into one folder that can be copied to a verl machine:
+verl (``python3 -m verl.trainer.main_ppo``) trains GRPO with Ray workers, FSDP and vLLM rollouts across many GPUs or
+Ascend NPUs. This package writes what it needs, from the same :class:`~grpo_lab.train.TrainConfig` that ``grpo-lab
+train`` runs, into one folder to copy to a verl machine:
 
-* ``train.parquet`` / ``test.parquet``: the course rows in verl's format (``data_source``, ``prompt`` as chat
-  messages, ``ability``, ``reward_model: {style: rule, ground_truth}``, ``extra_info: {split, index, ...}``);
+* ``train.parquet`` / ``test.parquet``: the course rows in verl's format;
 * ``reward_fn.py`` with ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``, scoring with
-  ``grpo_lab_rewards.py`` beside it: a verbatim copy of :mod:`grpo_lab.rewards` (standard library only), because
-  verl loads the reward file by path inside its workers, where grpo_lab is usually not installed;
-* ``verl_overrides.yaml``: the Hydra overrides of verl's ``ppo_trainer`` config (``algorithm.adv_estimator=grpo``,
-  KL loss ``low_var_kl`` with ``kl_loss_coef`` = TRL's ``beta``, ``rollout.n`` = ``num_generations``, rollout
-  tensor parallel size, ``gpu_memory_utilization``, device counts …), paths relative to the folder;
-* ``run_verl.sh``: the launch command with the device variables (Ascend: CANN environment,
-  ``ASCEND_RT_VISIBLE_DEVICES``, ``HCCL_CONNECT_TIMEOUT``, ``trainer.device=npu``); ``README.md`` explains each
-  setting and ``export.json`` records the experiment, file checksums and the schema check.
+  ``grpo_lab_rewards.py`` beside it: a verbatim copy of :mod:`grpo_lab.rewards` (standard library only), since verl
+  loads the reward file by path in workers where grpo_lab is usually not installed;
+* ``verl_overrides.yaml``: the Hydra overrides of verl's ``ppo_trainer`` config (TRL's names in verl's keys);
+* ``run_verl.sh``: the launch command with the device variables; ``README.md`` explains each setting and
+  ``export.json`` records the experiment, file checksums and the schema check.
 
-:func:`validate_overrides` checks every override key against verl's own config (the keys of verl's
-``_generated_ppo_trainer.yaml``, plus Hydra composition of ``ppo_trainer`` in struct mode when ``hydra-core``
-imports) wherever verl's config files can be found: an installed ``verl``, or ``GRPO_LAB_VERL_SOURCE`` naming a
-verl wheel, checkout or config folder. grpo_lab never runs verl itself.
-
-The package is named ``verl_export`` rather than ``verl`` so that it can never shadow the real ``verl`` package.
-One concern a module, each importing only from those listed after it: ``cli`` (``grpo-lab verl-export``);
-``export`` (write a folder, read it back); ``files`` (``reward_fn.py``, ``run_verl.sh``) and ``schema`` (verl's
-config files, the key check); ``overrides`` (TRL names -> verl keys, Hydra's grammar); ``folder`` (the file names),
-``rows`` (parquet) and ``target`` (:class:`VerlTarget`). Every name imports from ``grpo_lab.verl_export``.
-
-Example (CPU, a few seconds)::
+:func:`validate_overrides` checks every override key against verl's own config wherever its files can be found (an
+installed ``verl``, or ``GRPO_LAB_VERL_SOURCE`` naming a verl wheel, checkout or config folder). grpo_lab never runs
+verl itself. The package is not named ``verl`` so that it never shadows the real one. Modules: ``cli``; ``export``
+(write a folder, read it back); ``files`` (``reward_fn.py``, ``run_verl.sh``); ``schema`` (the key check);
+``overrides`` (TRL names -> verl keys); ``folder``, ``rows`` (parquet), ``target`` (:class:`VerlTarget`). Every name
+imports from ``grpo_lab.verl_export``.
 
     >>> from grpo_lab.train import TrainConfig
     >>> from grpo_lab.verl_export import VerlTarget, export_verl
@@ -36,8 +26,7 @@ Example (CPU, a few seconds)::
     >>> export.overrides["actor_rollout_ref.rollout.n"]                             # doctest: +SKIP
     4
 
-From a shell: ``python -m grpo_lab.verl_export --out runs/verl-gpu --profile gpu --gpus 8`` (every
-``grpo-lab train`` option works too).
+From a shell: ``python -m grpo_lab.verl_export --out runs/verl-gpu --profile gpu --gpus 8``.
 """
 
 from grpo_lab.verl_export.cli import build_parser, main

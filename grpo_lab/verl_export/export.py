@@ -61,12 +61,8 @@ class VerlExport:
 
 def export_verl(out_dir: str | Path, config: TrainConfig | None = None, target: VerlTarget | None = None,
                 overwrite: bool = False, validate: bool = True, deep: bool = False) -> VerlExport:
-    """Write the verl export of ``config`` (default: the profile's experiment) for ``target`` into ``out_dir``.
-
-    ``validate`` checks the overrides against verl's config schema when verl's config files are found
-    (see :func:`validate_overrides`; ``deep`` adds verl's ``validate_config``); the result is in
-    ``export.schema_check``, the README and the manifest.
-    """
+    """Write the verl export of ``config`` (default: the profile's experiment) for ``target`` into ``out_dir``;
+    ``validate`` checks the overrides against verl's config (:func:`validate_overrides`) where it is found."""
     profiled = (config or TrainConfig()).with_profile()
     target = (target or VerlTarget()).resolved(PROFILE_DEVICE[profiled.profile], profiled.profile, profiled.eval_size)
     config = resolve_experiment(profiled, target.device)

@@ -88,13 +88,10 @@ def _verl_version(package: Path) -> str:
 
 
 def validate_overrides(overrides: dict[str, Any], source: str | Path | None = None, deep: bool = False) -> SchemaCheck:
-    """Check every override key against verl's own config, where verl's config files can be found.
-
-    Always (PyYAML): each key exists in verl's ``_generated_ppo_trainer.yaml`` (the fully composed default config
-    verl ships), so every missing key is listed. With ``hydra-core``: Hydra composes ``ppo_trainer`` with the
-    overrides in struct mode, exactly as ``verl.trainer.main_ppo`` starts, and resolves every interpolation.
-    ``deep=True`` and an importable verl: also ``verl.utils.config.validate_config`` (batch-size arithmetic).
-    Returns a skipped :class:`SchemaCheck` when verl's config is nowhere to be found.
+    """Check every override key against verl's own config where its files can be found (else a skipped
+    :class:`SchemaCheck`): each key in verl's composed ``_generated_ppo_trainer.yaml``; with ``hydra-core``, Hydra's
+    composition of ``ppo_trainer`` in struct mode, as ``main_ppo`` starts; with ``deep=True`` and verl importable, its
+    ``validate_config``.
     """
     found = find_verl_config(source)
     if found is None:
