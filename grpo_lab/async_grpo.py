@@ -32,7 +32,7 @@ that overlaps them.
 **Importance sampling.** A stale completion was sampled by an older policy, so its log-probabilities under the current
 policy differ from the ones the server reported. TRL 1.16's ``AsyncGRPOTrainer`` has *no* importance-sampling
 correction: its loss is PPO's clipped ratio ``π_θ / π_vLLM(θ_old)`` against the server's log-probabilities, and only
-the ε-clip bounds it (huggingface/trl#6945; PR #7120 would add one). The synchronous ``GRPOTrainer`` has one
+the ε-clip bounds it (https://github.com/huggingface/trl/issues/6945; a pull request there would add one). The synchronous ``GRPOTrainer`` has one
 (``vllm_importance_sampling_correction``, a truncated or masked weight ``π_old / π_vLLM``); the scale-out lesson compares both.
 
 **Weight transfer.** On CUDA TRL's own NCCL transfer runs unchanged. Where there is no NCCL (the CPU, and Ascend) the

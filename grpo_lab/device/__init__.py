@@ -383,7 +383,7 @@ def release_memory(kind: str | None = None) -> None:
 
 def started_here(kind: str | None = None) -> bool:
     """Whether this process has started the device's runtime (a CUDA or NPU context): only then can it hold device
-    memory. Asking the device anything else (free memory, allocated bytes) would start one, ~0.5 GiB."""
+    memory. Asking the device anything else (free memory, allocated bytes) would start one, which holds memory itself."""
     kind = kind or detect()
     return kind != "cpu" and bool(_module(kind).is_initialized())
 

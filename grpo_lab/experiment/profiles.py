@@ -30,7 +30,7 @@ SMALLER_STEP_LEVERS = ("lower vllm_gpu_memory_utilization to the planner's share
 
 # The course's starting points, as overrides of TrainConfig's fields (only fields whose default is None).
 # `tiny` is tuned to learn fast on a CPU. `gpu`/`npu` are a recipe for a small real instruct model: 16 prompts x 8
-# completions per step, rollouts at T=0.7, lr 2e-5 after 10 warmup steps, correctness + 0.2 x format (a small model
+# completions per step, rollouts at T=0.7, lr 2e-5 after 10 warmup steps, correctness plus format at weight 0.2 (a small model
 # first has to learn the `#### N` line), an independent reference model (beta 0.04), vLLM colocate. A smaller step at
 # a lower learning rate rarely gives such a model a group with a signal (every completion scores the same). The
 # micro-batch is fitted to the device by the memory planner: one micro-batch where the step fits, several accumulated
