@@ -449,20 +449,24 @@ def _require_columns(path: str | Path, number: int, record: dict[str, Any], colu
                         f"needs {list(columns)}")
 
 
-def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file in the shared format; each needs ``prompt`` (a string becomes one user message) and
-    ``answer`` (made a string)."""
+def load_jsonl(path: str | Path, answer_column: str | None = "answer") -> list[dict[str, Any]]:
+    """Rows of a JSONL file in the shared format (one written by ``datasets``' ``to_json`` too); each needs
+    ``prompt`` (a string becomes one user message) and ``answer_column``, copied to ``answer`` (made a string). With
+    ``answer_column=None`` the answer is optional (rows for rewards that read other columns)."""
     rows = []
     for number, record in _read_json_lines(path):
-        _require_columns(path, number, record, ("prompt", "answer"))
+        _require_columns(path, number, record, ("prompt",) if answer_column is None else ("prompt", answer_column))
         row = dict(record)
+        if answer_column not in (None, "answer"):
+            row["answer"] = row[answer_column]
         if isinstance(row["prompt"], str):
             row["prompt"] = [{"role": "user", "content": row["prompt"]}]
         elif not (isinstance(row["prompt"], list) and all(isinstance(m, dict) and "content" in m
                                                           for m in row["prompt"])):
             raise DataError(f"{path}, line {number}: 'prompt' must be a string or a list of chat messages "
                             f"like [{{'role': 'user', 'content': '...'}}]")
-        row["answer"] = str(row["answer"])
+        if "answer" in row:
+            row["answer"] = str(row["answer"])
         rows.append(row)
     return rows
 

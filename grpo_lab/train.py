@@ -87,9 +87,12 @@ def check_dataset(rows: Sequence[dict[str, Any]], reward_funcs: Sequence[Callabl
     for column, why in needed.items():
         missing = [i for i, row in enumerate(rows) if column not in row or row[column] is None]
         if missing:
+            hint = (" If another column holds the answers, name it: TrainConfig(answer_column='...')."
+                    if column == "answer" else "")
             raise ConfigError(
                 f"{source}: {len(missing)} of {len(rows)} rows have no '{column}' column ({why}); first at row "
-                f"{missing[0]} with columns {sorted(rows[missing[0]])}. Add it (see grpo_lab.data for the row format).")
+                f"{missing[0]} with columns {sorted(rows[missing[0]])}. Add it (see grpo_lab.data for the row "
+                f"format).{hint}")
 
 
 def choose_backend(config: TrainConfig) -> tuple[bool, str]:

@@ -51,6 +51,9 @@ class TrainConfig:
     """The run folder; default a new ``grpo-<profile>-<time>`` folder under the runs root (:mod:`grpo_lab.runs`)."""
     dataset: str | None = None
     """A JSONL file in the shared row format; default the shipped ``data/train.jsonl``."""
+    answer_column: str | None = None
+    """The ``dataset`` column that holds each problem's answer, read by the course's rewards as ``answer``; None:
+    ``answer`` where the rows have it (your own rewards may read any column, as TRL passes every column on)."""
     train_types: tuple[str, ...] | None = None
     """Problem types to train on; default the types the model's manifest marks as having a deliberate slip
     (where pass@k is far above greedy, so GRPO has something to sharpen), else every type."""

@@ -41,7 +41,7 @@ def fine_tuned_on_training_rows(config: TrainConfig) -> bool:
 def load_train_rows(config: TrainConfig) -> list[dict[str, Any]]:
     """Training rows: the dataset file (or shipped train split), filtered to ``train_types`` and
     ``train_languages``, capped at ``train_size``."""
-    rows = load_jsonl(config.dataset) if config.dataset else load_split("train")
+    rows = load_jsonl(config.dataset, answer_column=config.answer_column) if config.dataset else load_split("train")
     if config.train_languages:
         known = {row.get("lang") for row in rows}
         if not known & set(config.train_languages):
