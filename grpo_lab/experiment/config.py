@@ -31,7 +31,7 @@ from grpo_lab.experiment.rows import default_train_types, model_languages
 from grpo_lab.rewards import REWARD_ERROR_MODES
 from grpo_lab.rollout import RolloutConfig
 from grpo_lab.runs import CHECKPOINTS
-from grpo_lab.upstream import SHARED_TRL_FIELDS
+from grpo_lab.upstream.trl import SHARED_TRL_FIELDS
 from grpo_lab.tracking import TRACKERS, TRACKIO_PROJECT
 from grpo_lab.tools import get_tool
 
@@ -431,7 +431,7 @@ class TrainConfig:
         return RolloutConfig(**{**values, **overrides})
 
     def trl_kwargs(self) -> dict[str, Any]:
-        """The fields TRL's ``GRPOConfig`` and ``AsyncGRPOConfig`` share (:data:`grpo_lab.upstream.SHARED_TRL_FIELDS`),
+        """The fields TRL's ``GRPOConfig`` and ``AsyncGRPOConfig`` share (:data:`grpo_lab.upstream.trl.SHARED_TRL_FIELDS`),
         from this resolved experiment; checkpoints go to ``<output_dir>/checkpoints``. Each trainer adds its own."""
         self._require_resolved("trl_kwargs")
         derived = {"output_dir": str(Path(self.output_dir) / CHECKPOINTS), "bf16": bool(self.bf16),
