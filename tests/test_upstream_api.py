@@ -113,7 +113,7 @@ def test_every_upstream_name_is_declared_in_grpo_lab_upstream():
     everything = entries("_INTERNALS") + entries("_FIELDS")
     assert all(isinstance(entry, UpstreamName) and entry.kind in KINDS for _, entry in everything)
     assert all(re.fullmatch(r"[a-z_-]+ \d+\.\d+\.\d+", entry.checked) for _, entry in everything)
-    assert all(entry.kind in ("config", "not_config") for list_name, entry in everything if list_name.endswith("FIELDS"))
+    assert all(entry.kind in ("config", "not_config") for name, entry in everything if name.endswith("_FIELDS"))
     assert not [entry for entry in internals() if entry.kind in ("config", "not_config")], "fields go to *_FIELDS"
     assert not [entry for entry in internals() if not entry.goes_when], "every internal says when it can go"
 

@@ -110,9 +110,8 @@ class _ColocatedGeneration:
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         if self.asleep:  # TRL thinks the weights are awake: push them as it would
             self.sync_weights()
-        logprobs = self.engine.without_sampled_logprobs() if not self._trainer.sampling_logprobs \
-            else contextlib.nullcontext()
-        with logprobs:
+        read = self._trainer.sampling_logprobs
+        with contextlib.nullcontext() if read else self.engine.without_sampled_logprobs():
             return self._generation.generate(*args, **kwargs)
 
 
