@@ -61,7 +61,7 @@ _MODULES: tuple[str, ...] = (
     "advantages", "async_grpo", "cli", "course", "data", "deploy", "device", "doctor", "env", "errors",
     "evaluation", "experiment", "load_test", "lora", "memory", "models", "paths", "plots", "recipe", "results",
     "rewards", "rollout", "runs", "scale", "tool_use", "tools", "tracking", "train", "verl_export", "verl_parity",
-    "weight_sync", "widgets",
+    "widgets",
 )
 # The measurement lab: loads like a public module (notebook 06 imports it), but no promise: its names follow the
 # committed measurements (benchmarks/results/catalogue.json) and may change in any version.

@@ -77,7 +77,8 @@ from grpo_lab.errors import ConfigError, GrpoLabError
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.rewards import RewardSet, WeightedReward, prepare, reward_name
 from grpo_lab.rollout import load_tokenizer
-from grpo_lab.weight_sync import SYNC_FOLDER, FileWeightTransfer
+from grpo_lab.upstream.trl import FileWeightTransfer
+from grpo_lab.upstream.vllm import SYNC_FOLDER
 
 RESULT_FILE = "async_grpo.json"
 SAMPLES_FILE = "trained_samples.jsonl"
@@ -254,7 +255,7 @@ def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_d
     """A ready ``AsyncGRPOTrainer`` (our subclass) for a resolved experiment against the server at ``base_url``; every
     input is checked first. ``sync_dir``: push weights through files there (:class:`FileWeightTransfer`), else TRL's
     NCCL transfer. Build and train inside :func:`grpo_lab.async_trainer.trl_workarounds`."""
-    from grpo_lab.async_trainer import GrpoLabAsyncTrainer  # imports TRL's experimental trainer: only to train
+    from grpo_lab.upstream.async_trainer import GrpoLabAsyncTrainer  # imports TRL's experimental trainer
 
     check_experiment(config)
     reward_set = prepare(list(reward_funcs or config.rewards), config.reward_weights, config.reward_errors)
@@ -278,7 +279,7 @@ def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_d
 def run_trainer(spec_path: str | Path) -> int:
     """The ``accelerate launch`` entry: train against the server named in the spec; write the run folder and the
     outcome."""
-    from grpo_lab.async_trainer import trl_workarounds  # imports TRL's experimental trainer: only to train
+    from grpo_lab.upstream.async_trainer import trl_workarounds  # imports TRL's experimental trainer: only to train
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     config = TrainConfig.from_dict(spec["train_config"])
@@ -295,12 +296,11 @@ def run_trainer(spec_path: str | Path) -> int:
             train.write_run_record(run_dir, config,
                                    backend=f"AsyncGRPOTrainer against the vLLM server at {spec['base_url']}",
                                    async_config=dataclasses.asdict(knobs), trl_workarounds=workarounds,
-                                   weight_transfer="file (grpo_lab.weight_sync.FileWeightTransfer)"
+                                   weight_transfer="file (grpo_lab.upstream.trl.FileWeightTransfer)"
                                    if spec["sync_dir"] else "nccl (TRL's WeightTransferClient)")
         start = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - start
-    trainer.model.config._attn_implementation = "sdpa"  # TRL's tree attention is registered only inside its trainer
     final_dir = train.save_final_model(trainer, config, run_dir, "GRPO-trained asynchronously by grpo_lab.async_grpo")
     if main_process:
         outcome = {"global_step": trainer.state.global_step, "seconds": seconds, "step_seconds": clock.seconds,
@@ -563,17 +563,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{result.dropped_stale} dropped as too stale")
     scale.print_commands(result, RESULT_FILE)
     return 0
-
-
-# --------------------------------------------------------------------------------------------------
-# Deprecated names (0.2.0 -> 0.3.0): they warn and point to their new place (CHANGELOG.md)
-# --------------------------------------------------------------------------------------------------
-from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
-
-__getattr__ = moved_names(__name__, moved={
-    name: f"grpo_lab.async_trainer:{name}" for name in (
-        "StalenessGate", "TakenSample", "completion_digest", "TorchTreeAttention", "attention_backend",
-        "trl_workarounds")}, since="0.2.0")
 
 
 if __name__ == "__main__":

