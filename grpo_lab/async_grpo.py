@@ -242,7 +242,7 @@ def async_grpo_args(config: TrainConfig, knobs: AsyncConfig, base_url: str):
     """
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    own = {item.name for item in dataclasses.fields(AsyncGRPOConfig)} - {"use_liger_kernel"}
+    own = {item.name for item in dataclasses.fields(AsyncGRPOConfig)} - {"use_liger_kernel", "vllm_server_base_url"}
     kwargs = experiment.plan(config, Machine.detect()).trl_kwargs(use_vllm=True)
     return AsyncGRPOConfig(
         **{name: value for name, value in kwargs.items() if name in own}, dtype="float32", token_budget=0,

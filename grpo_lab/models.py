@@ -179,11 +179,41 @@ def resolve_model(name: str | os.PathLike[str] | None = None) -> str:
     return text
 
 
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+@dataclass(frozen=True)
+class AdapterModel:
+    """A LoRA adapter folder that stands for a model: PEFT's adapter, applied on its base as the adapter trained on it
+    (a QLoRA run's deliverable: the base in 4 bits, as ``quantization`` says)."""
+
+    folder: Path
+    base: str
+    quantization: dict[str, Any] | None
+    """transformers' ``BitsAndBytesConfig`` fields the base is loaded with (None: as saved)."""
+
+    def describe(self) -> str:
+        how = "in 4 bits" if self.quantization else "as saved"
+        return f"the LoRA adapter {self.folder.name}/ on its base {self.base} ({how})"
+
+
+def adapter_model(folder: str | os.PathLike[str]) -> AdapterModel | None:
+    """The adapter a folder holds (``adapter_config.json``), with its base and how the base is loaded (the folder's
+    manifest); None for a plain model folder or a hub id."""
+    path = Path(folder)
+    if not (path / ADAPTER_CONFIG).is_file():
+        return None
+    manifest = _load_manifest(path) or {}
+    base = manifest.get("base_model_path") or json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8"))[
+        "base_model_name_or_path"]
+    return AdapterModel(path, str(base), manifest.get("quantization"))
+
+
 def load_model_and_tokenizer(name_or_path: str | os.PathLike[str] | None = None, device: str = "cpu",
                              dtype: Any = None, trust_remote_code: bool = False, verify: bool = True):
     """Load ``(model, tokenizer)`` from safetensors only, in eval mode, on ``device``; a folder with a
     ``manifest.json`` is verified first (unless ``verify=False``); ``dtype``: a torch dtype or its name (None: as
-    saved)."""
+    saved). An adapter folder (:func:`adapter_model`) loads as its base with the adapter applied."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -197,9 +227,39 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16' or 'float16'")
         dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype if dtype is not None else "auto",
-                                                 use_safetensors=True, trust_remote_code=trust_remote_code)
-    return model.to(device).eval(), tokenizer
+    adapter = adapter_model(resolved)
+    if adapter is None:
+        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype if dtype is not None else "auto",
+                                                     use_safetensors=True, trust_remote_code=trust_remote_code)
+        return model.to(device).eval(), tokenizer
+    from peft import PeftModel
+    from transformers import BitsAndBytesConfig
+
+    quantized = adapter.quantization is not None
+    base = AutoModelForCausalLM.from_pretrained(
+        resolve_model(adapter.base), dtype=dtype if dtype is not None else "auto", use_safetensors=True,
+        trust_remote_code=trust_remote_code, device_map={"": device} if quantized else None,
+        quantization_config=BitsAndBytesConfig(**adapter.quantization) if quantized else None)
+    model = PeftModel.from_pretrained(base if quantized else base.to(device), resolved,
+                                      trust_remote_code=trust_remote_code)
+    return model.eval(), tokenizer
+
+
+def cast_weights(model_dir: str | Path, dtype: str) -> None:
+    """Rewrite a model folder's floating-point safetensors weights in ``dtype`` (``"bfloat16"``), and its config's
+    dtype: a model saved from fp32 master weights, in the dtype it is served and evaluated in."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    target = getattr(torch, dtype)
+    for path in Path(model_dir).glob("*.safetensors"):
+        tensors = {name: t.to(target) if t.is_floating_point() else t for name, t in load_file(str(path)).items()}
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    config_path = Path(model_dir) / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["dtype"] = dtype
+    config.pop("torch_dtype", None)
+    config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
 def weights_digest(model_dir: str | Path) -> str:

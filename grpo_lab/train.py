@@ -61,7 +61,7 @@ from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError, GrpoLabError
 from grpo_lab.experiment import Plan, TrainConfig, plan
 from grpo_lab.memory import CPU_KV_CACHE_GIB
-from grpo_lab.models import write_manifest
+from grpo_lab.models import cast_weights, resolve_model, write_manifest
 from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.rollout import RolloutEngine, borrow_engine
 from grpo_lab.rollout.vllm_backend import in_engine_environment
@@ -227,22 +227,34 @@ def write_run_record(run_dir: Path, config: TrainConfig, **facts: Any) -> dict[s
 
 
 def save_final_model(trainer: Any, config: TrainConfig, run_dir: Path, description: str) -> Path:
-    """The trained model, its tokenizer and a manifest as ``<run>/final``, written under ``.partial/`` first and
-    renamed into place once complete (:func:`grpo_lab.runs.publish_folder`). A LoRA run first publishes PEFT's
-    adapter as ``<run>/adapter``; ``final/`` is that adapter merged into the base's weights (:func:`lora.merge_into`)."""
+    """The deliverable, ``<run>/final``: what the run learned, in the form it is evaluated and served in, with its
+    tokenizer and a manifest, written under ``.partial/`` first and renamed into place once complete
+    (:func:`grpo_lab.runs.publish_folder`). Every weight trained: the model, in bf16 where it trained with bf16
+    autocast (the dtype it is served in), else as trained. LoRA: PEFT's adapter is published as ``<run>/adapter``;
+    ``final/`` is the adapter merged into the base (:func:`lora.merge_into`). QLoRA: a merge into the full-precision
+    base would not be the model that trained (the adapter learned on the 4-bit weights), so ``final/`` is the adapter
+    itself, which loads on its base in 4 bits (:func:`grpo_lab.models.adapter_model`)."""
     staged = run_dir / runs.PARTIAL / runs.FINAL
     shutil.rmtree(staged, ignore_errors=True)
+    info: dict[str, Any] = {}
     if config.use_peft:
         staged_adapter = run_dir / runs.PARTIAL / runs.ADAPTER
         shutil.rmtree(staged_adapter, ignore_errors=True)
         trainer.save_model(str(staged_adapter))
-        lora.merge_into(config.model, runs.publish_folder(staged_adapter, run_dir / runs.ADAPTER), staged)
+        adapter = runs.publish_folder(staged_adapter, run_dir / runs.ADAPTER)
+        if config.load_in_4bit:
+            shutil.copytree(adapter, staged)
+            info = {"base_model_path": resolve_model(config.model), "quantization": lora.quantization_kwargs(config)}
+        else:
+            lora.merge_into(config.model, adapter, staged)
     else:
         trainer.save_model(str(staged))
+    if config.bf16 and not config.load_in_4bit:
+        cast_weights(staged, "bfloat16")
     trainer.processing_class.save_pretrained(str(staged))
     write_manifest(staged, {"name": f"{run_dir.name}/{runs.FINAL}", "description": description,
                             "base_model": config.model if not Path(config.model).is_absolute()
-                            else Path(config.model).name,
+                            else Path(config.model).name, **info,
                             "global_step": trainer.state.global_step, "train_config": config.to_dict()})
     return runs.publish_folder(staged, run_dir / runs.FINAL)
 

@@ -498,10 +498,17 @@ def _(x: Inputs):
     return lambda: train.build_trainer(experiment.plan(config, device.Machine("cpu", bf16=False, memory_gib=24)))
 
 
-@case("train/dataset-file-missing-answer", DataError, r"missing column\(s\) \['answer'\]", "every row needs")
+@case("train/dataset-file-missing-answer", ConfigError, r"no 'answer' column", "answer_column=")
 def _(x: Inputs):
-    path = x.jsonl("train.jsonl", {"prompt": "1 + 1 = ?"})
-    return lambda: experiment.load_train_rows(train.TrainConfig(dataset=str(path)))
+    path = x.jsonl("train.jsonl", {"prompt": "1 + 1 = ?", "solution": "2"})
+    config = train.TrainConfig(profile="tiny", dataset=str(path), train_types=(), train_languages=())
+    return lambda: train.build_trainer(experiment.plan(config, device.Machine("cpu", bf16=False, memory_gib=24)))
+
+
+@case("train/named-answer-column-missing", DataError, r"missing column\(s\) \['result'\]", "every row needs")
+def _(x: Inputs):
+    path = x.jsonl("train.jsonl", {"prompt": "1 + 1 = ?", "solution": "2"})
+    return lambda: experiment.load_train_rows(train.TrainConfig(dataset=str(path), answer_column="result"))
 
 
 @case("train/unknown-train-type", ConfigError,

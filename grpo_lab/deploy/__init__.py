@@ -27,7 +27,6 @@ from grpo_lab.deploy.query import (
 from grpo_lab.deploy.server import (
     ADAPTER_CONFIG,
     FOUR_BIT_QUANTIZATION,
-    QLORA_MERGED_CAVEAT,
     ServeConfig,
     VLLMServer,
     VLLM_LORA_RANKS,
@@ -44,7 +43,6 @@ __all__ = [
     "DeployError",
     "FOUR_BIT_QUANTIZATION",
     "GreedyCheck",
-    "QLORA_MERGED_CAVEAT",
     "REQUIRED_FILES",
     "Reply",
     "STOP_HELP",

@@ -16,6 +16,7 @@ from pathlib import Path
 from grpo_lab import device, runs
 from grpo_lab.errors import DeployError, GrpoLabError, ServerDied
 from grpo_lab.experiment import TrainConfig
+from grpo_lab.models import adapter_model
 from grpo_lab.memory import (
     CPU_KV_CACHE_GIB,
     STEP_DEFAULTS,
@@ -33,14 +34,6 @@ FOUR_BIT_QUANTIZATION = "bitsandbytes"
 """vLLM's name for a 4-bit NF4 base quantized as it loads (TRL's colocated engine for a QLoRA policy)."""
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for ``--max-lora-rank``."""
-QLORA_MERGED_CAVEAT = (
-    "Serving a QLoRA run's final/: the adapter merged into the base's full-precision weights, not the 4-bit base it "
-    "trained against, so it is not the model that trained: the adapter learned its update on the 4-bit weights, and "
-    "the full-precision base differs from them by up to half a 4-bit step per weight, which can outweigh a LoRA "
-    "update. To serve the model as it trained, serve the adapter on its 4-bit base: deploy.served_weights(run, "
-    "adapter=True), grpo-lab serve RUN --lora."
-)
-"""Why a QLoRA run's merged ``final/`` may not answer as the run did (:func:`served_weights` warns with it)."""
 
 
 def _is_loopback(host: str) -> bool:
@@ -124,8 +117,9 @@ class ServeConfig:
         # never pickle weights (validate() refused folders without safetensors); a 4-bit base: vLLM's bitsandbytes
         # loader, as TRL's colocated engine starts it (load format left to vLLM)
         cmd += ["--quantization", self.quantization] if self.quantization else ["--load-format", "safetensors"]
-        kv_cache = device.vllm_kv_cache_arguments(self.gpu_memory_utilization, self.cpu_kvcache_gib,
-                                                  device.Machine.detect())  # the server starts on this machine
+        kind = device.detect()  # the server starts on this machine
+        kv_cache = device.vllm_kv_cache_arguments(self.gpu_memory_utilization, self.cpu_kvcache_gib, kind,
+                                                  device.detect_cap(kind))
         for name, value in kv_cache.items():
             cmd += ["--" + name.replace("_", "-"), str(value)]
         cmd.append("--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching")
@@ -164,8 +158,8 @@ def _is_training_run(path: Path) -> bool:
 
 def served_weights(folder: str | Path, adapter: bool = False) -> tuple[str, str | None]:
     """``(model folder, LoRA adapter folder or None)`` to serve for ``folder``: a model folder as it is; a training
-    run's ``final/`` (a LoRA run's adapter merged: serves anywhere); with ``adapter=True`` a LoRA run's base and
-    adapter, for vLLM's LoRA serving. A QLoRA run's ``final/`` warns with :data:`QLORA_MERGED_CAVEAT`."""
+    run's ``final/`` (a LoRA run's adapter merged: serves anywhere; a QLoRA run's adapter, on its base); with
+    ``adapter=True`` a LoRA run's base and adapter, for vLLM's LoRA serving."""
     path = Path(folder)
     if _is_training_run(path):
         run = runs.Run(path)
@@ -175,31 +169,33 @@ def served_weights(folder: str | Path, adapter: bool = False) -> tuple[str, str 
             return str(run.record["config"]["model"]), str(run.adapter_dir)
         if run.final_dir is None:
             raise DeployError(f"{path} has not finished (no {runs.FINAL}/): resume it, or serve a checkpoint export.")
-        if run.record["config"].get("load_in_4bit"):
-            warnings.warn(QLORA_MERGED_CAVEAT, stacklevel=2)
-        return str(run.final_dir), None
+        path = run.final_dir
+    delivered = adapter_model(path)
+    if delivered is not None and delivered.quantization:  # a QLoRA run's final/: the adapter on its 4-bit base
+        return delivered.base, str(path)
     if (path / ADAPTER_CONFIG).is_file():
         if not adapter:
             raise DeployError(f"{path} is a LoRA adapter, not a model: serve its run's merged {runs.FINAL}/ (the "
                               f"default), or serve it on its base model with adapter=True (grpo-lab serve --lora).")
-        base = json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8"))["base_model_name_or_path"]
-        return str(base), str(path)
+        return delivered.base, str(path)
     if adapter:
         raise DeployError(f"{path} holds no LoRA adapter: pass a LoRA run folder or its {runs.ADAPTER}/ folder.")
     return str(path), None
 
 
 def served_quantization(folder: str | Path, adapter: bool = False) -> str | None:
-    """vLLM's ``--quantization`` for what :func:`served_weights` serves of ``folder``: ``"bitsandbytes"`` for a QLoRA
-    run's adapter on its base (the 4-bit base it trained on); None for everything else, a QLoRA run's merged
-    ``final/`` included (plain full-precision weights)."""
+    """vLLM's ``--quantization`` for what :func:`served_weights` serves of ``folder``: ``"bitsandbytes"`` for an
+    adapter whose base loads in 4 bits (a QLoRA run's ``final/`` or ``adapter/``: the base it trained on); None for
+    everything else."""
     path = Path(folder)
-    if not adapter:
-        return None
-    run_dir = path.parent if (path / ADAPTER_CONFIG).is_file() else path
-    if not _is_training_run(run_dir):
-        return None
-    return FOUR_BIT_QUANTIZATION if runs.Run(run_dir).record["config"].get("load_in_4bit") else None
+    if _is_training_run(path):
+        run = runs.Run(path)
+        if not (adapter or run.record["config"].get("load_in_4bit")):
+            return None
+        return FOUR_BIT_QUANTIZATION if run.record["config"].get("load_in_4bit") else None
+    if (path / ADAPTER_CONFIG).is_file() and _is_training_run(path.parent):
+        return FOUR_BIT_QUANTIZATION if runs.Run(path.parent).record["config"].get("load_in_4bit") else None
+    return None
 
 
 def default_max_model_len(model: str | Path) -> int:
@@ -278,11 +274,11 @@ class VLLMServer:
         kernel that trained) first gives back the device memory it no longer uses, then checks the share is free (of
         the capped device under ``GRPO_LAB_DEVICE_MEMORY_GIB``: the server is not under this process's cap)."""
         self.config.validate()
-        machine = device.Machine.detect()
-        kind = machine.kind
+        kind = device.detect()
         if device.started_here(kind):  # otherwise this process holds nothing, and asking would start a context
             device.release_memory(kind)
-            check_free_memory(self.config.gpu_memory_utilization, device.capped_memory_info(machine),
+            card = device.capped_memory_info(kind, device.detect_cap(kind))
+            check_free_memory(self.config.gpu_memory_utilization, card,
                               device.allocated_bytes(kind=kind))
         self.port = self.config.port or free_port(self.config.host)
         if self.log_path is None:

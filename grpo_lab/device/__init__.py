@@ -151,11 +151,23 @@ class Machine:
         in for the device (:mod:`grpo_lab.device.capacity`)."""
         kind = detect()
         total = memory_info(kind=kind).total_gib
-        wanted = memory_gib if memory_gib is not None else parse_memory_cap(os.environ.get(MEMORY_CAP_ENV))
-        cap = None if wanted is None else check_memory_cap(wanted, total, kind)
+        cap = detect_cap(kind, total) if memory_gib is None else check_memory_cap(memory_gib, total, kind)
         size = total if cap is None or cap.memory_gib >= total else cap.memory_gib
         return cls(kind, bf16_supported(kind), size, device_name(kind=kind),
                    device_gib=total if size < total else None)
+
+
+def detect_cap(kind: str | None = None, total_gib: float | None = None) -> MemoryCap | None:
+    """The smaller card ``GRPO_LAB_DEVICE_MEMORY_GIB`` stands in for this machine's device (None: unset, or the whole
+    device), read here and only here (:meth:`Machine.detect`, and what starts a vLLM process on this machine);
+    unset, it asks the device nothing (asking would start a CUDA context in this process)."""
+    wanted = parse_memory_cap(os.environ.get(MEMORY_CAP_ENV))
+    if wanted is None:
+        return None
+    kind = kind or detect()
+    total = memory_info(kind=kind).total_gib if total_gib is None else total_gib
+    cap = check_memory_cap(wanted, total, kind)
+    return None if cap.memory_gib >= total else cap
 
 
 def enforce_cap(machine: Machine, index: int = 0) -> MemoryCap | None:
@@ -168,14 +180,14 @@ def enforce_cap(machine: Machine, index: int = 0) -> MemoryCap | None:
     return cap
 
 
-def capped_memory_info(machine: Machine, index: int = 0) -> MemoryInfo:
-    """:func:`memory_info` of ``machine``'s card (total: the cap; free: what it leaves beside this process's torch
-    memory), what a vLLM start from this process is checked against, as vLLM checks a real card."""
-    real, cap = memory_info(index, machine.kind), machine.cap
+def capped_memory_info(kind: str, cap: MemoryCap | None, index: int = 0) -> MemoryInfo:
+    """:func:`memory_info` of the card ``cap`` stands in (total: the cap; free: what it leaves beside this process's
+    torch memory), what a vLLM start from this process is checked against, as vLLM checks a real card."""
+    real = memory_info(index, kind)
     if cap is None or not cap.enforced:
         return real
     total = int(cap.memory_gib * 2**30)
-    return MemoryInfo(total, min(real.free_bytes, total - reserved_bytes(index, machine.kind)))
+    return MemoryInfo(total, min(real.free_bytes, total - reserved_bytes(index, kind)))
 
 
 def device_memory_of(pids: set[int], kind: str | None = None) -> int | None:
@@ -447,14 +459,15 @@ def has_triton(kind: str | None = None) -> bool:
     return TRITON[kind or detect()]
 
 
-def vllm_kv_cache_arguments(gpu_memory_utilization: float, cpu_kvcache_gib: float,
-                            machine: Machine) -> dict[str, float | int]:
-    """The one vLLM argument that sizes the KV cache on ``machine``: ``kv_cache_memory_bytes`` (host RAM) on the CPU,
-    ``gpu_memory_utilization`` (a share of the device, :meth:`Machine.device_share`) on accelerators; a server takes it
-    as ``--kv-cache-memory-bytes`` / ``--gpu-memory-utilization``."""
-    if VLLM_KV_CACHE_IN_BYTES[machine.kind]:
+def vllm_kv_cache_arguments(gpu_memory_utilization: float, cpu_kvcache_gib: float, kind: str,
+                            cap: MemoryCap | None = None) -> dict[str, float | int]:
+    """The one vLLM argument that sizes the KV cache on a ``kind`` device: ``kv_cache_memory_bytes`` (host RAM) on the
+    CPU, ``gpu_memory_utilization`` (a share of the device; under ``cap``, converted to the real device's) on
+    accelerators; a server takes it as ``--kv-cache-memory-bytes`` / ``--gpu-memory-utilization``."""
+    if VLLM_KV_CACHE_IN_BYTES[kind]:
         return {"kv_cache_memory_bytes": int(cpu_kvcache_gib * 2**30)}
-    return {"gpu_memory_utilization": machine.device_share(gpu_memory_utilization)}
+    share = gpu_memory_utilization if cap is None else cap.device_share(gpu_memory_utilization)
+    return {"gpu_memory_utilization": share}
 
 
 def vllm_kv_cache_env(cpu_kvcache_gib: float, kind: str | None = None) -> dict[str, str]:

@@ -15,6 +15,7 @@ from grpo_lab import device
 from grpo_lab.errors import ConfigError, MissingFileError
 from grpo_lab.models import (
     MANIFEST_NAME,
+    adapter_model,
     require_safetensors,
     resolve_model,
     verify_model_dir,
@@ -72,18 +73,24 @@ def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConf
         raise ConfigError(f"unknown setting(s) {sorted(set(overrides) - known)}; RolloutConfig has: {sorted(known)}")
     config = replace(config or RolloutConfig(), **overrides)
     model_path = resolve_model(model)
+    adapter = adapter_model(model_path) if Path(model_path).is_dir() else None
+    if adapter is not None and str(backend).strip().lower() == "vllm":
+        raise ConfigError(f"{model_path} is {adapter.describe()}: the rollout engine samples it with HF generate "
+                          f"(backend='hf' or 'auto'); vLLM serves it as an adapter (grpo_lab.deploy.served_weights).")
     if Path(model_path).is_dir():
-        if not (Path(model_path) / "config.json").is_file():
+        if adapter is None and not (Path(model_path) / "config.json").is_file():
             raise MissingFileError(f"{model_path} has no config.json: pass the folder that holds the model")
         if (Path(model_path) / MANIFEST_NAME).is_file():
             verify_model_dir(model_path)
         if config.load_format != "dummy":
             require_safetensors(model_path)
     kind = device.check_kind(config.device_kind) if config.device_kind else device.detect()
-    choice = choose_backend(backend, kind)
+    choice = (BackendChoice("hf", f"{adapter.describe()}: HF generate, PEFT applying the adapter") if adapter
+              else choose_backend(backend, kind))
     tokenizer = load_tokenizer(model_path)
     encoded = encode_prompts(tokenizer, prompts) if prompts is not None else []
-    config = config.resolve(kind, max((len(p.token_ids) for p in encoded), default=None), model_path)
+    config = config.resolve(kind, max((len(p.token_ids) for p in encoded), default=None),
+                            resolve_model(adapter.base) if adapter else model_path)
     check_prompt_lengths(encoded, config.max_model_len, config.max_tokens)
     engine_class = VLLMEngine if choice.name == "vllm" else HFEngine
     engine: RolloutEngine = engine_class(model_path, tokenizer, config, choice)

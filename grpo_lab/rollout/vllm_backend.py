@@ -70,7 +70,7 @@ def engine_arguments(config: RolloutConfig, model_path: str) -> dict:
         "use_tqdm_on_load": env.show_progress(),  # the weight-loading bar: in a terminal, not in a notebook
     }
     arguments.update(device.vllm_kv_cache_arguments(config.gpu_memory_utilization, config.cpu_kvcache_gib,
-                                                    device.Machine.detect()))  # the engine starts on this machine
+                                                    config.device_kind, device.detect_cap(config.device_kind)))
     if config.enable_sleep_mode:
         arguments["enable_sleep_mode"] = True
     arguments.update(config.vllm_options)  # tuning knobs without a field (RolloutConfig rejects clashes)

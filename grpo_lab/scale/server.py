@@ -45,7 +45,7 @@ def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: De
         at = command.index("serve")
         command[at - 1:at + 2] = ["vllm.entrypoints.openai.api_server", "--model", train_config.model]
         kv_cache = device_module.vllm_kv_cache_arguments(train_config.vllm_gpu_memory_utilization,
-                                                          config.cpu_kvcache_gib, device_module.Machine.detect())
+                                                          config.cpu_kvcache_gib, plan.kind)
         command += ["--kv-cache-memory-bytes", str(kv_cache["kv_cache_memory_bytes"]), *CPU_SERVER_FLAGS]
     return command
 

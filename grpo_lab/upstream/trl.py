@@ -26,31 +26,32 @@ import torch
 from grpo_lab.upstream import UpstreamName
 from grpo_lab.upstream.vllm import WeightSyncError, require_reload_extension, stage_weights
 
-__all__ = ["SHARED_TRL_FIELDS", "TRL_FIELDS", "TRL_INTERNALS", "FileWeightTransfer", "file_sync_client"]
+__all__ = ["ASYNC_CONFIG_FIELDS", "GRPO_CONFIG_FIELDS", "TRL_FIELDS", "TRL_INTERNALS", "FileWeightTransfer", "file_sync_client"]
 
 CHECKED = "trl 1.16.0"
-SHARED_TRL_FIELDS = ("output_dir", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
-                     "num_generations", "max_completion_length", "learning_rate", "lr_scheduler_type", "warmup_steps",
-                     "temperature", "top_p", "gradient_checkpointing", "bf16", "use_cpu", "logging_steps",
-                     "save_strategy", "save_steps", "save_total_limit", "seed", "data_seed", "report_to",
-                     "log_completions", "vllm_server_timeout", "project", "run_name")
-"""The fields of TRL's ``GRPOConfig`` and ``AsyncGRPOConfig`` that both trainers get from one experiment."""
+GRPO_CONFIG_FIELDS = (
+    "output_dir", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
+    "max_completion_length", "learning_rate", "lr_scheduler_type", "warmup_steps", "temperature", "top_p",
+    "gradient_checkpointing", "bf16", "use_cpu", "logging_steps", "save_strategy", "save_steps", "save_total_limit",
+    "seed", "data_seed", "report_to", "log_completions", "vllm_server_timeout", "project", "run_name", "beta",
+    "loss_type", "scale_rewards", "reward_weights", "use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_group_port",
+    "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_enable_sleep_mode",
+    "vllm_importance_sampling_correction", "max_tool_calling_iterations", "use_liger_kernel", "generation_kwargs",
+    "model_init_kwargs", "dataloader_num_workers")
+"""The fields of TRL's ``GRPOConfig`` the experiment's one translation sets (:func:`grpo_lab.experiment.trl_kwargs`);
+``AsyncGRPOConfig`` takes those it has too."""
+ASYNC_CONFIG_FIELDS = ("dtype", "token_budget", "max_staleness", "max_inflight_tasks", "weight_sync_steps",
+                       "queue_maxsize")
+"""The fields of ``AsyncGRPOConfig`` grpo_lab sets beyond the translation's."""
 
 _GRPO_CONFIG = "trl.GRPOConfig"
 _ASYNC_CONFIG = "trl.experimental.async_grpo.AsyncGRPOConfig"
 TRL_FIELDS: tuple[UpstreamName, ...] = (
-    *(UpstreamName("config", owner, name, "set from the experiment", CHECKED)
-      for owner in (_GRPO_CONFIG, _ASYNC_CONFIG) for name in SHARED_TRL_FIELDS),
-    *(UpstreamName("config", _GRPO_CONFIG, name, "set by grpo_lab.train.grpo_args", CHECKED) for name in (
-        "beta", "loss_type", "scale_rewards", "reward_weights", "use_vllm", "vllm_mode", "vllm_server_base_url",
-        "vllm_group_port", "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_enable_sleep_mode",
-        "vllm_importance_sampling_correction", "use_liger_kernel", "generation_kwargs", "model_init_kwargs",
-        "dataloader_num_workers", "max_tool_calling_iterations")),
+    *(UpstreamName("config", _GRPO_CONFIG, name, "set from the experiment", CHECKED) for name in GRPO_CONFIG_FIELDS),
     UpstreamName("config", _GRPO_CONFIG, "off_policy_mask_threshold",
                  "read: the off-policy mask reads vLLM's sampled-token log-probs", CHECKED),
-    *(UpstreamName("config", _ASYNC_CONFIG, name, "set by grpo_lab.async_grpo.async_grpo_args", CHECKED) for name in (
-        "vllm_server_base_url", "dtype", "token_budget", "max_staleness", "max_inflight_tasks", "weight_sync_steps",
-        "queue_maxsize")),
+    *(UpstreamName("config", _ASYNC_CONFIG, name, "set by grpo_lab.async_grpo.async_grpo_args", CHECKED)
+      for name in ASYNC_CONFIG_FIELDS),
     UpstreamName("not_config", _GRPO_CONFIG, "max_prompt_length",
                  "TRL never truncates prompts: grpo_lab checks prompt lengths itself and sizes vLLM with "
                  "vllm_max_model_length", CHECKED),
