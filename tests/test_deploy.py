@@ -189,3 +189,13 @@ def test_the_server_log_keeps_vllms_info_lines_in_a_quiet_notebook(exported, mon
     assert config.environment()["VLLM_LOGGING_LEVEL"] == "INFO"
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "debug")
     assert config.environment()["VLLM_LOGGING_LEVEL"] == "DEBUG"
+
+
+def test_the_server_prints_as_a_plain_vllm_command(exported, monkeypatch):
+    config = deploy.ServeConfig(model=str(exported), api_key="secret", gpu_memory_utilization=0.5)
+    cpu = config.shell_command(8000)
+    assert cpu.startswith("python -m vllm.entrypoints.openai.api_server --model ") and "--port 8000" in cpu
+    assert "secret" not in cpu and "--api-key $VLLM_API_KEY" in cpu and "grpo_lab" not in cpu
+    monkeypatch.setattr(device, "detect", lambda: "cuda")
+    gpu = config.shell_command(8000)
+    assert gpu.startswith(f"vllm serve {exported} ") and "--gpu-memory-utilization 0.5" in gpu

