@@ -298,16 +298,43 @@ def trained_conclusions(rows: Sequence[dict[str, Any]], before: Evaluation, afte
     return lines
 
 
+def wilson_interval(share: float, count: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95 % by default) of a share of ``count`` yes/no outcomes: it stays honest at 0 % and
+    100 %, where the normal approximation's standard error is zero.
+
+    >>> [round(x, 3) for x in wilson_interval(0.0, 200)]
+    [0.0, 0.019]
+    """
+    if count <= 0:
+        return 0.0, 1.0
+    centre = share + z * z / (2 * count)
+    spread = z * math.sqrt(share * (1 - share) / count + z * z / (4 * count * count))
+    scale = 1 + z * z / count
+    return max(0.0, (centre - spread) / scale), min(1.0, (centre + spread) / scale)
+
+
 @dataclass(frozen=True)
 class Gain:
-    """A paired change over the same held-out problems: the share before and after, the change in points and its
-    standard error (of the mean per-problem difference), so a gain can be told from the noise of a finite set."""
+    """A paired change over the same held-out problems: the share before and after, how many problems went each way,
+    and what that says beyond the noise of a finite set (:meth:`from_pairs`)."""
 
     what: str
     before: float
     after: float
     count: int
-    standard_error_points: float
+    up: int
+    """Problems that went from no to yes (wrong to right)."""
+    down: int
+    """Problems that went from yes to no."""
+
+    @classmethod
+    def from_pairs(cls, what: str, pairs: Sequence[tuple[float, float]]) -> Gain:
+        """The gain of per-problem yes/no outcomes (1.0 or 0.0), before and after, over the same problems."""
+        if not pairs:
+            raise ConfigError(f"{what}: no problems to compare")
+        n = len(pairs)
+        return cls(what, sum(old for old, _ in pairs) / n, sum(new for _, new in pairs) / n, n,
+                   sum(new > old for old, new in pairs), sum(new < old for old, new in pairs))
 
     @property
     def points(self) -> float:
@@ -315,18 +342,16 @@ class Gain:
 
     @property
     def standard_errors(self) -> float:
-        """The change in units of its standard error: 0 when no answer changed, and ±infinity when every problem
-        changed the same way (no spread, so no noise: e.g. a tool-call share from 0 % to 100 %)."""
-        if self.standard_error_points:
-            return self.points / self.standard_error_points
-        return math.copysign(math.inf, self.points) if self.points else 0.0
+        """The change in units of its paired-count standard error (McNemar's z, ``(up - down) / sqrt(up + down)``):
+        0 when no problem changed, finite whenever one did, also at 0 % or 100 %."""
+        changed = self.up + self.down
+        return (self.up - self.down) / math.sqrt(changed) if changed else 0.0
 
     def describe(self) -> str:
-        change = describe_change(self.what, self.before, self.after)
-        if self.points and not self.standard_error_points:
-            return change + f", every one of the {self.count} problems the same way (no spread: not noise)"
-        return change + (f", {self.standard_errors:+.1f} standard errors (± {self.standard_error_points:.1f} points "
-                         f"over {self.count} problems)")
+        low, high = wilson_interval(self.after, self.count)
+        return (describe_change(self.what, self.before, self.after)
+                + f" over {self.count} problems ({self.up} up, {self.down} down: {self.standard_errors:+.1f} standard "
+                  f"errors of the paired counts; after: 95 % interval {low:.1%}..{high:.1%})")
 
 
 GREEDY_MEASURES = {"accuracy": is_correct,
@@ -346,12 +371,8 @@ def greedy_gain(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evalu
              if not types or row.get("type") in types]
     if not pairs:
         raise ConfigError(f"no evaluated problem is of the types {list(types or [])}")
-    n = len(pairs)
-    differences = [new - old for old, new in pairs]
-    mean = sum(differences) / n
-    variance = sum((d - mean) ** 2 for d in differences) / max(1, n - 1)
     label = "greedy accuracy" if measure == "accuracy" else "greedy answers with one '#### N' line"
-    return Gain(label, sum(p[0] for p in pairs) / n, sum(p[1] for p in pairs) / n, n, 100 * (variance / n) ** 0.5)
+    return Gain.from_pairs(label, pairs)
 
 
 def greedy_followed(before: AccuracyReport, after: AccuracyReport, trained_types: Sequence[str]) -> list[str]:

@@ -136,13 +136,16 @@ def test_conclusions_tell_the_problems_the_run_trained_on_from_the_others():
         evaluation.subset(rows, after, [False] * 4)
 
 
-def test_a_change_every_problem_made_is_not_noise():
-    """0 % -> 100 % over 200 problems has no spread: the change is infinitely many standard errors (the H200 tool
-    lesson's tool-call share did this, and a ratio guarded to 0 failed notebook 10's check), not zero of them."""
-    every = evaluation.Gain("tool-call share", 0.0, 1.0, 200, 0.0)
-    assert every.standard_errors == float("inf") and every.standard_errors >= 2
-    assert "every one of the 200 problems" in every.describe()
-    assert evaluation.Gain("accuracy", 1.0, 0.0, 200, 0.0).standard_errors == float("-inf")
-    same = evaluation.Gain("accuracy", 0.3, 0.3, 200, 0.0)
-    assert same.standard_errors == 0.0 and "standard errors" in same.describe()
-    assert evaluation.Gain("accuracy", 0.1, 0.2, 100, 4.0).standard_errors == pytest.approx(2.5)
+def test_a_change_is_weighed_by_its_paired_counts_and_holds_at_0_and_100_percent():
+    """0 % -> 100 % over 200 problems: the normal approximation's standard error is zero there, so the gain is weighed
+    by the paired counts (McNemar's z) and each share gets a Wilson interval, never 'infinitely many' errors."""
+    every = evaluation.Gain.from_pairs("tool-call share", [(0.0, 1.0)] * 200)
+    assert (every.up, every.down) == (200, 0) and every.standard_errors == pytest.approx(200 ** 0.5)
+    assert "200 up, 0 down" in every.describe() and "inf" not in every.describe()
+    low, high = evaluation.wilson_interval(0.0, 200)
+    assert low == 0.0 and 0.01 < high < 0.03
+    assert evaluation.wilson_interval(1.0, 200)[1] == 1.0 and evaluation.wilson_interval(1.0, 200)[0] > 0.97
+    same = evaluation.Gain.from_pairs("accuracy", [(1.0, 1.0)] * 60 + [(0.0, 0.0)] * 140)
+    assert same.standard_errors == 0.0 and (same.before, same.after) == (0.3, 0.3)
+    mixed = evaluation.Gain.from_pairs("accuracy", [(0.0, 1.0)] * 16 + [(1.0, 0.0)] * 4 + [(0.0, 0.0)] * 80)
+    assert mixed.standard_errors == pytest.approx(12 / 20 ** 0.5) and mixed.points == pytest.approx(12.0)

@@ -337,13 +337,13 @@ def test_turns_are_batched_within_the_engines_window():
     assert tool_use.turn_batches([400], [10], 400) == []
 
 
-def test_a_paired_gain_has_its_standard_error():
+def test_a_paired_gain_counts_the_problems_that_moved():
     def report(called):
         return tool_use.ToolUseReport("r", True, [tool_use.Conversation(calls=c) for c in called], 0.0)
 
     gain = tool_use.paired_gain("calls", report([0, 0, 0, 0]), report([1, 1, 0, 1]), "called")
     assert (gain.before, gain.after, gain.count) == (0.0, 0.75, 4)
-    assert gain.standard_error_points == pytest.approx(25.0)
+    assert (gain.up, gain.down) == (3, 0) and gain.standard_errors == pytest.approx(3 ** 0.5)
     with pytest.raises(ConfigError, match="same ones"):
         tool_use.paired_gain("calls", report([0]), report([1, 1]), "called")
 

@@ -118,12 +118,11 @@ class ToolUseReport:
 
 
 def paired_gain(what: str, before: ToolUseReport, after: ToolUseReport, measure: str) -> Gain:
-    """The change of a per-problem measure over the same problems, with its paired standard error."""
+    """The change of a per-problem yes/no measure over the same problems (:meth:`Gain.from_pairs`)."""
     old, new = before.per_problem(measure), after.per_problem(measure)
     if len(old) != len(new):
         raise ConfigError(f"{before.label} has {len(old)} problems and {after.label} {len(new)}: compare the same ones")
-    _, error = mean_and_error([b - a for a, b in zip(old, new)])
-    return Gain(what, sum(old) / len(old), sum(new) / len(new), len(old), 100 * error)
+    return Gain.from_pairs(what, list(zip(old, new)))
 
 
 def tool_suffix_text(tokenizer: Any, tool_messages: Sequence[dict[str, Any]]) -> str:
