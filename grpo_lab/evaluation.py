@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab.errors import ConfigError
-from grpo_lab.rewards import FormatReward, is_correct
+from grpo_lab.rewards import FormatReward, is_correct, is_correct_lenient
 from grpo_lab.rollout import RolloutEngine, Sampling, open_engine
 
 
@@ -354,14 +354,17 @@ class Gain:
                   f"errors of the paired counts; after: 95 % interval {low:.1%}..{high:.1%})")
 
 
-GREEDY_MEASURES = {"accuracy": is_correct,
+GREEDY_MEASURES = {"accuracy": is_correct, "lenient": is_correct_lenient,
                    "format": lambda text, _answer: FormatReward().score(text) == 1.0}
-"""What :func:`greedy_gain` can count per greedy answer: right by the course's rule, or a single ``#### N`` line."""
+"""What :func:`greedy_gain` can count per greedy answer: right by the course's strict rule (the ``#### N`` line),
+right by its final number (lenient), or a single ``#### N`` line (the format)."""
+GREEDY_LABELS = {"accuracy": "greedy accuracy (strict: #### N)", "lenient": "greedy accuracy (lenient: final number)",
+                 "format": "greedy answers with one '#### N' line"}
 
 
 def greedy_gain(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation, measure: str = "accuracy",
                 types: Sequence[str] | None = None) -> Gain:
-    """The change of the greedy answers' ``measure`` (``"accuracy"`` or ``"format"``) over the same problems (of
+    """The change of the greedy answers' ``measure`` (:data:`GREEDY_MEASURES`: strict accuracy, lenient accuracy or the format) over the same problems (of
     ``types`` when given), with its paired standard error."""
     if measure not in GREEDY_MEASURES:
         raise ConfigError(f"measure={measure!r}: use one of {', '.join(GREEDY_MEASURES)}")
@@ -371,8 +374,7 @@ def greedy_gain(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evalu
              if not types or row.get("type") in types]
     if not pairs:
         raise ConfigError(f"no evaluated problem is of the types {list(types or [])}")
-    label = "greedy accuracy" if measure == "accuracy" else "greedy answers with one '#### N' line"
-    return Gain.from_pairs(label, pairs)
+    return Gain.from_pairs(GREEDY_LABELS[measure], pairs)
 
 
 def greedy_followed(before: AccuracyReport, after: AccuracyReport, trained_types: Sequence[str]) -> list[str]:

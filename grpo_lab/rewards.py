@@ -286,6 +286,17 @@ def is_correct(completion: Any, answer: Any) -> bool:
     return check_answer(completion, answer, require_marker=True).score == 1.0
 
 
+def is_correct_lenient(completion: Any, answer: Any) -> bool:
+    """Lenient accuracy: the completion's final number equals ``answer``, with or without the ``####`` marker (the
+    marker's number where there is one, else a ``\\boxed{}`` one, else the last number in the text). Beside
+    :func:`is_correct` it tells learning the arithmetic from learning the format.
+
+    >>> is_correct_lenient("so it is 12", "12"), is_correct("so it is 12", "12")
+    (True, False)
+    """
+    return check_answer(completion, answer).score == 1.0
+
+
 def why(completion: Any, answer: Any, **options: Any) -> str:
     """One sentence saying why ``completion`` scores what it scores against ``answer``.
 
