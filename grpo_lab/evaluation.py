@@ -364,8 +364,8 @@ GREEDY_LABELS = {"accuracy": "greedy accuracy (strict: #### N)", "lenient": "gre
 
 def greedy_gain(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation, measure: str = "accuracy",
                 types: Sequence[str] | None = None) -> Gain:
-    """The change of the greedy answers' ``measure`` (:data:`GREEDY_MEASURES`: strict accuracy, lenient accuracy or the format) over the same problems (of
-    ``types`` when given), with its paired standard error."""
+    """The change of the greedy answers' ``measure`` (:data:`GREEDY_MEASURES`: strict accuracy, lenient accuracy or
+    the format) over the same problems (of ``types`` when given), weighed by its paired counts."""
     if measure not in GREEDY_MEASURES:
         raise ConfigError(f"measure={measure!r}: use one of {', '.join(GREEDY_MEASURES)}")
     check = GREEDY_MEASURES[measure]
