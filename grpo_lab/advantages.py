@@ -21,8 +21,8 @@ with three differences: its epsilon is ``1e-6`` (:data:`VERL_EPSILON`; pass ``ep
 a group of one completion keeps its raw score (verl uses mean 0 and std 1 there, TRL gives 0; unreachable with
 ``num_generations >= 2``); and verl has no "not applicable": the export's ``compute_score`` turns a completion no
 reward applies to into 0.0, which then counts in its group's mean and std, while TRL leaves it out.
-``norm_adv_by_std_in_grpo=False`` is ``scale_rewards="none"``. :mod:`grpo_lab.verl_parity` checks a verl run's
-logged batches against this module.
+``norm_adv_by_std_in_grpo=False`` is ``scale_rewards="none"``. The lab's verl parity check compares a verl run's
+logged batches with this module.
 
 >>> result = group_advantages([0.6, 0.5, 0.5, 0.2], num_generations=4)
 >>> round(result.group_mean[0], 4), [round(a, 4) for a in result.advantages]

@@ -4,10 +4,9 @@
     grpo-lab build-tiny-model           rebuild the shipped tiny model (CPU, minutes)
     grpo-lab course [--out DIR]         run every notebook headless, in order
     grpo-lab doctor [--config FILE]     one check per troubleshooting-table row, with fixes
-    grpo-lab rollout [--shape S]        HF generate vs vLLM on eval prompts, tokens/s
+    grpo-lab rollout [--model M]        HF generate vs vLLM on eval prompts, tokens/s
     grpo-lab train [--profile P ...]    a GRPO run (TRL GRPOTrainer), run folder with metrics and checkpoints
     grpo-lab export-recipe RUN_DIR      the run as one standalone script for stock TRL (no grpo_lab)
-    grpo-lab bench --profile tiny       HF vs vLLM vs prefix caching, ratios and roofline
     grpo-lab serve [FOLDER] [--ask MSG] serve a model folder with vLLM (127.0.0.1, optional API key)
     grpo-lab load-test [FOLDER] --concurrency 1,4,16 --requests 128   serve on 127.0.0.1 and load it: req/s,
                                         tok/s, TTFT and latency p50/p90/p99, errors by kind
@@ -36,7 +35,6 @@ SUBCOMMANDS = {
     "train": ("grpo_lab.train", "a GRPO run with TRL GRPOTrainer from a profile plus overrides"),
     "export-recipe": ("grpo_lab.recipe", "write a run as one standalone Python script for stock TRL (datasets, "
                                          "transformers, trl, peft; no grpo_lab)"),
-    "bench": ("grpo_lab.bench", "rollout (and GRPO step) benchmark: HF vs vLLM vs prefix caching, roofline"),
     "serve": ("grpo_lab.deploy", "verify a model folder and serve it with vLLM's OpenAI-compatible server"),
     "load-test": ("grpo_lab.load_test", "serve a model folder on 127.0.0.1 and load-test it: N concurrent streaming "
                                         "clients, throughput, latency percentiles, errors by kind"),

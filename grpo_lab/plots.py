@@ -325,7 +325,7 @@ def plot_memory_budget(budget, title: str | None = None) -> Figure:
 
 
 # --------------------------------------------------------------------------------------------------
-# Performance benchmark (notebook 06, grpo_lab.bench)
+# Performance benchmark (notebook 06, the lab's bench)
 # --------------------------------------------------------------------------------------------------
 
 _BENCH_COLORS = {"hf": "#9aa0a6", "vllm": "#7fa7e8", "vllm+prefix": "#2a6fdb"}
@@ -385,8 +385,9 @@ def _bench_step_axes(ax, step: dict) -> None:
 
 
 def plot_bench(results: dict, title: str | None = None) -> Figure:
-    """Bars of a ``grpo_lab.bench`` results dict: rollout time per config and variant with the speed-up over HF
-    and the roofline, and (when measured) the GRPO step split into generation / reward / update."""
+    """Bars of a performance-benchmark results dict (the lab's bench writes them): rollout time per config and
+    variant with the speed-up over HF and the roofline, and (when measured) the GRPO step split into generation /
+    reward / update."""
     rollout = results.get("rollout")
     step = results.get("grpo_step") if results.get("grpo_step") and "skipped" not in results["grpo_step"] else None
     panels = [p for p in (rollout, step) if p]

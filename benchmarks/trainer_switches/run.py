@@ -6,7 +6,7 @@ Python's garbage collector paused, :func:`grpo_lab.speedups.collection_paused`) 
 each sampled token's log-prob; off only where nothing reads it, :func:`grpo_lab.speedups.reads_sampling_logprobs`).
 Both modes alternate after warm-up steps, so they see the same machine load.
 
-    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/trainer_switches/run.py --switch deferred_correction \\
+    PYTHONPATH=$PWD:$PWD/benchmarks OMP_NUM_THREADS=1 python benchmarks/trainer_switches/run.py --switch deferred_correction \\
         --steps 16 [--profile tiny] [--set gradient_accumulation_steps=4 ...]
 
 Prints min / median / max per mode of the step, the update (the step less generation and rewards), TRL's no-grad
@@ -22,13 +22,13 @@ import tempfile
 
 from transformers import TrainerCallback
 
-from grpo_lab.bench import HostCounters, ragged_model_dir
-from grpo_lab.bench.cli import key_value
 from grpo_lab.device import Machine
 from grpo_lab.experiment import TrainConfig
-from grpo_lab.train import StepClock, build_trainer
-from grpo_lab.rollout.compare import shaped_model_dir
 from grpo_lab.speedups import defers_correction, groups_by_length, reads_sampling_logprobs
+from grpo_lab.train import StepClock, build_trainer
+from lab.bench import HostCounters, ragged_model_dir
+from lab.bench.cli import key_value
+from lab.bench.workload import shaped_model_dir
 
 def always(args) -> bool:
     """A switch that changes no number the trainer computes: exact for every configuration."""
@@ -76,7 +76,7 @@ def main() -> None:
                                         "instead of the profile's model")
     parser.add_argument("--ragged", action="store_true",
                         help="with --shape: completions end early, as in the bench's ragged workload "
-                             "(grpo_lab.bench.ragged_model_dir), instead of all at max_completion_length")
+                             "(lab.bench.ragged_model_dir), instead of all at max_completion_length")
     parser.add_argument("--set", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                         help="a TrainConfig field (e.g. gradient_accumulation_steps=4)")
     args = parser.parse_args()

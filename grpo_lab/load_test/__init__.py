@@ -17,9 +17,9 @@ client :mod:`grpo_lab.deploy` uses; its errors name the HTTP status): ``stream=T
 retry would hide an error and inflate the latency), :func:`asyncio.wait_for` around every request (the SDK's own
 timeout bounds each read, not the whole stream; ``wait_for`` rather than ``asyncio.timeout`` keeps Python 3.10),
 and the stream's events read raw and parsed with ``json.loads`` (in a profile on the 2-core CPU, building the SDK's
-object for every chunk took a third of the client's time, and the client shares those cores with the server). ``benchmarks/serving/run.py
---vllm-bench`` runs vLLM's benchmark beside it on the same server and load, as a check of the client's own cost:
-do that on a GPU host before trusting small differences.
+object for every chunk took a third of the client's time, and the client shares those cores with the server). The lab's serving
+benchmark (``--vllm-bench``) runs vLLM's benchmark beside it on the same server and load, as a check of the client's
+own cost: do that on a GPU host before trusting small differences.
 
 Definitions: TTFT is the time to the first streamed chunk with a choice (vLLM sends it with the first token),
 end-to-end latency the time to the last chunk; output tokens are the server's ``usage.completion_tokens``;
@@ -33,8 +33,8 @@ mid-stream), ``timeout`` (past ``request_timeout_s``), ``stream_error`` (an erro
 ...     print(load_test.run_load_test(server, load_test.LoadTest(concurrency=16, requests=128)))
 
 One concern a module, each importing only from those listed after it: ``cli`` (``grpo-lab load-test``); ``client``
-(the clients against a running server, :func:`run_load_test`, :func:`sweep`) and ``results`` (the results files);
-``records`` (what a run measured, error kinds); ``config`` (:class:`LoadTest`); ``workloads``. Every name imports
+(the clients against a running server, :func:`run_load_test`, :func:`sweep`); ``records`` (what a run measured, error
+kinds, the results file); ``config`` (:class:`LoadTest`); ``workloads``. Every name imports
 from ``grpo_lab.load_test``.
 
 From a shell (the command starts its own server on 127.0.0.1 and stops it)::
@@ -59,23 +59,14 @@ from grpo_lab.load_test.config import LoadTest
 from grpo_lab.load_test.records import (
     ERROR_KINDS,
     PERCENTILES,
+    SCHEMA,
     LoadResult,
     RequestRecord,
     error_kind,
     format_table,
-    percentiles,
-)
-from grpo_lab.load_test.results import (
-    COMPARED_KNOBS,
-    EXPERIMENT_LABELS,
-    SCHEMA,
-    committed_results,
-    describe_results,
-    experiment_runs,
-    knob_findings,
     load_results,
+    percentiles,
     save_results,
-    single_setting,
 )
 from grpo_lab.load_test.workloads import (
     CHAT_SYSTEM_PROMPT,
@@ -86,10 +77,8 @@ from grpo_lab.load_test.workloads import (
 )
 
 __all__ = [
-    "CHAT_SYSTEM_PROMPT", "COMPARED_KNOBS", "ERROR_KINDS", "EXPERIMENT_LABELS", "PERCENTILES", "SCHEMA",
-    "SERVER_COUNTERS", "WATCH_INTERVAL_S", "WORKLOADS", "Conversation", "LoadResult", "LoadTest", "RequestRecord",
-    "ServerDiedDuringLoad", "build_parser", "chat_workload", "committed_results", "course_workload",
-    "describe_results", "error_kind", "experiment_runs", "format_table", "knob_findings", "load_results", "main",
-    "percentiles", "run_concurrency_sweep", "run_load_test", "run_load_test_async", "save_results",
-    "server_counters", "server_settings", "single_setting", "sweep", "warm_up",
+    "CHAT_SYSTEM_PROMPT", "ERROR_KINDS", "PERCENTILES", "SCHEMA", "SERVER_COUNTERS", "WATCH_INTERVAL_S", "WORKLOADS",
+    "Conversation", "LoadResult", "LoadTest", "RequestRecord", "ServerDiedDuringLoad", "build_parser", "chat_workload",
+    "course_workload", "error_kind", "format_table", "load_results", "main", "percentiles", "run_concurrency_sweep",
+    "run_load_test", "run_load_test_async", "save_results", "server_counters", "server_settings", "sweep", "warm_up",
 ]

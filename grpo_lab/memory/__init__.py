@@ -31,8 +31,8 @@ Assumptions, stated once (``MemoryBudget.assumptions`` repeats them next to ever
   and completion (an attention mask, so grouped K/V heads are repeated), TRL ≥ 1.16's chunked LM head
   (full logits are never materialised). Counted per token and layer from the tensors autograd saves, and
   per phase from what each backward step allocates (``training_phases``); on CUDA also cuBLAS's
-  workspaces, which live in torch's allocator. Checked against ``max_memory_allocated`` on an H200 and
-  live tensor bytes on CPU in ``benchmarks/memory``.
+  workspaces, which live in torch's allocator. Checked against ``max_memory_allocated`` on a GPU and
+  live tensor bytes on CPU (the lab's memory measurements).
 * vLLM: its own copy of the weights in ``vllm_dtype``; activation peak of its profiling pass over
   ``max_num_batched_tokens`` (TRL colocate passes 4096) plus sampler logits; a fixed runtime allowance
   (non-torch memory and CUDA graphs); KV cache per token = layers × KV heads × head dim × 2 × bytes.
@@ -40,9 +40,8 @@ Assumptions, stated once (``MemoryBudget.assumptions`` repeats them next to ever
 
 The package's modules, from inputs to answers: ``shapes`` (model shape, precision, step sizes), ``components``
 (each part of the step's memory), ``budget`` (the answer: :class:`MemoryBudget`), ``planner``
-(:func:`plan_memory` and its advice), ``tables`` (many models × devices, and the committed measurements),
-``measured`` (runs under a device memory cap: a sampler of a process tree's device memory, the committed rows).
-Everything is importable from ``grpo_lab.memory`` as before.
+(:func:`plan_memory` and its advice), ``tables`` (many models × devices), ``sampler`` (the device memory a process
+tree holds). Everything is importable from ``grpo_lab.memory``.
 """
 
 from __future__ import annotations
@@ -71,17 +70,6 @@ from grpo_lab.memory.components import (
     training_phases,
     vllm_non_kv_bytes,
 )
-from grpo_lab.memory.measured import (
-    CAPPED_RESULTS_DIR,
-    PLANNER_TARGET,
-    CappedRow,
-    DeviceMemorySampler,
-    NotebookPeak,
-    OutOfMemory,
-    capped_rows,
-    expectation,
-    speed_table,
-)
 from grpo_lab.memory.planner import (
     KNOBS_IN_ORDER,
     LORA_R_TRIAL,
@@ -90,6 +78,7 @@ from grpo_lab.memory.planner import (
     largest_fitting_batch,
     plan_memory,
 )
+from grpo_lab.memory.sampler import DeviceMemorySampler
 from grpo_lab.memory.shapes import (
     CONFIG_DIR,
     CONTEXT_MARGIN,
@@ -119,28 +108,18 @@ from grpo_lab.memory.shapes import (
 from grpo_lab.memory.tables import (
     COMMON_DEVICES,
     LEVERS,
-    MEASUREMENTS_DIR,
     DevicePreset,
     LeverPlan,
     largest_models,
     lever_plans,
-    measured_vs_predicted,
     recommendation_table,
 )
 
 __all__ = [
     "BudgetRow",
-    "CAPPED_RESULTS_DIR",
-    "CappedRow",
     "DeviceMemorySampler",
     "FOUR_BIT_BLOCK",
     "FOUR_BIT_BYTES_PER_PARAMETER",
-    "NotebookPeak",
-    "OutOfMemory",
-    "PLANNER_TARGET",
-    "capped_rows",
-    "expectation",
-    "speed_table",
     "COMMON_DEVICES",
     "CONFIG_DIR",
     "CONTEXT_MARGIN",
@@ -158,7 +137,6 @@ __all__ = [
     "LeverPlan",
     "MARGIN_FRACTION",
     "MARGIN_MIN_BYTES",
-    "MEASUREMENTS_DIR",
     "MemoryBudget",
     "MemoryPlanError",
     "ModelShape",
@@ -191,7 +169,6 @@ __all__ = [
     "largest_models",
     "lever_plans",
     "lora_activation_bytes_per_token_per_layer",
-    "measured_vs_predicted",
     "model_config",
     "plan_memory",
     "recommendation_table",

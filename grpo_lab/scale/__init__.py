@@ -15,8 +15,7 @@ weights to the server. This module runs that layout from one call:
    with ``vllm_mode="server"``, watches both processes and returns the run folder and metrics;
 4. :func:`run_server_mode` does 2 and 3 in one call.
 
-One concern a module, each importing only from those listed after it: ``cli`` (``grpo-lab scale``) and ``results``
-(the committed measurements of ``benchmarks/scale_out`` and ``benchmarks/async_grpo``, as records); ``runner`` (the
+One concern a module, each importing only from those listed after it: ``cli`` (``grpo-lab scale``); ``runner`` (the
 trainer under ``accelerate launch``, server mode end to end: the runner :mod:`grpo_lab.async_grpo` builds on);
 ``server`` (the rollout server) and ``planning`` (who runs where, per layout; memory per layout); ``config``
 (:class:`ServerModeConfig`, file names, :class:`ScaleOutError`) and ``devices`` (:func:`plan_devices`). Every name
@@ -69,16 +68,6 @@ from grpo_lab.scale.config import (
 )
 from grpo_lab.scale.devices import DevicePlan, default_rollout_count, plan_devices
 from grpo_lab.scale.planning import LAYOUTS, ResourcePlan, RoleAssignment, memory_by_layout, plan_resources
-from grpo_lab.scale.results import (
-    ASYNC_RESULTS,
-    SCALE_OUT_SEED,
-    AsyncSpeed,
-    LayoutSpeed,
-    ScaleOutResult,
-    StepSplit,
-    read_async_speed,
-    read_scale_out,
-)
 from grpo_lab.scale.runner import (
     ServerModeResult,
     TrainerProcess,
@@ -100,8 +89,6 @@ from grpo_lab.scale.server import (
 )
 
 __all__ = [
-    "ASYNC_RESULTS", "SCALE_OUT_SEED", "AsyncSpeed", "LayoutSpeed", "ScaleOutResult", "StepSplit", "read_async_speed",
-    "read_scale_out",
     "CPU_SERVER_FLAGS", "DISTRIBUTED_VARS", "LAYOUTS", "RESULT_FILE", "SCALE_DESCRIPTION", "SERVER_LOG", "TRAINER_LOG",
     "WEIGHT_SYNC_MODES", "DevicePlan", "ResourcePlan", "RoleAssignment", "RolloutServer", "ScaleOutError",
     "ServerModeConfig", "ServerModeResult", "TrainerProcess", "build_parser", "default_rollout_count",
