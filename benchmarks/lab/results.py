@@ -5,7 +5,9 @@
 * :func:`smollm2_run`: ``benchmarks/grpo_smollm2/`` (``results.json`` and the base model's temperature probe
   ``probe_cpu.json``), the gpu recipe on SmolLM2-135M-Instruct on a GPU;
 * :func:`gsm8k_run`: ``benchmarks/gsm8k/results.json``, the gpu recipe on GSM8K with held-out accuracy before and
-  after.
+  after;
+* :func:`course_gpu_run`: ``benchmarks/course_gpu/results/``, the whole course run on a GPU (``run.json``) and the
+  training run its notebook 03 kept (``grpo-run/``).
 
 Each record carries where it came from (a :class:`~lab.committed.Provenance`), as far as its file records it.
 :mod:`lab.bench` and :mod:`lab.verl_parity` compare against the SmolLM2 run through :func:`smollm2_run` too.
@@ -22,8 +24,12 @@ from lab.committed import BENCHMARKS_DIR, Provenance, read_committed
 
 KL_BRAKE_FILE = BENCHMARKS_DIR / "kl_brake" / "results.json"
 GSM8K_FILE = BENCHMARKS_DIR / "gsm8k" / "results.json"
+GSM8K_TRAIN_FILE = BENCHMARKS_DIR / "gsm8k" / "train.jsonl.xz"
+"""GSM8K's training split as the course ships it offline (``grpo_lab.data.load_gsm8k("train", path=...)`` reads it)."""
 SMOLLM2_DIR = BENCHMARKS_DIR / "grpo_smollm2"
 """The SmolLM2 run's folder: ``results.json``, ``probe_cpu.json``, ``metrics.jsonl``, ``curves.png``."""
+COURSE_GPU_DIR = BENCHMARKS_DIR / "course_gpu" / "results"
+"""The course's committed GPU run: ``run.json``, the executed notebooks, notebook 03's run folder ``grpo-run/``."""
 
 
 @dataclass(frozen=True)
@@ -150,3 +156,27 @@ def gsm8k_run(path: str | Path = GSM8K_FILE) -> GSM8KRun | None:
                     model=data["model"], steps=data["steps"], train_rows=data["data"]["train_rows"],
                     held_out=data["data"]["held_out"], seconds=data["seconds"]["total_s"], accuracy=data["accuracy"],
                     format=data["format"], training=data["training"])
+
+
+@dataclass(frozen=True)
+class CourseRun:
+    """The whole course run on a GPU (``benchmarks/course_gpu/run.sh``): its settings and notebook 03's training run."""
+
+    provenance: Provenance
+    profile: str
+    model: str
+    cap_gib: float | None
+    """The device memory cap the course ran under (``GRPO_LAB_DEVICE_MEMORY_GIB``), None without one."""
+    metrics: tuple[dict[str, Any], ...]
+    """Notebook 03's per-step records (``grpo-run/metrics.jsonl``)."""
+    folder: Path
+
+
+def course_gpu_run(folder: str | Path = COURSE_GPU_DIR) -> CourseRun:
+    """The committed GPU run of the course (``run.json``, and the training run notebook 03 kept)."""
+    folder = Path(folder)
+    meta = read_committed(folder / "run.json")
+    return CourseRun(provenance=Provenance(meta["command"], meta["started"], meta["device"].split(", ")[0],
+                                           folder / "run.json", meta.get("commit", "")),
+                     profile=meta["profile"], model=meta["model"], cap_gib=meta.get("cap_gib"),
+                     metrics=tuple(runs.read_metrics(folder / "grpo-run")), folder=folder)

@@ -40,9 +40,11 @@ class ServingRun:
         return experiment_runs(self.body, experiment)
 
 
-def serving_runs(prefix: str, folder: str | Path = SERVING_RESULTS_DIR) -> dict[str, ServingRun]:
-    """The committed results files whose name starts with ``prefix`` (``"cpu"``, ``"h200"``), by file stem; {} when none has been measured yet."""
-    return {path.stem: ServingRun.read(path) for path in sorted(Path(folder).glob(f"{prefix}*.json"))}
+def serving_runs(kind: str, folder: str | Path = SERVING_RESULTS_DIR) -> dict[str, ServingRun]:
+    """The committed results files of one device kind (``"cpu"``, ``"cuda"``: the machine each file records), by
+    file stem; {} when none has been measured there yet."""
+    found = {path.stem: ServingRun.read(path) for path in sorted(Path(folder).glob("*.json"))}
+    return {name: run for name, run in found.items() if run.body.get("machine", {}).get("device") == kind}
 
 
 # How a run is named in each experiment of serving/run.py (its records list their "experiments")

@@ -200,7 +200,7 @@ def read_verl_results(path: str | Path = VERL_RESULTS) -> VerlResults:
     return VerlResults(body["verl_pin"], merged, StepParts.from_median(body["tiny"]["timings"]["median"]),
                        StepParts.from_median(body["smollm2"]["timings"]["median"]),
                        body["smollm2"]["checkpoint"]["step"],
-                       Provenance(command, body["updated"], body["device"].split(" (")[0], Path(path)))
+                       Provenance(command, body["updated"], body["device"].split(" (")[0].split(": ")[-1], Path(path)))
 
 
 def committed_check(run: str) -> RunCheck:
