@@ -20,8 +20,8 @@ The modules, from the bottom up: :mod:`~lab.bench.profiles` and :mod:`~lab.bench
 ranges), :mod:`~lab.bench.workload` and :mod:`~lab.bench.roofline`, py-spy's stacks
 (:mod:`~lab.bench.stacks`), the three measurements (:mod:`~lab.bench.rollout_bench`,
 :mod:`~lab.bench.grpo_step`, :mod:`~lab.bench.engine_probe`), the results file
-(:mod:`~lab.bench.results`), the whole run (:mod:`~lab.bench.run`) and the command line
-(:mod:`~lab.bench.cli`). The committed runs are data: ``benchmarks/results/catalogue.json`` names every results
+(:mod:`~lab.bench.results`) and its figure (:mod:`~lab.bench.plots`), the whole run (:mod:`~lab.bench.run`) and the
+command line (:mod:`~lab.bench.cli`). The committed runs are data: ``benchmarks/results/catalogue.json`` names every results
 file, the series of runs and the project's targets, and :func:`read_catalogue` is its one reader
 (:mod:`~lab.bench.catalogue`, over one file's record :mod:`~lab.bench.committed` and the verdicts
 :mod:`~lab.bench.targets`).
@@ -44,6 +44,7 @@ from lab.bench.cli import main
 from lab.bench.committed import committed_smollm2_steps
 from lab.bench.engine_probe import engine_probe
 from lab.bench.grpo_step import HostCounters, bottleneck, grpo_step_config, step_memory
+from lab.bench.plots import plot_bench
 from lab.bench.profiles import BENCH_PROFILES, BenchProfile, default_profile_name, get_bench_profile
 from lab.bench.results import load_results, save_results, summary
 from lab.bench.rollout_bench import rollout_bench
@@ -58,7 +59,8 @@ __all__ = [
     "run_bench", "main", "BenchProfile", "BENCH_PROFILES", "get_bench_profile", "default_profile_name",
     "seed_workload", "draw_lengths", "ragged_model_dir", "SHAPES", "shaped_model_dir", "rollout_bench",
     "grpo_step_config", "step_memory", "HostCounters", "bottleneck", "engine_probe", "measure_device", "model_cost",
-    "roofline", "workload_roofline", "DATASHEET_RATES", "summary", "save_results", "load_results", "speedup_range",
+    "roofline", "workload_roofline", "DATASHEET_RATES", "summary", "save_results", "load_results", "plot_bench",
+    "speedup_range",
     # the committed runs: the catalogue's reader, and the SmolLM2 recipe's steps
     "read_catalogue", "committed_smollm2_steps",
 ]

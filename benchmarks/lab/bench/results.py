@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab.errors import ConfigError
-from grpo_lab.plots import plot_bench
 from lab.bench.grpo_step import bottleneck
+from lab.bench.plots import plot_bench
 from lab.bench.roofline import DeviceRates
 from lab.bench.stats import RatioRange, Spread, median, paired_ratios, speedup_range
 
