@@ -38,12 +38,14 @@ endif
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml $(STACK_FILE)
+# The lab (benchmarks/lab, imported as `lab`) goes in editable beside the package, in the same call; `pip install .`
+# of grpo_lab alone never installs it.
+$(STAMP): pyproject.toml benchmarks/pyproject.toml $(STACK_FILE)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the '$(STACK)' stack into $(VENV) (constraints: $(STACK_FILE))"
 	@start=$$(date +%s); \
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(STACK),notebooks,tracking,dev]" -c $(STACK_FILE) \
-	  2>&1 | { grep -v "^WARNING: Location" || true; } && \
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(STACK),notebooks,tracking,dev]" -e benchmarks \
+	  -c $(STACK_FILE) 2>&1 | { grep -v "^WARNING: Location" || true; } && \
 	if [ "$(STACK)" = cpu ]; then \
 	  $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null; true; \
 	fi && \

@@ -11,11 +11,11 @@
 # Every job writes under /tmp/h200/<job>/ and logs to /tmp/h200/logs/<job>.log; each call ends by packing
 # /tmp/h200 into $OUT/h200.tgz (one file back, all calls' results so far). The jobs are listed in job() below;
 # benchmarks/results/h200/README.md says which call ran which jobs and what came out. A bench file kept from a job goes
-# into benchmarks/results/h200/ with a key (and its series) in benchmarks/results/catalogue.json: no package edit.
+# into benchmarks/results/h200/ with a key (and its series) in benchmarks/results/catalogue.json.
 set -uo pipefail
 # /tmp/grpo-extra-site: wheels carried beside the bundle (.whl/: liger-kernel), put there by the device call with
 # `python3 -m pip install -q --no-index --no-deps --target /tmp/grpo-extra-site .whl/*.whl`
-export PYTHONPATH=/tmp/grpo-extra-site:/tmp/grpo-gpu-site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+export PYTHONPATH=/tmp/grpo-extra-site:/tmp/grpo-gpu-site:$PWD:$PWD/benchmarks VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
        TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 R=/tmp/h200
 LIMIT=${H200_STREAM_LIMIT:-540}        # seconds a call waits for its job lists, so that packing fits in the call
@@ -32,27 +32,27 @@ job() {
     env)      python3 -m grpo_lab.cli env --smoke > "$out/env.txt" 2>&1
               python3 -m grpo_lab.cli doctor --profile gpu > "$out/doctor.txt" 2>&1 ;;
     rollout)  python3 -m grpo_lab.rollout --backends hf,vllm --json "$out/rollout_tiny.json"
-              python3 -m grpo_lab.rollout --shape qwen2.5-0.5b --backends hf,vllm --num-prompts 128 --n 4 \
+              python3 -m lab.rollout --shape qwen2.5-0.5b --backends hf,vllm --num-prompts 128 --n 4 \
                 --max-tokens 256 --hf-batch-size 512 --json "$out/rollout_qwen2.5-0.5b.json" ;;
     memory)   timeout "${MEMORY_LIMIT:-900}" python3 benchmarks/memory/measure_gpu.py --part train-step vllm colocate \
                 --out "$out" ;;
-    grpo05)   python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --parts grpo,roofline \
+    grpo05)   python3 -m lab.bench --profile seed --shape qwen2.5-0.5b --parts grpo,roofline \
                 --grpo-backends hf,vllm --grpo-steps 2 --out "$out" --name grpo_step_seed_qwen2.5-0.5b ;;
     # issue 16 (2026-12-01): the GRPO step after the changes, fixed and ragged, with the whole split, update MFU and
     # (fixed) the same engine timed in a fresh process
-    grpo-fixed)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --parts grpo,roofline,engine \
+    grpo-fixed)  python3 -m lab.bench --profile seed --shape qwen2.5-0.5b --parts grpo,roofline,engine \
                    --grpo-backends hf,vllm --grpo-steps 2 --grpo-workload fixed --out "$out" \
                    --name grpo_step_seed_qwen2.5-0.5b_fixed ;;
-    grpo-ragged) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --parts grpo,roofline \
+    grpo-ragged) python3 -m lab.bench --profile seed --shape qwen2.5-0.5b --parts grpo,roofline \
                    --grpo-backends hf,vllm --grpo-steps 2 --grpo-workload ragged --out "$out" \
                    --name grpo_step_seed_qwen2.5-0.5b_ragged ;;
     # issue 18: the served 0.5B shape under load, 64 and 256 clients (one server, plus one without prefix caching)
     serving)     python3 benchmarks/serving/run.py --shape qwen2.5-0.5b --concurrency 64,256 --knob-concurrency 256 \
                    --max-num-seqs 256 --max-model-len 2048 --max-tokens 128 --repeats 1 --requests-per-client 2 \
                    --max-seconds 120 --out "$out" --name h200_qwen2.5-0.5b ;;
-    bench15)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-1.5b --parts rollout,roofline \
+    bench15)  python3 -m lab.bench --profile seed --shape qwen2.5-1.5b --parts rollout,roofline \
                 --vllm-option async_scheduling=true --out "$out" --name bench_seed_qwen2.5-1.5b ;;
-    bench05)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --parts rollout,roofline \
+    bench05)  python3 -m lab.bench --profile seed --shape qwen2.5-0.5b --parts rollout,roofline \
                 --vllm-option async_scheduling=true --out "$out" --name bench_seed_qwen2.5-0.5b ;;
     smollm2)  python3 benchmarks/grpo_smollm2/run.py ${SMOLLM2_PHASES:-before train after} \
                 --max-minutes "${SMOLLM2_MINUTES:-6}" --out "$out" ;;
@@ -71,20 +71,20 @@ job() {
                       --rollout-devices 0 --train-devices 1 --steps "${ASYNC_CURVE_STEPS:-60}" ;;
     # issue 26, session 8 (one H200, 2026-12-02): five interleaved steps per backend, the hand-over keeping the
     # device's memory cache; the fixed one under py-spy (50 samples/s, --nonblocking: the process never stops; raw
-    # stacks, one line per distinct stack, read by grpo_lab.bench.Stacks)
-    grpo-fixed5)  $(spy "$out/pyspy_fixed.txt") python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b \
+    # stacks, one line per distinct stack, read by lab.bench.Stacks)
+    grpo-fixed5)  $(spy "$out/pyspy_fixed.txt") python3 -m lab.bench --profile seed --shape qwen2.5-0.5b \
                     --grpo-steps 5 --parts grpo --grpo-backends hf,vllm --grpo-workload fixed --out "$out" \
                     --name grpo_step_seed_qwen2.5-0.5b_fixed ;;
-    grpo-ragged5) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
+    grpo-ragged5) python3 -m lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
                     --grpo-backends hf,vllm --grpo-workload ragged --out "$out" \
                     --name grpo_step_seed_qwen2.5-0.5b_ragged ;;
     # session 9: the same with vLLM's importance-sampling correction off (the loss HF generate's path computes): the
     # colocated engine samples without log-probs (grpo_lab.trainer.reads_sampling_logprobs)
-    grpo-fixed-nocorr)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
+    grpo-fixed-nocorr)  python3 -m lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
                           --grpo-backends hf,vllm --grpo-workload fixed \
                           --train-option vllm_importance_sampling_correction=false --out "$out" \
                           --name grpo_step_seed_qwen2.5-0.5b_fixed_nocorrection ;;
-    grpo-ragged-nocorr) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
+    grpo-ragged-nocorr) python3 -m lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
                           --grpo-backends hf,vllm --grpo-workload ragged \
                           --train-option vllm_importance_sampling_correction=false --out "$out" \
                           --name grpo_step_seed_qwen2.5-0.5b_ragged_nocorrection ;;
@@ -92,18 +92,18 @@ job() {
     # 128 instead of 16 of 32, vLLM's share lowered to make room (the planner: 72 GiB training peak at 128, vLLM's
     # KV cache needs 2.4 GiB for the step's 512 x 384 tokens)
     # grpo-fixed-mb128-N / grpo-ragged-mb128-N: the same command again in one list, its file named ..._mb128_N
-    grpo-fixed-mb128|grpo-fixed-mb128-[0-9]) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b \
+    grpo-fixed-mb128|grpo-fixed-mb128-[0-9]) python3 -m lab.bench --profile seed --shape qwen2.5-0.5b \
                         --grpo-steps 5 --parts grpo \
                         --grpo-backends hf,vllm --grpo-workload fixed --per-device-train-batch-size 128 \
                         --train-option vllm_gpu_memory_utilization=0.25 --out "$out" \
                         --name "grpo_step_seed_qwen2.5-0.5b_fixed_mb128$(repeat_suffix "$1")" ;;
-    grpo-fixed-mb64)  python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
+    grpo-fixed-mb64)  python3 -m lab.bench --profile seed --shape qwen2.5-0.5b --grpo-steps 5 --parts grpo \
                         --grpo-backends hf,vllm --grpo-workload fixed --per-device-train-batch-size 64 \
                         --train-option vllm_gpu_memory_utilization=0.45 --out "$out" \
                         --name grpo_step_seed_qwen2.5-0.5b_fixed_mb64 ;;
     # session 11: the ragged step in micro-batches of 128; length grouping switched step by
     # step on the 0.5B shape (micro-batches of 128: 4 per step, each cut to its own longest completion when grouped)
-    grpo-ragged-mb128|grpo-ragged-mb128-[0-9]) python3 -m grpo_lab.bench --profile seed --shape qwen2.5-0.5b \
+    grpo-ragged-mb128|grpo-ragged-mb128-[0-9]) python3 -m lab.bench --profile seed --shape qwen2.5-0.5b \
                          --grpo-steps 5 --parts grpo \
                          --grpo-backends hf,vllm --grpo-workload ragged --per-device-train-batch-size 128 \
                          --train-option vllm_gpu_memory_utilization=0.25 --out "$out" \

@@ -4,8 +4,8 @@ One experiment (``experiment.TrainConfig``, TRL's names) flows from the memory p
 (``train``) to deployment (``deploy``); README.md's "Architecture" lists every module and what it owns.
 
 **What user code may import** is :data:`__all__`: the names below at the top level and the modules listed there
-(with their public, documented names). Anything else is the course's own plumbing and may change without notice;
-so is the measurement lab, ``grpo_lab.bench`` (notebook 06 and ``benchmarks/`` use it). A public name that moves keeps
+(with their public, documented names). Anything else is the course's own plumbing and may change without notice.
+The measurement lab lives beside the package, not in it. A public name that moves keeps
 a shim for one minor version that warns (``grpo_lab.deprecation.GrpoLabDeprecationWarning``, a
 ``DeprecationWarning``) and names its new place; CHANGELOG.md says what changed in each version.
 
@@ -59,13 +59,9 @@ _NAMES: dict[str, str] = {
 # Public modules: what the notebooks import (`from grpo_lab import data, rewards, ...`).
 _MODULES: tuple[str, ...] = (
     "advantages", "async_grpo", "cli", "course", "data", "deploy", "device", "doctor", "env", "errors",
-    "evaluation", "experiment", "load_test", "lora", "memory", "models", "paths", "plots", "recipe", "results",
-    "rewards", "rollout", "runs", "scale", "tool_use", "tools", "tracking", "train", "verl_export", "verl_parity",
-    "widgets",
+    "evaluation", "experiment", "load_test", "lora", "memory", "models", "paths", "plots", "recipe", "rewards",
+    "rollout", "runs", "scale", "tool_use", "tools", "tracking", "train", "verl_export", "widgets",
 )
-# The measurement lab: loads like a public module (notebook 06 imports it), but no promise: its names follow the
-# committed measurements (benchmarks/results/catalogue.json) and may change in any version.
-_LAB_MODULES: tuple[str, ...] = ("bench",)
 
 __all__ = ["__version__", *_NAMES, *_MODULES]
 
@@ -77,7 +73,7 @@ def __getattr__(name: str) -> Any:
     """Load a public name or module on first access (PEP 562), so ``import grpo_lab`` imports nothing heavy."""
     if name in _NAMES:
         value = getattr(importlib.import_module(_NAMES[name]), name)
-    elif name in _MODULES or name in _LAB_MODULES:
+    elif name in _MODULES:
         value = importlib.import_module(f"{__name__}.{name}")
     elif name in _MOVED:
         warn_moved(f"{__name__}.{name}", _MOVED[name].replace(":", "."), since="0.2.0")

@@ -15,7 +15,8 @@ teaches nothing. TRL (``GRPOTrainer._generate_and_score_completions``) works in 
 verl's GRPO (``compute_grpo_outcome_advantage``) differs in three ways: its epsilon is ``1e-6`` (:data:`VERL_EPSILON`);
 a group of one keeps its raw score (TRL gives 0; unreachable with ``num_generations >= 2``); and verl has no "not
 applicable": the export's ``compute_score`` turns it into 0.0, which counts in its group's statistics.
-``norm_adv_by_std_in_grpo=False`` is ``scale_rewards="none"``.
+``norm_adv_by_std_in_grpo=False`` is ``scale_rewards="none"``. The lab's verl parity check compares a verl run's
+logged batches with this module.
 
 >>> result = group_advantages([0.6, 0.5, 0.5, 0.2], num_generations=4)
 >>> round(result.group_mean[0], 4), [round(a, 4) for a in result.advantages]

@@ -21,7 +21,6 @@ SUBCOMMANDS = {
     "train": ("grpo_lab.train", "a GRPO run with TRL GRPOTrainer from a profile plus overrides"),
     "export-recipe": ("grpo_lab.recipe", "write a run as one standalone Python script for stock TRL (datasets, "
                                          "transformers, trl, peft; no grpo_lab)"),
-    "bench": ("grpo_lab.bench", "rollout (and GRPO step) benchmark: HF vs vLLM vs prefix caching, roofline"),
     "serve": ("grpo_lab.deploy", "verify a model folder and serve it with vLLM's OpenAI-compatible server"),
     "load-test": ("grpo_lab.load_test", "serve a model folder on 127.0.0.1 and load-test it: N concurrent streaming "
                                         "clients, throughput, latency percentiles, errors by kind"),

@@ -28,7 +28,7 @@ from grpo_lab import device, experiment, memory, runs
 from grpo_lab.deprecation import warn_moved
 from grpo_lab.device import Machine
 from grpo_lab.experiment import PROFILE_DEVICE, TrainConfig
-from grpo_lab.memory.measured import DeviceMemorySampler, gib
+from grpo_lab.memory.sampler import DeviceMemorySampler, gib
 from grpo_lab.paths import REPO_ROOT
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"

@@ -1,4 +1,4 @@
-"""Where things live in the repository: shipped data, the tiny model, benchmarks, caches. One place for all."""
+"""Where things live in the repository: shipped data, the tiny model, caches. One place for all."""
 
 from __future__ import annotations
 
@@ -9,10 +9,5 @@ DATA_DIR = REPO_ROOT / "data"
 TINY_MODEL_DIR = DATA_DIR / "models" / "tiny-qwen2"
 MODEL_CONFIGS_DIR = DATA_DIR / "configs"
 """``config.json`` files of the model shapes the course plans for (no weights)."""
-BENCHMARKS_DIR = REPO_ROOT / "benchmarks"
-RESULTS_DIR = BENCHMARKS_DIR / "results"
-"""Committed benchmark results (``cpu/``, ``h200/``)."""
-SERVING_RESULTS_DIR = BENCHMARKS_DIR / "serving" / "results"
-"""Committed load tests of the served model (``benchmarks/serving/run.py``): ``cpu_*.json``, ``h200_*.json``."""
 CACHE_DIR = REPO_ROOT / ".cache"
 """Caches this checkout owns (vLLM's compiled graphs, matplotlib, Hugging Face)."""

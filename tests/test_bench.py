@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab import bench
-from grpo_lab.bench.catalogue import CATALOGUE_FILE, CatalogueError, read_catalogue
-from grpo_lab.bench.cli import key_value
-from grpo_lab.bench.committed import ENGINE_PARTS, deferred_correction
-from grpo_lab.bench.grpo_step import Turns, _step_summary, interleaved_turns
-from grpo_lab.bench.results import SCHEMA, check_results, paired_step_ratios
-from grpo_lab.bench.rollout_bench import Measurement
-from grpo_lab.bench.roofline import DeviceRates, ModelCost, extra_forwards, roofline, sequence_flops, update_mfu
-from grpo_lab.bench.stacks import Stacks, function_of
-from grpo_lab.bench.stats import MIN_RUNS, alternating_orders, median, paired_ratios
 from grpo_lab.errors import DataError
-from grpo_lab.paths import BENCHMARKS_DIR, RESULTS_DIR
 from grpo_lab.rollout import RolloutConfig, Sampling, load_tokenizer
 from grpo_lab.rollout.engine import check_completion_lengths
+from lab import bench
+from lab.bench.catalogue import CATALOGUE_FILE, CatalogueError, read_catalogue
+from lab.bench.cli import key_value
+from lab.bench.committed import ENGINE_PARTS, deferred_correction
+from lab.bench.grpo_step import Turns, _step_summary, interleaved_turns
+from lab.bench.results import SCHEMA, check_results, paired_step_ratios
+from lab.bench.rollout_bench import Measurement
+from lab.bench.roofline import DeviceRates, ModelCost, extra_forwards, roofline, sequence_flops, update_mfu
+from lab.bench.stacks import Stacks, function_of
+from lab.bench.stats import MIN_RUNS, alternating_orders, median, paired_ratios
+from lab.committed import BENCHMARKS_DIR, RESULTS_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED_CPU = REPO / "benchmarks" / "results" / "cpu" / "bench_tiny.json"
@@ -75,7 +75,7 @@ def test_model_cost_counts_the_real_qwen_shapes_and_the_tiny_model():
     from transformers import Qwen2Config
 
     from grpo_lab.models import load_model_and_tokenizer, resolve_model
-    from grpo_lab.rollout.compare import SHAPES
+    from lab.bench.workload import SHAPES
 
     half = bench.model_cost(Qwen2Config(**SHAPES["qwen2.5-0.5b"]), "bfloat16")
     assert half.params == 494_032_768 and half.tied_embeddings  # Qwen2.5-0.5B's published count
@@ -539,5 +539,5 @@ def test_stacks_cut_under_a_call_merge_line_numbers_and_write_back(tmp_path):
 
 
 def test_the_results_readme_shows_the_verdicts_the_catalogue_computes(catalogue):
-    """benchmarks/results/README.md's table is `python -m grpo_lab.bench targets` of the committed catalogue."""
+    """benchmarks/results/README.md's table is `python -m lab.bench targets` of the committed catalogue."""
     assert catalogue.targets_markdown() in (RESULTS_DIR / "README.md").read_text(encoding="utf-8")

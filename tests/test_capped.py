@@ -1,5 +1,5 @@
 """benchmarks/capped, on the CPU: the jobs' plans say what each row expects, the jobs fit side by side, a row's JSON
-round-trips through the package's reader (``grpo_lab.memory.capped_rows``), the capped course becomes a row, the
+round-trips through the lab's reader (``lab.capped.capped_rows``), the capped course becomes a row, the
 command line parses, and the course runner's peak fields exist."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from grpo_lab import course, memory
 from grpo_lab.device import Machine
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.paths import REPO_ROOT, TINY_MODEL_DIR
+from lab import capped
 
 CAPPED = REPO_ROOT / "benchmarks" / "capped"
 sys.path.insert(0, str(CAPPED))
@@ -178,9 +179,9 @@ def test_an_out_of_memory_row_round_trips_through_the_reader(tmp_path):
     failed = measure.finish(measure.base_record("qlora", jobs.JOBS["qlora"].rows[0], 16, "model"), measure.PhaseClock(),
                             {}, Sampler(), ValueError("a bug"))
     measure.write(failed, tmp_path / "b.json")
-    rows = memory.capped_rows(tmp_path)
+    rows = capped.capped_rows(tmp_path)
     oom = next(r for r in rows if r.job == "seed-2b")
-    assert oom.oom == memory.OutOfMemory(1, "optimizer step", "RuntimeError: CUDA out of memory. Tried to allocate "
+    assert oom.oom == capped.OutOfMemory(1, "optimizer step", "RuntimeError: CUDA out of memory. Tried to allocate "
                                                               "2.00 GiB")
     assert oom.measured["training_peak_gib"] == 16.0 and oom.measured["device_used_gib"] == 31.0
     assert "max_allocated_at_failure_gib" in oom.measured
@@ -188,17 +189,17 @@ def test_an_out_of_memory_row_round_trips_through_the_reader(tmp_path):
     assert "OOM at step 1 (optimizer step)" in oom.line()
     bug = next(r for r in rows if r.job == "qlora")
     assert bug.error == "ValueError: a bug" and bug.oom is None and "failed" in bug.line()
-    assert memory.capped_rows(tmp_path / "none") == [] and memory.capped_rows(tmp_path, job="course") == []
+    assert capped.capped_rows(tmp_path / "none") == [] and capped.capped_rows(tmp_path, job="course") == []
 
 
 def test_a_row_says_how_its_accuracy_moved_and_where_it_was_measured():
     gain = {"before": 0.0025, "after": 0.0025, "points": 0.0, "standard_errors": 0.0, "problems": 400}
-    row = memory.CappedRow("qlora", "QLoRA r=16, learns", 16, "model", "qlora", steps=50,
+    row = capped.CappedRow("qlora", "QLoRA r=16, learns", 16, "model", "qlora", steps=50,
                            extra={"greedy_accuracy": gain, "greedy_accuracy_hf": {**gain, "after": 0.05,
                                                                                    "standard_errors": 4.2}})
     assert "greedy accuracy on the trainer's engine 0.2% → 0.2% (+0.0 standard errors)" in row.line()
     assert "greedy accuracy on HF generate 0.2% → 5.0% (+4.2 standard errors)" in row.line()
-    assert "greedy" not in memory.CappedRow("seed-2b", "x", 32, "m", "r").line()
+    assert "greedy" not in capped.CappedRow("seed-2b", "x", 32, "m", "r").line()
 
 
 def test_a_served_row_says_how_each_way_started_and_answered():
@@ -206,13 +207,13 @@ def test_a_served_row_says_how_each_way_started_and_answered():
     served = {"adapter on its 4-bit base": {"start_seconds": 61.1, "quantization": "bitsandbytes", "accuracy": 0.0625,
                                             "problems": 16},
               "merged final/": {"error": "ServerDied: exit 1"}, "same_greedy_text": 0.0625}
-    row = memory.CappedRow("qlora-adapter", "served", 16, "model", "{}", measured={"device_used_gib": 5.8},
+    row = capped.CappedRow("qlora-adapter", "served", 16, "model", "{}", measured={"device_used_gib": 5.8},
                            extra={"served": served})
     assert row.outcome == ("served adapter on its 4-bit base (started in 61 s, 1 of 16 held-out problems right); "
                            "merged final/ (failed: ServerDied: exit 1)")
     assert row.line().endswith(f"{row.outcome}; device used 5.8 GiB")
-    assert memory.CappedRow("qlora", "x", 16, "m", "r", steps=50).outcome == "50 steps"
-    assert "device used" not in memory.CappedRow("qlora", "x", 16, "m", "r", error="killed").line()
+    assert capped.CappedRow("qlora", "x", 16, "m", "r", steps=50).outcome == "50 steps"
+    assert "device used" not in capped.CappedRow("qlora", "x", 16, "m", "r", error="killed").line()
 
 
 def test_the_capped_course_becomes_a_row(tmp_path):
@@ -232,7 +233,7 @@ def test_the_capped_course_becomes_a_row(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"commit": "abc1234", "device": "NVIDIA H200, 143771 MiB",
                                                   "model": "/tmp/grpo-smollm2/model"}))
     path = course_row.write_course_row(tmp_path, 24, tmp_path / "rows")
-    row, = memory.capped_rows(tmp_path / "rows")
+    row, = capped.capped_rows(tmp_path / "rows")
     assert path.name.startswith("course__") and row.job == "course" and row.commit == "abc1234"
     assert row.name == "notebooks 03-05 under 24 GiB"  # a subset's row never reads as the whole course
     assert row.planned["vllm_gpu_memory_utilization"] == config.vllm_gpu_memory_utilization
@@ -240,9 +241,9 @@ def test_the_capped_course_becomes_a_row(tmp_path):
     assert row.step_seconds == (5.0, 1.5, 1.3) and row.median_step_seconds == 1.4
     assert row.tokens_per_second == pytest.approx(2 * 100 * 128 / 2.8, abs=0.1)
     assert row.extra["notebook_seconds"] == 440.0
-    assert "about 1.4 s per step" in memory.expectation(24, [row]) and "4 minutes" in memory.expectation(32, [row])
-    assert "no course run" in memory.expectation(16, [row])
-    assert memory.speed_table([row])[0]["notebook 03 (s)"] == 240.0
+    assert "about 1.4 s per step" in capped.expectation(24, [row]) and "4 minutes" in capped.expectation(32, [row])
+    assert "no course run" in capped.expectation(16, [row])
+    assert capped.speed_table([row])[0]["notebook 03 (s)"] == 240.0
 
 
 def test_a_course_cut_short_gives_the_notebooks_that_finished(tmp_path):
@@ -259,11 +260,11 @@ def test_a_course_cut_short_gives_the_notebooks_that_finished(tmp_path):
     (tmp_path / "course_runs.jsonl").write_text(json.dumps({"notebook": "03_grpo_training.ipynb", "run": run_dir.name,
                                                             "how": "trained"}) + "\n")
     path = course_row.write_course_row(tmp_path, 16, tmp_path / "rows")
-    row, = memory.capped_rows(tmp_path / "rows")
+    row, = capped.capped_rows(tmp_path / "rows")
     assert path.name == "course__notebooks-03-04-under-16-gib.json" and row.error is None
     assert [(nb.notebook[:2], nb.status, nb.seconds) for nb in row.notebooks] == [("03", "ok", 307.0), ("04", "ok", 9.0)]
     assert row.extra["did_not_finish"] == ["05_deployment.ipynb"] and row.step_seconds == (6.0, 2.0, 1.8)
-    assert "notebook 03 about 5 minutes" in memory.expectation(16, [row])
+    assert "notebook 03 about 5 minutes" in capped.expectation(16, [row])
 
 
 def test_a_row_of_notebook_05_alone_neither_hides_the_step_time_nor_reads_as_zero_steps(tmp_path):
@@ -273,13 +274,13 @@ def test_a_row_of_notebook_05_alone_neither_hides_the_step_time_nor_reads_as_zer
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     (tmp_path / "run.json").write_text(json.dumps({"commit": "5b06a61", "device": "NVIDIA H100 80GB HBM3, 81559 MiB"}))
     course_row.write_course_row(tmp_path, 16, tmp_path / "rows")
-    alone, = memory.capped_rows(tmp_path / "rows")
+    alone, = capped.capped_rows(tmp_path / "rows")
     assert alone.name == "notebook 05 under 16 GiB" and alone.steps == 0 and alone.outcome == "05 ok in 156 s"
     assert alone.measured == {"max_allocated_gib": 1.12, "device_used_gib": 15.432}
     trained = dataclasses.replace(alone, name="notebooks 03-04 under 16 GiB", steps=3, step_seconds=(6.0, 2.0, 1.8),
-                                  notebooks=(memory.NotebookPeak("03_grpo_training.ipynb", "ok", 307.0),))
-    assert "about 1.9 s per step, notebook 03 about 5 minutes" in memory.expectation(16, [alone, trained])
-    assert "an unrecorded step time" in memory.expectation(16, [alone])  # only where no row timed a step
+                                  notebooks=(capped.NotebookPeak("03_grpo_training.ipynb", "ok", 307.0),))
+    assert "about 1.9 s per step, notebook 03 about 5 minutes" in capped.expectation(16, [alone, trained])
+    assert "an unrecorded step time" in capped.expectation(16, [alone])  # only where no row timed a step
 
 
 def test_the_course_runner_records_peaks():

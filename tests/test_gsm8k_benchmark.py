@@ -1,11 +1,12 @@
 """benchmarks/gsm8k/run.py on the CPU: its split of GSM8K, its record, and the whole script in its smoke mode (the
-tiny model, 2 steps, 16 held-out problems), read back by grpo_lab.results.gsm8k_run as notebook 08 reads the H200 run."""
+tiny model, 2 steps, 16 held-out problems), read back by lab.results.gsm8k_run as notebook 08 reads the committed run."""
 
 import importlib.util
 import json
 from pathlib import Path
 
-from grpo_lab import data, results
+from grpo_lab import data
+from lab import results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = Path(__file__).parent / "fixtures" / "gsm8k_train_sample.jsonl"

@@ -26,6 +26,7 @@ from grpo_lab.load_test import (
     run_load_test_async,
 )
 from grpo_lab.plots import plot_load_test
+from lab import serving
 
 API_KEY = "load-test-key"
 CHAT_URL = "/v1/chat/completions"
@@ -112,15 +113,19 @@ def test_repeated_runs_of_an_experiment_show_their_median(tmp_path):
         return {**row, "server": {**row["server"], "max_num_seqs": seqs}}
 
     runs = [run(4, 9.0), run(64, 30.0), run(4, 11.0, errors=1), run(64, 20.0), run(4, 10.0), run(64, 40.0)]
-    path = load_test.save_results(runs, tmp_path / "cpu_x.json", "python benchmarks/serving/run.py")
-    body = load_test.committed_results("cpu", tmp_path)["cpu_x"]
-    rows = load_test.experiment_runs(body, "max_num_seqs")
+    path = load_test.save_results(runs, tmp_path / "cpu_x.json", "python benchmarks/serving/run.py",
+                                  machine={"device": "cpu", "cpu_count": 2})
+    run_x = serving.serving_runs("cpu", tmp_path)["cpu_x"]
+    body = run_x.body
+    assert run_x.provenance.command == "python benchmarks/serving/run.py" and run_x.provenance.file == "cpu_x.json"
+    assert run_x.provenance.device == "cpu (2 CPU cores)"
+    rows = serving.experiment_runs(body, "max_num_seqs")
     assert [(r["label"], r["requests_per_s"], r["repeats"], r["requests_per_s_range"], r["errors_all_repeats"])
             for r in rows] == [("max_num_seqs=4", 10.0, 3, [9.0, 11.0], 1), ("max_num_seqs=64", 30.0, 3, [20.0, 40.0], 0)]
-    text = load_test.describe_results(body)
+    text = run_x.describe()
     assert "max_num_seqs:" in text and "median of 3: 9.0-11.0 req/s, 1 errors in all" in text
-    assert load_test.committed_results("h200", tmp_path) == {} and path.is_file()
-    findings = load_test.knob_findings(body)
+    assert serving.serving_runs("cuda", tmp_path) == {} and path.is_file()
+    findings = run_x.findings()
     assert findings[0].startswith("max_num_seqs=4 (course, 8 clients): 10.0 requests/s") and len(findings) == 2
 
 
@@ -131,12 +136,13 @@ def test_a_knob_run_at_one_setting_is_not_shown_as_a_comparison(tmp_path):
         return {**row, "server": {**row["server"], "max_num_seqs": 256}}
 
     runs = [run(64, 80.0, ["concurrency"]), run(256, 93.0, ["concurrency", "max_num_seqs"])]
-    load_test.save_results(runs, tmp_path / "h200_x.json", "python benchmarks/serving/run.py")
-    body = load_test.committed_results("h200", tmp_path)["h200_x"]
+    load_test.save_results(runs, tmp_path / "h200_x.json", "python benchmarks/serving/run.py",
+                           machine={"device": "cuda", "cpu_count": 16})
+    body = serving.serving_runs("cuda", tmp_path)["h200_x"].body
     expected = ("only max_num_seqs=256 was run (one setting, so nothing to compare); its numbers are the '256 clients' "
                 "row of the concurrency table.")
-    assert f"max_num_seqs: {expected}" in load_test.describe_results(body)
-    assert load_test.knob_findings(body)[1] == f"max_num_seqs: {expected}"
+    assert f"max_num_seqs: {expected}" in serving.describe_results(body)
+    assert serving.knob_findings(body)[1] == f"max_num_seqs: {expected}"
 
 
 def test_cli_has_the_subcommand():

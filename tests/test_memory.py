@@ -21,6 +21,7 @@ from grpo_lab.memory import (
     training_phases,
 )
 from grpo_lab.paths import REPO_ROOT
+from lab import memory as lab_memory
 
 CONFIGS = course_configs()
 QWEN_05B = CONFIGS["qwen2.5-0.5b"]
@@ -204,7 +205,7 @@ def test_earlier_models_are_subtracted_from_leaky_train_step_records():
 def test_committed_comparisons_are_current_and_within_target():
     """results/comparison_*.json (read by notebook 04) equal a fresh recompute with this planner; training
     rows within 10 % on the GPU and 1.5 % on CPU (the CPU RSS-growth row is explained in results/cpu.md)."""
-    results = memory.MEASUREMENTS_DIR
+    results = lab_memory.MEASUREMENTS_DIR
     rows = {"cpu": _benchmark("measure_cpu").comparison_rows(results),
             "gpu": _benchmark("measure_gpu").comparison_rows(results)}
     for where, fresh in rows.items():
@@ -213,7 +214,9 @@ def test_committed_comparisons_are_current_and_within_target():
     assert not [r for r in rows["gpu"] if "failed" in r]
     assert all(abs(r["error"]) <= 0.10 for r in rows["gpu"])
     assert all(abs(r["error"]) <= 0.015 for r in rows["cpu"] if r["quantity"] != "RSS growth")
-    assert {r["where"] for r in memory.measured_vs_predicted()} == {"CPU", "NVIDIA H200"}
+    assert {r["where"] for r in lab_memory.measured_vs_predicted()} == {"CPU", "NVIDIA H200"}
+    sources = lab_memory.measurement_provenance()
+    assert {p.device for p in sources} >= {"NVIDIA H200"} and all(p.command for p in sources)
 
 
 def test_vllm_side_and_kv_cache():

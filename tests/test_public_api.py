@@ -1,6 +1,6 @@
 """What users import is a promise: grpo_lab.__all__ imports, every name that moved since 0.1.0 still works and warns
 with its new place and with versions computed from grpo_lab's, `import grpo_lab` stays cheap, and the version is
-pyproject's (CHANGELOG.md says what changed). The measurement lab (grpo_lab.bench) is outside the promise, small.
+pyproject's (CHANGELOG.md says what changed). The measurement lab (``lab``, beside the package) is outside it.
 
 pyproject makes grpo_lab's own deprecation warnings errors (and ignores the libraries'); the tests below that use an
 old name on purpose catch the warning with ``pytest.warns``."""
@@ -17,7 +17,6 @@ import pytest
 import tomllib
 
 import grpo_lab
-from grpo_lab import bench
 from grpo_lab.deprecation import GrpoLabDeprecationWarning, next_release, shim_versions, warn_moved
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -46,15 +45,15 @@ def test_notebook_08_imports_are_public():
 
 
 def test_every_course_notebook_imports_only_public_names():
-    """What any notebook takes from grpo_lab's top level (``from grpo_lab import x, y``) is in the public list, or is
-    the measurement lab (notebook 06's subject)."""
+    """What any notebook takes from grpo_lab's top level (``from grpo_lab import x, y``) is in the public list (the
+    measurement lab is imported from ``lab``)."""
     for path in sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         source = "\n".join("".join(cell["source"]) for cell in json.loads(path.read_text())["cells"]
                            if cell["cell_type"] == "code")
         for names in re.findall(r"^from grpo_lab import ([\w, ]+)$", source, re.MULTILINE):
             for name in names.split(","):
                 name = name.split(" as ")[0].strip()
-                assert name in (*grpo_lab.__all__, *grpo_lab._LAB_MODULES), f"{path.name} imports grpo_lab.{name}"
+                assert name in grpo_lab.__all__, f"{path.name} imports grpo_lab.{name}"
 
 
 def test_import_grpo_lab_is_cheap():
@@ -90,7 +89,6 @@ MOVED = [
     ("grpo_lab.train", "REWARD_ERROR_MODES", "grpo_lab.rewards.REWARD_ERROR_MODES"),
     ("grpo_lab.course", "run_dir", "grpo_lab.runs.workspace"),
     ("grpo_lab.course", "RUN_DIR_VAR", "grpo_lab.runs.RUN_DIR_ENV"),
-    ("grpo_lab.bench", "RESULTS_DIR", "grpo_lab.paths.RESULTS_DIR"),
     *[("grpo_lab.deploy", name, f"grpo_lab.servers.{name}") for name in (
         "LOG_TAIL_LINES", "port_is_free", "wait_until_healthy")],
     *[("grpo_lab.scale", name, f"grpo_lab.servers.{name}") for name in ("LOG_TAIL_LINES", "group_alive",
@@ -106,25 +104,6 @@ MOVED = [
     ("grpo_lab.profiles", "QWEN_SMALL", "grpo_lab.experiment.QWEN_SMALL"),
     ("grpo_lab.profiles", "ProfileError", "grpo_lab.experiment.ProfileError"),
 ]
-
-# What grpo_lab.bench exported in 0.2.0 (its __all__ then): each name is still exported, or warns and answers from its
-# new place, or says what replaces it.
-BENCH_0_2_0 = (
-    "BENCH_PROFILES", "COMMITTED", "CONFIGS", "CONFIG_MEANING", "DATASHEET_RATES", "DEFAULT_PROFILE",
-    "GRPO_STEP_TARGETS", "GRPO_WORKLOADS", "MFU_TARGET", "MIN_RUNS", "OWN_LENGTHS", "PARTS", "PERFORMANCE_TARGETS",
-    "PREFIX_OFF_MEANING", "PREFIX_OFF_MODES", "RAGGED_MODES", "RAGGED_STOP_PROBABILITY", "REQUIRED_KEYS", "SCHEMA",
-    "SEED_REFERENCE", "STEP_FIELDS", "STEP_SPLIT", "VARIANTS", "BenchError", "BenchProfile", "DeviceRates",
-    "Measurement", "ModelCost", "Provenance", "RatioRange", "RolloutHeadline", "Roofline", "Spread", "StepRatio",
-    "Turns", "add_roofline", "alternating_orders", "bench_engine_config", "bottleneck", "build_parser",
-    "check_results", "committed_file", "committed_grpo_split", "committed_grpo_step_targets",
-    "committed_grpo_steps", "committed_grpo_table", "committed_rollout_headlines", "committed_rollout_table",
-    "committed_smollm2_steps", "committed_targets", "draw_lengths", "engine_probe", "extra_forwards",
-    "get_bench_profile", "grpo_step_bench", "grpo_step_config", "interleaved_turns", "key_value", "load_results",
-    "main", "measure_device", "median", "model_cost", "ragged_description", "ragged_model_dir", "rollout_bench",
-    "roofline", "run_bench", "save_results", "seed_workload", "sequence_flops", "speedup_range", "step_ratio",
-    "summary", "targets_markdown", "trl_engine_settings", "update_mfu", "workload_roofline",
-)
-
 
 def _old_module(name):
     with warnings.catch_warnings():
@@ -154,29 +133,6 @@ def test_moved_name_warns_with_its_new_place_and_versions_and_still_works(module
     _check_versions(str(got[0].message), "0.2.0")  # every name in MOVED moved in 0.2.0
 
 
-@pytest.mark.parametrize("old", BENCH_0_2_0)
-def test_every_name_bench_exported_in_0_2_0_still_answers(old):
-    """Exported still; or moved in the coming release (warns, names its new place, which holds the same object; a
-    reader of committed runs answers through the catalogue); or removed with what to use instead."""
-    if old in bench.__all__:
-        return
-    with warnings.catch_warnings(record=True) as got:
-        warnings.simplefilter("always")
-        try:
-            value = getattr(bench, old)
-        except AttributeError as error:
-            assert f"was removed in grpo-lab {next_release(grpo_lab.__version__)}: " in str(error) and not got
-            return
-    assert [w.category for w in got] == [GrpoLabDeprecationWarning], got
-    message = str(got[0].message)
-    assert message.startswith(f"grpo_lab.bench.{old} is deprecated")
-    _check_versions(message, next_release(grpo_lab.__version__))
-    new = re.search(r"use (\S+) instead", message).group(1)
-    if "(" not in new:  # the same object under its new name (the readers' and DEFAULT_PROFILE's shims compute theirs)
-        module, _, name = new.rpartition(".")
-        assert value is getattr(importlib.import_module(module), name)
-
-
 def test_shim_versions_are_computed_from_the_release():
     assert next_release("0.2.0") == "0.3.0" and next_release("0.2.1") == "0.3.0" and next_release("1.4.2") == "1.5.0"
     assert shim_versions("0.2.0") == ("0.2.0", "0.3.0")
@@ -192,44 +148,6 @@ def test_grpo_labs_deprecation_warnings_fail_the_tests_and_the_libraries_do_not(
     with pytest.raises(DeprecationWarning, match="grpo_lab.x is deprecated since grpo-lab"):
         warnings.warn("grpo_lab.x is deprecated since grpo-lab 0.3.0 and goes in 0.4.0: use y", DeprecationWarning)
     warnings.warn("a library's old argument", DeprecationWarning)  # ignored: no exception
-
-
-def test_bench_is_the_lab_outside_the_public_promise_with_few_names():
-    assert "bench" not in grpo_lab.__all__ and "bench" in grpo_lab._LAB_MODULES
-    assert len(bench.__all__) <= 25, bench.__all__
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert all(getattr(bench, name) is not None for name in bench.__all__)
-
-
-@pytest.mark.parametrize("old", ["committed_file", "committed_grpo_split", "committed_grpo_steps",
-                                 "committed_grpo_table", "committed_rollout_headlines", "committed_rollout_table",
-                                 "targets_markdown"])
-def test_the_benchs_old_readers_are_the_catalogues(old):
-    """bench's 0.2.0 readers of committed runs warn and answer through the catalogue, with the same arguments."""
-    with pytest.warns(GrpoLabDeprecationWarning, match=rf"grpo_lab\.bench\.{old} is deprecated .* "
-                                                        r"use grpo_lab\.bench\.read_catalogue\(\)\."):
-        reader = getattr(bench, old)
-    new = getattr(bench.read_catalogue(), reader.__name__)
-    if old == "committed_file":
-        assert reader("rollout 1.5b", suffix=".png") == new("rollout 1.5b", suffix=".png")
-    else:
-        assert reader() == new()
-
-
-@pytest.mark.parametrize("old", ["COMMITTED", "GRPO_STEP_TARGETS", "MFU_TARGET", "PERFORMANCE_TARGETS",
-                                 "committed_grpo_step_targets", "committed_targets"])
-def test_the_benchs_run_tables_and_targets_are_data_now(old):
-    with pytest.raises(AttributeError, match=rf"{old} was removed in grpo-lab {next_release(grpo_lab.__version__)}: "
-                                             r"the committed runs .*/catalogue\.json"):
-        getattr(bench, old)
-
-
-def test_bench_default_profile_is_rebuilt_from_the_rule():
-    with pytest.warns(GrpoLabDeprecationWarning, match=r"use grpo_lab\.bench\.profiles\.default_profile_name"):
-        assert bench.DEFAULT_PROFILE == {"npu": "seed", "cuda": "seed", "cpu": "tiny"}
-    with pytest.warns(GrpoLabDeprecationWarning, match=r"Turns\(order, kind\) is deprecated since grpo-lab 0\.3\.0"):
-        bench.grpo_step.Turns(["hf"], "cpu")
 
 
 def test_from_import_of_a_moved_name_warns():

@@ -6,14 +6,12 @@ that the server generated exactly the completions the trainer used, that the ser
 trainer's (file + reload sync), and that nothing keeps running afterwards (~2 min on two cores).
 """
 
-import json
 import socket
 import sys
 
 import pytest
 
 from grpo_lab import scale, servers
-from grpo_lab.committed import CommittedResultError
 from grpo_lab.upstream.vllm import SYNC_FOLDER, WORKER_EXTENSION, vllm_runs_on_cpu
 
 SYNCED_GAP = 0.2  # bf16 server against the fp32 checkpoint it was synced from: measured 0.07 (stale: 9)
@@ -275,39 +273,3 @@ class TestServerModeOnCPU:
         assert not [p for p in psutil.Process().children(recursive=True) if p.pid not in server_run["children_before"]]
         assert not (result.run_dir / SYNC_FOLDER).exists()
 
-
-# --------------------------------------------------------------------------------------------------
-# The committed measurements, read as records (notebook 07 prints these)
-# --------------------------------------------------------------------------------------------------
-def test_scale_out_reader_gives_the_committed_h200_comparison():
-    seed = scale.read_scale_out()
-    assert (round(seed.colocate.step_s, 2), round(seed.colocate.generation_s, 2)) == (14.78, 9.21)
-    assert (round(seed.server.step_s, 2), round(seed.server.generation_s, 2), round(seed.server.update_s, 2)) == (
-        13.83, 8.77, 5.04)
-    assert round(seed.speedup_server_vs_colocate, 2) == 1.07 and list(seed.layouts()) == ["colocate", "server"]
-    # overlap could at best make a step as long as its longer part: generation here
-    assert seed.server.overlapped_s == seed.server.generation_s and round(seed.server.overlap_ceiling, 2) == 1.58
-    assert seed.provenance.device == "2 × NVIDIA H200" and seed.provenance.date.startswith("2026-11-30")
-    server_call, colocate_call = seed.provenance.command.split("; ")  # the two parts were measured by two calls
-    assert "--parts server" in server_call and "--parts colocate" in colocate_call
-
-
-def test_step_split_overlap_is_bounded_by_the_longer_part():
-    split = scale.StepSplit(step_s=10.0, generation_s=3.0, reward_s=1.0, update_s=6.0)
-    assert split.overlapped_s == 7.0 and split.overlap_ceiling == 10.0 / 7.0
-
-
-def test_async_reader_is_none_until_measured_then_a_record(tmp_path):
-    assert scale.read_async_speed(tmp_path / "results.json") is None
-    speed = {"command": "python benchmarks/async_grpo/run.py speed", "created": "2026-12-02T00:00:00+0000",
-             "device": {"kind": "cuda", "name": "NVIDIA H200", "count": 2},
-             "layouts": {"async": {"completions_per_second": 60.0, "median_step_s": 8.5},
-                         "server": {"completions_per_second": 40.0, "median_step_s": 12.8}}}
-    (tmp_path / "results.json").write_text(json.dumps({"created": "x", "speed": speed, "speedup_vs_sync_server": 1.5}))
-    measured = scale.read_async_speed(tmp_path / "results.json")
-    assert measured.layouts["async"] == scale.LayoutSpeed(60.0, 8.5) and measured.speedup_vs_sync_server == 1.5
-    assert measured.provenance.line() == ("measured on 2 × NVIDIA H200, 2026-12-02: "
-                                          "python benchmarks/async_grpo/run.py speed")
-    (tmp_path / "broken.json").write_text("{")
-    with pytest.raises(CommittedResultError, match="broken.json"):
-        scale.read_async_speed(tmp_path / "broken.json")

@@ -21,6 +21,7 @@ from grpo_lab.errors import ConfigError
 from grpo_lab.experiment import TrainConfig, check_prompt_lengths
 from grpo_lab.paths import REPO_ROOT, TINY_MODEL_DIR
 from grpo_lab.rollout import Completion, PromptRollout, RolloutResult
+from lab import tool_lesson
 
 CPU = Machine("cpu", False, 24)
 
@@ -418,9 +419,9 @@ def test_the_benchmark_writes_what_its_reader_reads(tmp_path, monkeypatch):
                              config=TrainConfig(model="/m/model", tools=("calculator",)),
                              mean=lambda key, first=None, last=None: 0.5)
     primed = SimpleNamespace(config={"tool_share": 0.5}, steps=3, train_loss=1.0, traces=40, calling_traces=16)
-    record = tool_use.LessonRun(reports, primed, result, {"total": 12.0}).record("python3 run.py --out X", "H200")
+    record = tool_lesson.LessonRun(reports, primed, result, {"total": 12.0}).record("python3 run.py --out X", "H200")
     (tmp_path / "results.json").write_text(json.dumps(record))
-    run = tool_use.committed_tool_run(tmp_path / "results.json")
+    run = tool_lesson.committed_tool_run(tmp_path / "results.json")
     assert run.model == "model" and run.provenance.device == "H200" and set(run.reports) == set(tool_use.STAGES)
     assert run.gains["tool-call share (base model → after GRPO)"].standard_errors == 0.0
     assert record["train"]["calls_by_kind"]["ok"] == 2.0
@@ -436,8 +437,8 @@ def test_the_committed_gpu_record_is_what_the_course_run_printed():
         sys.path.pop(0)
     course = REPO_ROOT / "benchmarks" / "course_gpu" / "results"
     body = from_course.record(course, REPO_ROOT / "benchmarks" / "tools_smollm2" / "course_run", "SmolLM2-135M-Instruct")
-    assert json.loads(json.dumps(body)) == json.loads(tool_use.TOOLS_SMOLLM2_FILE.read_text(encoding="utf-8"))
+    assert json.loads(json.dumps(body)) == json.loads(tool_lesson.TOOLS_SMOLLM2_FILE.read_text(encoding="utf-8"))
     printed = {line for _, line in from_course.printed_lines(json.loads((course / from_course.NOTEBOOK).read_text()))}
-    run = tool_use.committed_tool_run()
+    run = tool_lesson.committed_tool_run()
     assert set(run.gains) == set(tool_use.GAINS) and all(gain.describe() in printed for gain in run.gains.values())
     assert run.gains["accuracy with the tool (base model → after GRPO)"].standard_errors >= 2

@@ -297,7 +297,9 @@ def test_verls_schema_rejects_a_key_it_does_not_have(gpu_export):
     assert check.ok is False and any("actor_rollout_ref.rollout.nn" in p for p in check.problems)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("verl") is None or importlib.util.find_spec("hydra") is None,
+# origin None: no verl, or only a folder named verl on the path (benchmarks/verl, with benchmarks/ on PYTHONPATH)
+@pytest.mark.skipif(getattr(importlib.util.find_spec("verl"), "origin", None) is None
+                    or importlib.util.find_spec("hydra") is None,
                     reason="verl's validate_config needs verl (and hydra-core) importable")
 def test_verls_validate_config_accepts_the_batch_arithmetic(npu_export):
     check = V.validate_overrides(npu_export.absolute_overrides(), deep=True)

@@ -21,9 +21,9 @@ import torch
 
 from grpo_lab import rewards as R
 from grpo_lab import verl_export as V
-from grpo_lab import verl_parity as P
 from grpo_lab.advantages import EPSILON, VERL_EPSILON, group_advantages
 from grpo_lab.experiment import TrainConfig
+from lab import verl_parity as P
 
 REWARD_SETS = {
     "correctness": (("correctness",), None),
@@ -265,7 +265,7 @@ def test_verl_function_origin_is_reported():
     # not a check of verl: says in the test log which verl the advantage tests used (or why they skipped)
     print(f"verl's GRPO advantage: {VERL_ORIGIN}")
     assert VERL_ORIGIN
-    assert importlib.util.find_spec("grpo_lab.verl_parity") is not None
+    assert importlib.util.find_spec("lab.verl_parity") is not None
 
 
 def test_verls_function_loads_from_a_checkout_folder_and_says_why_not(tmp_path):
@@ -288,7 +288,7 @@ def test_the_committed_h200_run_checks_again_and_a_changed_score_is_caught(tmp_p
     """Notebook 07 re-checks verl's H200 run from its committed files; one score changed in a dump must show."""
     import shutil
 
-    from grpo_lab.paths import BENCHMARKS_DIR
+    from lab.committed import BENCHMARKS_DIR
 
     files = BENCHMARKS_DIR / "verl" / "results" / "tiny"
     manifest, overrides = files / "export_export.json", files / "export_verl_overrides.yaml"
@@ -379,7 +379,7 @@ def test_the_committed_verl_configurations_on_smollm2_and_what_changed_between_t
     """Issue 26: verl constrained to fit a device call, then at its own settings (once with padding removal wrongly
     off, then corrected); each with its start apart from its steps, and the settings that changed read from the
     overrides each run was given."""
-    from grpo_lab import verl_parity
+    from lab import verl_parity
 
     runs = verl_parity.smollm2_configurations()
     constrained, padded, best = runs["smollm2"], runs["smollm2_best_padded"], runs["smollm2_best"]
@@ -399,7 +399,7 @@ def test_the_committed_verl_configurations_on_smollm2_and_what_changed_between_t
 
 
 def test_the_verl_configuration_tables_show_every_part_and_every_changed_setting():
-    from grpo_lab import verl_parity
+    from lab import verl_parity
 
     runs = verl_parity.smollm2_configurations()
     table = verl_parity.configurations_table(runs, {"smollm2": "constrained", "smollm2_best_padded": "own, padded",

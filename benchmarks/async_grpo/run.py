@@ -3,7 +3,7 @@ the reward curve over the same number of completions.
 
 Parts, each its own call into the same ``--out`` (each writes its own file there; ``report`` assembles them):
 
-    speed   the seed workload (``grpo_lab.bench``'s GRPO step: 128 prompts x 4 completions of 256 tokens, prompts of
+    speed   the seed workload (``lab.bench``'s GRPO step: 128 prompts x 4 completions of 256 tokens, prompts of
             ~128 tokens, micro-batches of 32) on random weights of ``--shape``: the asynchronous trainer here
             (``grpo_lab.async_grpo``), then synchronous server mode and colocate through
             ``benchmarks/scale_out/run.py`` with the same sizes; beta=0 for all three (``AsyncGRPOTrainer`` has no
@@ -39,14 +39,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpo_lab import async_grpo, bench, device, plots, runs, scale
-from grpo_lab.bench.profiles import STEP_FIELDS
-from grpo_lab.bench.stats import median
+from grpo_lab import async_grpo, device, plots, runs, scale
 from grpo_lab.data import load_split, write_jsonl
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.paths import TINY_MODEL_DIR
 from grpo_lab.rollout import encode_prompts, load_tokenizer
-from grpo_lab.rollout.compare import shaped_model_dir
+from lab import bench
+from lab.bench.profiles import STEP_FIELDS
+from lab.bench.stats import median
+from lab.bench.workload import shaped_model_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 SCALE_OUT = REPO_ROOT / "benchmarks" / "scale_out" / "run.py"

@@ -23,7 +23,8 @@ from typing import Any
 from jobs import SEED_RECIPE, SEED_SHAPE, Row
 
 from grpo_lab import memory
-from grpo_lab.memory.measured import OutOfMemory, gib
+from grpo_lab.memory.sampler import gib
+from lab.capped import OutOfMemory
 
 OOM_MARKS = ("out of memory", "outofmemoryerror", "no available memory for the cache blocks",
              "insufficient memory", "less than desired gpu memory utilization")

@@ -11,7 +11,7 @@ Each job runs in its own process, its rows one after another, each row in a chil
 out-of-memory row, or one that crashes, writes its row and the next row runs). Rows land in ``$CAPPED/rows``
 (default ``/tmp/capped``); ``wait`` copies them, with each row's log, to ``$OUT/capped``. The cap, the plan
 (micro-batch, vLLM's share), torch's peaks and the driver's count of the row's own processes, step times, tokens per second and an
-out-of-memory step and phase are in each row (``grpo_lab.memory.CappedRow`` reads them back).
+out-of-memory step and phase are in each row (``lab.capped.CappedRow`` reads them back).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path[:0] = [str(HERE), str(REPO)]
+sys.path[:0] = [str(HERE), str(REPO), str(REPO / "benchmarks")]
 
 from jobs import BENCH_CAP_GIB, BENCH_MINUTES, JOBS, OPTIONAL, SIDE_BY_SIDE, SIDE_BY_SIDE_GIB, row_id  # noqa: E402
 
@@ -36,7 +36,7 @@ WORK = Path(os.environ.get("CAPPED", "/tmp/capped"))
 ROW_TIMEOUT_S = 420
 """A row's process is ended after this long (its error row says so)."""
 WAIT_S = int(os.environ.get("CAPPED_WAIT_S", "540"))
-GPU_ENV = {"PYTHONPATH": f"/tmp/grpo-gpu-site:{REPO}", "VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1",
+GPU_ENV = {"PYTHONPATH": f"/tmp/grpo-gpu-site:{REPO}:{REPO}/benchmarks", "VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
            "MPLBACKEND": "Agg", "GRPO_LAB_PROFILE": "gpu"}
 SMOLLM2 = "/tmp/grpo-smollm2/model"
@@ -102,8 +102,8 @@ def bench_micro_batch(cap_gib: float = BENCH_CAP_GIB, share: float = BENCH_SHARE
     backend's trainer (its weights, gradients, AdamW states and reference model, which the bench keeps alive)."""
     import dataclasses
 
-    from grpo_lab.bench.grpo_step import step_memory
-    from grpo_lab.bench.profiles import BENCH_PROFILES
+    from lab.bench.grpo_step import step_memory
+    from lab.bench.profiles import BENCH_PROFILES
 
     profile = BENCH_PROFILES["seed"]
     for micro in (128, 64, 32, 16):
@@ -120,7 +120,7 @@ def bench_command(micro_batch: int, cap_gib: float | None = BENCH_CAP_GIB) -> li
     """The GRPO-step bench (notebook 06), fixed lengths, five interleaved steps per backend, under the cap (``None``:
     on an 80 GB card, uncapped)."""
     name = f"grpo_step_seed_{BENCH_SHAPE}_fixed_" + (f"cap{cap_gib:g}" if cap_gib is not None else "80gb_card")
-    return [sys.executable, "-m", "grpo_lab.bench", "--profile", "seed", "--shape", BENCH_SHAPE, "--parts", "grpo",
+    return [sys.executable, "-m", "lab.bench", "--profile", "seed", "--shape", BENCH_SHAPE, "--parts", "grpo",
             "--grpo-backends", "hf,vllm", "--grpo-steps", "5", "--grpo-workload", "fixed",
             "--per-device-train-batch-size", str(micro_batch),
             "--train-option", f"vllm_gpu_memory_utilization={BENCH_SHARE}",
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(write_course_row(args.course, args.cap, args.out / "capped" / "rows"))
     else:
-        from grpo_lab.memory import capped_rows
+        from lab.capped import capped_rows
 
         for row in capped_rows(args.names[0] if args.names else HERE / "results"):
             print(row.line())

@@ -3,7 +3,7 @@
 One process, one device call: the profile's experiment (``TrainConfig().resolve(machine)``, the model from
 ``--model`` or ``GRPO_LAB_MODEL``) trains on GSM8K's train split, less a held-out part (``data.hold_out``) that is
 evaluated greedily before and after training on the trainer's own engine, as notebook 03 does. Writes
-``$OUT/results.json`` (``grpo_lab.results.gsm8k_run`` reads it), the run's ``metrics.jsonl`` and ``config.json``.
+``$OUT/results.json`` (``lab.results.gsm8k_run`` reads it), the run's ``metrics.jsonl`` and ``config.json``.
 
     python3 benchmarks/gsm8k/run.py --out $OUT                    # one H200, SmolLM2-135M: <= 3 minutes
     python benchmarks/gsm8k/run.py --smoke --out /tmp/gsm8k       # the same code on a CPU, tiny model, ~1 minute

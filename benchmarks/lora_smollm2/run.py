@@ -140,7 +140,7 @@ def report(out: Path) -> None:
         raise SystemExit(f"no variant results in {out}")
     for record in records:
         print(describe(record))
-    from grpo_lab.bench.stats import speedup_range
+    from lab.bench.stats import speedup_range
 
     timed = {r["variant"]: r["step_seconds"]["all"][WARMUP_STEPS:] or r["step_seconds"]["all"] for r in records}
     for variant in ("lora", "sleep"):

@@ -1,10 +1,10 @@
 """GRPO step time: TRL server mode (vLLM on one device, training on another) vs vLLM colocate on one device.
 
-Both parts run the same workload as ``grpo_lab.bench``'s GRPO step (``--profile seed``: 128 prompts x n=4, prompts
+Both parts run the same workload as ``lab.bench``'s GRPO step (``--profile seed``: 128 prompts x n=4, prompts
 of ~128 tokens, 256 new tokens, micro-batches of 32, 1 warm-up + 2 timed steps, median), one after the other:
 
 * ``server``: :func:`grpo_lab.scale.run_server_mode` with ``--rollout-devices`` / ``--train-devices``;
-* ``colocate``: ``python -m grpo_lab.bench --parts grpo --grpo-backends vllm`` with the same sizes, on the
+* ``colocate``: ``python -m lab.bench --parts grpo --grpo-backends vllm`` with the same sizes, on the
   first rollout device only.
 
     python benchmarks/scale_out/run.py --out OUT --profile seed --shape qwen2.5-0.5b   # 2 GPUs (README.md)
@@ -29,14 +29,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpo_lab import bench, device, scale
-from grpo_lab.bench.cli import key_value
-from grpo_lab.bench.profiles import STEP_FIELDS
-from grpo_lab.bench.stats import median
+from grpo_lab import device, scale
 from grpo_lab.data import write_jsonl
 from grpo_lab.paths import TINY_MODEL_DIR
 from grpo_lab.rollout import encode_prompts, load_tokenizer
-from grpo_lab.rollout.compare import shaped_model_dir
+from lab import bench
+from lab.bench.cli import key_value
+from lab.bench.profiles import STEP_FIELDS
+from lab.bench.stats import median
+from lab.bench.workload import shaped_model_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 RUN_FILES = (scale.SERVER_LOG, scale.TRAINER_LOG, scale.RESULT_FILE, "metrics.jsonl", "config.json")
@@ -50,7 +51,7 @@ def portable(command: list[str]) -> str:
 
 def server_part(model: str, rows: list[dict], profile: bench.BenchProfile, scratch: Path,
                 config: scale.ServerModeConfig, out: Path, train_overrides: dict | None = None) -> dict:
-    """The same TrainConfig as grpo_lab.bench.grpo_step.grpo_step_bench builds, with rollouts from the server."""
+    """The same TrainConfig as lab.bench.grpo_step.grpo_step_bench builds, with rollouts from the server."""
     dataset = scratch / "seed_workload.jsonl"
     write_jsonl(rows, dataset)
     longest = max(len(p.token_ids) for p in encode_prompts(load_tokenizer(model), [r["prompt"] for r in rows]))
@@ -83,8 +84,8 @@ def server_part(model: str, rows: list[dict], profile: bench.BenchProfile, scrat
 
 
 def colocate_part(args: argparse.Namespace, out: Path, first_device: int | None) -> dict:
-    """grpo_lab.bench's colocate GRPO step with the same sizes, on one device."""
-    command = [sys.executable, "-m", "grpo_lab.bench", "--profile", args.profile, "--parts", "grpo",
+    """lab.bench's colocate GRPO step with the same sizes, on one device."""
+    command = [sys.executable, "-m", "lab.bench", "--profile", args.profile, "--parts", "grpo",
                "--grpo-backends", "vllm", "--out", str(out), "--name", f"colocate_{args.profile}"]
     command += ["--shape", args.shape] if args.shape else []
     for name in SIZES:

@@ -46,7 +46,8 @@ from pathlib import Path
 from grpo_lab import device, load_test, models
 from grpo_lab.load_test import LoadTest
 from grpo_lab.plots import plot_load_test
-from grpo_lab.rollout.compare import SHAPES, shaped_model_dir
+from lab.bench.workload import SHAPES, shaped_model_dir
+from lab.serving import describe_results, experiment_runs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -146,7 +147,7 @@ def measure(args: argparse.Namespace, model: str, scratch: Path, records: list[d
 
 def draw(body: dict, png: Path) -> None:
     """The concurrency experiment's plot (median runs), saved beside the results."""
-    sweep = [{**r, "label": "baseline server"} for r in load_test.experiment_runs(body, "concurrency")]
+    sweep = [{**r, "label": "baseline server"} for r in experiment_runs(body, "concurrency")]
     if sweep:
         plot_load_test(sweep).savefig(png, dpi=110)
 
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.show:
         body = load_test.load_results(args.show)
-        print(load_test.describe_results(body))
+        print(describe_results(body))
         if args.replot:
             draw(body, Path(args.show).with_suffix(".png"))
         return 0
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                                           model={"name": args.shape or Path(model).name, "weights": weights})
     body = load_test.load_results(path)
     draw(body, out / f"{name}.png")
-    print("\n" + load_test.describe_results(body))
+    print("\n" + describe_results(body))
     print(f"\nwrote {path} and {out / f'{name}.png'} ({machine['minutes']} min)")
     return 1 if any(r["errors"] for r in records if "max_model_len" not in r["experiments"]) else 0
 

@@ -3,7 +3,7 @@
 The whole course on the H200 runs notebook 10 with the ``gpu`` profile's lesson, the same code ``run.py`` calls; its
 executed copy (``benchmarks/course_gpu/results/10_tools.ipynb``) prints every evaluation's summary and every paired
 change. This script turns those printed lines, the GRPO run's ``metrics.jsonl`` and ``config.json`` (copied from the
-run folder the course packed) and the copy's cell timings into the record ``grpo_lab.tool_use.committed_tool_run``
+run folder the course packed) and the copy's cell timings into the record ``lab.tool_lesson.committed_tool_run``
 reads. What the printed lines round (shares to 0.1 %, a change's standard errors to 0.1) stays rounded.
 
     python benchmarks/tools_smollm2/from_course.py --course benchmarks/course_gpu/results \\
@@ -20,11 +20,12 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # grpo_lab, from the project root
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # grpo_lab and lab, from the project root
 
 from grpo_lab import tool_use  # noqa: E402
-from grpo_lab.tool_use.lesson import RECORDED_TRAIN_FIELDS  # noqa: E402
 from grpo_lab.tools import CALL_KINDS  # noqa: E402
+from lab.tool_lesson import RECORDED_TRAIN_FIELDS  # noqa: E402
 
 NOTEBOOK = "10_tools.ipynb"
 SUMMARY = re.compile(

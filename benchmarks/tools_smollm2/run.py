@@ -1,8 +1,8 @@
 """The tool lesson (notebook 10) on SmolLM2-135M-Instruct on one GPU: the base model, primed on tool-call traces
 (TRL's ``SFTTrainer``), trained with GRPO and the calculator (TRL's ``GRPOTrainer(tools=...)``, vLLM colocate), each
 stage evaluated with the calculator offered and without it on the 200 English held-out problems; ``results.json``
-keeps every share with its standard error and every paired change (``grpo_lab.tool_use.committed_tool_run`` reads
-it). The whole lesson is ``grpo_lab.tool_use.run_lesson`` with the ``gpu`` profile's lesson
+keeps every share with its standard error and every paired change (``lab.tool_lesson.committed_tool_run`` reads
+it). The whole lesson is ``lab.tool_lesson.run_lesson`` with the ``gpu`` profile's lesson
 (``grpo_lab.tool_use.LESSONS``).
 
     GRPO_LAB_PROFILE=gpu GRPO_LAB_MODEL=/tmp/grpo-smollm2/model python3 benchmarks/tools_smollm2/run.py --out DIR
@@ -26,11 +26,13 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # grpo_lab, from the project root
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # grpo_lab and lab, from the project root
 
 from grpo_lab import device, tool_use  # noqa: E402
 from grpo_lab.device import Machine  # noqa: E402
 from grpo_lab.experiment import PROFILE_ENV, TrainConfig, profile_name  # noqa: E402
+from lab.tool_lesson import run_lesson  # noqa: E402
 
 RESULTS = "results.json"
 
@@ -55,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     lesson = smoke_lesson(lesson) if args.smoke else lesson
     base_model = TrainConfig().with_profile(machine).model
     shutil.rmtree(args.work, ignore_errors=True)
-    run = tool_use.run_lesson(base_model, lesson, machine, args.work,
-                              **({"max_steps": args.steps} if args.steps else {}))
+    run = run_lesson(base_model, lesson, machine, args.work, **({"max_steps": args.steps} if args.steps else {}))
     command = "python3 benchmarks/tools_smollm2/run.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     record = run.record(command, device.device_name(kind=machine.kind))
     args.out.mkdir(parents=True, exist_ok=True)

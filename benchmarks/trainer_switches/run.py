@@ -2,7 +2,7 @@
 log-prob; off only where nothing reads it, :func:`grpo_lab.upstream.trainer.reads_sampling_logprobs`), switched on
 and off step by step in one trainer. Both modes alternate after warm-up steps, so they see the same machine load.
 
-    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/trainer_switches/run.py --switch sampling_logprobs \\
+    PYTHONPATH=$PWD:$PWD/benchmarks OMP_NUM_THREADS=1 python benchmarks/trainer_switches/run.py --switch sampling_logprobs \\
         --steps 16 --set vllm_importance_sampling_correction=false [--profile tiny] [--set KEY=VALUE ...]
 
 Prints min / median / max per mode of the step, the update (the step less generation and rewards), TRL's no-grad
@@ -17,13 +17,13 @@ import tempfile
 
 from transformers import TrainerCallback
 
-from grpo_lab.bench import HostCounters, ragged_model_dir
-from grpo_lab.bench.cli import key_value
 from grpo_lab.device import Machine
-from grpo_lab.experiment import TrainConfig
-from grpo_lab.rollout.compare import shaped_model_dir
+from grpo_lab.experiment import TrainConfig, plan
 from grpo_lab.train import StepClock, build_trainer
 from grpo_lab.upstream.trainer import reads_sampling_logprobs
+from lab.bench import HostCounters, ragged_model_dir
+from lab.bench.cli import key_value
+from lab.bench.workload import shaped_model_dir
 
 
 def nothing_reads_sampling_logprobs(args) -> bool:
@@ -61,7 +61,7 @@ def main() -> None:
                                         "instead of the profile's model")
     parser.add_argument("--ragged", action="store_true",
                         help="with --shape: completions end early, as in the bench's ragged workload "
-                             "(grpo_lab.bench.ragged_model_dir), instead of all at max_completion_length")
+                             "(lab.bench.ragged_model_dir), instead of all at max_completion_length")
     parser.add_argument("--set", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                         help="a TrainConfig field (e.g. vllm_importance_sampling_correction=false)")
     args = parser.parse_args()
@@ -75,11 +75,12 @@ def main() -> None:
             if args.ragged:
                 model, _ = ragged_model_dir(model, f"{run_dir}/ragged-model")
             fields["model"] = str(model)
-        config = TrainConfig(profile=args.profile, max_steps=args.warmup + args.steps, output_dir=f"{run_dir}/run",
-                             save_steps=10**6, live_plot=False, **fields).resolve(machine)
+        step = plan(TrainConfig(profile=args.profile, max_steps=args.warmup + args.steps, output_dir=f"{run_dir}/run",
+                                save_steps=10**6, live_plot=False, **fields), machine)
+        config = step.config
         clock, alternate = StepClock(machine.kind, keep_checkpoints=False), Alternate(args.switch)
         host = HostCounters(machine.kind)
-        trainer = build_trainer(config, callbacks=[clock, alternate, host])
+        trainer = build_trainer(step, callbacks=[clock, alternate, host])
         alternate.trainer = trainer
         if not SWITCHES[args.switch](trainer.args):
             parser.error(f"{args.switch} cannot be switched off for this configuration "

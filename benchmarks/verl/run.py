@@ -58,12 +58,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 from grpo_lab import verl_export as V  # noqa: E402 - after the path setup above
-from grpo_lab import verl_parity as P  # noqa: E402
 from grpo_lab.experiment import TrainConfig  # noqa: E402
 from grpo_lab.servers import stop_process_group  # noqa: E402
+from lab import verl_parity as P  # noqa: E402
 
 SITE = Path(os.environ.get("GRPO_GPU_SITE", "/tmp/grpo-gpu-site"))
 WORK = Path(os.environ.get("GRPO_VERL_WORK", "/tmp/grpo-verl"))

@@ -51,23 +51,14 @@ from grpo_lab.load_test.config import LoadTest
 from grpo_lab.load_test.records import (
     ERROR_KINDS,
     PERCENTILES,
+    SCHEMA,
     LoadResult,
     RequestRecord,
     error_kind,
     format_table,
-    percentiles,
-)
-from grpo_lab.load_test.results import (
-    COMPARED_KNOBS,
-    EXPERIMENT_LABELS,
-    SCHEMA,
-    committed_results,
-    describe_results,
-    experiment_runs,
-    knob_findings,
     load_results,
+    percentiles,
     save_results,
-    single_setting,
 )
 from grpo_lab.load_test.workloads import (
     CHAT_SYSTEM_PROMPT,
@@ -78,10 +69,8 @@ from grpo_lab.load_test.workloads import (
 )
 
 __all__ = [
-    "CHAT_SYSTEM_PROMPT", "COMPARED_KNOBS", "ERROR_KINDS", "EXPERIMENT_LABELS", "PERCENTILES", "SCHEMA",
-    "SERVER_COUNTERS", "WATCH_INTERVAL_S", "WORKLOADS", "Conversation", "LoadResult", "LoadTest", "RequestRecord",
-    "ServerDiedDuringLoad", "build_parser", "chat_workload", "committed_results", "course_workload",
-    "describe_results", "error_kind", "experiment_runs", "format_table", "knob_findings", "load_results", "main",
-    "percentiles", "run_concurrency_sweep", "run_load_test", "run_load_test_async", "save_results",
-    "server_counters", "server_settings", "single_setting", "sweep", "warm_up",
+    "CHAT_SYSTEM_PROMPT", "ERROR_KINDS", "PERCENTILES", "SCHEMA", "SERVER_COUNTERS", "WATCH_INTERVAL_S", "WORKLOADS",
+    "Conversation", "LoadResult", "LoadTest", "RequestRecord", "ServerDiedDuringLoad", "build_parser", "chat_workload",
+    "course_workload", "error_kind", "format_table", "load_results", "main", "percentiles", "run_concurrency_sweep",
+    "run_load_test", "run_load_test_async", "save_results", "server_counters", "server_settings", "sweep", "warm_up",
 ]

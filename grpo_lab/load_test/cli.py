@@ -11,8 +11,7 @@ from grpo_lab import models
 from grpo_lab.deploy import VLLMServer, verify_export
 from grpo_lab.load_test.client import run_load_test, warm_up
 from grpo_lab.load_test.config import LoadTest
-from grpo_lab.load_test.records import format_table
-from grpo_lab.load_test.results import save_results
+from grpo_lab.load_test.records import format_table, save_results
 from grpo_lab.load_test.workloads import WORKLOADS
 from grpo_lab.plots import plot_load_test
 

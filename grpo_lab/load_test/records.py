@@ -1,17 +1,21 @@
-"""What a load test measured: one record per request, the run's summary (:class:`LoadResult`), error kinds."""
+"""What a load test measured: one record per request, the run's summary (:class:`LoadResult`), error kinds, and the
+results file (one JSON per command: :func:`save_results`, :func:`load_results`)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import openai
 
+from grpo_lab.errors import ConfigError
 from grpo_lab.load_test.config import LoadTest
 
 PERCENTILES = (50, 90, 99)
@@ -139,3 +143,23 @@ def error_kind(exc: BaseException) -> str:
     if any(base.__name__ in ("TransportError", "NetworkError") for base in type(exc).__mro__):
         return "connection"
     return type(exc).__name__
+
+
+SCHEMA = "grpo-lab.load-test/1"
+
+
+def save_results(records: Sequence[dict[str, Any]], path: str | Path, command: str, **extra) -> Path:
+    """One JSON file: the command that made it and one record per run (each with ``concurrency`` and ``errors``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"schema": SCHEMA, "command": command, **extra, "runs": list(records)}
+    path.write_text(json.dumps(body, indent=1, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """A results file written by :func:`save_results`, checked."""
+    body = json.loads(Path(path).read_text(encoding="utf-8"))
+    if body.get("schema") != SCHEMA:
+        raise ConfigError(f"{path} is not a load-test results file (schema {body.get('schema')!r}, want {SCHEMA}).")
+    return body

@@ -62,17 +62,6 @@ from grpo_lab.memory.components import (
     training_phases,
     vllm_non_kv_bytes,
 )
-from grpo_lab.memory.measured import (
-    CAPPED_RESULTS_DIR,
-    PLANNER_TARGET,
-    CappedRow,
-    DeviceMemorySampler,
-    NotebookPeak,
-    OutOfMemory,
-    capped_rows,
-    expectation,
-    speed_table,
-)
 from grpo_lab.memory.planner import (
     KNOBS_IN_ORDER,
     LORA_R_TRIAL,
@@ -81,6 +70,7 @@ from grpo_lab.memory.planner import (
     largest_fitting_batch,
     plan_memory,
 )
+from grpo_lab.memory.sampler import DeviceMemorySampler
 from grpo_lab.memory.shapes import (
     CONFIG_DIR,
     CONTEXT_MARGIN,
@@ -110,28 +100,18 @@ from grpo_lab.memory.shapes import (
 from grpo_lab.memory.tables import (
     COMMON_DEVICES,
     LEVERS,
-    MEASUREMENTS_DIR,
     DevicePreset,
     LeverPlan,
     largest_models,
     lever_plans,
-    measured_vs_predicted,
     recommendation_table,
 )
 
 __all__ = [
     "BudgetRow",
-    "CAPPED_RESULTS_DIR",
-    "CappedRow",
     "DeviceMemorySampler",
     "FOUR_BIT_BLOCK",
     "FOUR_BIT_BYTES_PER_PARAMETER",
-    "NotebookPeak",
-    "OutOfMemory",
-    "PLANNER_TARGET",
-    "capped_rows",
-    "expectation",
-    "speed_table",
     "COMMON_DEVICES",
     "CONFIG_DIR",
     "CONTEXT_MARGIN",
@@ -149,7 +129,6 @@ __all__ = [
     "LeverPlan",
     "MARGIN_FRACTION",
     "MARGIN_MIN_BYTES",
-    "MEASUREMENTS_DIR",
     "MemoryBudget",
     "MemoryPlanError",
     "ModelShape",
@@ -182,7 +161,6 @@ __all__ = [
     "largest_models",
     "lever_plans",
     "lora_activation_bytes_per_token_per_layer",
-    "measured_vs_predicted",
     "model_config",
     "plan_memory",
     "recommendation_table",

@@ -1,18 +1,13 @@
-"""Tables over many models and devices, and the committed measurements read against the planner."""
+"""Tables over many models and devices: the planner's recommendations, the levers' plans, the largest model that fits."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from grpo_lab.memory.planner import largest_fitting_batch, plan_memory
 from grpo_lab.memory.shapes import GIB, ModelShape
-from grpo_lab.paths import BENCHMARKS_DIR
-
-MEASUREMENTS_DIR = BENCHMARKS_DIR / "memory" / "results"
 
 
 @dataclass(frozen=True)
@@ -51,31 +46,6 @@ def recommendation_table(models: Mapping[str, Any], devices: tuple[DevicePreset,
                          "max_num_seqs": rec.max_num_seqs if rec else None,
                          "training peak (GiB)": round(budget.training_peak_bytes / GIB, 1),
                          "advice": budget.advice})
-    return rows
-
-
-def measured_vs_predicted(results_dir: str | Path = MEASUREMENTS_DIR) -> list[dict[str, Any]]:
-    """The committed measurements against this planner, as rows: where, case, what was measured, measured and
-    predicted sizes, error of the prediction, note.
-
-    ``benchmarks/memory/measure_cpu.py --render`` and ``measure_gpu.py --render`` recompute every prediction
-    from the parameters recorded with each measurement into ``comparison_cpu.json`` / ``comparison_gpu.json``
-    (``tests/test_memory.py`` checks those files match the current planner).
-    """
-    rows = []
-    for path in sorted(Path(results_dir).glob("comparison_*.json")):
-        for r in json.loads(path.read_text()):
-            if "failed" in r:
-                continue
-            to_gib = 1 / 1024 if r["unit"] == "MiB" else 1
-            note = r.get("note", "")
-            if r.get("held by others"):
-                note = (f"max_memory_allocated {r['max_memory_allocated'] * to_gib:.2f} GiB less "
-                        f"{r['held by others'] * to_gib:.2f} GiB held by {r['held by']}")
-            rows.append({"where": r["where"], "case": r["case"], "measured": r["quantity"],
-                         "measured GiB": round(r["measured"] * to_gib, 3),
-                         "predicted GiB": round(r["predicted"] * to_gib, 3), "error": f"{r['error']:+.1%}",
-                         "note": note})
     return rows
 
 

@@ -18,10 +18,7 @@ from grpo_lab.rollout.backends import (
     open_engine,
 )
 from grpo_lab.rollout.compare import (
-    BackendTiming,
     PrefixCacheEffect,
-    SmokeRun,
-    committed_smoke_runs,
     comparison_table,
     eval_prompts,
     few_shot_prompts,
@@ -50,10 +47,9 @@ from grpo_lab.rollout.prompts import (
 )
 
 __all__ = [
-    "BACKENDS", "BackendChoice", "BackendTiming", "BackendUnavailableError", "Completion", "EncodedPrompt", "PrefixCacheEffect",
+    "BACKENDS", "BackendChoice", "BackendUnavailableError", "Completion", "EncodedPrompt", "PrefixCacheEffect",
     "PromptRollout", "RolloutConfig", "RolloutEngine", "RolloutError", "RolloutResult", "Sampling",
-    "SmokeRun", "TokenizerMismatchError", "borrow_engine", "check_prompt_lengths", "check_tokenizers", "choose_backend",
-    "committed_smoke_runs", "comparison_table", "encode_prompts", "eval_prompts", "load_tokenizer", "main", "open_engine",
-    "prefix_cache_effect", "ratio_context",
-    "few_shot_prompts", "side_by_side", "tokenizer_differences",
+    "TokenizerMismatchError", "borrow_engine", "check_prompt_lengths", "check_tokenizers", "choose_backend",
+    "comparison_table", "encode_prompts", "eval_prompts", "few_shot_prompts", "load_tokenizer", "main", "open_engine",
+    "prefix_cache_effect", "ratio_context", "side_by_side", "tokenizer_differences",
 ]

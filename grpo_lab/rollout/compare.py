@@ -1,13 +1,13 @@
 """Side by side: the same prompts through HF ``generate`` and vLLM, and the effect of prefix caching.
 
-Run it from a shell (``python -m grpo_lab.rollout --help``)::
+Run it from a shell (``grpo-lab rollout --help``)::
 
-    python -m grpo_lab.rollout                                  # tiny model, 32 eval prompts x n=4
-    python -m grpo_lab.rollout --shape qwen2.5-0.5b --num-prompts 128 --max-tokens 256   # GPU, random weights
+    grpo-lab rollout                                            # tiny model, 32 eval prompts x n=4
+    grpo-lab rollout --model Qwen/Qwen2.5-0.5B-Instruct --num-prompts 128 --max-tokens 256
 
-``--shape`` writes a folder with a real model's architecture (``config.json``) and the tiny model's tokenizer,
-and loads it with random weights (vLLM's ``load_format="dummy"``, HF's init from config): right for speed,
-meaningless text. Timings exclude engine start (reported separately) and follow one warm-up call.
+``--load-format dummy`` loads the model's architecture with random weights (vLLM's ``load_format="dummy"``, HF's
+init from config): right for speed, meaningless text. Timings exclude engine start (reported separately) and follow
+one warm-up call.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -24,25 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import device
-from grpo_lab.committed import read_committed
 from grpo_lab.data import load_split
-from grpo_lab.errors import ConfigError
-from grpo_lab.models import resolve_model
-from grpo_lab.paths import RESULTS_DIR
 from grpo_lab.rollout.backends import open_engine
 from grpo_lab.rollout.config import RolloutConfig, Sampling
 from grpo_lab.rollout.engine import RolloutResult
 from grpo_lab.rollout.prompts import Prompt
-
-# Architectures of public models (their config.json values), for speed runs with random weights.
-SHAPES = {
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-
 
 def eval_prompts(count: int = 32, seed: int = 0) -> list[Prompt]:
     """The first ``count`` chat prompts of the course's eval split (cycled if more are asked for)."""
@@ -61,40 +45,6 @@ def few_shot_prompts(count: int = 16, shots: int = 3, lang: str = "en") -> list[
         header = "\n\n".join(f"{r['prompt'][0]['content']}\n{r['completion']}" for r in shown)
         prompts.append([{"role": "user", "content": f"{header}\n\n{question['prompt'][0]['content']}"}])
     return prompts
-
-
-def shaped_model_dir(shape: str, out_dir: str | Path, tokenizer_from: str | Path | None = None,
-                     random_weights: bool = False) -> Path:
-    """Write ``config.json`` of a known architecture plus a tokenizer into ``out_dir`` (no weights).
-
-    Load it with ``load_format="dummy"``. The vocabulary keeps the real size, so the embedding and output
-    layer cost what they cost in the real model; sampled ids beyond the small tokenizer decode to nothing.
-    ``random_weights=True`` also saves randomly initialised bf16 weights (``model.safetensors``) for loaders
-    without a dummy mode, such as TRL's trainer (about 1 GB for 0.5B, 3 GB for 1.5B).
-    """
-    from transformers import Qwen2Config
-
-    if shape not in SHAPES:
-        raise ConfigError(f"unknown shape {shape!r}: use one of {', '.join(SHAPES)}")
-    source = Path(resolve_model(tokenizer_from))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copy(source / name, out / name)
-    tokenizer_config = json.loads((source / "config.json").read_text(encoding="utf-8"))
-    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, rope_theta=1_000_000.0,
-                         rms_norm_eps=1e-6, torch_dtype="bfloat16",
-                         bos_token_id=tokenizer_config.get("bos_token_id"),
-                         eos_token_id=tokenizer_config.get("eos_token_id"),
-                         pad_token_id=tokenizer_config.get("pad_token_id"))
-    config.save_pretrained(out)
-    if random_weights:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(out)
-    return out
 
 
 def run_backend(backend: str, prompts: Sequence[Prompt], config: RolloutConfig, model: str | None = None,
@@ -173,65 +123,20 @@ def prefix_cache_effect(engine, prompts: Sequence[Prompt], sampling: Sampling, r
                              result.new_tokens)
 
 
-COMMITTED_SMOKE_RUNS = {"NVIDIA H200": (RESULTS_DIR / "h200" / "rollout_tiny.json",
-                                        RESULTS_DIR / "h200" / "rollout_qwen2.5-0.5b.json")}
-"""Committed runs of ``python -m grpo_lab.rollout --json`` (notebook 01), by the device they ran on."""
-
-
-@dataclass(frozen=True)
-class BackendTiming:
-    """One backend of a smoke run: engine start, generation, throughput."""
-
-    load_s: float
-    generate_s: float
-    tokens_per_s: float
-
-
-@dataclass(frozen=True)
-class SmokeRun:
-    """A committed ``python -m grpo_lab.rollout`` run: the model, the command, each backend's timing."""
-
-    model: str
-    command: str
-    device: str
-    backends: dict[str, BackendTiming]
-
-    @property
-    def vllm_over_hf(self) -> float:
-        """vLLM's tokens/s over HF generate's."""
-        return self.backends["vllm"].tokens_per_s / self.backends["hf"].tokens_per_s
-
-
-def committed_smoke_runs() -> list[SmokeRun]:
-    """The committed smoke runs (:data:`COMMITTED_SMOKE_RUNS`), the command rebuilt from the settings each recorded."""
-    runs = []
-    for where, paths in COMMITTED_SMOKE_RUNS.items():
-        for path in paths:
-            data = read_committed(path)
-            settings = data["settings"]
-            flags = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in settings.items()
-                             if value is not None and name != "json")
-            runs.append(SmokeRun(model=settings["shape"] or settings["model"] or "the tiny model",
-                                 command=f"python -m grpo_lab.rollout {flags}", device=where,
-                                 backends={name: BackendTiming(r["load_s"], r["generate_s"], r["tokens_per_s"])
-                                           for name, r in data["results"].items()}))
-    return runs
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m grpo_lab.rollout``: both backends on a batch of eval prompts; prints tokens/s for each."""
     parser = argparse.ArgumentParser(
         prog="grpo-lab rollout",
         description="HF generate and vLLM side by side on the course's eval prompts; prints tokens/s for each.")
     parser.add_argument("--model", help="model folder or hub id (default: GRPO_LAB_MODEL or the tiny model)")
-    parser.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this architecture (speed only)")
     parser.add_argument("--backends", default="hf,vllm", help="comma-separated, run in this order")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--load-format", choices=("auto", "dummy"), default=None)
+    parser.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
+                        help="dummy: random weights of the model's architecture (speed only)")
     parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--max-num-seqs", type=int)
     parser.add_argument("--hf-batch-size", type=int)
@@ -242,16 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     config = RolloutConfig(n=args.n, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                            gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
                            hf_batch_size=args.hf_batch_size, enforce_eager=args.enforce_eager,
-                           load_format=args.load_format or ("dummy" if args.shape else "auto"))
+                           load_format=args.load_format)
     prompts = eval_prompts(args.num_prompts)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    with tempfile.TemporaryDirectory(prefix="grpo-lab-shape-") as scratch:
-        model = str(shaped_model_dir(args.shape, scratch, args.model)) if args.shape else args.model
-        started = time.perf_counter()
-        results = side_by_side(prompts, config, backends, model)
+    started = time.perf_counter()
+    results = side_by_side(prompts, config, backends, args.model)
     print(f"\n{len(prompts)} prompts x n={args.n}, up to {args.max_tokens} new tokens, "
-          f"temperature {args.temperature}, weights: {config.load_format}"
-          f"{' (' + args.shape + ' shape)' if args.shape else ''}; total {time.perf_counter() - started:.0f} s\n")
+          f"temperature {args.temperature}, weights: {config.load_format}; total {time.perf_counter() - started:.0f} s\n")
     print(comparison_table(results))
     if args.json:
         Path(args.json).write_text(json.dumps({

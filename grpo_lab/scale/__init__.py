@@ -61,16 +61,6 @@ from grpo_lab.scale.config import (
 )
 from grpo_lab.scale.devices import DevicePlan, default_rollout_count, plan_devices
 from grpo_lab.scale.planning import LAYOUTS, ResourcePlan, RoleAssignment, memory_by_layout, plan_resources
-from grpo_lab.scale.results import (
-    ASYNC_RESULTS,
-    SCALE_OUT_SEED,
-    AsyncSpeed,
-    LayoutSpeed,
-    ScaleOutResult,
-    StepSplit,
-    read_async_speed,
-    read_scale_out,
-)
 from grpo_lab.scale.runner import (
     ServerModeResult,
     TrainerProcess,
@@ -92,8 +82,6 @@ from grpo_lab.scale.server import (
 )
 
 __all__ = [
-    "ASYNC_RESULTS", "SCALE_OUT_SEED", "AsyncSpeed", "LayoutSpeed", "ScaleOutResult", "StepSplit", "read_async_speed",
-    "read_scale_out",
     "CPU_SERVER_FLAGS", "DISTRIBUTED_VARS", "LAYOUTS", "RESULT_FILE", "SCALE_DESCRIPTION", "SERVER_LOG", "TRAINER_LOG",
     "WEIGHT_SYNC_MODES", "DevicePlan", "ResourcePlan", "RoleAssignment", "RolloutServer", "ScaleOutError",
     "ServerModeConfig", "ServerModeResult", "TrainerProcess", "build_parser", "default_rollout_count",

@@ -16,20 +16,7 @@ Modules: :mod:`.traces`, :mod:`.priming` (the SFT step), :mod:`.loop` (the tool 
 imports from ``grpo_lab.tool_use``.
 """
 
-from grpo_lab.tool_use.lesson import (
-    GAINS,
-    LESSONS,
-    STAGES,
-    TOOLS_SMOLLM2_FILE,
-    LessonRun,
-    ToolLesson,
-    ToolRun,
-    committed_tool_run,
-    gain_record,
-    lesson_gains,
-    model_rows,
-    run_lesson,
-)
+from grpo_lab.tool_use.lesson import GAINS, LESSONS, STAGES, ToolLesson, lesson_gains, model_rows
 from grpo_lab.tool_use.loop import (
     CALL_OPEN,
     EVAL_ERROR_KINDS,
@@ -48,9 +35,8 @@ from grpo_lab.tool_use.priming import TOOL_TOKENS, PrimedModel, PrimingConfig, a
 from grpo_lab.tool_use.traces import expression_of, priming_rows, trace
 
 __all__ = [
-    "CALL_OPEN", "EVAL_ERROR_KINDS", "GAINS", "LESSONS", "STAGES", "TOOLS_SMOLLM2_FILE", "TOOL_TOKENS",
-    "Conversation", "LessonRun", "PrimedModel", "PrimingConfig", "ToolLesson", "ToolRun", "ToolUseReport",
-    "add_tool_tokens", "committed_tool_run", "evaluate_tool_use", "expression_of", "gain_record", "lesson_gains",
-    "mean_and_error", "model_rows", "paired_gain", "play_tool_loop", "prime", "priming_rows", "render_prompts",
-    "run_call", "run_lesson", "tool_suffix_text", "trace", "turn_batches",
+    "CALL_OPEN", "EVAL_ERROR_KINDS", "GAINS", "LESSONS", "STAGES", "TOOL_TOKENS", "Conversation", "PrimedModel",
+    "PrimingConfig", "ToolLesson", "ToolUseReport", "add_tool_tokens", "evaluate_tool_use", "expression_of",
+    "lesson_gains", "mean_and_error", "model_rows", "paired_gain", "play_tool_loop", "prime", "priming_rows",
+    "render_prompts", "run_call", "tool_suffix_text", "trace", "turn_batches",
 ]

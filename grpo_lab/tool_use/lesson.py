@@ -1,27 +1,18 @@
-"""Notebook 10's lesson: its settings for each profile, the whole lesson in one call (for the GPU benchmark), the
-changes it reports, and the reader of its committed GPU run."""
+"""Notebook 10's lesson: its settings for each profile, the evaluations it runs and the changes it reports."""
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from grpo_lab import runs
-from grpo_lab.committed import Provenance, read_committed
 from grpo_lab.data import load_split
-from grpo_lab.device import Machine
-from grpo_lab.env import installed_versions
 from grpo_lab.evaluation import Gain
 from grpo_lab.experiment import TrainConfig, model_languages
-from grpo_lab.paths import BENCHMARKS_DIR
-from grpo_lab.tool_use.loop import ToolUseReport, evaluate_tool_use, paired_gain
-from grpo_lab.tool_use.priming import PrimedModel, PrimingConfig, prime
-from grpo_lab.tools import CALL_KINDS, calculator
-from grpo_lab.train import VERSIONS, TrainResult, train
+from grpo_lab.tool_use.loop import ToolUseReport, paired_gain
+from grpo_lab.tool_use.priming import PrimingConfig
 
 
 @dataclass(frozen=True)
@@ -42,8 +33,8 @@ class ToolLesson:
         return TrainConfig(model=str(model), tools=("calculator",), **fields)
 
 
-# 24 GRPO steps: in the committed 40-step SmolLM2 run (benchmarks/tools_smollm2) the rollouts' tool-call share passed
-# 95 % at step 11 and the reward reached 1.0 at step 16; the 16 steps after that bought nothing but 23 s of the course.
+# 24 GRPO steps: past the step at which a SmolLM2 run's rollouts called the tool in nearly every answer and reached full
+# reward (the lab's tool-lesson run records where); later steps bought course time, not use of the tool.
 _ACCELERATOR_LESSON = ToolLesson(
     PrimingConfig(num_train_rows=600, num_train_epochs=2, per_device_train_batch_size=16, learning_rate=1e-4,
                   max_length=512, add_tool_tokens=False),
@@ -90,109 +81,8 @@ def lesson_gains(reports: dict[str, ToolUseReport]) -> dict[str, Gain]:
             for what, (old, new, measure) in GAINS.items() if old in reports and new in reports}
 
 
-RECORDED_TRAIN_FIELDS = ("model", "profile", "max_steps", "learning_rate", "temperature", "num_generations",
-                         "per_device_train_batch_size", "beta", "rewards", "max_prompt_length", "max_completion_length",
-                         "tools", "max_tool_calling_iterations", "use_vllm", "vllm_mode")
-"""The GRPO run's TrainConfig fields a committed lesson record keeps (:meth:`LessonRun.record`)."""
-
-
-def gain_record(gain: Gain) -> dict[str, Any]:
-    """A :class:`~grpo_lab.evaluation.Gain` as the JSON a committed run keeps."""
-    return {"what": gain.what, "before": gain.before, "after": gain.after, "count": gain.count,
-            "points": round(gain.points, 2), "standard_error_points": round(gain.standard_error_points, 2),
-            "standard_errors": round(gain.standard_errors, 2)}
-
-
 def model_rows(model: str | Path, split: str, size: int | None = None) -> list[dict[str, Any]]:
     """The first ``size`` rows of a shipped split (``"train"``, ``"eval"``) in the languages the model's manifest
     says it reads (every row without one)."""
     languages = model_languages(str(model))
     return [row for row in load_split(split) if not languages or row["lang"] in languages][:size]
-
-
-@dataclass
-class LessonRun:
-    """The whole lesson run once (:func:`run_lesson`): every evaluation, the priming, the GRPO run, the seconds of
-    each part."""
-
-    reports: dict[str, ToolUseReport]
-    primed: PrimedModel
-    result: TrainResult
-    seconds: dict[str, float]
-
-    def record(self, command: str, device_name: str) -> dict[str, Any]:
-        """The run as the JSON its benchmark commits (:func:`committed_tool_run` reads it)."""
-        metrics = self.result.metrics
-        totals = {kind: sum(m.get(f"tools/{kind}", 0.0) for m in metrics) for kind in CALL_KINDS}
-        return {"command": command, "date": datetime.now().isoformat(timespec="seconds"), "device": device_name,
-                "model": Path(self.result.config.model).name, "versions": installed_versions(list(VERSIONS)),
-                "settings": {"train": {k: v for k, v in self.result.config.to_dict().items()
-                                       if k in RECORDED_TRAIN_FIELDS},
-                             "priming": self.primed.config},
-                "reports": {stage: report.to_dict() for stage, report in self.reports.items()},
-                "gains": {name: gain_record(gain) for name, gain in lesson_gains(self.reports).items()},
-                "train": {"steps": self.result.global_step, "backend": self.result.backend,
-                          "call_frequency_first_5": self.result.mean("tools/call_frequency", first=5),
-                          "call_frequency_last_5": self.result.mean("tools/call_frequency", last=5),
-                          "reward_first_5": self.result.mean("reward", first=5),
-                          "reward_last_5": self.result.mean("reward", last=5), "calls_by_kind": totals},
-                "priming": {"steps": self.primed.steps, "train_loss": self.primed.train_loss,
-                            "traces": self.primed.traces, "calling_traces": self.primed.calling_traces},
-                "seconds": {name: round(value, 1) for name, value in self.seconds.items()}}
-
-
-def run_lesson(base_model: str | Path, lesson: ToolLesson, machine: Machine, work_dir: str | Path,
-               **train_overrides: Any) -> LessonRun:
-    """Notebook 10 in one call, as its GPU benchmark runs it: evaluate the base model with and without the calculator,
-    prime it, evaluate, train it with GRPO and the calculator, evaluate with and without (HF ``generate`` for every
-    evaluation). ``train_overrides``: more TrainConfig fields for the GRPO run."""
-    work_dir, seconds, started = Path(work_dir), {}, time.perf_counter()
-    config = lesson.config(base_model, output_dir=str(work_dir / "grpo"), **train_overrides).with_profile(machine)
-    rows = model_rows(base_model, "eval", lesson.eval_size)
-    reports: dict[str, ToolUseReport] = {}
-
-    def evaluate(stage: str, model: str | Path) -> None:
-        label, offered = STAGES[stage]
-        clock = time.perf_counter()
-        reports[stage] = evaluate_tool_use(model, rows, [calculator] if offered else None, config.max_completion_length,
-                                           config.max_tool_calling_iterations, label=label, backend="hf")
-        seconds[f"evaluate {stage}"] = time.perf_counter() - clock
-        print(reports[stage].summary(), flush=True)
-
-    evaluate("base", base_model)
-    evaluate("base_without_tool", base_model)
-    primed = prime(base_model, model_rows(base_model, "train"), work_dir / "primed", lesson.priming)
-    seconds["priming"] = primed.seconds
-    evaluate("primed", primed.path)
-    result = train(dataclasses.replace(config, model=str(primed.path)), machine=machine)
-    seconds["grpo"] = result.seconds
-    evaluate("trained", result.final_model_dir)
-    evaluate("trained_without_tool", result.final_model_dir)
-    seconds["total"] = time.perf_counter() - started
-    return LessonRun(reports, primed, result, seconds)
-
-
-TOOLS_SMOLLM2_FILE = BENCHMARKS_DIR / "tools_smollm2" / "results.json"
-
-
-@dataclass(frozen=True)
-class ToolRun:
-    """A committed tool lesson (``benchmarks/tools_smollm2/run.py``): tool use and accuracy at each stage."""
-
-    provenance: Provenance
-    model: str
-    reports: dict[str, dict[str, Any]]
-    """``{stage: ToolUseReport.to_dict()}`` for ``base``, ``primed``, ``trained`` (tool offered) and
-    ``trained_without_tool``."""
-    gains: dict[str, Gain]
-    """``{name: Gain}``, each paired over the same problems (``gain.describe()`` says it in words)."""
-    seconds: dict[str, Any]
-
-
-def committed_tool_run(path: str | Path = TOOLS_SMOLLM2_FILE) -> ToolRun:
-    """The committed GPU run of the tool lesson on SmolLM2-135M (its benchmark's ``results.json``)."""
-    data = read_committed(path)
-    gains = {name: Gain(g["what"], g["before"], g["after"], g["count"], g["standard_error_points"])
-             for name, g in data["gains"].items()}
-    return ToolRun(Provenance(data["command"], data["date"], data["device"], Path(path)), data["model"],
-                   data["reports"], gains, data["seconds"])

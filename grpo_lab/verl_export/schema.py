@@ -62,7 +62,7 @@ def find_verl_config(source: str | Path | None = None) -> VerlConfigSource | Non
         spec = importlib.util.find_spec("verl")
     except (ImportError, ValueError):
         spec = None
-    if spec is None or not spec.submodule_search_locations:
+    if spec is None or spec.origin is None:  # None: absent, or a folder named verl (a namespace), not the package
         return None
     package = Path(list(spec.submodule_search_locations)[0])
     config_dir = package / "trainer" / "config"

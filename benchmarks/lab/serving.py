@@ -1,47 +1,53 @@
-"""Results files: one JSON per command (``benchmarks/serving/results``), read back and described."""
+"""The committed load tests of a served model (``benchmarks/serving/results``, one JSON per command of
+``benchmarks/serving/run.py``), read back as :class:`ServingRun` records and described: each experiment's table, and
+what it measured in sentences."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.committed import read_committed
-from grpo_lab.errors import ConfigError
-from grpo_lab.load_test.records import format_table
-from grpo_lab.paths import SERVING_RESULTS_DIR
+from grpo_lab.load_test import format_table, load_results
+from lab.committed import BENCHMARKS_DIR, Provenance
 
-SCHEMA = "grpo-lab.load-test/1"
+SERVING_RESULTS_DIR = BENCHMARKS_DIR / "serving" / "results"
 
 
-def save_results(records: Sequence[dict[str, Any]], path: str | Path, command: str, **extra) -> Path:
-    """One JSON file: the command that made it and one record per run (each with ``concurrency`` and ``errors``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"schema": SCHEMA, "command": command, **extra, "runs": list(records)}
-    path.write_text(json.dumps(body, indent=1, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    return path
+@dataclass(frozen=True)
+class ServingRun:
+    """One committed results file: its body (``grpo_lab.load_test.save_results``' JSON) and where it came from."""
+
+    name: str
+    body: dict[str, Any]
+    provenance: Provenance
+
+    @classmethod
+    def read(cls, path: Path) -> ServingRun:
+        body = load_results(path)
+        machine = body.get("machine", {})
+        device = f"{machine.get('device', '')} ({machine.get('cpu_count', '?')} CPU cores)" if machine else ""
+        return cls(path.stem, body, Provenance(body["command"], body.get("date", ""), device, path,
+                                               body.get("commit", "")))
+
+    def describe(self) -> str:
+        return describe_results(self.body)
+
+    def findings(self) -> list[str]:
+        return knob_findings(self.body)
+
+    def runs(self, experiment: str) -> list[dict[str, Any]]:
+        return experiment_runs(self.body, experiment)
 
 
-def load_results(path: str | Path) -> dict[str, Any]:
-    """A results file written by :func:`save_results`, checked."""
-    return _checked(path, json.loads(Path(path).read_text(encoding="utf-8")))
+def serving_runs(kind: str, folder: str | Path = SERVING_RESULTS_DIR) -> dict[str, ServingRun]:
+    """The committed results files of one device kind (``"cpu"``, ``"cuda"``: the machine each file records), by
+    file stem; {} when none has been measured there yet."""
+    found = {path.stem: ServingRun.read(path) for path in sorted(Path(folder).glob("*.json"))}
+    return {name: run for name, run in found.items() if run.body.get("machine", {}).get("device") == kind}
 
 
-def committed_results(prefix: str, folder: str | Path = SERVING_RESULTS_DIR) -> dict[str, dict[str, Any]]:
-    """The committed results files whose name starts with ``prefix`` (``"cpu"``, ``"h200"``), by file stem;
-    {} when none has been measured yet."""
-    return {path.stem: _checked(path, read_committed(path)) for path in sorted(Path(folder).glob(f"{prefix}*.json"))}
-
-
-def _checked(path: str | Path, body: dict[str, Any]) -> dict[str, Any]:
-    if body.get("schema") != SCHEMA:
-        raise ConfigError(f"{path} is not a load-test results file (schema {body.get('schema')!r}, want {SCHEMA}).")
-    return body
-
-
-# How a run is named in each experiment of benchmarks/serving/run.py (its records list their "experiments")
+# How a run is named in each experiment of serving/run.py (its records list their "experiments")
 EXPERIMENT_LABELS = {
     "concurrency": lambda r: f"{r['concurrency']} clients",
     "max_num_seqs": lambda r: f"max_num_seqs={r['server']['max_num_seqs']}",

@@ -12,12 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import device, env
-from grpo_lab.bench.engine_probe import engine_probe
-from grpo_lab.bench.grpo_step import bottleneck, grpo_step_bench, grpo_step_config
-from grpo_lab.bench.profiles import CONFIGS, PARTS, VARIANTS, BenchProfile, check_choice
-from grpo_lab.bench.results import SCHEMA, check_results
-from grpo_lab.bench.rollout_bench import bench_engine_config, rollout_bench, without_internals
-from grpo_lab.bench.roofline import (
+from grpo_lab.device import Machine
+from grpo_lab.errors import ConfigError
+from grpo_lab.models import resolve_model
+from grpo_lab.rollout import encode_prompts, load_tokenizer
+from lab.bench.engine_probe import engine_probe
+from lab.bench.grpo_step import bottleneck, grpo_step_bench, grpo_step_config
+from lab.bench.profiles import CONFIGS, PARTS, VARIANTS, BenchProfile, check_choice
+from lab.bench.results import SCHEMA, check_results
+from lab.bench.rollout_bench import bench_engine_config, rollout_bench, without_internals
+from lab.bench.roofline import (
     DATASHEET_RATES,
     add_roofline,
     extra_forwards,
@@ -25,17 +29,11 @@ from grpo_lab.bench.roofline import (
     model_cost,
     update_mfu,
 )
-from grpo_lab.bench.workload import seed_workload
-from grpo_lab.device import Machine
-from grpo_lab.errors import ConfigError
-from grpo_lab.models import resolve_model
-from grpo_lab.rollout import encode_prompts, load_tokenizer
-from grpo_lab.rollout.compare import shaped_model_dir
+from lab.bench.workload import seed_workload, shaped_model_dir
 
 SEED_REFERENCE = ("the write-up: one Ascend NPU, 2B model, 128 prompts x n=4 x 256 tokens: HF generate 16 s -> vLLM + "
                   "prefix caching 3.9 s (4.1x); GRPO step 22 s -> 6.7 s (3.3x). Qwen2.5-0.5B on an A100: 312 -> "
                   "1280 tok/s at batch 32 (4.1x)")
-
 
 
 def run_bench(profile: BenchProfile, model: str | None = None, shape: str | None = None,

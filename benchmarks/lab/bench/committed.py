@@ -1,6 +1,6 @@
 """One committed results file as a record (:class:`CommittedRun`): what it measured, read back as rows and small
 records, each ratio with its range (a ratio from too few runs, or from backends that did not alternate, says it is
-no claim: :class:`~grpo_lab.bench.stats.RatioRange`). :func:`~grpo_lab.bench.catalogue.read_catalogue` builds one per
+no claim: :class:`~lab.bench.stats.RatioRange`). :func:`~lab.bench.catalogue.read_catalogue` builds one per
 file the catalogue names; notebooks print these, never the JSON."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.bench.results import SCHEMA, check_results, paired_step_ratios, step_ratio
-from grpo_lab.bench.roofline import DATASHEET_RATES, extra_forwards, model_cost, update_mfu
-from grpo_lab.bench.stacks import Stacks
-from grpo_lab.bench.stats import RatioRange, Spread, median, speedup_range
-from grpo_lab.committed import Provenance, read_committed
 from grpo_lab.errors import ConfigError
-from grpo_lab.results import SMOLLM2_DIR, smollm2_run
-from grpo_lab.rollout.compare import SHAPES
+from lab.bench.results import SCHEMA, check_results, paired_step_ratios, step_ratio
+from lab.bench.roofline import DATASHEET_RATES, extra_forwards, model_cost, update_mfu
+from lab.bench.stacks import Stacks
+from lab.bench.stats import RatioRange, Spread, median, speedup_range
+from lab.bench.workload import SHAPES
+from lab.committed import Provenance, read_committed
+from lab.results import SMOLLM2_DIR, smollm2_run
 
 ROLLOUT_HEADER = (f"{'file':<36}{'model':<31}{'variant':<9}{'config':<13}{'new tokens':>11}{'tok/s':>9}{'vs hf':>8}"
                   f"{'range':>14}")
@@ -82,9 +82,19 @@ def deferred_correction(block: dict[str, Any], backend: str, created: str) -> bo
     return backend == "vllm" and datetime.strptime(created, "%Y-%m-%dT%H:%M:%S%z") >= DEFERRED_CORRECTION_SINCE
 
 
+def rollout_command(settings: dict[str, Any]) -> str:
+    """The command of a ``grpo-lab rollout --json`` file, rebuilt from the settings it recorded (its output file left
+    out); on a shape, ``python -m lab.rollout``. Empty without settings."""
+    if not settings:
+        return ""
+    flags = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in settings.items()
+                     if value is not None and name != "json")
+    return f"{'python -m lab.rollout' if settings.get('shape') else 'grpo-lab rollout'} {flags}"
+
+
 @dataclass(frozen=True)
 class CommittedRun:
-    """One committed results file: ``python -m grpo_lab.bench``'s (schema ``grpo-lab.bench/1``, checked) or a single
+    """One committed results file: ``python -m lab.bench``'s (schema ``grpo-lab.bench/1``, checked) or a single
     ``grpo-lab rollout --json`` call's; its catalogue key, its path and where its numbers came from."""
 
     key: str
@@ -93,14 +103,17 @@ class CommittedRun:
     provenance: Provenance
 
     @classmethod
-    def read(cls, key: str, path: str | Path) -> CommittedRun:
+    def read(cls, key: str, path: str | Path, folder_device: str = "") -> CommittedRun:
+        """The file in ``path``; ``folder_device``: the device the catalogue names for its folder, for files that do
+        not record their own (a ``grpo-lab rollout --json`` call records neither its device nor its command)."""
         path = Path(path)
         data = read_committed(path)
         if data.get("schema") == SCHEMA:
             check_results(data)
-        device = data.get("environment", {}).get("device", {}).get("name", "")
-        return cls(key, path, data, Provenance(command=data.get("command", ""), date=str(data.get("created", "")),
-                                               device=device, path=path))
+        device = data.get("environment", {}).get("device", {}).get("name", "") or folder_device
+        command = data.get("command") or rollout_command(data.get("settings", {}))
+        return cls(key, path, data, Provenance(command=command, date=str(data.get("created", "")), device=device,
+                                               path=path))
 
     @property
     def is_bench(self) -> bool:
@@ -113,7 +126,7 @@ class CommittedRun:
 
     @property
     def plot(self) -> Path:
-        """The plot :func:`~grpo_lab.bench.results.save_results` drew beside the JSON."""
+        """The plot :func:`~lab.bench.results.save_results` drew beside the JSON."""
         return self.path.with_suffix(".png")
 
     @property
@@ -135,7 +148,7 @@ class CommittedRun:
         return {"hf", "vllm"} <= set(self.step.get("backends", {}))
 
     def step_ratio(self) -> RatioRange:
-        """HF step time over vLLM colocate step time, with its range (:func:`~grpo_lab.bench.results.step_ratio`)."""
+        """HF step time over vLLM colocate step time, with its range (:func:`~lab.bench.results.step_ratio`)."""
         return step_ratio(self.step)
 
     def step_comparison(self) -> StepRatio | None:
@@ -150,7 +163,7 @@ class CommittedRun:
     def paired_row(self) -> dict[str, Any] | None:
         """For a run whose backends alternated: the ratio's range as the verdicts read it (slowest vLLM step over
         fastest HF step .. the reverse) beside the ratios round by round, where a drift of the machine during the
-        run cancels (:func:`~grpo_lab.bench.stats.paired_ratios`); else ``None``."""
+        run cancels (:func:`~lab.bench.stats.paired_ratios`); else ``None``."""
         paired = paired_step_ratios(self.step) if self.compares_backends else None
         if paired is None:
             return None
@@ -163,7 +176,7 @@ class CommittedRun:
     def split(self) -> list[dict[str, Any]]:
         """One row per GRPO-step backend: the median step, its split (what the trainer timed; files written before the
         split existed have only generation / reward / update), and the update's MFU against the H200's dense bf16
-        peak, computed the same way for every file (:func:`~grpo_lab.bench.roofline.update_mfu`, the gpu profile's
+        peak, computed the same way for every file (:func:`~lab.bench.roofline.update_mfu`, the gpu profile's
         beta, the forwards the trainer ran: :func:`deferred_correction`, and no old log-probs with the correction
         off). Random-weight shapes only (a real model's cost is not in the file)."""
         step = self.step
@@ -189,7 +202,7 @@ class CommittedRun:
 
     def host_work(self) -> list[dict[str, Any]]:
         """One row per GRPO-step backend that recorded the host beside each step
-        (:class:`~grpo_lab.bench.grpo_step.HostCounters`): the median step, the process's CPU seconds over all its
+        (:class:`~lab.bench.grpo_step.HostCounters`): the median step, the process's CPU seconds over all its
         threads and their share of the step's wall time, Python's garbage-collection pauses and the device
         allocator's requests to the driver (medians over the timed steps)."""
         rows = []
@@ -270,7 +283,7 @@ def grpo_header(width: int) -> str:
 
 
 def engine_profile(path: str | Path) -> list[dict[str, Any]]:
-    """Where vLLM's generate spent the host's time (py-spy's stacks in ``path``, :class:`~grpo_lab.bench.stacks.
+    """Where vLLM's generate spent the host's time (py-spy's stacks in ``path``, :class:`~lab.bench.stacks.
     Stacks`): each of :data:`ENGINE_PARTS` as a share of the samples, then the rest of the engine's loop. Shares, not
     seconds: py-spy missed some samples, and the ones it took are spread the same way."""
     stacks = Stacks.read(path)
@@ -281,7 +294,7 @@ def engine_profile(path: str | Path) -> list[dict[str, Any]]:
 
 
 def committed_smollm2_steps(folder: str | Path = SMOLLM2_DIR, first: int = 3, last: int = 6) -> dict[str, Any]:
-    """The committed SmolLM2-135M GRPO step on the H200 (:func:`grpo_lab.results.smollm2_run` of ``folder``), vLLM
+    """The committed SmolLM2-135M GRPO step (:func:`lab.results.smollm2_run` of ``folder``), vLLM
     colocate against HF ``generate`` over the same steps: ``run.py`` times HF's steps ``first``-``last``
     (``hf_generate``); the vLLM run's steps ``first``-``last`` come from its per-step records, so both columns
     cover the same steps (the vLLM mean over the whole run, with completions that shorten as it learns, is
@@ -296,4 +309,4 @@ def committed_smollm2_steps(folder: str | Path = SMOLLM2_DIR, first: int = 3, la
             "hf_step_s": hf["step_s"], "hf_generation_s": hf["generation_s"],
             "speedup": hf["step_s"] / vllm["step_time"],
             "speedup_range": speedup_range([hf["step_s"]], [r["step_time"] for r in window], interleaved=False),
-            "vllm_run_step_s": vllm_run["step_s"], "vllm_run_steps": vllm_run["steps"], "device": run.device}
+            "vllm_run_step_s": vllm_run["step_s"], "vllm_run_steps": vllm_run["steps"], "provenance": run.provenance}

@@ -1,6 +1,6 @@
 """The targets the project set for its committed runs (``benchmarks/results/catalogue.toml``'s ``[[targets]]``, read
 into :class:`Target` records) and their verdicts: every ratio judged by the conservative end of its range, and no
-verdict from runs that cannot make a claim (:class:`~grpo_lab.bench.stats.RatioRange`). How a target is measured is
+verdict from runs that cannot make a claim (:class:`~lab.bench.stats.RatioRange`). How a target is measured is
 one of :data:`MEASURES`; which runs it reads, its threshold and its wording are data."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_lab.bench.committed import CommittedRun, committed_smollm2_steps
-from grpo_lab.bench.stats import RatioRange, speedup_range
+from lab.bench.committed import CommittedRun, committed_smollm2_steps
+from lab.bench.stats import RatioRange, speedup_range
 
 
 @dataclass(frozen=True)

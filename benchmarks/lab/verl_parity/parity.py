@@ -245,7 +245,7 @@ def _core_algos_source(source: str | Path | None) -> tuple[str | None, str]:
             spec = importlib.util.find_spec("verl")
         except (ImportError, ValueError):
             spec = None
-        if spec is None or not spec.submodule_search_locations:
+        if spec is None or spec.origin is None:  # None: absent, or a folder named verl (a namespace), not the package
             return None, "no verl source given and no verl installed"
         source = Path(list(spec.submodule_search_locations)[0]).parent
     path = Path(source)

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.bench.grpo_step import bottleneck
-from grpo_lab.bench.roofline import DeviceRates
-from grpo_lab.bench.stats import RatioRange, Spread, median, paired_ratios, speedup_range
 from grpo_lab.errors import ConfigError
-from grpo_lab.plots import plot_bench
+from lab.bench.grpo_step import bottleneck
+from lab.bench.plots import plot_bench
+from lab.bench.roofline import DeviceRates
+from lab.bench.stats import RatioRange, Spread, median, paired_ratios, speedup_range
 
 SCHEMA = "grpo-lab.bench/1"
 """The results files' schema (``results["schema"]``)."""
@@ -135,7 +135,7 @@ def step_ratio(step: dict[str, Any]) -> RatioRange:
 
 
 def paired_step_ratios(step: dict[str, Any]) -> Spread | None:
-    """HF step time over vLLM colocate step time round by round (:func:`~grpo_lab.bench.stats.paired_ratios`), for a
+    """HF step time over vLLM colocate step time round by round (:func:`~lab.bench.stats.paired_ratios`), for a
     ``grpo_step`` block whose backends alternated; ``None`` for one whose did not."""
     if not step.get("interleaved"):
         return None

@@ -1,7 +1,8 @@
-"""Committed results: how a benchmark's JSON file under ``benchmarks/`` is read, and the provenance its records carry.
+"""Committed results: where they live (:data:`BENCHMARKS_DIR`), how a benchmark's JSON file is read
+(:func:`read_committed`), and the provenance its records carry (:class:`Provenance`).
 
-Each benchmark's file has one reader beside the benchmark's module (``scale.results``, ``verl_parity``), which turns
-the JSON into a small typed record; notebooks print records and never open the files themselves.
+Each results file has one reader in this package, which turns the JSON into a small typed record; notebooks print
+records and their provenance line, and never open the files themselves.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from typing import Any
 
 from grpo_lab.errors import GrpoLabError
 
+BENCHMARKS_DIR = Path(__file__).resolve().parent.parent
+"""The ``benchmarks/`` folder this package lives in: every committed result is under it."""
+RESULTS_DIR = BENCHMARKS_DIR / "results"
+"""The bench's committed runs and their catalogue (:func:`lab.bench.read_catalogue`)."""
+
 
 class CommittedResultError(GrpoLabError, FileNotFoundError):
     """A committed result file is missing or is not the JSON its reader expects; the message names the file."""
@@ -21,13 +27,15 @@ class CommittedResultError(GrpoLabError, FileNotFoundError):
 
 @dataclass(frozen=True)
 class Provenance:
-    """Where a committed number came from: the command that measured it, when, and on what device."""
+    """Where a committed number came from, as its file records it: the command that measured it, when, on what
+    device, at which commit (empty where the file does not say)."""
 
     command: str
     date: str
     """The day it was measured, ``YYYY-MM-DD`` (a file's full timestamp is cut to its day)."""
     device: str
     path: Path
+    commit: str = ""
 
     def __post_init__(self) -> None:
         day = re.match(r"\d{4}-\d{2}-\d{2}", self.date)
@@ -39,9 +47,19 @@ class Provenance:
         """The committed file's name."""
         return self.path.name
 
+    @property
+    def where(self) -> str:
+        """The committed file's path from the repository (``benchmarks/...``); a file elsewhere, as given."""
+        path = Path(self.path).resolve()
+        return f"benchmarks/{path.relative_to(BENCHMARKS_DIR)}" if path.is_relative_to(BENCHMARKS_DIR) else str(path)
+
     def line(self) -> str:
-        """``measured on DEVICE, DATE: COMMAND``, for a notebook's printout."""
-        return f"measured on {self.device}, {self.date}: {self.command}"
+        """``measured on DEVICE, DATE, commit C: COMMAND (benchmarks/FILE)``, each part as the file records it (or
+        "not recorded"), for a notebook's printout."""
+        facts = [self.device or "device not recorded", self.date or "date not recorded"]
+        if self.commit:
+            facts.append(f"commit {self.commit}")
+        return f"measured on {', '.join(facts)}: {self.command or 'command not recorded'} ({self.where})"
 
 
 def read_committed(path: str | Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The committed verl runs of ``benchmarks/verl`` (one H200), as records with their provenance, and the numbers
+"""The committed verl runs of ``benchmarks/verl``, as records with their provenance, and the numbers
 notebook 07 prints from them: means before and after, how many standard errors an accuracy change is, verl's step
 against TRL colocate's on the same experiment.
 
@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import runs
-from grpo_lab.committed import Provenance, read_committed
-from grpo_lab.paths import BENCHMARKS_DIR
-from grpo_lab.results import SMOLLM2_DIR, smollm2_run
-from grpo_lab.verl_parity.check import RunCheck, check_run
-from grpo_lab.verl_parity.metrics import side_by_side, validation_metric, validation_scores
-from grpo_lab.verl_parity.parity import read_metrics
+from lab.committed import Provenance, read_committed
+from lab.committed import BENCHMARKS_DIR
+from lab.results import SMOLLM2_DIR, smollm2_run
+from lab.verl_parity.check import RunCheck, check_run
+from lab.verl_parity.metrics import side_by_side, validation_metric, validation_scores
+from lab.verl_parity.parity import read_metrics
 
 VERL_DIR = BENCHMARKS_DIR / "verl"
 VERL_RESULTS = VERL_DIR / "results.json"
@@ -32,7 +32,7 @@ VERL_RUNS = VERL_DIR / "results"
 TRL_TINY_METRICS = VERL_RUNS / "trl" / runs.METRICS_FILE
 """TRL's colocated run of the tiny experiment, which the verl ``tiny`` run is compared with."""
 TRL_SMOLLM2 = SMOLLM2_DIR
-"""TRL's colocated run of the SmolLM2 recipe (notebook 03's GPU results, read by :func:`grpo_lab.results.smollm2_run`),
+"""TRL's colocated run of the SmolLM2 recipe (notebook 03's GPU results, read by :func:`lab.results.smollm2_run`),
 which the verl ``smollm2`` run is compared with."""
 FIRST_CALL = "smollm2-first-call"
 """The SmolLM2 call stopped by its time limit after its validation before training: the "before" of SmolLM2."""
@@ -200,7 +200,7 @@ def read_verl_results(path: str | Path = VERL_RESULTS) -> VerlResults:
     return VerlResults(body["verl_pin"], merged, StepParts.from_median(body["tiny"]["timings"]["median"]),
                        StepParts.from_median(body["smollm2"]["timings"]["median"]),
                        body["smollm2"]["checkpoint"]["step"],
-                       Provenance(command, body["updated"], body["device"].split(" (")[0], Path(path)))
+                       Provenance(command, body["updated"], body["device"].split(" (")[0].split(": ")[-1], Path(path)))
 
 
 def committed_check(run: str) -> RunCheck:

@@ -9,8 +9,8 @@ from typing import Any
 
 from grpo_lab.errors import MissingFileError
 from grpo_lab.rewards import prepare
-from grpo_lab.verl_parity.metrics import as_course_records, validation_metric, validation_scores
-from grpo_lab.verl_parity.parity import (
+from lab.verl_parity.metrics import as_course_records, validation_metric, validation_scores
+from lab.verl_parity.parity import (
     AdvantageParity,
     RewardParity,
     advantage_parity,

@@ -19,17 +19,17 @@ never imports verl) and with the range verl logged; :func:`step_timings` summari
 One concern a module, each importing only from those listed after it: ``results`` (the committed runs of
 ``benchmarks/verl`` as records, and what notebook 07 computes from them); ``check`` (:func:`check_run`);
 ``metrics`` (curves, validation, timings, the side-by-side with TRL) and ``parity`` (the files read back, rewards
-and advantages recomputed). Every name imports from ``grpo_lab.verl_parity``.
+and advantages recomputed). Every name imports from ``lab.verl_parity``.
 
 >>> records = [{"uid": f"p{g}_{s}_0", "score": float(s == 0), "output": "", "gts": "1", "input": "", "step": 1}
 ...            for g in range(2) for s in range(4)]
->>> from grpo_lab.verl_parity import advantage_parity
+>>> from lab.verl_parity import advantage_parity
 >>> [round(a, 4) for a in advantage_parity(records).advantages[:4]]
 [1.5, -0.5, -0.5, -0.5]
 """
 
-from grpo_lab.verl_parity.check import RunCheck, check_run
-from grpo_lab.verl_parity.metrics import (
+from lab.verl_parity.check import RunCheck, check_run
+from lab.verl_parity.metrics import (
     COURSE_METRIC_NAMES,
     SCORE_KEY,
     STEP_PARTS,
@@ -43,7 +43,7 @@ from grpo_lab.verl_parity.metrics import (
     validation_metric,
     validation_scores,
 )
-from grpo_lab.verl_parity.parity import (
+from lab.verl_parity.parity import (
     ADVANTAGE_RANGE_KEYS,
     CORE_ALGOS,
     VERL_ADVANTAGE_FUNCTION,
@@ -58,7 +58,7 @@ from grpo_lab.verl_parity.parity import (
     read_rollouts,
     reward_parity,
 )
-from grpo_lab.verl_parity.results import (
+from lab.verl_parity.results import (
     TRL_SMOLLM2,
     VERL_RESULTS,
     VERL_RUNS,

@@ -1,16 +1,16 @@
-"""The committed GRPO experiments that notebook 03 discusses, each file read by one function into a small record.
+"""The committed GRPO experiments the course reads, each file read by one function into a small record.
 
 * :func:`kl_brake`: ``benchmarks/kl_brake/results.json``, the tiny profile trained with ``beta = 0`` and
   ``beta > 0`` (a frozen reference model) on the same seeds;
 * :func:`smollm2_run`: ``benchmarks/grpo_smollm2/`` (``results.json`` and the base model's temperature probe
-  ``probe_cpu.json``), the gpu recipe on SmolLM2-135M-Instruct on one H200;
-* :func:`gsm8k_run`: ``benchmarks/gsm8k/results.json``, the gpu recipe on GSM8K with held-out accuracy before and after
-  (notebook 08 prints it).
+  ``probe_cpu.json``), the gpu recipe on SmolLM2-135M-Instruct on a GPU;
+* :func:`gsm8k_run`: ``benchmarks/gsm8k/results.json``, the gpu recipe on GSM8K with held-out accuracy before and
+  after;
+* :func:`course_gpu_run`: ``benchmarks/course_gpu/results/``, the whole course run on a GPU (``run.json``) and the
+  training run its notebook 03 kept (``grpo-run/``).
 
-Each record carries where it came from (a :class:`~grpo_lab.committed.Provenance`) where the file records it; the
-SmolLM2 run records only its device. bench and verl_parity compare against the SmolLM2 run through
-:func:`smollm2_run` too. The rollout smoke runs of
-notebook 01 are read by :func:`grpo_lab.rollout.committed_smoke_runs`, the bench files by ``grpo_lab.bench``.
+Each record carries where it came from (a :class:`~lab.committed.Provenance`), as far as its file records it.
+:mod:`lab.bench` and :mod:`lab.verl_parity` compare against the SmolLM2 run through :func:`smollm2_run` too.
 """
 
 from __future__ import annotations
@@ -20,13 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import runs
-from grpo_lab.committed import Provenance, read_committed
-from grpo_lab.paths import BENCHMARKS_DIR
+from lab.committed import BENCHMARKS_DIR, Provenance, read_committed
 
 KL_BRAKE_FILE = BENCHMARKS_DIR / "kl_brake" / "results.json"
 GSM8K_FILE = BENCHMARKS_DIR / "gsm8k" / "results.json"
+GSM8K_TRAIN_FILE = BENCHMARKS_DIR / "gsm8k" / "train.jsonl.xz"
+"""GSM8K's training split as the course ships it offline (``grpo_lab.data.load_gsm8k("train", path=...)`` reads it)."""
 SMOLLM2_DIR = BENCHMARKS_DIR / "grpo_smollm2"
 """The SmolLM2 run's folder: ``results.json``, ``probe_cpu.json``, ``metrics.jsonl``, ``curves.png``."""
+COURSE_GPU_DIR = BENCHMARKS_DIR / "course_gpu" / "results"
+"""The course's committed GPU run: ``run.json``, the executed notebooks, notebook 03's run folder ``grpo-run/``."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,8 @@ def kl_brake(path: str | Path = KL_BRAKE_FILE) -> KLBrake:
     runs = tuple(KLBrakeRun(beta=run["beta"], seed=run["seed"], train_seconds=run["train_seconds"],
                             kl_last_25=run["train_metrics"].get("kl_last_25"), changes=run["changes"])
                  for run in data["runs"])
-    return KLBrake(provenance=Provenance(data["command"], data["date"], data["machine"]["device"], Path(path)),
+    return KLBrake(provenance=Provenance(data["command"], data["date"], data["machine"]["device"], Path(path),
+                                         data.get("commit", "")),
                    max_steps=settings["max_steps"], seeds=tuple(settings["seeds"]), eval_size=settings["eval_size"],
                    train_types=tuple(settings["train_types"]), runs=runs)
 
@@ -75,8 +79,9 @@ def kl_brake(path: str | Path = KL_BRAKE_FILE) -> KLBrake:
 class SmolLM2Run:
     """The gpu recipe on SmolLM2-135M-Instruct: the recipe, the evaluations before and after, the step timings."""
 
+    provenance: Provenance
+    """The file records its device only."""
     model: str
-    device: str
     versions: dict[str, str]
     recipe: dict[str, Any]
     """The TrainConfig fields the run changed from the gpu profile, as run."""
@@ -108,7 +113,8 @@ def smollm2_run(folder: str | Path = SMOLLM2_DIR) -> SmolLM2Run:
     folder = Path(folder)
     data, probe = read_committed(folder / "results.json"), read_committed(folder / "probe_cpu.json")
     return SmolLM2Run(
-        model=data["model"], device=data["device"], versions=dict(data["train_config"].get("versions", {})),
+        provenance=Provenance("", "", data["device"], folder / "results.json"),
+        model=data["model"], versions=dict(data["train_config"].get("versions", {})),
         recipe=data["recipe"], reward_weights=tuple(data["train_config"]["config"]["reward_weights"]),
         train_langs=tuple(data["train_langs"]), before=data["before"]["by_lang"], after=data["after"]["by_lang"],
         evaluated=data["after"]["model_dir"], note=data["after"].get("note", ""),
@@ -145,7 +151,32 @@ def gsm8k_run(path: str | Path = GSM8K_FILE) -> GSM8KRun | None:
     if not Path(path).is_file():
         return None
     data = read_committed(path)
-    return GSM8KRun(provenance=Provenance(data["command"], data["date"], data["machine"]["device"], Path(path)),
+    return GSM8KRun(provenance=Provenance(data["command"], data["date"], data["machine"]["device"], Path(path),
+                                          data.get("commit", "")),
                     model=data["model"], steps=data["steps"], train_rows=data["data"]["train_rows"],
                     held_out=data["data"]["held_out"], seconds=data["seconds"]["total_s"], accuracy=data["accuracy"],
                     format=data["format"], training=data["training"])
+
+
+@dataclass(frozen=True)
+class CourseRun:
+    """The whole course run on a GPU (``benchmarks/course_gpu/run.sh``): its settings and notebook 03's training run."""
+
+    provenance: Provenance
+    profile: str
+    model: str
+    cap_gib: float | None
+    """The device memory cap the course ran under (``GRPO_LAB_DEVICE_MEMORY_GIB``), None without one."""
+    metrics: tuple[dict[str, Any], ...]
+    """Notebook 03's per-step records (``grpo-run/metrics.jsonl``)."""
+    folder: Path
+
+
+def course_gpu_run(folder: str | Path = COURSE_GPU_DIR) -> CourseRun:
+    """The committed GPU run of the course (``run.json``, and the training run notebook 03 kept)."""
+    folder = Path(folder)
+    meta = read_committed(folder / "run.json")
+    return CourseRun(provenance=Provenance(meta["command"], meta["started"], meta["device"].split(", ")[0],
+                                           folder / "run.json", meta.get("commit", "")),
+                     profile=meta["profile"], model=meta["model"], cap_gib=meta.get("cap_gib"),
+                     metrics=tuple(runs.read_metrics(folder / "grpo-run")), folder=folder)

@@ -10,10 +10,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from grpo_lab import device
-from grpo_lab.bench.profiles import BenchProfile
-from grpo_lab.bench.stats import median
 from grpo_lab.errors import ConfigError
 from grpo_lab.memory import ModelShape, dtype_bytes
+from lab.bench.profiles import BenchProfile
+from lab.bench.stats import median
 
 @dataclass(frozen=True)
 class DeviceRates:

@@ -1,5 +1,5 @@
-"""``grpo-lab bench`` (``python -m grpo_lab.bench``): options, the run, the printed tables, the files written;
-``python -m grpo_lab.bench targets`` prints the project's targets table from the committed runs (the catalogue)."""
+"""``python -m lab.bench``: options, the run, the printed tables, the files written; ``python -m lab.bench targets``
+prints the project's targets table from the committed runs (the catalogue)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import sys
 from typing import Any
 
 from grpo_lab import runs
-from grpo_lab.bench.catalogue import read_catalogue
-from grpo_lab.bench.engine_probe import run_engine_probe
-from grpo_lab.bench.profiles import (
+from grpo_lab.errors import GrpoLabError
+from lab.bench.catalogue import read_catalogue
+from lab.bench.engine_probe import run_engine_probe
+from lab.bench.profiles import (
     BENCH_PROFILES,
     CONFIGS,
     GRPO_WORKLOADS,
@@ -23,11 +24,10 @@ from grpo_lab.bench.profiles import (
     VARIANTS,
     get_bench_profile,
 )
-from grpo_lab.bench.results import save_results, summary
-from grpo_lab.bench.rollout_bench import PREFIX_OFF_MEANING
-from grpo_lab.bench.run import run_bench
-from grpo_lab.errors import GrpoLabError
-from grpo_lab.rollout.compare import SHAPES
+from lab.bench.results import save_results, summary
+from lab.bench.rollout_bench import PREFIX_OFF_MEANING
+from lab.bench.run import run_bench
+from lab.bench.workload import SHAPES
 
 
 def key_value(text: str) -> tuple[str, Any]:
@@ -47,9 +47,9 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The options of ``grpo-lab bench``."""
+    """The options of ``python -m lab.bench``."""
     parser = argparse.ArgumentParser(
-        prog="grpo-lab bench",
+        prog="python -m lab.bench",
         description="HF generate vs vLLM vs vLLM + prefix caching (fixed and ragged lengths), the GRPO step "
                     "with HF generate vs vLLM colocate, and the roofline; prints ratios, writes JSON and a plot.")
     parser.add_argument("--profile", choices=sorted(BENCH_PROFILES),
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``grpo-lab bench [--profile tiny] [--shape S] ...``: run, print the tables, write JSON + PNG."""
+    """``python -m lab.bench [--profile tiny] [--shape S] ...``: run, print the tables, write JSON + PNG."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["engine-probe"]:  # engine_probe's own process
         return run_engine_probe(argv[1])
@@ -107,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         engine["hf_generate_options"] = dict(args.hf_option)
     try:
         profile = get_bench_profile(args.profile, **sizes)
-        command = "python -m grpo_lab.bench " + " ".join(shlex.quote(a) for a in argv)
+        command = "python -m lab.bench " + " ".join(shlex.quote(a) for a in argv)
         results = run_bench(profile, model=args.model, shape=args.shape, parts=args.parts, configs=args.configs,
                             variants=args.variants, ragged=args.ragged, prefix_off=args.prefix_off, engine=engine,
                             grpo_backends=args.grpo_backends, train_overrides=dict(args.train_option),
                             command=command.strip(), grpo_workload=args.grpo_workload)
     except GrpoLabError as error:
-        print(f"grpo-lab bench: {error}")
+        print(f"python -m lab.bench: {error}")
         return 2
     print(summary(results))
     stem = args.name or f"bench_{profile.name}" + (f"_{args.shape}" if args.shape else "") + (

@@ -1,7 +1,8 @@
-"""The committed measurements of the scale-out layouts, as records with their provenance.
+"""The committed measurements of the scale-out layouts (``grpo_lab.scale``, ``grpo_lab.async_grpo``), as records with
+their provenance.
 
-* :func:`read_scale_out`: ``benchmarks/scale_out``'s H200 run (issue 10), colocate on one GPU against server mode on
-  two, the course's trainer as it was then (``beta=0.04``);
+* :func:`read_scale_out`: ``benchmarks/scale_out``'s run, colocate on one GPU against server mode on two, the
+  course's trainer as it was then (``beta=0.04``);
 * :func:`read_async_speed`: ``benchmarks/async_grpo``'s three layouts on two GPUs (``beta=0``), or None until it
   has been measured.
 
@@ -16,11 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.committed import Provenance, read_committed
-from grpo_lab.paths import BENCHMARKS_DIR
+from lab.committed import BENCHMARKS_DIR, Provenance, read_committed
 
 SCALE_OUT_SEED = BENCHMARKS_DIR / "scale_out" / "results" / "scale_out_seed.json"
-"""Issue 10's H200 run of ``benchmarks/scale_out/run.py`` (the seed workload, Qwen2.5-0.5B shape)."""
+"""``benchmarks/scale_out/run.py``'s run of the seed workload (Qwen2.5-0.5B shape)."""
 ASYNC_RESULTS = BENCHMARKS_DIR / "async_grpo" / "results.json"
 """``benchmarks/async_grpo/run.py report``'s summary (absent until the 2-GPU run)."""
 SYNC_LAYOUTS = ("colocate", "server")

@@ -2,8 +2,8 @@
 
 ``benchmarks/results/catalogue.json`` names every committed results file by a key (``"rollout 1.5b"``), groups runs of
 one command into series, and states the project's targets for them. :func:`read_catalogue` reads it, and every file it
-names, into a :class:`Catalogue`: :class:`~grpo_lab.bench.committed.CommittedRun` records by key,
-:class:`Series` and :class:`~grpo_lab.bench.targets.Target` records, and the tables and verdicts notebook 06 prints.
+names, into a :class:`Catalogue`: :class:`~lab.bench.committed.CommittedRun` records by key,
+:class:`Series` and :class:`~lab.bench.targets.Target` records, and the tables and verdicts notebook 06 prints.
 A new measurement is a results file and an entry in the catalogue; the package does not change.
 
 >>> catalogue = read_catalogue()                                   # doctest: +SKIP
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.bench.committed import (
+from grpo_lab.errors import ConfigError
+from lab.bench.committed import (
     ROLLOUT_HEADER,
     CommittedRun,
     RolloutHeadline,
@@ -25,10 +26,9 @@ from grpo_lab.bench.committed import (
     engine_profile,
     grpo_header,
 )
-from grpo_lab.bench.targets import MEASURES, Target, Verdict, judge, run_verdicts
-from grpo_lab.committed import read_committed
-from grpo_lab.errors import ConfigError
-from grpo_lab.paths import RESULTS_DIR
+from lab.bench.targets import MEASURES, Target, Verdict, judge, run_verdicts
+from lab.committed import read_committed
+from lab.committed import RESULTS_DIR
 
 CATALOGUE_FILE = RESULTS_DIR / "catalogue.json"
 
@@ -109,7 +109,7 @@ class Catalogue:
         return [row for run in self.runs_in(folder) for row in run.host_work()]
 
     def engine_profile(self) -> list[dict[str, Any]]:
-        """Where vLLM's generate spent the host's time inside the trainer (:func:`~grpo_lab.bench.committed.
+        """Where vLLM's generate spent the host's time inside the trainer (:func:`~lab.bench.committed.
         engine_profile` of :attr:`engine_profile_file`)."""
         return engine_profile(self.engine_profile_file)
 
@@ -129,7 +129,7 @@ class Catalogue:
 
     def run_verdicts(self, target_id: str) -> list[dict[str, str | int]]:
         """One row per run a step target reads, with the run's settings and its own verdict
-        (:func:`~grpo_lab.bench.targets.run_verdicts`)."""
+        (:func:`~lab.bench.targets.run_verdicts`)."""
         return run_verdicts(self.target(target_id), self.runs)
 
     def targets_markdown(self) -> str:
@@ -175,7 +175,9 @@ def read_catalogue(path: str | Path = CATALOGUE_FILE) -> Catalogue:
     a run nor a series, an unknown measure, or a results file in its folders that it does not name is an error."""
     path = Path(path)
     data, folder = read_committed(path), path.parent
-    runs = {key: CommittedRun.read(key, folder / f"{where}.json") for key, where in data["runs"].items()}
+    devices = data.get("folder_devices", {})
+    runs = {key: CommittedRun.read(key, folder / f"{where}.json", devices.get(where.split("/")[0], ""))
+            for key, where in data["runs"].items()}
     series_names = {name: entry["runs"] for name, entry in data["series"].items()}
     series = {name: Series(name, entry.get("about", ""), _expand(entry["runs"], series_names, runs, f"series {name!r}"))
               for name, entry in data["series"].items()}

@@ -27,16 +27,15 @@ from typing import Any
 from transformers import TrainerCallback
 
 from grpo_lab import device, memory
-from grpo_lab.bench.profiles import GRPO_WORKLOADS, BenchError, BenchProfile, check_choice
-from grpo_lab.bench.stats import Spread, median, speedup_range
-from grpo_lab.bench.workload import ragged_model_dir
 from grpo_lab.data import write_jsonl
-from grpo_lab.deprecation import warn_moved
 from grpo_lab.device import Machine
 from grpo_lab.experiment import DEFAULT_FOR_DEVICE, TrainConfig
 from grpo_lab.rollout import encode_prompts, load_tokenizer
 from grpo_lab.rollout.vllm_backend import shutdown_engine
 from grpo_lab.train import MetricsLogger, StepClock, build_trainer
+from lab.bench.profiles import GRPO_WORKLOADS, BenchError, BenchProfile, check_choice
+from lab.bench.stats import Spread, median, speedup_range
+from lab.bench.workload import ragged_model_dir
 
 OWN_LENGTHS = "the model's own lengths"
 """The GRPO step's workload with real weights: neither fixed nor drawn, whatever the model samples."""
@@ -89,10 +88,7 @@ class Turns:
     One process, one device: accelerate's gradient state is shared by the trainers, and each sets it again within its
     own step before it matters (the optimizer step at the last micro-batch), so whole-step turns keep it consistent."""
 
-    def __init__(self, order: Sequence[str], kind: str | None = None):
-        if kind is not None:  # the hand-over emptied the device's cache in 0.2.0
-            warn_moved("grpo_lab.bench.Turns(order, kind)", "Turns(order)", "kind is no longer used: the hand-over "
-                       "leaves the device's memory cache as it is", stacklevel=3)
+    def __init__(self, order: Sequence[str]):
         self.order, self.position = list(order), 0
         self.log: list[tuple[str, str]] = []
         self.failed = False
@@ -202,13 +198,13 @@ def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, bac
                     **train_overrides) -> dict[str, Any]:
     """Run ``grpo_warmup_steps + grpo_steps`` GRPO steps per backend (``"hf"`` generate, ``"vllm"`` colocate)
     with :func:`grpo_lab.train.build_trainer`, interleaved (the module's docstring says how); report each backend's
-    steps, their min / median / max and split, and the step ratio's range (:func:`~grpo_lab.bench.stats.speedup_range`).
+    steps, their min / median / max and split, and the step ratio's range (:func:`~lab.bench.stats.speedup_range`).
 
     Each step samples ``n`` completions for all ``num_prompts`` prompts at once (TRL's generation batch) and
     accumulates gradients over micro-batches of ``per_device_train_batch_size``. ``update`` is the step minus
     generation and rewards: log-probabilities (policy and reference), loss, backward and the optimizer step; the trainer
     splits both further (:data:`STEP_SPLIT`). ``workload="ragged"`` ends completions early: with random weights
-    (``stop_ids``) through :func:`~grpo_lab.bench.workload.ragged_model_dir`, with a real model at its own end token.
+    (``stop_ids``) through :func:`~lab.bench.workload.ragged_model_dir`, with a real model at its own end token.
     ``train_overrides`` go to :class:`grpo_lab.train.TrainConfig` (e.g. ``beta=0.0``).
     """
     backends = tuple(dict.fromkeys(backends or profile.grpo_backends))

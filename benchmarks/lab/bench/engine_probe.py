@@ -1,6 +1,6 @@
 """The colocated engine in a fresh process: vLLM with TRL's colocate settings, outside the trainer, timing one GRPO
 step's generation: the baseline for the trainer's own ``timing/vllm_generate_s``. The probe's process is
-``python -m grpo_lab.bench engine-probe SPEC``."""
+``python -m lab.bench engine-probe SPEC``."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import device
-from grpo_lab.bench.profiles import BenchError
-from grpo_lab.bench.stats import median
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.memory import CPU_KV_CACHE_GIB
 from grpo_lab.rollout import encode_prompts, load_tokenizer
 from grpo_lab.servers import free_port, run_process_group
+from lab.bench.profiles import BenchError
+from lab.bench.stats import median
 
 def trl_engine_settings(config: TrainConfig, model: str) -> dict[str, Any]:
     """``vllm.LLM`` keyword arguments as TRL 1.16 builds its colocated engine (trl/generation/vllm_generation.py)."""
@@ -45,7 +45,7 @@ def engine_probe(config: TrainConfig, model: str, rows: Sequence[dict], repeats:
         environment = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(free_port())}
         environment = {**device.vllm_kv_cache_env(CPU_KV_CACHE_GIB, config.device), **environment}
-        done = run_process_group([sys.executable, "-m", "grpo_lab.bench", "engine-probe", str(spec_path)],
+        done = run_process_group([sys.executable, "-m", "lab.bench", "engine-probe", str(spec_path)],
                                  environment, timeout_s=900)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:

@@ -10,7 +10,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from grpo_lab import device, env
-from grpo_lab.bench.profiles import (
+from grpo_lab.rollout import RolloutConfig, Sampling, open_engine
+from lab.bench.profiles import (
     CONFIGS,
     PREFIX_OFF_MODES,
     RAGGED_MODES,
@@ -18,9 +19,8 @@ from grpo_lab.bench.profiles import (
     BenchProfile,
     check_choice,
 )
-from grpo_lab.bench.stats import Spread, alternating_orders, median, speedup_range
-from grpo_lab.bench.workload import draw_lengths, ragged_description
-from grpo_lab.rollout import RolloutConfig, Sampling, open_engine
+from lab.bench.stats import Spread, alternating_orders, median, speedup_range
+from lab.bench.workload import draw_lengths, ragged_description
 
 CONFIG_MEANING = {
     "hf": "transformers' model.generate, one padded batch of all sequences (TRL without vLLM)",

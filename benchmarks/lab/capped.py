@@ -1,88 +1,24 @@
-"""Runs under a device memory cap, measured: a sampler of the device memory a process tree holds, and the committed
-rows of ``benchmarks/capped/`` (one JSON file per row) read back as :class:`CappedRow` records for notebooks 04 and 09.
+"""Runs under a device memory cap, measured: the committed rows of ``benchmarks/capped/`` (one JSON file per row) read
+back as :class:`CappedRow` records.
 
-A row is one run under a cap (``GRPO_LAB_DEVICE_MEMORY_GIB``: an H200 standing in for a smaller card): the cap, the
-plan (micro-batch, vLLM's share of the capped device, the planner's training peak), what was measured (torch's peak
-allocated and the driver's count of the run's own processes), step times, tokens per second, and where it ran out
-of memory, if it did. :func:`capped_rows` works before anything is committed: it returns no rows.
+A row is one run under a cap (``GRPO_LAB_DEVICE_MEMORY_GIB``: a large card standing in for a smaller one): the cap,
+the plan (micro-batch, vLLM's share of the capped device, the planner's training peak), what was measured (torch's
+peak allocated and the driver's count of the run's own processes), step times, tokens per second, and where it ran
+out of memory, if it did; the card, date and commit it ran on (:attr:`CappedRow.provenance`).
 """
 
 from __future__ import annotations
 
-import json
 import statistics
-import threading
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from grpo_lab import device
-from grpo_lab.memory.shapes import GIB
-from grpo_lab.paths import BENCHMARKS_DIR
+from lab.committed import BENCHMARKS_DIR, Provenance, read_committed
 
 CAPPED_RESULTS_DIR = BENCHMARKS_DIR / "capped" / "results"
 PLANNER_TARGET = 0.10
 """How far a plan may be from the measured peak: 10 %."""
-
-
-class DeviceMemorySampler:
-    """The peak device memory the driver counts for a process and its descendants (the trainer, vLLM's engine
-    process, a server it started), sampled every ``interval_s`` in a thread: other processes on the device do not
-    count. ``peak_bytes`` stays None where the driver says nothing (CPU, NPU)."""
-
-    def __init__(self, pid: int | None = None, kind: str | None = None, interval_s: float = 1.0) -> None:
-        self.pid, self.kind, self.interval_s = pid, kind, interval_s
-        self.peak_bytes: int | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def sample(self) -> int | None:
-        """The tree's device memory now (bytes), and the peak updated."""
-        try:
-            root = psutil.Process(self.pid)
-            pids = {root.pid, *(child.pid for child in root.children(recursive=True))}
-        except psutil.Error:  # the process ended
-            return None
-        used = device.device_memory_of(pids, self.kind)
-        if used is not None:
-            self.peak_bytes = max(self.peak_bytes or 0, used)
-        return used
-
-    def start(self, pid: int | None = None) -> DeviceMemorySampler:
-        self.pid = pid if pid is not None else self.pid
-        if self.pid is None or not device.is_cuda(self.kind):
-            return self
-        self._thread = threading.Thread(target=self._run, name="device-memory-sampler", daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.sample()
-            except Exception:  # nvidia-smi missing or slow: no number, never a failed run
-                return
-            self._stop.wait(self.interval_s)
-
-    def stop(self) -> int | None:
-        """Stop sampling; the peak in bytes (None when nothing was counted)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        return self.peak_bytes
-
-    def __enter__(self) -> DeviceMemorySampler:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-
-def gib(value: int | float | None) -> float | None:
-    """Bytes as GiB, rounded to 3 places (None stays None)."""
-    return None if value is None else round(value / GIB, 3)
 
 
 @dataclass(frozen=True)
@@ -136,15 +72,22 @@ class CappedRow:
     date: str = ""
     commit: str = ""
     device: str = ""
+    path: Path | None = None
+    """The committed file (None for a row built in memory)."""
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> CappedRow:
+    def from_dict(cls, values: dict[str, Any], path: Path | None = None) -> CappedRow:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in values.items() if k in known}
         values["oom"] = OutOfMemory(**values["oom"]) if values.get("oom") else None
         values["notebooks"] = tuple(NotebookPeak(**row) for row in values.get("notebooks", ()))
         values["step_seconds"] = tuple(values.get("step_seconds", ()))
-        return cls(**values)
+        return cls(**values, path=path)
+
+    @property
+    def provenance(self) -> Provenance:
+        """The card (the driver's name, without its memory and driver version), date and commit the row records."""
+        return Provenance("", self.date, self.device.split(", ")[0], self.path or Path(self.name), self.commit)
 
     @property
     def median_step_seconds(self) -> float | None:
@@ -197,8 +140,7 @@ class CappedRow:
 def capped_rows(results_dir: str | Path = CAPPED_RESULTS_DIR, job: str | None = None) -> list[CappedRow]:
     """The committed rows (every ``*.json`` of ``results_dir``, ordered by job, cap and name), of one ``job`` when
     given; none before any run is committed."""
-    rows = [CappedRow.from_dict(json.loads(path.read_text(encoding="utf-8")))
-            for path in sorted(Path(results_dir).glob("*.json"))]
+    rows = [CappedRow.from_dict(read_committed(path), path) for path in sorted(Path(results_dir).glob("*.json"))]
     rows = [row for row in rows if job is None or row.job == job]
     return sorted(rows, key=lambda row: (row.job, row.cap_gib, row.name))
 
@@ -231,5 +173,5 @@ def expectation(memory_gib: float, rows: list[CappedRow] | None = None) -> str:
     step = f"about {row.median_step_seconds:.1f} s per step" if row.median_step_seconds else "an unrecorded step time"
     total = f", notebook 03 about {notebook_03 / 60:.0f} minutes in all" if notebook_03 else ""
     return (f"on your {memory_gib:.0f} GiB device this recipe takes {step}{total}: measured with the device capped at "
-            f"{row.cap_gib:g} GiB on an {row.device or 'H200'}, whose bandwidth and compute a smaller card does not "
-            f"have")
+            f"{row.cap_gib:g} GiB ({row.provenance.line()}), a card whose bandwidth and compute a smaller one does "
+            f"not have")

@@ -1,15 +1,63 @@
 """The workload every part of the bench samples: prompts shaped as the write-up's, the ragged lengths (drawn, or
-ended by a stated share of the vocabulary for random weights)."""
+ended by a stated share of the vocabulary for random weights), and model folders of a public model's shape with random
+weights (:data:`SHAPES`), which the lab's speed runs load."""
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
 from grpo_lab.data import load_split
+from grpo_lab.errors import ConfigError
+from grpo_lab.models import resolve_model
 from grpo_lab.rollout import encode_prompts
+
+# Architectures of public models (their config.json values), for speed runs with random weights.
+SHAPES = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def shaped_model_dir(shape: str, out_dir: str | Path, tokenizer_from: str | Path | None = None,
+                     random_weights: bool = False) -> Path:
+    """Write ``config.json`` of a known architecture plus a tokenizer into ``out_dir`` (no weights).
+
+    Load it with ``load_format="dummy"``. The vocabulary keeps the real size, so the embedding and output
+    layer cost what they cost in the real model; sampled ids beyond the small tokenizer decode to nothing.
+    ``random_weights=True`` also saves randomly initialised bf16 weights (``model.safetensors``) for loaders
+    without a dummy mode, such as TRL's trainer (about 1 GB for 0.5B, 3 GB for 1.5B).
+    """
+    from transformers import Qwen2Config
+
+    if shape not in SHAPES:
+        raise ConfigError(f"unknown shape {shape!r}: use one of {', '.join(SHAPES)}")
+    source = Path(resolve_model(tokenizer_from))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy(source / name, out / name)
+    tokenizer_config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, rope_theta=1_000_000.0,
+                         rms_norm_eps=1e-6, torch_dtype="bfloat16",
+                         bos_token_id=tokenizer_config.get("bos_token_id"),
+                         eos_token_id=tokenizer_config.get("eos_token_id"),
+                         pad_token_id=tokenizer_config.get("pad_token_id"))
+    config.save_pretrained(out)
+    if random_weights:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(out)
+    return out
+
 
 RAGGED_STOP_PROBABILITY = 1 / 160
 """The ragged GRPO workload on random weights: the share of the vocabulary that ends a completion, so that each
@@ -61,7 +109,6 @@ def ragged_description(mode: str, max_tokens: int) -> str:
         return "each completion ends at the model's end token (or max_tokens), as GRPO rollouts do"
     return (f"lengths drawn uniformly from {max(1, max_tokens // 16)}..{max_tokens} tokens (fixed seed; the same "
             f"lengths for every config); random weights almost never sample the end token")
-
 
 
 def ragged_model_dir(model: str | Path, out_dir: str | Path,
