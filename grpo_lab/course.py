@@ -89,11 +89,6 @@ class ModelFit:
         lora = " --use-peft true" if self.use_peft else ""
         return f"grpo-lab train --profile {self.profile} --model {self.model}{lora} --max-steps {max_steps}"
 
-    def gsm8k_command(self, max_steps: int = 300) -> str:
-        lora = " --use-peft" if self.use_peft else ""
-        return (f"python benchmarks/gsm8k/run.py --model {self.model}{lora} --max-steps {max_steps} --max-minutes 60 "
-                f"--out runs/gsm8k")
-
 
 def largest_fitting_model(profile: str, memory_gib: float, use_peft: bool = False) -> ModelFit | None:
     """The largest learner model whose experiment (``TrainConfig(profile=..., model=...).resolve``: the micro-batch,

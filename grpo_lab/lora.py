@@ -7,10 +7,10 @@ weights: a plain model that evaluation, export and serving read like any other.
 
 QLoRA (``use_peft=True, load_in_4bit=True``, CUDA): TRL loads the base by name in 4-bit NF4 through bitsandbytes
 (:func:`quantization_config`, :func:`model_init_kwargs`) and starts its colocated vLLM engine with
-``quantization="bitsandbytes"``. ``adapter/`` serves on that 4-bit base (the model as it trained); ``final/`` is the
-adapter merged into the full-precision base (it differs by the base's quantization error:
-``deploy.QLORA_MERGED_CAVEAT``). Through TRL's merge the engine barely follows the adapter
-(:data:`QLORA_ENGINE_CAVEAT`); ``vllm_lora_sync="adapter"`` hands it the adapter itself.
+``quantization="bitsandbytes"``. Through TRL's merge the engine barely follows the adapter
+(:data:`QLORA_ENGINE_CAVEAT`), so by default the engine is handed the adapter itself (``vllm_lora_sync="adapter"``);
+``final/`` is the adapter too, loaded and served on the 4-bit base it trained on (a merge into the full-precision base
+would differ by the base's quantization error).
 
 >>> from grpo_lab import lora
 >>> lora.peft_name_to_base("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight")

@@ -245,6 +245,12 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike[str] | None = None,
     return model.eval(), tokenizer
 
 
+def saved_dtype(model_dir: str | Path) -> str:
+    """The dtype a model folder's config says its weights are saved in (``"float32"``, ``"bfloat16"`` ...)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    return str(config.get("dtype") or config.get("torch_dtype") or "float32")
+
+
 def cast_weights(model_dir: str | Path, dtype: str) -> None:
     """Rewrite a model folder's floating-point safetensors weights in ``dtype`` (``"bfloat16"``), and its config's
     dtype: a model saved from fp32 master weights, in the dtype it is served and evaluated in."""

@@ -242,9 +242,9 @@ def test_hf_end_to_end_with_a_grpo_step_writes_json_and_plot(tmp_path):
     assert fixed["roofline"]["seconds"] > 0 and fixed["x_roofline_time"] > 1
     step = results["grpo_step"]["backends"]["hf"]
     assert len(step["step_s"]) == 1 and step["median"]["generation_s"] > 0
-    # which of the trainer's exact speed-ups ran: no correction to defer without vLLM; the step's 8 completions in
-    # micro-batches of 4, grouped by length
-    assert step["settings"]["deferred_correction"] is False and step["settings"]["length_grouping"] is True
+    # which of the trainer's speed-ups ran: 0.3.0 keeps only the sampled-token log-probs skipped where nothing reads
+    # them (HF generate has none to skip)
+    assert step["settings"]["deferred_correction"] is False and step["settings"]["length_grouping"] is False
     # the host beside the step: CPU seconds of the process, garbage-collection pauses, no device allocator on a CPU
     assert step["host"]["host_cpu_s"][0] > 0 and step["host"]["gc_pause_s"][0] >= 0
     assert step["host"]["driver_allocations"] == [0]
@@ -468,6 +468,7 @@ def test_two_real_trainers_take_whole_steps_in_turn(tmp_path):
     second engine), built together, step strictly in the interleaved order, one whole step at a time."""
     from grpo_lab.data import write_jsonl
     from grpo_lab.device import Machine
+    from grpo_lab.experiment import plan
     from grpo_lab.models import resolve_model
     from grpo_lab.train import StepClock, build_trainer
 
@@ -478,8 +479,8 @@ def test_two_real_trainers_take_whole_steps_in_turn(tmp_path):
     order = [name.replace("vllm", "other") for name in interleaved_turns(("hf", "vllm"), 1, 2)]
     turns, trainers, clocks = Turns(order), {}, {}
     for name in ("hf", "other"):
-        config = bench.grpo_step_config(profile, resolve_model(), tmp_path / "rows.jsonl", 48, "cpu",
-                                        output_dir=str(tmp_path / name)).resolve(Machine.detect())
+        config = plan(bench.grpo_step_config(profile, resolve_model(), tmp_path / "rows.jsonl", 48, "cpu",
+                                             output_dir=str(tmp_path / name)), Machine.detect())
         gate, release = turns.callbacks(name)
         clocks[name] = StepClock("cpu", keep_checkpoints=False)
         trainers[name] = build_trainer(config, callbacks=[gate, clocks[name], release])

@@ -19,15 +19,6 @@ PACKAGE = REPO_ROOT / "grpo_lab"
 LAB = REPO_ROOT / "benchmarks" / "lab"
 BENCHMARKS_PATH = re.compile(r"(?<![\w/.])benchmarks/")
 """A path under the repository's ``benchmarks/`` (``vllm/benchmarks/serve.py`` is vLLM's, not ours)."""
-NOT_YET_REWORDED = {
-    "course.py", "data.py", "deploy/query.py", "deploy/server.py", "device/__init__.py",
-    "device/capacity.py", "env.py", "experiment/config.py", "experiment/profiles.py", "lora.py",
-    "memory/components.py", "memory/planner.py", "recipe.py", "rollout/vllm_backend.py", "speedups.py", "train.py",
-}
-"""Modules whose docstrings and caveats still cite a file under ``benchmarks/`` (a measured figure's source): the
-history scan of the same redesign rewrites each as a rule without its figure. Empty this set as they go."""
-
-
 def _modules(root: Path):
     for path in sorted(root.rglob("*.py")):
         yield path, ast.parse(path.read_text(encoding="utf-8"))
@@ -54,8 +45,7 @@ def test_no_module_of_grpo_lab_imports_the_lab():
 def test_no_module_of_grpo_lab_names_a_path_under_benchmarks():
     named = {str(path.relative_to(PACKAGE)) for path, _ in _modules(PACKAGE)
              if BENCHMARKS_PATH.search(path.read_text(encoding="utf-8"))}
-    assert named <= NOT_YET_REWORDED, f"grpo_lab reads nothing under benchmarks/: {sorted(named - NOT_YET_REWORDED)}"
-    assert NOT_YET_REWORDED <= named, f"no longer cite benchmarks/, drop them: {sorted(NOT_YET_REWORDED - named)}"
+    assert not named, f"grpo_lab reads nothing under benchmarks/: {sorted(named)}"
 
 
 def test_the_lab_is_no_module_of_grpo_lab():

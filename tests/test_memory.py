@@ -326,6 +326,9 @@ def test_default_device_memory_comes_from_device_module(monkeypatch):
 
     monkeypatch.setattr(device, "detect", lambda: "cuda")
     monkeypatch.setattr(device, "memory_info", lambda index=0, kind=None: device.MemoryInfo(48 * GIB, 40 * GIB))
+    monkeypatch.setattr(device, "bf16_supported", lambda kind=None: True)
+    monkeypatch.setattr(device, "device_name", lambda index=0, kind=None: "a GPU")
+    monkeypatch.delenv(device.MEMORY_CAP_ENV, raising=False)
     budget = plan_memory(QWEN_05B)
     assert budget.device_bytes == 48 * GIB and budget.device_kind == "cuda"
 

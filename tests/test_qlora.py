@@ -10,10 +10,9 @@ import warnings
 
 import pytest
 
-from grpo_lab import device, experiment, lora, memory, train
+from grpo_lab import device, experiment, lora, memory, models, train
 from grpo_lab.deploy import (
     FOUR_BIT_QUANTIZATION,
-    QLORA_MERGED_CAVEAT,
     DeployError,
     ServeConfig,
     served_quantization,
@@ -108,21 +107,21 @@ def _run(tmp_path, four_bit: bool):
     (run / "adapter").mkdir(parents=True)
     (run / "final").mkdir()
     (run / "adapter" / "adapter_config.json").write_text(json.dumps({"r": 16, "base_model_name_or_path": "base"}))
+    if four_bit:  # a QLoRA run's final/: its adapter, with the 4-bit base it loads on
+        (run / "final" / "adapter_config.json").write_text(json.dumps({"r": 16, "base_model_name_or_path": "base"}))
+        models.write_manifest(run / "final", {"base_model_path": "base", "quantization": {"load_in_4bit": True}})
     (run / "config.json").write_text(json.dumps({"config": {"model": "base", "use_peft": True,
                                                             "load_in_4bit": four_bit}}))
     return run
 
 
-def test_a_qlora_run_serves_its_adapter_on_the_4_bit_base_and_merged_as_plain_weights(tmp_path):
+def test_a_qlora_run_serves_its_adapter_on_the_4_bit_base(tmp_path):
     run = _run(tmp_path, four_bit=True)
     assert served_weights(run, adapter=True) == ("base", str(run / "adapter"))
     assert served_quantization(run, adapter=True) == served_quantization(run / "adapter", adapter=True) == "bitsandbytes"
-    assert served_quantization(run) is None  # final/: the adapter merged into full-precision weights
+    assert served_weights(run) == ("base", str(run / "final")) and served_quantization(run) == "bitsandbytes"
     lora_run = _run(tmp_path, four_bit=False)
-    assert served_quantization(lora_run, adapter=True) is None
-    with pytest.warns(UserWarning, match="not the model that trained") as warned:
-        assert served_weights(run) == (str(run / "final"), None)
-    assert warned[0].message.args[0] == QLORA_MERGED_CAVEAT and "--lora" in QLORA_MERGED_CAVEAT
+    assert served_quantization(lora_run, adapter=True) is None and served_quantization(lora_run) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert served_weights(lora_run) == (str(lora_run / "final"), None)

@@ -337,7 +337,7 @@ def test_side_by_side_compares_the_steps_both_runs_logged_after_the_warmup():
 def test_verl_results_reader_gives_the_committed_run():
     results = P.read_verl_results()
     merged = results.merged
-    assert results.verl_version == "0.9.1" and results.provenance.device == "GPU 0: NVIDIA H200"
+    assert results.verl_version == "0.9.1" and results.provenance.device == "NVIDIA H200"
     assert results.provenance.command.startswith("python benchmarks/verl/run.py env tiny merge deploy")
     assert (merged.step, round(merged.merge_seconds), round(merged.server_start_s)) == (20, 14, 54)
     assert merged.verified and merged.answered and merged.export_ok and merged.same_tensors

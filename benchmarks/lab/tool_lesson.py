@@ -12,7 +12,7 @@ from typing import Any
 
 from grpo_lab.device import Machine
 from grpo_lab.env import installed_versions
-from grpo_lab.evaluation import Gain
+from grpo_lab.evaluation import Gain, describe_change, wilson_interval
 from grpo_lab.tool_use import (
     STAGES,
     PrimedModel,
@@ -34,10 +34,43 @@ RECORDED_TRAIN_FIELDS = ("model", "profile", "max_steps", "learning_rate", "temp
 
 
 def gain_record(gain: Gain) -> dict[str, Any]:
-    """A :class:`~grpo_lab.evaluation.Gain` as the JSON a committed run keeps."""
-    return {"what": gain.what, "before": gain.before, "after": gain.after, "count": gain.count,
-            "points": round(gain.points, 2), "standard_error_points": round(gain.standard_error_points, 2),
-            "standard_errors": round(gain.standard_errors, 2)}
+    """A :class:`~grpo_lab.evaluation.Gain` as the JSON a committed run keeps, with its paired counts."""
+    return {"what": gain.what, "before": gain.before, "after": gain.after, "count": gain.count, "up": gain.up,
+            "down": gain.down, "points": round(gain.points, 2), "standard_errors": round(gain.standard_errors, 2)}
+
+
+@dataclass(frozen=True)
+class RecordedGain:
+    """A gain as a committed record holds it. Records written before the paired counts were kept hold only the shares
+    (their normal-approximation error is zero at 0 % and 100 %, so it is not read back): those describe each share
+    with its Wilson interval and weigh nothing."""
+
+    what: str
+    before: float
+    after: float
+    count: int
+    up: int | None = None
+    down: int | None = None
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> RecordedGain:
+        return cls(record["what"], record["before"], record["after"], record["count"], record.get("up"),
+                   record.get("down"))
+
+    @property
+    def gain(self) -> Gain | None:
+        """The gain with its paired counts, where the record kept them."""
+        if self.up is None or self.down is None:
+            return None
+        return Gain(self.what, self.before, self.after, self.count, self.up, self.down)
+
+    def describe(self) -> str:
+        if self.gain is not None:
+            return self.gain.describe()
+        (b_low, b_high), (a_low, a_high) = (wilson_interval(self.before, self.count),
+                                            wilson_interval(self.after, self.count))
+        return (f"{describe_change(self.what, self.before, self.after)} over {self.count} problems (recorded without "
+                f"its paired counts; 95 % intervals: before {b_low:.1%}..{b_high:.1%}, after {a_low:.1%}..{a_high:.1%})")
 
 
 @dataclass
@@ -114,15 +147,14 @@ class ToolRun:
     reports: dict[str, dict[str, Any]]
     """``{stage: ToolUseReport.to_dict()}`` for ``base``, ``primed``, ``trained`` (tool offered) and
     ``trained_without_tool``."""
-    gains: dict[str, Gain]
-    """``{name: Gain}``, each paired over the same problems (``gain.describe()`` says it in words)."""
+    gains: dict[str, RecordedGain]
+    """``{name: RecordedGain}``, each over the same problems (``describe()`` says it in words)."""
     seconds: dict[str, Any]
 
 
 def committed_tool_run(path: str | Path = TOOLS_SMOLLM2_FILE) -> ToolRun:
     """The committed GPU run of the tool lesson on SmolLM2-135M (its benchmark's ``results.json``)."""
     data = read_committed(path)
-    gains = {name: Gain(g["what"], g["before"], g["after"], g["count"], g["standard_error_points"])
-             for name, g in data["gains"].items()}
+    gains = {name: RecordedGain.from_record(g) for name, g in data["gains"].items()}
     return ToolRun(Provenance(data["command"], data["date"], data["device"], Path(path), data.get("commit", "")),
                    data["model"], data["reports"], gains, data["seconds"])

@@ -55,7 +55,7 @@ LEVERS: dict[str, dict[str, Any]] = {
     "LoRA (r=16)": {"lora_r": 16},
     "LoRA (r=16) + sleep mode": {"lora_r": 16, "vllm_enable_sleep_mode": True},
 }
-"""The levers notebook 04 compares, as planner overrides, in the order the plan suggests turning them."""
+"""The levers the memory lesson compares, as planner overrides, in the order the plan suggests turning them."""
 
 
 @dataclass(frozen=True)

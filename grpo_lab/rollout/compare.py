@@ -92,7 +92,7 @@ class PrefixCacheEffect:
 
 def ratio_context(machine: Any, params: int) -> str:
     """Why the vLLM / HF ``generate`` ratio of a run looks as it does, from the machine (a
-    :class:`grpo_lab.device.Machine`) and the model's parameter count: the sentence notebook 01 prints."""
+    :class:`grpo_lab.device.Machine`) and the model's parameter count, in one sentence."""
     size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.{1 if params < 1e7 else 0}f} M"
     if device.is_cpu(machine.kind):
         return (f"On {os.cpu_count()} CPU cores with a model of {size} parameters, both backends are bound by Python "

@@ -92,9 +92,8 @@ def engine_environment(kind: str) -> dict[str, str]:
 def in_engine_environment(kind: str) -> Iterator[None]:
     """:func:`engine_environment` set while an engine starts in this process — ours, or TRL's colocated one — then
     the old values back; the engine's processes inherit them. One ``VLLM_CACHE_ROOT`` for every engine lets a start
-    reuse what an earlier one cached: the model class vLLM inspected (in a subprocess that imports vLLM, ~20 s on the
-    H200 machine) and the compiled graphs of an identical configuration (``benchmarks/course_gpu/engine_start.json``:
-    95.6 s cold, 42.4 s warm)."""
+    reuse what an earlier one cached: the model class vLLM inspected (in a subprocess that imports vLLM) and the
+    compiled graphs of an identical configuration."""
     values = engine_environment(kind)
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)

@@ -1,4 +1,4 @@
-"""Notebook 10's lesson: its settings for each profile, the evaluations it runs and the changes it reports."""
+"""The tool lesson: its settings for each profile, the evaluations it runs and the changes it reports."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from grpo_lab.tool_use.priming import PrimingConfig
 
 @dataclass(frozen=True)
 class ToolLesson:
-    """What notebook 10 runs on one profile: the priming, the GRPO run's TrainConfig fields beyond the profile's, and
+    """What the tool lesson runs on one profile: the priming, the GRPO run's TrainConfig fields beyond the profile's, and
     how many held-out problems (of the model's languages) each evaluation answers."""
 
     priming: PrimingConfig
@@ -27,7 +27,7 @@ class ToolLesson:
     def config(self, model: str | Path, **overrides: Any) -> TrainConfig:
         """The GRPO run: the profile (``GRPO_LAB_PROFILE``, else the machine's), the primed ``model``, the
         calculator, and this lesson's fields (``overrides`` win). It goes to a new folder under the runs root's
-        ``tools/``, apart from the course's own runs (notebooks 04, 05 and 09 use the newest of those)."""
+        ``tools/``, apart from the course's own runs (later lessons use the newest of those)."""
         fields = {"output_dir": str(runs.workspace("tools") / f"grpo-{datetime.now():%Y%m%d-%H%M%S}"),
                   **self.train, **overrides}
         return TrainConfig(model=str(model), tools=("calculator",), **fields)
@@ -41,7 +41,7 @@ _ACCELERATOR_LESSON = ToolLesson(
     dict(max_steps=24, max_tool_calling_iterations=2, rewards=("correctness",), reward_weights=(1.0,), save_steps=1000,
          live_plot=False), eval_size=200)
 LESSONS: dict[str, ToolLesson] = {
-    # 2 CPU cores in CI, within notebook 10's 90 s: 150 priming steps teach the tiny model the format (its byte-level
+    # 2 CPU cores in CI, within the lesson's time: 150 priming steps teach the tiny model the format (its byte-level
     # vocabulary spells JSON out one character at a time); a GRPO run of 10 steps at the tiny profile's safe
     # learning rate (2e-4 and up collapsed it within 16 steps) shows the mechanics.
     "tiny": ToolLesson(
@@ -53,7 +53,7 @@ LESSONS: dict[str, ToolLesson] = {
     "gpu": _ACCELERATOR_LESSON,
     "npu": _ACCELERATOR_LESSON,
 }
-"""Notebook 10's lesson by profile (``experiment.PROFILES`` names)."""
+"""The tool lesson by profile (``experiment.PROFILES`` names)."""
 
 
 STAGES: dict[str, tuple[str, bool]] = {

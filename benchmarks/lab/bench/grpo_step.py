@@ -29,7 +29,7 @@ from transformers import TrainerCallback
 from grpo_lab import device, memory
 from grpo_lab.data import write_jsonl
 from grpo_lab.device import Machine
-from grpo_lab.experiment import DEFAULT_FOR_DEVICE, TrainConfig
+from grpo_lab.experiment import DEFAULT_FOR_DEVICE, TrainConfig, plan
 from grpo_lab.rollout import encode_prompts, load_tokenizer
 from grpo_lab.rollout.vllm_backend import shutdown_engine
 from grpo_lab.train import MetricsLogger, StepClock, build_trainer
@@ -239,13 +239,14 @@ def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, bac
         trainers, clocks, loggers, configs, hosts = {}, {}, {}, {}, {}
         try:
             for backend in sorted(backends, key=lambda b: b == "vllm"):  # vLLM's engine sizes itself last
-                configs[backend] = dataclasses.replace(step, output_dir=str(Path(scratch) / f"run-{backend}"),
-                                                       use_vllm=backend == "vllm").resolve(machine)
+                planned = plan(dataclasses.replace(step, output_dir=str(Path(scratch) / f"run-{backend}"),
+                                                   use_vllm=backend == "vllm"), machine)
+                configs[backend] = planned.config
                 loggers[backend] = MetricsLogger(Path(configs[backend].output_dir), live_plot=False)
                 clocks[backend] = StepClock(kind, keep_checkpoints=False)
                 hosts[backend] = HostCounters(kind)
                 gate, release = turns.callbacks(backend)
-                trainers[backend] = build_trainer(configs[backend], callbacks=[
+                trainers[backend] = build_trainer(planned, callbacks=[
                     gate, loggers[backend], clocks[backend], hosts[backend], release])
             turns.run(trainers, main="vllm" if "vllm" in trainers else backends[0])
         finally:
@@ -258,8 +259,8 @@ def grpo_step_bench(model: str, rows: Sequence[dict], profile: BenchProfile, bac
                 "gradient_checkpointing", "use_liger_kernel", "bf16", "vllm_gpu_memory_utilization", "beta",
                 "vllm_importance_sampling_correction")}
             settings = out["backends"][backend]["settings"]
-            for switch in ("deferred_correction", "length_grouping", "pause_collection", "sampling_logprobs"):
-                settings[switch] = getattr(trainers[backend], switch)
+            settings.update(deferred_correction=False, length_grouping=False, pause_collection=False,
+                            sampling_logprobs=trainers[backend].sampling_logprobs)  # 0.3.0's trainer: the last only
         del trainers
         out["model_dir"] = str(model)
         out["max_prompt_length"] = longest
