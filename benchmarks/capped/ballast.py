@@ -5,7 +5,7 @@ that a row started after it finds the device as a card of that size would (the d
 
 It stands in where torch's per-process fraction cannot: memory a process hands back to the driver while torch still
 counts it (vLLM's sleep mode: ``results/probes/sleep_probe.json``) is free again under ballast, as on a real card. The
-row then runs without ``device.apply_memory_cap`` and its processes are not the ballast's (``DeviceMemorySampler``
+row then runs without ``device.enforce_cap`` and its processes are not the ballast's (``DeviceMemorySampler``
 counts the row's process tree only). It still does not emulate the smaller card's bandwidth or compute.
 """
 

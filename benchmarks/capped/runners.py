@@ -1,7 +1,7 @@
 """The two kinds of row, run on the GPU under the job's cap (``GRPO_LAB_DEVICE_MEMORY_GIB``, set by ``run.py``).
 
 ``trl``: TRL's ``GRPOTrainer`` on the 2B shape (random weights, bf16), the cap enforced with
-``device.apply_memory_cap`` (or, for a ``ballast`` row, by ``ballast.py`` holding the rest of the device) and vLLM's
+``device.enforce_cap`` (or, for a ``ballast`` row, by ``ballast.py`` holding the rest of the device) and vLLM's
 share converted with ``device.device_share``, as ``grpo_lab.train`` does.
 ``course``: ``grpo_lab.train.prepare`` on the ``gpu`` profile (SmolLM2 via ``GRPO_LAB_MODEL``), which does both itself.
 """
@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from jobs import SEED_RECIPE, SEED_SHAPE, Row, row_id
@@ -67,21 +68,22 @@ def run_trl_row(job: str, row: Row, cap_gib: float, out: Path) -> dict[str, Any]
             record["extra"]["stand_in"] = ballast_check(cap_gib)
             cap = None
         else:
-            cap = device.apply_memory_cap(cap_gib, kind="cuda")
+            cap = device.enforce_cap(device.Machine.detect(memory_gib=cap_gib))
         share = budget.vllm_gpu_memory_utilization
-        record["planned"] = planned_fields(budget, SEED_RECIPE["per_device_train_batch_size"], 1,
-                                           device.device_share(share, kind="cuda"))
+        device_share = cap.device_share(share) if cap else share
+        record["planned"] = planned_fields(budget, SEED_RECIPE["per_device_train_batch_size"], 1, device_share)
         record["extra"]["cap"] = dataclasses.asdict(cap) if cap else None
         peft_config = None
         if row.settings.get("lora_r"):
             from grpo_lab import lora
             from grpo_lab.experiment import LORA_TARGET_MODULES
 
-            peft_config = lora.lora_config(row.settings["lora_r"], row.settings["lora_alpha"],
-                                           row.settings["lora_dropout"], LORA_TARGET_MODULES)
+            peft_config = lora.lora_config(SimpleNamespace(
+                use_peft=True, lora_r=row.settings["lora_r"], lora_alpha=row.settings["lora_alpha"],
+                lora_dropout=row.settings["lora_dropout"], lora_target_modules=LORA_TARGET_MODULES))
         args = GRPOConfig(output_dir=tempfile.mkdtemp(), use_vllm=True, vllm_mode="colocate", bf16=True,
                           model_init_kwargs={"dtype": "bfloat16"}, max_steps=row.steps, learning_rate=1e-6,
-                          vllm_gpu_memory_utilization=device.device_share(share, kind="cuda"),
+                          vllm_gpu_memory_utilization=device_share,
                           per_device_train_batch_size=SEED_RECIPE["per_device_train_batch_size"],
                           num_generations=SEED_RECIPE["num_generations"],
                           max_completion_length=SEED_RECIPE["max_completion_length"],
@@ -140,7 +142,7 @@ def run_course_row(job: str, row: Row, cap_gib: float, out: Path) -> dict[str, A
         budget = experiment.memory_budget(dataclasses.replace(config, max_prompt_length=longest), machine)
         record["planned"] = planned_fields(budget, config.per_device_train_batch_size,
                                            config.gradient_accumulation_steps,
-                                           device.device_share(config.vllm_gpu_memory_utilization, kind="cuda"))
+                                           machine.device_share(config.vllm_gpu_memory_utilization))
         record["extra"]["as_the_learner_plans_it"] = experiment.memory_budget(config, machine).summary()
         with engine_allocation(engine):
             training = prepare(config, callbacks=[clock.callback(config.generation_batch_size)], machine=machine)

@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from vllm import LLM, SamplingParams
 
-    from grpo_lab.device.capacity import apply_memory_cap
+    from grpo_lab.device import Machine, enforce_cap
 
-    cap = apply_memory_cap(args.cap)
+    cap = enforce_cap(Machine.detect(memory_gib=args.cap))
     rows = [snapshot(torch, "capped, before the engine")]
     llm = LLM(model=args.model, enable_sleep_mode=True, gpu_memory_utilization=cap.device_share(args.share),
               max_model_len=1024, seed=0)
