@@ -17,7 +17,9 @@
 # them, without weights, into $OUT/course_gpu.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export PYTHONPATH=/tmp/grpo-gpu-site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/grpo-gpu-site/bin:$PATH \
+# the lab (benchmarks/lab) importable as `lab`, as `make install` makes it, and nothing else of benchmarks/
+mkdir -p /tmp/grpo-lab-path && ln -sfn "$PWD/benchmarks/lab" /tmp/grpo-lab-path/lab
+export PYTHONPATH=/tmp/grpo-gpu-site:$PWD:/tmp/grpo-lab-path${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/grpo-gpu-site/bin:$PATH \
   VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
   PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 export GRPO_LAB_PROFILE=${GRPO_LAB_PROFILE:-gpu} GRPO_LAB_MODEL=${GRPO_LAB_MODEL:-/tmp/grpo-smollm2/model} \

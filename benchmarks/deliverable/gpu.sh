@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# On the GPU machine, after the bundle and the model are staged (benchmarks/course_gpu/README.md's calls): from a copy
+# of the project, detached, the deliverable rows under a 16 GiB card (run.py), then notebooks 03-05 under the same cap
+# (benchmarks/course_gpu/run.sh); `wait` collects both into $OUT.
+#
+#   GRPO_LAB_COMMIT=<sha> bash benchmarks/deliverable/gpu.sh start
+#   bash benchmarks/deliverable/gpu.sh wait        # waits up to DELIVERABLE_WAIT_S (540 s), then packs what is there
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+WORK=/tmp/deliverable-gpu
+CAP=${DELIVERABLE_CAP_GIB:-16}
+case ${1:-} in
+  start)
+    rm -rf /tmp/repo-run "$WORK" && mkdir -p /tmp/repo-run "$WORK" && cp -a . /tmp/repo-run/ && rm -rf /tmp/repo-run/.wheels
+    cd /tmp/repo-run
+    mkdir -p /tmp/grpo-lab-path && ln -sfn /tmp/repo-run/benchmarks/lab /tmp/grpo-lab-path/lab
+    setsid bash -c "
+      export PYTHONPATH=/tmp/grpo-gpu-site:/tmp/repo-run:/tmp/grpo-lab-path PATH=/tmp/grpo-gpu-site/bin:\$PATH \
+        VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 MPLBACKEND=Agg \
+        GRPO_LAB_PROFILE=gpu GRPO_LAB_MODEL=/tmp/grpo-smollm2/model GRPO_LAB_DEVICE_MEMORY_GIB=$CAP
+      python3 benchmarks/deliverable/run.py --out $WORK/rows > $WORK/rows.log 2>&1; echo \$? > $WORK/rows.exit
+      COURSE=$WORK/course COURSE_CAP_GIB=$CAP COURSE_NOTEBOOKS='notebooks/03_grpo_training.ipynb notebooks/04_memory_budget.ipynb notebooks/05_deployment.ipynb' \
+        bash benchmarks/course_gpu/run.sh foreground-no-pack; echo done > $WORK/done
+    " > "$WORK/driver.log" 2>&1 < /dev/null &
+    echo "started; follow $WORK/rows.log and $WORK/course/course.log" ;;
+  wait)
+    waited=0
+    while [ ! -f "$WORK/done" ] && [ "$waited" -lt "${DELIVERABLE_WAIT_S:-540}" ]; do sleep 10; waited=$((waited + 10)); done
+    [ -f "$WORK/done" ] && echo "finished" || echo "still running after ${waited} s: call wait again"
+    tail -5 "$WORK/rows.log" 2>/dev/null; tail -5 "$WORK/course/course.log" 2>/dev/null
+    tar -C "$WORK" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' --exclude='*.pth' \
+      --exclude='checkpoints' --exclude='*.jsonl.xz' -czf "${OUT:-/tmp}/deliverable_gpu.tgz" . ;;
+  *) echo "usage: gpu.sh start|wait"; exit 2 ;;
+esac
