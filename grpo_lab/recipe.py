@@ -205,6 +205,11 @@ class Recipe:
     def config(self) -> TrainConfig:
         return self.plan.config
 
+    def grpo_config_call(self) -> str:
+        """The ``GRPOConfig(...)`` call the script makes on the card the run was planned for, one field per line."""
+        fields = "".join(f"\n    {key}={value!r}," for key, value in self.grpo_config.items())
+        return f"GRPOConfig({fields}\n)"
+
 
 def build_recipe(source: Plan | TrainConfig, run_name: str | None = None, backend: str | None = None,
                  reward_funcs: Sequence[Callable] | None = None) -> Recipe:
