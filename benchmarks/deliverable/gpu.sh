@@ -20,7 +20,16 @@ case ${1:-} in
         GRPO_LAB_PROFILE=gpu GRPO_LAB_MODEL=/tmp/grpo-smollm2/model GRPO_LAB_DEVICE_MEMORY_GIB=$CAP
       python3 benchmarks/deliverable/run.py --out $WORK/rows > $WORK/rows.log 2>&1; echo \$? > $WORK/rows.exit
       COURSE=$WORK/course COURSE_CAP_GIB=$CAP COURSE_NOTEBOOKS='notebooks/03_grpo_training.ipynb notebooks/04_memory_budget.ipynb notebooks/05_deployment.ipynb' \
-        bash benchmarks/course_gpu/run.sh foreground-no-pack; echo done > $WORK/done
+        bash benchmarks/course_gpu/run.sh foreground-no-pack
+      recipe=\$(ls -t $WORK/course/grpo-*/trl_recipe.py 2>/dev/null | head -1)
+      if [ -n \"\$recipe\" ]; then  # notebook 03's run as stock TRL, where grpo_lab cannot be imported
+        (cd / && env -u GRPO_LAB_DEVICE_MEMORY_GIB PYTHONPATH=/tmp/grpo-gpu-site python3 -c 'import grpo_lab' \
+           > $WORK/course-recipe.log 2>&1; echo \"grpo_lab importable: exit \$?\" >> $WORK/course-recipe.log
+         env -u GRPO_LAB_DEVICE_MEMORY_GIB PYTHONPATH=/tmp/grpo-gpu-site timeout 600 python3 \"\$recipe\" \
+           --max-steps 4 --output-dir $WORK/course-recipe-run >> $WORK/course-recipe.log 2>&1
+         echo \"exit \$?\" >> $WORK/course-recipe.log; cp \"\$recipe\" $WORK/course-trl_recipe.py)
+      fi
+      echo done > $WORK/done
     " > "$WORK/driver.log" 2>&1 < /dev/null &
     echo "started; follow $WORK/rows.log and $WORK/course/course.log" ;;
   wait)
