@@ -25,6 +25,8 @@ logged batches with this module.
 
 from __future__ import annotations
 
+__all__ = ["SEED_EXAMPLE_REWARDS", "describe_zero_std", "explain_group", "group_advantages"]
+
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass

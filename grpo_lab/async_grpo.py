@@ -58,6 +58,11 @@ option works too).
 
 from __future__ import annotations
 
+__all__ = [
+    "AsyncConfig", "check_experiment", "completion_accounting", "completions_per_step", "describe_accounting",
+    "run_async", "step_timeline", "tradeoff_entry",
+]
+
 import dataclasses
 import json
 import sys

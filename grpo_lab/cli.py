@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+__all__ = ["SUBCOMMANDS"]
+
 import argparse
 import importlib
 import json

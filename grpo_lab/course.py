@@ -10,6 +10,8 @@ so a course can be run in parts (``python -m grpo_lab.course --out RUN notebooks
 
 from __future__ import annotations
 
+__all__ = ["LEARNER_MODELS", "REOPEN", "course_notebooks", "next_commands"]
+
 import argparse
 import ast
 import asyncio
@@ -25,7 +27,6 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from grpo_lab import device, experiment, memory, runs
-from grpo_lab.deprecation import warn_moved
 from grpo_lab.device import Machine
 from grpo_lab.experiment import PROFILE_DEVICE, TrainConfig
 from grpo_lab.memory.sampler import DeviceMemorySampler, gib
@@ -122,17 +123,13 @@ def _device_commands(profile: str, memory_gib: float, where: str) -> list[tuple[
     return commands
 
 
-def next_commands(machine: Machine | str) -> list[tuple[str, str]]:
+def next_commands(machine: Machine) -> list[tuple[str, str]]:
     """``(command, why)`` to run after the course, in order. On an accelerator: for this device, with models anyone
     can download that the memory planner fits on its memory (``machine.memory_gib``). On a CPU: the same for the
-    ``gpu`` and ``npu`` profiles on devices of the sizes in :data:`TYPICAL_DEVICE_GIB`. A device kind alone (0.2.0's
-    ``next_commands(kind)``, deprecated) has no size: its profile's typical sizes are planned."""
-    if isinstance(machine, str):
-        warn_moved("grpo_lab.course.next_commands(kind)", "grpo_lab.course.next_commands(Machine.detect())",
-                   "the commands fit the device's memory")
-    kind = machine if isinstance(machine, str) else machine.kind
+    ``gpu`` and ``npu`` profiles on devices of the sizes in :data:`TYPICAL_DEVICE_GIB`."""
+    kind = machine.kind
     here = not device.is_cpu(kind)
-    own_size = machine.memory_gib if here and not isinstance(machine, str) else None
+    own_size = machine.memory_gib if here else None
     commands = []
     for name in [n for n, of in PROFILE_DEVICE.items() if of == kind] if here else list(TYPICAL_DEVICE_GIB):
         commands.append((f"grpo-lab doctor --profile {name}", f"{name}: the stack, the device and the profile "
@@ -292,15 +289,6 @@ def main(argv: list[str] | None = None) -> int:
     print(format_summary(results))
     print(f"\nExecuted copies and results: {args.out}/")
     return 0 if all(r.status == "ok" for r in results) else 1
-
-
-# --- Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md) ---
-from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
-
-__getattr__ = moved_names(__name__, moved={
-    "run_dir": ("grpo_lab.runs:workspace", "a notebook's output folder, now under the runs root without 'latest/'"),
-    "RUN_DIR_VAR": "grpo_lab.runs:RUN_DIR_ENV",
-}, since="0.2.0")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ Example:
 
 from __future__ import annotations
 
+__all__ = ["hold_out", "load_gsm8k", "load_jsonl", "load_split", "write_jsonl"]
+
 import gzip
 import hashlib
 import json

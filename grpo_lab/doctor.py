@@ -14,6 +14,8 @@ True
 
 from __future__ import annotations
 
+__all__ = ["SYMPTOMS", "DoctorConfig", "run_checks", "symptom_table"]
+
 import argparse
 import contextlib
 import dataclasses

@@ -11,6 +11,8 @@ and what to install. No optional package is imported to read its version, so the
 
 from __future__ import annotations
 
+__all__ = ["HARMLESS_WARNINGS", "QUIET_ENVIRONMENT", "QUIET_LOGGERS", "load_stacks", "quiet_notebook", "report"]
+
 import importlib.metadata as metadata
 import importlib.util
 import logging

@@ -4,6 +4,11 @@ message says what was wrong and what to do."""
 
 from __future__ import annotations
 
+__all__ = [
+    "ConfigError", "DataError", "DeployError", "DeviceError", "ExistingFileError", "GrpoLabError", "MissingFileError",
+    "ServerDied", "TrainingDivergedError",
+]
+
 
 class GrpoLabError(Exception):
     """Base of every error grpo_lab raises on purpose."""

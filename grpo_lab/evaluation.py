@@ -12,6 +12,11 @@ the row's answer): the rule the correctness reward trains with.
 
 from __future__ import annotations
 
+__all__ = [
+    "GREEDY_MEASURES", "Evaluation", "Gain", "compare", "describe_change", "describe_reward_gap", "evaluate",
+    "greedy_followed", "greedy_gain", "side_by_side", "subset", "trained_conclusions", "verdict_counts",
+]
+
 import dataclasses
 import math
 import time

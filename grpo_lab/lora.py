@@ -19,6 +19,8 @@ would differ by the base's quantization error).
 
 from __future__ import annotations
 
+__all__ = ["StartSnapshot", "adapter_names", "base_of", "compare", "folder_tensors", "tensors"]
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,6 +183,7 @@ def compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> WeightChange
 
 
 def adapter_names(names: Any) -> set[str]:
+    """The names of LoRA adapter tensors among ``names``."""
     return {name for name in names if ADAPTER_MARK in name}
 
 

@@ -11,6 +11,11 @@ another with an argument or ``GRPO_LAB_MODEL`` (a hub id or a local folder)::
 
 from __future__ import annotations
 
+__all__ = [
+    "MODEL_ENV_VAR", "load_model_and_tokenizer", "read_manifest", "resolve_model", "saved_dtype", "verify_model_dir",
+    "weights_digest",
+]
+
 import hashlib
 import json
 import os
@@ -23,6 +28,7 @@ from grpo_lab.paths import TINY_MODEL_DIR
 
 MANIFEST_NAME = "manifest.json"
 MODEL_ENV_VAR = "GRPO_LAB_MODEL"
+"""The variable that replaces the profile's model (a hub id or a local folder)."""
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 REBUILD_HINT = ("restore the shipped files with `git checkout -- data/models/tiny-qwen2` "

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "plot_accuracy_before_after", "plot_async_tradeoff", "plot_group_advantages", "plot_load_test",
+    "plot_memory_budget", "plot_memory_budgets", "plot_prefix_cache_effect", "plot_reward_components",
+    "plot_rollout_throughput", "plot_timeline", "plot_training_curves",
+]
+
 import math
 from collections.abc import Sequence
 

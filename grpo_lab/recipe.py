@@ -21,6 +21,8 @@ PosixPath('recipe.py')
 
 from __future__ import annotations
 
+__all__ = ["recipe_for", "write_recipe"]
+
 import argparse
 import ast
 import dataclasses

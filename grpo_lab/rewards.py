@@ -20,6 +20,12 @@ it out of the sum.
 
 from __future__ import annotations
 
+__all__ = [
+    "RewardSet", "RewardSignatureError", "RewardValidationError", "completion_text", "extract_answer", "from_verl",
+    "get_reward", "is_correct", "list_rewards", "prepare", "register_reward", "score_all", "to_verl", "validate_reward",
+    "weighted_sum", "why",
+]
+
 import functools
 import inspect
 import logging

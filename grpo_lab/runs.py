@@ -23,6 +23,8 @@ Checkpoints are written under ``<run>/.partial/`` and renamed into place only on
 
 from __future__ import annotations
 
+__all__ = ["FINAL", "Run", "find_run", "latest_run", "list_checkpoints", "record_use", "root", "workspace"]
+
 import json
 import os
 import shutil
@@ -45,6 +47,7 @@ METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
+"""The folder of a run that holds its final model."""
 ADAPTER = "adapter"
 PARTIAL = ".partial"
 """Folder of a run where checkpoints and ``final/`` are written before they are renamed into place."""

@@ -29,6 +29,8 @@ one-line list of the tools instead of Qwen2.5's JSON schema block, and ``{% gene
 
 from __future__ import annotations
 
+__all__ = ["CALL_KINDS", "calculator", "list_tools", "prepare", "register_tool", "use_tool_template"]
+
 import ast
 import contextlib
 import functools

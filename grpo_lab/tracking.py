@@ -9,6 +9,8 @@ transformers' own callbacks do the logging; in a notebook the trainer keeps trac
 
 from __future__ import annotations
 
+__all__ = ["TRACKERS"]
+
 
 TRACKIO_PROJECT = "grpo-lab"
 """The trackio project every run reports to (TRL's ``project``); each run is named after its folder (``run_name``)."""

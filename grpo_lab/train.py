@@ -34,6 +34,8 @@ From a shell: ``grpo-lab train --profile tiny --max-steps 300`` (``--help`` list
 
 from __future__ import annotations
 
+__all__ = ["TrainResult", "colocated_engine_settings", "prepare", "train"]
+
 import argparse
 import contextlib
 import dataclasses

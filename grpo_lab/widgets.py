@@ -11,6 +11,8 @@ once yourself to draw the first state, as a headless run does.
 
 from __future__ import annotations
 
+__all__ = ["MemoryCalculator", "folded_source", "folded_text", "html_table"]
+
 import html
 import inspect
 from collections.abc import Mapping, Sequence

@@ -1,6 +1,6 @@
 """The architecture a newcomer reads in README.md ("Architecture") is the one the code has: layers that import
-only downwards (import-linter's contracts in pyproject.toml), every module placed in a layer, and grpo_lab's own
-imports at the top of each file."""
+only downwards (import-linter's contracts in pyproject.toml), every module placed in a layer, no import cycles, and
+grpo_lab's own imports at the top of each file."""
 
 import ast
 import shutil
@@ -49,6 +49,88 @@ def test_grpo_lab_imports_sit_at_the_top_of_files():
                 if module and module.startswith("grpo_lab") and (path.name, module) not in LAZY_ON_PURPOSE:
                     late.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} imports {module}")
     assert not late, "move these to the top of their file (or state why they must wait):\n" + "\n".join(late)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_package_module(dotted: str) -> bool:
+    path = REPO_ROOT / dotted.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _load_time_imports(tree: ast.Module) -> list[str]:
+    """The grpo_lab modules a module imports while it loads: its top-level imports (inside module-level ``if`` and
+    ``try`` too, not under ``if TYPE_CHECKING``), each resolved to the module it names (``from grpo_lab import device``:
+    ``grpo_lab.device``; ``from grpo_lab.deploy import X``: ``grpo_lab.deploy``, or the submodule ``X``)."""
+    found, pending = [], list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            pending.extend(node.orelse)
+        elif isinstance(node, (ast.If, ast.Try)):
+            pending.extend([*node.body, *node.orelse, *getattr(node, "finalbody", []),
+                            *(inner for handler in getattr(node, "handlers", []) for inner in handler.body)])
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.split(".")[0] == "grpo_lab"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "grpo_lab":
+            found += [f"{node.module}.{alias.name}" if _is_package_module(f"{node.module}.{alias.name}")
+                      else node.module for alias in node.names]
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph`` (module -> modules it imports while loading): each strongly connected
+    component of more than one module, and each module that imports itself (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1 or module in graph.get(module, ()):
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_grpo_lab_has_no_import_cycles():
+    """No grpo_lab module imports, while it loads, a module that imports it back (directly or around a longer loop):
+    a package's ``__init__`` that re-exports a submodule's names is imported by none of its submodules."""
+    graph = {_module_name(path): set(_load_time_imports(ast.parse(path.read_text(encoding="utf-8"))))
+             for path in sorted(PACKAGE.rglob("*.py"))}
+    cycles = import_cycles(graph)
+    assert not cycles, "break these import cycles:\n" + "\n".join(" <-> ".join(cycle) for cycle in cycles)
+
+
+def test_the_cycle_check_finds_what_it_exists_for():
+    assert import_cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"d"}}) == [["a", "b", "c"], ["d"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+    capacity = ast.parse("from grpo_lab.device import MemoryCap\nfrom grpo_lab import errors\n"
+                         "if TYPE_CHECKING:\n    from grpo_lab.train import TrainResult\n"
+                         "def f():\n    from grpo_lab import train\n")
+    assert sorted(_load_time_imports(capacity)) == ["grpo_lab.device", "grpo_lab.errors"]
 
 
 BUILTIN_RAISES = {"ValueError", "RuntimeError", "FileNotFoundError"}

@@ -96,9 +96,6 @@ def test_where_next_recommends_only_what_the_device_can_run(monkeypatch):
     assert full is not None and not full.use_peft and full.training_peak_gib < 16
     assert course.largest_fitting_model("gpu", 4) is None  # nothing fits: the commands say so
     assert "no model of" in course.next_commands(Machine("cuda", bf16=True, memory_gib=4))[-1][1]
-    with pytest.warns(DeprecationWarning, match=r"next_commands\(kind\) is deprecated"):  # 0.2.0's call: a kind
-        by_kind = course.next_commands("npu")
-    assert by_kind[0][0] == "grpo-lab doctor --profile npu" and any("NPU with 32 GiB" in why for _, why in by_kind)
 
 
 def test_a_cell_past_its_timeout_fails_the_notebook(tmp_path, monkeypatch):

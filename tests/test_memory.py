@@ -422,15 +422,8 @@ def test_seed_2b_levers_on_32_gib_with_the_course_recipe():
 
 
 def test_training_shape_speaks_train_configs_names():
-    """max_prompt_length as in TrainConfig; the old keyword still works, warning, through plan_memory too."""
-    with pytest.warns(DeprecationWarning, match=r"TrainingShape\(prompt_length=\.\.\.\) is deprecated"):
-        old = TrainingShape(prompt_length=128)
-    assert old == TrainingShape(max_prompt_length=128) and old.max_prompt_length == 128
-    with pytest.warns(DeprecationWarning, match="max_prompt_length"):
-        assert old.prompt_length == 128
-    with pytest.warns(DeprecationWarning):
-        budget = plan(prompt_length=128)
-    assert budget.shape.max_prompt_length == 128
+    """max_prompt_length as in TrainConfig, through plan_memory too."""
+    assert plan(max_prompt_length=128).shape.max_prompt_length == 128
     shape = TrainingShape()
     assert {name: getattr(shape, name) for name in STEP_DEFAULTS} == STEP_DEFAULTS
 

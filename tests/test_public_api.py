@@ -1,59 +1,127 @@
-"""What users import is a promise: grpo_lab.__all__ imports, every name that moved since 0.1.0 still works and warns
-with its new place and with versions computed from grpo_lab's, `import grpo_lab` stays cheap, and the version is
-pyproject's (CHANGELOG.md says what changed). The measurement lab (``lab``, beside the package) is outside it.
+"""What users import is a promise: ``grpo_lab.__all__`` names the public modules (each with its own ``__all__``) and
+a few top-level names, at most 250 names in all, each one existing and documented; every name a notebook takes from
+grpo_lab is among them; ``import grpo_lab`` stays cheap; the version is pyproject's; README's example runs as printed.
+Internal modules (``grpo_lab.upstream``, ``servers``, ...) and the measurement lab (``lab``) are outside it."""
 
-pyproject makes grpo_lab's own deprecation warnings errors (and ignores the libraries'); the tests below that use an
-old name on purpose catch the warning with ``pytest.warns``."""
-
+import ast
+import dataclasses
+import functools
 import importlib
+import inspect
 import json
+import os
 import re
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 import tomllib
 
 import grpo_lab
-from grpo_lab.deprecation import GrpoLabDeprecationWarning, next_release, shim_versions, warn_moved
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+MAX_PUBLIC_NAMES = 250
+INTERNAL = ("upstream", "carry", "servers", "callbacks", "tiny_model")
+# Internal code a notebook shows (its source, folded with widgets.folded_source) without calling it: module -> why.
+SHOWN = {"grpo_lab.upstream": "notebook 03 shows where grpo_lab meets vLLM's internals"}
 
 
-def test_every_public_name_imports():
-    for name in grpo_lab.__all__:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", DeprecationWarning)  # no public name is itself deprecated
-            assert getattr(grpo_lab, name) is not None, name
+def _is_module(dotted: str) -> bool:
+    path = REPO_ROOT / dotted.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _public_modules() -> list[str]:
+    return [f"grpo_lab.{name}" for name in grpo_lab.__all__ if _is_module(f"grpo_lab.{name}")]
+
+
+@functools.cache
+def public_names() -> frozenset[tuple[str, str]]:
+    """``(module, name)`` for every public name, the top level's included."""
+    names = {("grpo_lab", name) for name in grpo_lab.__all__}
+    for module in _public_modules():
+        names |= {(module, name) for name in importlib.import_module(module).__all__}
+    return frozenset(names)
+
+
+def test_the_public_api_has_at_most_250_names():
+    count = len(grpo_lab.__all__) + sum(len(importlib.import_module(m).__all__) for m in _public_modules())
+    assert count <= MAX_PUBLIC_NAMES, f"{count} public names: make some private (at most {MAX_PUBLIC_NAMES})"
+
+
+def test_internal_modules_stay_importable_but_not_public():
+    for name in INTERNAL:
+        assert name not in grpo_lab.__all__, name
+        importlib.import_module(f"grpo_lab.{name}")
+    assert "lab" not in grpo_lab.__all__
+
+
+def test_the_top_level_loads_its_names_and_modules_on_first_use():
     assert set(grpo_lab.__all__) <= set(dir(grpo_lab))
     assert grpo_lab.TrainConfig is importlib.import_module("grpo_lab.experiment").TrainConfig
+    assert grpo_lab.Machine is importlib.import_module("grpo_lab.device").Machine
     assert grpo_lab.train.train.__module__ == "grpo_lab.train"  # `train` is the module, as the notebooks use it
-
-
-def test_unknown_top_level_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         grpo_lab.nope  # noqa: B018
 
 
-def test_notebook_08_imports_are_public():
-    """The names notebook 08 (bring your own) imports from grpo_lab are all in the public list."""
-    for name in ("data", "doctor", "experiment", "rewards", "runs", "device", "paths", "train", "widgets", "env",
-                 "TrainConfig", "Machine", "memory_budget", "register_reward", "load_jsonl", "write_jsonl"):
-        assert name in grpo_lab.__all__, name
+def _module_path(module: str) -> Path:
+    path = REPO_ROOT / module.replace(".", "/")
+    return path / "__init__.py" if (path / "__init__.py").is_file() else path.with_suffix(".py")
 
 
-def test_every_course_notebook_imports_only_public_names():
-    """What any notebook takes from grpo_lab's top level (``from grpo_lab import x, y``) is in the public list (the
-    measurement lab is imported from ``lab``)."""
-    for path in sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
-        source = "\n".join("".join(cell["source"]) for cell in json.loads(path.read_text())["cells"]
-                           if cell["cell_type"] == "code")
-        for names in re.findall(r"^from grpo_lab import ([\w, ]+)$", source, re.MULTILINE):
-            for name in names.split(","):
-                name = name.split(" as ")[0].strip()
-                assert name in grpo_lab.__all__, f"{path.name} imports grpo_lab.{name}"
+def _data_documented(module: str, name: str) -> bool:
+    """A value's documentation: a string right after its top-level assignment (an attribute docstring) or a comment
+    right above it, in the module that assigns it (re-exports are followed)."""
+    source = _module_path(module).read_text(encoding="utf-8")
+    lines, body = source.splitlines(), ast.parse(source).body
+    for index, node in enumerate(body):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) \
+            else []
+        if any(isinstance(target, ast.Name) and target.id == name for target in targets):
+            after = body[index + 1] if index + 1 < len(body) else None
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value,
+                                                                                                     str):
+                return True
+            return node.lineno > 1 and lines[node.lineno - 2].lstrip().startswith("#")
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("grpo_lab"):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return _data_documented(node.module, alias.name)
+    return False
+
+
+def _documented(module: str, name: str) -> bool:
+    value = getattr(importlib.import_module(module), name)
+    if inspect.isclass(value):  # its own: not a base class's, nor the signature a dataclass or NamedTuple gets
+        doc = (value.__dict__.get("__doc__") or "").strip()
+        return bool(doc) and not doc.startswith(f"{value.__name__}(")
+    if inspect.ismodule(value) or inspect.isroutine(value):
+        return bool((value.__doc__ or "").strip())
+    return _data_documented(module, name)
+
+
+@pytest.mark.parametrize("module", ["grpo_lab", *_public_modules()])
+def test_every_public_name_exists_and_is_documented(module):
+    imported = importlib.import_module(module)
+    listed = list(imported.__all__)
+    assert len(listed) == len(set(listed)), f"{module}.__all__ lists a name twice"
+    missing = [name for name in listed if not hasattr(imported, name)]
+    assert not missing, f"{module}.__all__ lists names it does not have: {missing}"
+    undocumented = [name for name in listed if not _documented(module, name)]
+    assert not undocumented, f"give these a docstring (a value: a string after it or a comment above): {undocumented}"
+
+
+def test_the_documentation_check_catches_what_it_exists_for():
+    assert _documented("grpo_lab.paths", "MODEL_CONFIGS_DIR")  # a string after the assignment
+    assert not _documented("grpo_lab.paths", "REPO_ROOT")
+    assert _documented("grpo_lab.memory", "GIB")  # re-exported: documented where it is assigned
+    assert not _documented("grpo_lab.memory", "CONFIG_DIR")
+    assert _BARE.__doc__.startswith("_BARE(") and not _documented(__name__, "_BARE")  # dataclasses' signature
+
+
+_BARE = dataclasses.make_dataclass("_BARE", ["x"])
 
 
 def test_import_grpo_lab_is_cheap():
@@ -67,148 +135,116 @@ def test_import_grpo_lab_is_cheap():
 
 def test_version_is_pyprojects():
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    assert grpo_lab.__version__ == project["version"] == "0.2.0"
-    assert f"## [{grpo_lab.__version__}]" in (REPO_ROOT / "CHANGELOG.md").read_text()
+    assert grpo_lab.__version__ == project["version"] == "0.3.0"
 
 
-# Every shim: (module, old name) -> the new place the warning names and the object it must return. The shims of names
-# that moved in 0.2.0 (the first release with shims) come first; BENCH_MOVED's move in the release after __version__.
-MOVED = [
-    ("grpo_lab.train", "evaluate", "grpo_lab.evaluation.evaluate"),
-    ("grpo_lab.train", "Evaluation", "grpo_lab.evaluation.Evaluation"),
-    ("grpo_lab.train", "compare", "grpo_lab.evaluation.compare"),
-    ("grpo_lab.train", "pooled", "grpo_lab.evaluation.pooled"),
-    ("grpo_lab.train", "side_by_side", "grpo_lab.evaluation.side_by_side"),
-    *[("grpo_lab.train", name, f"grpo_lab.runs.{name}") for name in (
-        "CHECKPOINTS", "CHECKPOINT_FILES", "CONFIG_FILE", "CURVES_FILE", "FINAL", "METRICS_FILE", "PARTIAL",
-        "RUN_DIR_ENV", "CheckpointError", "check_checkpoint", "checkpoint_step", "discard_interrupted_saves",
-        "list_checkpoints", "publish_folder", "read_metrics", "resolve_resume")],
-    *[("grpo_lab.train", name, f"grpo_lab.experiment.{name}") for name in (
-        "CPU_BACKEND_REASON", "check_lengths", "check_prompt_lengths", "default_train_types", "load_train_rows")],
-    ("grpo_lab.train", "REPO_ROOT", "grpo_lab.paths.REPO_ROOT"),
-    ("grpo_lab.train", "REWARD_ERROR_MODES", "grpo_lab.rewards.REWARD_ERROR_MODES"),
-    ("grpo_lab.course", "run_dir", "grpo_lab.runs.workspace"),
-    ("grpo_lab.course", "RUN_DIR_VAR", "grpo_lab.runs.RUN_DIR_ENV"),
-    *[("grpo_lab.deploy", name, f"grpo_lab.servers.{name}") for name in (
-        "LOG_TAIL_LINES", "port_is_free", "wait_until_healthy")],
-    *[("grpo_lab.scale", name, f"grpo_lab.servers.{name}") for name in ("LOG_TAIL_LINES", "group_alive",
-                                                                         "port_is_free")],
-    ("grpo_lab.scale", "RELOAD_METHOD", "grpo_lab.upstream.vllm.RELOAD_METHOD"),
-    ("grpo_lab.scale", "ReloadWeightsExtension", "grpo_lab.upstream.vllm.ReloadWeightsExtension"),
-    ("grpo_lab.scale", "_indices", "grpo_lab.scale.device_indices"),
-    ("grpo_lab.rollout.config", "MAX_MODEL_LEN_MARGIN", "grpo_lab.memory.CONTEXT_MARGIN"),
-    ("grpo_lab.profiles", "get_profile", "grpo_lab.experiment.get_profile"),
-    ("grpo_lab", "plan_memory", "grpo_lab.experiment.memory_budget"),
-    ("grpo_lab.experiment", "plan_memory", "grpo_lab.experiment.memory_budget"),
-    ("grpo_lab.profiles", "DEFAULT_FOR_DEVICE", "grpo_lab.experiment.DEFAULT_FOR_DEVICE"),
-    ("grpo_lab.profiles", "QWEN_SMALL", "grpo_lab.experiment.QWEN_SMALL"),
-    ("grpo_lab.profiles", "ProfileError", "grpo_lab.experiment.ProfileError"),
-]
-
-def _old_module(name):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # the shim modules warn on import: tested below
-        return importlib.import_module(name)
+# --- What the notebooks use -------------------------------------------------------------------------------------------
+def _code(notebook: dict) -> str:
+    """A notebook's code cells as one Python source, IPython's ``%magic`` and ``!shell`` lines blanked."""
+    cells = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    return "\n".join(re.sub(r"^(\s*)[%!].*$", r"\1pass", cell, flags=re.MULTILINE) for cell in cells)
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split("."))
+def grpo_lab_uses(source: str) -> set[tuple[str, str, bool]]:
+    """``(module, name, shown)`` for each grpo_lab name ``source`` takes: ``from grpo_lab.x import y``, ``import
+    grpo_lab.x``, and attribute chains on a module it imported (``x.y``, ``grpo_lab.x.y``); ``shown``: the use sits
+    in the arguments of a ``folded_source(...)`` call (its source is shown, not called)."""
+    tree = ast.parse(source)
+    modules: dict[str, str] = {}  # local name -> the grpo_lab module it is
+    uses = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "grpo_lab":
+            for alias in node.names:
+                uses.add((node.module, alias.name, False))
+                if _is_module(f"{node.module}.{alias.name}"):
+                    modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "grpo_lab":
+                    parts = alias.name.split(".")
+                    uses |= {(".".join(parts[:i]), parts[i], False) for i in range(1, len(parts))}
+                    modules[alias.asname or "grpo_lab"] = alias.name if alias.asname else "grpo_lab"
+    shown = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+             and node.func.id == "folded_source" for arg in node.args for inner in ast.walk(arg)}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        chain, base = [], node
+        while isinstance(base, ast.Attribute):
+            chain.insert(0, base.attr)
+            base = base.value
+        if not (isinstance(base, ast.Name) and base.id in modules) or not isinstance(node.ctx, ast.Load):
+            continue
+        module = modules[base.id]
+        for name in chain:  # grpo_lab.x.y.z: x and y while they are modules, then the first name that is not
+            uses.add((module, name, id(node) in shown))
+            if not _is_module(f"{module}.{name}"):
+                break
+            module = f"{module}.{name}"
+    return uses
 
 
-def _check_versions(message: str, since_expected: str) -> None:
-    """A shim says since the release that ships the move and goes one minor version later, after this version."""
-    since, removed_in = re.search(r"since grpo-lab (\S+) and goes in (\S+):", message).groups()
-    assert since == since_expected
-    assert removed_in == next_release(since), "a shim goes one minor version after the release that shipped it"
-    assert _version(removed_in) > _version(grpo_lab.__version__), (
-        f"{message}: due to go in {removed_in}, and this is {grpo_lab.__version__}: remove the shim")
+def test_the_notebook_scan_finds_what_it_exists_for():
+    source = ("from grpo_lab import data, train as grpo\nfrom grpo_lab.rollout import open_engine\nimport grpo_lab\n"
+              "from grpo_lab.upstream import vllm as internals\nfrom grpo_lab.widgets import folded_source\n"
+              "data.load_split('eval')\ngrpo.TrainConfig()\ngrpo_lab.memory.plan_memory\n"
+              "folded_source(internals.reload_weights, summary='x')\n")
+    uses = grpo_lab_uses(source)
+    assert {("grpo_lab", "data", False), ("grpo_lab.data", "load_split", False), ("grpo_lab.train", "TrainConfig", False),
+            ("grpo_lab.rollout", "open_engine", False), ("grpo_lab", "memory", False),
+            ("grpo_lab.memory", "plan_memory", False), ("grpo_lab.upstream", "vllm", False),
+            ("grpo_lab.upstream.vllm", "reload_weights", True)} <= uses
+    assert _allowed("grpo_lab.upstream", "vllm", False) and _allowed("grpo_lab.upstream.vllm", "reload_weights", True)
+    assert not _allowed("grpo_lab.upstream.vllm", "reload_weights", False)  # called, not shown
+    assert not _allowed("grpo_lab.train", "TrainConfig", False) and not _allowed("grpo_lab", "upstream", False)
 
 
-@pytest.mark.parametrize(("module", "old", "new"), MOVED, ids=[f"{m}.{o}" for m, o, _ in MOVED])
-def test_moved_name_warns_with_its_new_place_and_versions_and_still_works(module, old, new):
-    new_module, _, new_name = new.rpartition(".")
-    with pytest.warns(GrpoLabDeprecationWarning, match=rf"{module}\.{old} is deprecated .* use {new} instead") as got:
-        value = getattr(_old_module(module), old)
-    assert value is getattr(importlib.import_module(new_module), new_name)
-    _check_versions(str(got[0].message), "0.2.0")  # every name in MOVED moved in 0.2.0
+def _notebooks() -> list[Path]:
+    return sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
-def test_shim_versions_are_computed_from_the_release():
-    assert next_release("0.2.0") == "0.3.0" and next_release("0.2.1") == "0.3.0" and next_release("1.4.2") == "1.5.0"
-    assert shim_versions("0.2.0") == ("0.2.0", "0.3.0")
-    upcoming = next_release(grpo_lab.__version__)  # a move not released yet ships in the next release
-    assert shim_versions() == (upcoming, next_release(upcoming))
+@pytest.mark.parametrize("path", _notebooks(), ids=lambda path: path.stem)
+def test_every_name_a_notebook_uses_is_public(path):
+    """What a notebook takes from grpo_lab is public (the measurement lab is imported from ``lab``); internal code it
+    only shows (``SHOWN``) is imported and passed to ``folded_source``, never called."""
+    uses = grpo_lab_uses(_code(json.loads(path.read_text(encoding="utf-8"))))
+    private = sorted(f"{module}.{name}" for module, name, shown in uses if not _allowed(module, name, shown))
+    assert not private, f"{path.name} uses names outside grpo_lab's public API: {private}"
 
 
-def test_grpo_labs_deprecation_warnings_fail_the_tests_and_the_libraries_do_not():
-    """pyproject's filterwarnings: a shim used by the project's own code is an error here; a library's
-    DeprecationWarning is not ours to fix and stays ignored."""
-    with pytest.raises(GrpoLabDeprecationWarning, match="grpo_lab.x is deprecated since grpo-lab"):
-        warn_moved("grpo_lab.x", "grpo_lab.y")
-    with pytest.raises(DeprecationWarning, match="grpo_lab.x is deprecated since grpo-lab"):
-        warnings.warn("grpo_lab.x is deprecated since grpo-lab 0.3.0 and goes in 0.4.0: use y", DeprecationWarning)
-    warnings.warn("a library's old argument", DeprecationWarning)  # ignored: no exception
+def _allowed(module: str, name: str, shown: bool) -> bool:
+    """Public; or, inside a module of ``SHOWN``, a submodule imported or a name shown by ``folded_source``."""
+    if (module, name) in public_names():
+        return True
+    inside = f"{module}.{name}".startswith(tuple(f"{shown_module}." for shown_module in SHOWN))
+    return inside and (shown or _is_module(f"{module}.{name}"))
 
 
-def test_from_import_of_a_moved_name_warns():
-    with pytest.warns(DeprecationWarning, match=r"use grpo_lab\.evaluation\.evaluate instead"):
-        from grpo_lab.train import evaluate
-    from grpo_lab.evaluation import evaluate as new_evaluate
-
-    assert evaluate is new_evaluate
+# --- README's example -------------------------------------------------------------------------------------------------
+def readme_example() -> str:
+    section = (REPO_ROOT / "README.md").read_text(encoding="utf-8").split("## Use grpo_lab in your own notebook")[1]
+    return re.search(r"```python\n(.*?)```", section.split("\n## ")[0], re.DOTALL).group(1)
 
 
-@pytest.mark.parametrize("module", ["grpo_lab.profiles"])
-def test_old_modules_warn_on_import(module):
-    sys.modules.pop(module, None)
-    new = {"grpo_lab.profiles": "grpo_lab.experiment"}[module]
-    with pytest.warns(DeprecationWarning, match=rf"{module} is deprecated since grpo-lab 0\.2\.0 .* use {new} instead"):
-        importlib.import_module(module)
+def test_readme_example_uses_only_public_names():
+    uses = grpo_lab_uses(readme_example())
+    assert uses and not sorted(f"{module}.{name}" for module, name, _ in uses if (module, name) not in public_names())
 
 
-def test_resolved_warns_and_resolves_for_the_detected_machine():
-    from grpo_lab.device import Machine
-    from grpo_lab.experiment import TrainConfig
-
-    config = TrainConfig(profile="tiny", max_steps=3)
-    with pytest.warns(DeprecationWarning, match=r"TrainConfig\.resolved\(\) is deprecated .* "
-                                                r"use TrainConfig\.resolve\(machine\) instead"):
-        old = config.resolved()
-    assert old == config.resolve(Machine.detect()) and old.is_resolved and old.max_steps == 3
-
-
-def test_profiles_get_profile_returns_the_profiles_train_config():
-    profiles = _old_module("grpo_lab.profiles")
-    with pytest.warns(DeprecationWarning, match="returns the profile's TrainConfig"):
-        tiny = profiles.get_profile("tiny")
-    assert tiny.profile == "tiny" and tiny.num_generations == 8
-    with pytest.warns(DeprecationWarning, match=r"use str\(grpo_lab\.paths\.TINY_MODEL_DIR\) instead"):
-        assert profiles.TINY_MODEL == tiny.model
-
-
-def test_training_defaults_are_rebuilt_from_the_profiles():
-    from grpo_lab import experiment
-
-    with pytest.warns(DeprecationWarning, match=r"use grpo_lab\.experiment\.PROFILES instead"):
-        defaults = _old_module("grpo_lab.train").TRAINING_DEFAULTS
-    assert set(defaults) == set(experiment.PROFILES)
-    assert defaults["gpu"]["temperature"] == experiment.PROFILES["gpu"]["temperature"]
-    assert defaults["tiny"]["loss_type"] == "dapo"
-    with pytest.warns(DeprecationWarning, match=r"use grpo_lab\.runs\.root\(\) instead"):
-        assert _old_module("grpo_lab.train").RUNS_DIR == importlib.import_module("grpo_lab.runs").root()
-
-
-@pytest.mark.parametrize(("module", "old", "says"), [
-    ("grpo_lab.profiles", "Profile", "TrainConfig"),
-    ("grpo_lab.profiles", "PROFILES", "grpo_lab.experiment.PROFILES"),
-    ("grpo_lab.train", "build_reward_funcs", "rewards.prepare"),
-    ("grpo_lab.train", "guard_reward_funcs", "rewards.prepare"),
-])
-def test_names_without_a_faithful_replacement_say_what_to_use(module, old, says):
-    with pytest.raises(AttributeError, match=rf"{old} was removed in grpo-lab 0\.2\.0: .*{says}"):
-        getattr(_old_module(module), old)
-
-
-def test_unknown_names_of_shimmed_modules_stay_plain_attribute_errors():
-    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-        _old_module("grpo_lab.train").no_such_name  # noqa: B018
+def test_readme_example_runs_as_printed(tmp_path):
+    """Extracted from README.md and run as a script on the CPU, its run folder under ``tmp_path``: it trains a few
+    steps of the tiny profile with a reward of your own beside a registered one."""
+    script = tmp_path / "example.py"
+    script.write_text(readme_example())
+    env = {**os.environ, "GRPO_LAB_DEVICE": "cpu", "GRPO_LAB_RUN_DIR": str(tmp_path / "runs"),
+           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    for name in ("GRPO_LAB_PROFILE", "GRPO_LAB_MODEL", "GRPO_LAB_DEVICE_MEMORY_GIB"):
+        env.pop(name, None)
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "fits" in result.stdout and str(tmp_path / "runs") in result.stdout
+    assert (tmp_path / "my_data.jsonl").is_file()
+    run = next((tmp_path / "runs").glob("grpo-tiny-*"))
+    recorded = json.loads((run / "config.json").read_text())["config"]
+    assert list(recorded["rewards"]) == ["close_enough", "format"] and recorded["max_steps"] == 2, recorded

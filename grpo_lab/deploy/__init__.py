@@ -12,6 +12,15 @@ Modules: ``export`` (the folder, its verification), ``server`` (vLLM's server as
 serves), ``query`` (chat, completion, the greedy check), ``cli`` (``grpo-lab serve``).
 """
 
+from __future__ import annotations
+
+__all__ = [
+    "ServeConfig", "VLLMServer", "chat", "compare_greedy", "complete", "curl_command", "export_model", "served_weights",
+    "suggest_max_model_len", "verify_export",
+]
+
+# What user code may use is __all__ above; the other names imported here serve the package's own modules, its tests and
+# the lab, and may change without notice.
 from grpo_lab.deploy.cli import STOP_HELP, main
 from grpo_lab.deploy.export import REQUIRED_FILES, TOKENIZER_FILES, VerifyReport, export_model, verify_export
 from grpo_lab.deploy.query import (
@@ -37,39 +46,3 @@ from grpo_lab.deploy.server import (
     suggest_max_model_len,
 )
 from grpo_lab.errors import DeployError, ServerDied
-
-__all__ = [
-    "ADAPTER_CONFIG",
-    "DeployError",
-    "FOUR_BIT_QUANTIZATION",
-    "GreedyCheck",
-    "REQUIRED_FILES",
-    "Reply",
-    "STOP_HELP",
-    "ServeConfig",
-    "ServerDied",
-    "TOKENIZER_FILES",
-    "TOKEN_AGREEMENT_FLOOR",
-    "VLLMServer",
-    "VLLM_LORA_RANKS",
-    "VerifyReport",
-    "chat",
-    "compare_greedy",
-    "complete",
-    "curl_command",
-    "default_max_model_len",
-    "export_model",
-    "main",
-    "serve_config",
-    "served_quantization",
-    "served_weights",
-    "suggest_max_model_len",
-    "top_token_agreement",
-    "verify_export",
-]
-
-# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
-from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
-
-__getattr__ = moved_names(__name__, moved={
-    name: f"grpo_lab.servers:{name}" for name in ("LOG_TAIL_LINES", "port_is_free", "wait_until_healthy")}, since="0.2.0")

@@ -11,6 +11,11 @@ True
 
 from __future__ import annotations
 
+__all__ = [
+    "MEMORY_CAP_LIMITS", "Machine", "MemoryCap", "MemoryInfo", "allocator_env", "apply_allocator_env", "detect",
+    "device_count", "device_name", "dist_backend", "is_cpu", "memory_info", "preferred_dtype", "visible_devices_var",
+]
+
 import gc
 import importlib.util
 import os

@@ -15,6 +15,15 @@
 (8, 4, 128)
 """
 
+from __future__ import annotations
+
+__all__ = [
+    "PROFILES", "Plan", "TrainConfig", "choose_vllm_memory", "default_train_types", "fine_tuned_on_training_rows",
+    "get_profile", "memory_budget", "plan", "plans_for", "profile_name",
+]
+
+# What user code may use is __all__ above; the other names imported here serve the package's own modules, its tests and
+# the lab, and may change without notice.
 from grpo_lab.experiment.config import TrainConfig, get_profile, plans_for
 from grpo_lab.experiment.plan import Plan, memory_budget, plan, trl_kwargs
 from grpo_lab.experiment.planning import choose_vllm_memory
@@ -40,11 +49,3 @@ from grpo_lab.experiment.rows import (
     load_train_rows,
     model_languages,
 )
-
-__all__ = [
-    "AUTO", "CPU_BACKEND_REASON", "DEFAULT_FOR_DEVICE", "LORA_SYNC_MODES", "LORA_TARGET_MODULES", "PROFILES",
-    "PROFILE_DEVICE", "PROFILE_ENV", "QWEN_SMALL", "VLLM_MODES", "Plan", "ProfileError", "TrainConfig",
-    "check_lengths", "check_prompt_lengths", "choose_vllm_memory", "default_train_types", "fine_tuned_on_training_rows",
-    "get_profile", "load_train_rows", "memory_budget", "model_languages", "plan", "plans_for", "profile_name",
-    "trl_kwargs",
-]

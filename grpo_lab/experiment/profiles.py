@@ -49,6 +49,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # Ascend: the same recipe; on a smaller NPU the planner splits the step into accumulated micro-batches.
     "npu": dict(_ACCELERATOR_RECIPE),
 }
+"""The course's profiles by name: each a table of :class:`TrainConfig` overrides."""
 PROFILE_DEVICE = {"tiny": "cpu", "gpu": "cuda", "npu": "npu"}
 """The device each profile is made for (the doctor warns when the machine differs)."""
 DEFAULT_FOR_DEVICE = {kind: name for name, kind in PROFILE_DEVICE.items()}

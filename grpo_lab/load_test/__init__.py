@@ -26,14 +26,20 @@ mid-stream), ``timeout`` (past ``request_timeout_s``), ``stream_error`` (an erro
 ...     print(load_test.run_load_test(server, load_test.LoadTest(concurrency=16, requests=128)))
 
 Modules: ``cli`` (``grpo-lab load-test``); ``client`` (:func:`run_load_test`, :func:`sweep`); ``records`` (what a
-run measured, error kinds); ``config`` (:class:`LoadTest`); ``workloads``. Every name imports from
-``grpo_lab.load_test``.
+run measured, error kinds); ``config`` (:class:`LoadTest`); ``workloads``. Its public names (``__all__``) import
+from ``grpo_lab.load_test``.
 
 From a shell (the command starts its own server on 127.0.0.1 and stops it)::
 
     grpo-lab load-test data/models/tiny-qwen2 --concurrency 1,4,16 --requests 128 --out results.json
 """
 
+from __future__ import annotations
+
+__all__ = ["ERROR_KINDS", "LoadResult", "LoadTest", "format_table", "run_concurrency_sweep", "run_load_test", "warm_up"]
+
+# What user code may use is __all__ above; the other names imported here serve the package's own modules, its tests and
+# the lab, and may change without notice.
 from grpo_lab.load_test.cli import build_parser, main
 from grpo_lab.load_test.client import (
     SERVER_COUNTERS,
@@ -67,10 +73,3 @@ from grpo_lab.load_test.workloads import (
     chat_workload,
     course_workload,
 )
-
-__all__ = [
-    "CHAT_SYSTEM_PROMPT", "ERROR_KINDS", "PERCENTILES", "SCHEMA", "SERVER_COUNTERS", "WATCH_INTERVAL_S", "WORKLOADS",
-    "Conversation", "LoadResult", "LoadTest", "RequestRecord", "ServerDiedDuringLoad", "build_parser", "chat_workload",
-    "course_workload", "error_kind", "format_table", "load_results", "main", "percentiles", "run_concurrency_sweep",
-    "run_load_test", "run_load_test_async", "save_results", "server_counters", "server_settings", "sweep", "warm_up",
-]

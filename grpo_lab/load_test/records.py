@@ -27,6 +27,7 @@ ERROR_KINDS = {
     "stream_error": "the server sent an error event inside the stream",
     "server_died": "in flight when the server process ended",
 }
+"""What each error kind a load test counts means."""
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from collections.abc import Mapping
@@ -10,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.deprecation import warn_moved
 from grpo_lab.errors import ConfigError, MissingFileError
 from grpo_lab.paths import MODEL_CONFIGS_DIR
 
 GIB = 2**30
+"""Bytes in a GiB."""
 CONFIG_DIR = MODEL_CONFIGS_DIR
 
 
@@ -263,6 +262,7 @@ PRECISIONS = {
     "fp32": Precision("fp32", 4, 4, 8, 4, 4, 0,
                       "fp32 weights, gradients and AdamW moments (the tiny CPU profile): 16 bytes per parameter"),
 }
+"""The training precisions the planner counts, by name (:class:`Precision`)."""
 _PRECISION_ALIASES = {"bfloat16": "bf16", "float32": "fp32", "float": "fp32", "mixed-bf16": "mixed",
                       "amp": "mixed", "bf16-mixed": "mixed"}
 _DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4, "float": 4}
@@ -334,8 +334,7 @@ def check_group(num_generations: int, per_device_train_batch_size: int | None, s
 class TrainingShape:
     """The GRPO step's sizes, in TRL's GRPOConfig names. ``per_device_train_batch_size`` is the micro-batch;
     ``max_prompt_length`` the longest prompt in tokens (TRL pads to it); ``steps_per_generation`` defaults to the
-    smallest value that makes the generation batch a multiple of ``num_generations``. ``prompt_length=`` still works
-    and warns."""
+    smallest value that makes the generation batch a multiple of ``num_generations``."""
 
     per_device_train_batch_size: int = 8
     num_generations: int = STEP_DEFAULTS["num_generations"]
@@ -377,12 +376,6 @@ class TrainingShape:
                     error=MemoryPlanError)
 
     @property
-    def prompt_length(self) -> int:
-        """Deprecated name of :attr:`max_prompt_length`."""
-        warn_moved("TrainingShape.prompt_length", "TrainingShape.max_prompt_length", since="0.2.0")
-        return self.max_prompt_length
-
-    @property
     def sequence_length(self) -> int:
         """The longest sequence of the step (prompt + completion), what activations and KV blocks are sized for; with
         tools too (TRL appends the tools' answers inside the completion, within ``max_completion_length``)."""
@@ -402,16 +395,3 @@ class TrainingShape:
     def lora(self) -> bool:
         return self.lora_r > 0
 
-
-def _accept_prompt_length(init):
-    """``TrainingShape(prompt_length=...)`` -> ``max_prompt_length``, with a DeprecationWarning (TrainConfig's name)."""
-    @functools.wraps(init)
-    def __init__(self, *args: Any, prompt_length: int | None = None, **kwargs: Any) -> None:
-        if prompt_length is not None:
-            warn_moved("TrainingShape(prompt_length=...)", "TrainingShape(max_prompt_length=...)", since="0.2.0")
-            kwargs["max_prompt_length"] = prompt_length
-        init(self, *args, **kwargs)
-    return __init__
-
-
-TrainingShape.__init__ = _accept_prompt_length(TrainingShape.__init__)

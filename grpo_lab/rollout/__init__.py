@@ -10,6 +10,15 @@ is an error, never a silent fallback.
 ...     result = engine.generate([chat])
 """
 
+from __future__ import annotations
+
+__all__ = [
+    "RolloutConfig", "RolloutResult", "Sampling", "check_tokenizers", "child_processes", "choose_backend",
+    "comparison_table", "few_shot_prompts", "open_engine", "prefix_cache_effect", "ratio_context",
+]
+
+# What user code may use is __all__ above; the other names imported here serve the package's own modules, its tests and
+# the lab, and may change without notice.
 from grpo_lab.rollout.backends import (
     BACKENDS,
     borrow_engine,
@@ -45,11 +54,4 @@ from grpo_lab.rollout.prompts import (
     encode_prompts,
     tokenizer_differences,
 )
-
-__all__ = [
-    "BACKENDS", "BackendChoice", "BackendUnavailableError", "Completion", "EncodedPrompt", "PrefixCacheEffect",
-    "PromptRollout", "RolloutConfig", "RolloutEngine", "RolloutError", "RolloutResult", "Sampling",
-    "TokenizerMismatchError", "borrow_engine", "check_prompt_lengths", "check_tokenizers", "choose_backend",
-    "comparison_table", "encode_prompts", "eval_prompts", "few_shot_prompts", "load_tokenizer", "main", "open_engine",
-    "prefix_cache_effect", "ratio_context", "side_by_side", "tokenizer_differences",
-]
+from grpo_lab.rollout.vllm_backend import child_processes

@@ -303,9 +303,3 @@ def _kv_capacity(model: dict[str, Any], gib: float, dtype: str | None) -> str:
     tokens = int(gib * 2**30 // (values * bytes_per_value))
     return f" ({tokens:,} tokens at {values * bytes_per_value:,} bytes per token for this model)"
 
-
-# Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md)
-from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
-
-__getattr__ = moved_names(__name__, moved={
-    "MAX_MODEL_LEN_MARGIN": ("grpo_lab.memory:CONTEXT_MARGIN", "the one context-window rule is memory.context_window")}, since="0.2.0")

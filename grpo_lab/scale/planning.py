@@ -13,6 +13,7 @@ from grpo_lab.memory import GIB, VLLM_MEMORY_FRACTION, plan_memory
 from grpo_lab.scale.devices import default_rollout_count, plan_devices
 
 LAYOUTS = ("colocate", "server", "verl")
+"""The layouts :func:`plan_resources` places roles in: TRL colocate, TRL server, verl's hybrid engine."""
 
 
 @dataclass(frozen=True)

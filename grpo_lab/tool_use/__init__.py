@@ -12,10 +12,16 @@ The evaluation plays TRL's tool loop on a rollout engine: each turn parsed by TR
 through the guard of :mod:`grpo_lab.tools`, at most ``max_tool_calling_iterations`` rounds within
 ``max_completion_length`` tokens, tool answers included.
 
-Modules: :mod:`.traces`, :mod:`.priming` (the SFT step), :mod:`.loop` (the tool loop and its report). Every name
-imports from ``grpo_lab.tool_use``.
+Modules: :mod:`.traces`, :mod:`.priming` (the SFT step), :mod:`.loop` (the tool loop and its report). Its public names
+(``__all__``) import from ``grpo_lab.tool_use``.
 """
 
+from __future__ import annotations
+
+__all__ = ["LESSONS", "STAGES", "evaluate_tool_use", "lesson_gains", "model_rows", "prime", "trace"]
+
+# What user code may use is __all__ above; the other names imported here serve the package's own modules, its tests and
+# the lab, and may change without notice.
 from grpo_lab.tool_use.lesson import GAINS, LESSONS, STAGES, ToolLesson, lesson_gains, model_rows
 from grpo_lab.tool_use.loop import (
     CALL_OPEN,
@@ -33,10 +39,3 @@ from grpo_lab.tool_use.loop import (
 )
 from grpo_lab.tool_use.priming import TOOL_TOKENS, PrimedModel, PrimingConfig, add_tool_tokens, prime
 from grpo_lab.tool_use.traces import expression_of, priming_rows, trace
-
-__all__ = [
-    "CALL_OPEN", "EVAL_ERROR_KINDS", "GAINS", "LESSONS", "STAGES", "TOOL_TOKENS", "Conversation", "PrimedModel",
-    "PrimingConfig", "ToolLesson", "ToolUseReport", "add_tool_tokens", "evaluate_tool_use", "expression_of",
-    "lesson_gains", "mean_and_error", "model_rows", "paired_gain", "play_tool_loop", "prime", "priming_rows",
-    "render_prompts", "run_call", "tool_suffix_text", "trace", "turn_batches",
-]

@@ -16,10 +16,10 @@ train`` runs, into one folder to copy to a verl machine:
 installed ``verl``, or ``GRPO_LAB_VERL_SOURCE`` naming a verl wheel, checkout or config folder). grpo_lab never runs
 verl itself. The package is not named ``verl`` so that it never shadows the real one. Modules: ``cli``; ``export``
 (write a folder, read it back); ``files`` (``reward_fn.py``, ``run_verl.sh``); ``schema`` (the key check);
-``overrides`` (TRL names -> verl keys); ``folder``, ``rows`` (parquet), ``target`` (:class:`VerlTarget`). Every name
-imports from ``grpo_lab.verl_export``.
+``overrides`` (TRL names -> verl keys); ``folder``, ``rows`` (parquet), ``target`` (:class:`VerlTarget`). Its public
+names (``__all__``) import from ``grpo_lab.verl_export``.
 
-    >>> from grpo_lab.train import TrainConfig
+    >>> from grpo_lab.experiment import TrainConfig
     >>> from grpo_lab.verl_export import VerlTarget, export_verl
     >>> export = export_verl("runs/verl-gpu", TrainConfig(profile="gpu"),
     ...                      VerlTarget(device="cuda", n_gpus_per_node=8))          # doctest: +SKIP
@@ -29,6 +29,12 @@ imports from ``grpo_lab.verl_export``.
 From a shell: ``python -m grpo_lab.verl_export --out runs/verl-gpu --profile gpu --gpus 8``.
 """
 
+from __future__ import annotations
+
+__all__ = ["VerlTarget", "export_verl", "load_export", "validate_overrides"]
+
+# What user code may use is __all__ above; the other names imported here serve the package's own modules, its tests and
+# the lab, and may change without notice.
 from grpo_lab.verl_export.cli import build_parser, main
 from grpo_lab.verl_export.export import LoadedExport, VerlExport, export_verl, load_export, load_reward_function
 from grpo_lab.verl_export.files import CANN_ENV_SCRIPTS, launch_script, parse_launch_overrides, reward_module_source
@@ -66,13 +72,3 @@ from grpo_lab.verl_export.schema import (
     validate_overrides,
 )
 from grpo_lab.verl_export.target import VerlTarget
-
-__all__ = [
-    "ABILITY", "CANN_ENV_SCRIPTS", "DATA_SOURCE", "LAUNCH_FILE", "LOSS_AGG_MODE", "LR_SCHEDULER", "MANIFEST_FILE",
-    "MODEL_KEY", "NORM_BY_STD", "OVERRIDES_FILE", "PATH_KEYS", "README_FILE", "REWARDS_SNAPSHOT", "REWARD_FILE",
-    "REWARD_FUNCTION", "TEST_FILE", "TRAIN_FILE", "VERL_CHECKED", "VERL_SOURCE_ENV", "LoadedExport", "SchemaCheck",
-    "Setting", "VerlConfigSource", "VerlExport", "VerlTarget", "absolute_overrides", "build_parser", "export_verl",
-    "find_verl_config", "grpo_settings", "hydra_value", "launch_script", "load_export", "load_reward_function", "main",
-    "override_args", "parse_launch_overrides", "read_parquet", "resolve_experiment", "reward_module_source",
-    "to_verl_row", "validate_overrides", "verl_rows", "write_parquet",
-]
