@@ -7,6 +7,7 @@ import dataclasses
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 
 from grpo_lab import train
 from grpo_lab.errors import GrpoLabError
@@ -72,28 +73,37 @@ def print_commands(result: ServerModeResult, result_file: str = RESULT_FILE) -> 
     print("trainer: " + shlex.join(result.trainer_command))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``grpo-lab scale [--rollout-devices 0 --train-devices 1] [grpo-lab train options]``."""
+def run_command(argv: list[str] | None, parser: argparse.ArgumentParser, trainer_entry: Callable[[str], int],
+                run: Callable[..., ServerModeResult | None], result_file: str = RESULT_FILE,
+                errors: tuple[type[Exception], ...] = (GrpoLabError,)) -> int:
+    """A server-layout command: the trainer entry that ``accelerate launch`` runs (``trainer SPEC``), else parse,
+    ``run(args, config, train_config)`` (None: it only printed) and report the result."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["trainer"]:  # the process that accelerate launches
-        return run_trainer(argv[1])
+    if argv[:1] == ["trainer"]:
+        return trainer_entry(argv[1])
     exit_on_sigterm()
-    parser = build_parser()
     try:
         args, config, train_config = parse_command_line(parser, argv)
         if args.help:
             parser.print_help()
             return 0
-        if args.plan:
-            for layout in LAYOUTS:
-                print(plan_resources(args.plan, layout).table(), end="\n\n")
-            return 0
-        result = run_server_mode(config, train_config)
-    except GrpoLabError as error:
-        print(f"grpo-lab scale: {error}")
+        result = run(args, config, train_config)
+    except errors as error:
+        print(f"{parser.prog}: {error}")
         return 2
-    print(f"done: {result.global_step} steps, median step {result.median_step_seconds():.2f} s "
-          f"(server start {result.server_start_seconds:.0f} s); server generated "
-          f"{result.server_stats['generation_tokens']:.0f} tokens in {result.server_stats['requests']:.0f} requests")
-    print_commands(result)
+    if result is not None:
+        print(f"done: {result.global_step} steps, median step {result.median_step_seconds():.2f} s{result.summary()}")
+        print_commands(result, result_file)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``grpo-lab scale [--rollout-devices 0 --train-devices 1] [grpo-lab train options]``."""
+    def run(args: argparse.Namespace, config: ServerModeConfig, train_config: TrainConfig) -> ServerModeResult | None:
+        if not args.plan:
+            return run_server_mode(config, train_config)
+        for layout in LAYOUTS:
+            print(plan_resources(args.plan, layout).table(), end="\n\n")
+        return None
+
+    return run_command(argv, build_parser(), run_trainer, run)
