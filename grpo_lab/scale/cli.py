@@ -18,8 +18,7 @@ from grpo_lab.scale.runner import ServerModeResult, run_server_mode, run_trainer
 
 
 def exit_on_sigterm() -> None:
-    """Turn SIGTERM (``timeout``, a job scheduler) into ``SystemExit``, so the ``finally`` blocks stop the server
-    and the trainer instead of leaving them running."""
+    """Turn SIGTERM into ``SystemExit``, so that the ``finally`` blocks stop the server and the trainer."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
@@ -34,8 +33,7 @@ SCALE_DESCRIPTION = ("GRPO with TRL's server mode: vLLM on its own device(s), th
 
 def build_parser(prog: str = "grpo-lab scale", description: str = SCALE_DESCRIPTION,
                  plans: bool = True) -> argparse.ArgumentParser:
-    """The server-layout options (devices, port, weight sync, timeouts, and ``--plan`` where ``plans``); the rest goes
-    to ``grpo-lab train``'s."""
+    """The server-layout options (and ``--plan`` where ``plans``); the rest goes to ``grpo-lab train``'s."""
     parser = argparse.ArgumentParser(prog=prog, add_help=False, description=description)
     parser.add_argument("-h", "--help", action="store_true")
     parser.add_argument("--rollout-devices", type=device_indices, default=None, help="e.g. 0 (default: plan_devices)")
@@ -55,8 +53,7 @@ def build_parser(prog: str = "grpo-lab scale", description: str = SCALE_DESCRIPT
 
 def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]
                        ) -> tuple[argparse.Namespace, ServerModeConfig, TrainConfig]:
-    """The parsed layout options, the :class:`ServerModeConfig` they describe and the ``TrainConfig`` of every
-    remaining (``grpo-lab train``) option."""
+    """The layout options, their :class:`ServerModeConfig` and the ``TrainConfig`` of the remaining options."""
     args, rest = parser.parse_known_args(argv)
     overrides = {k: v for k, v in vars(train.build_parser().parse_args(rest)).items()
                  if v is not dataclasses.MISSING}

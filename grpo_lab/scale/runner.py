@@ -1,5 +1,5 @@
-"""The server-mode runner: the trainer under ``accelerate launch`` on the training devices, watched against a running
-rollout server, and a layout end to end (:func:`serve_and_train`), which :mod:`grpo_lab.async_grpo` shares."""
+"""The trainer under ``accelerate launch``, watched against a running rollout server, and a server layout end to end
+(:func:`serve_and_train`): server mode's, and :mod:`grpo_lab.async_grpo`'s."""
 
 from __future__ import annotations
 
