@@ -1,49 +1,26 @@
-"""Asynchronous GRPO: generation overlapped with training, with TRL's ``AsyncGRPOTrainer`` (TRL 1.16).
+"""Asynchronous GRPO: generation overlapped with training, with TRL's ``AsyncGRPOTrainer``.
 
-In every synchronous layout (colocate, server mode in :mod:`grpo_lab.scale`) a step is *generate, then
-update*: the trainer waits while the rollout engine generates, and the engine idles while the trainer updates, so a
-step costs the sum of the two. ``trl.experimental.async_grpo.AsyncGRPOTrainer`` overlaps them. A worker process
-streams completions from a vLLM server into a queue without pause; the trainer trains on whatever is queued and
-pushes its weights to the server every ``weight_sync_steps`` optimizer steps. A step then costs about the longer of
-generation and update. The price is **staleness**: a completion may have been sampled by a policy a few versions
-older than the one it trains.
+In every synchronous layout (colocate, server mode in :mod:`grpo_lab.scale`) a step is *generate, then update*, so it
+costs the sum of the two. ``trl.experimental.async_grpo.AsyncGRPOTrainer`` overlaps them: a worker streams completions
+from a vLLM server into a queue, the trainer trains on what is queued and pushes its weights every
+``weight_sync_steps`` optimizer steps, and a step costs about the longer of the two. The price is **staleness**: a
+completion may have been sampled by a policy a few versions older than the one it trains. The experiment is a
+:class:`~grpo_lab.experiment.TrainConfig`, the asynchronous knobs an :class:`AsyncConfig` under ``AsyncGRPOConfig``'s
+names, the server and the device plan :mod:`grpo_lab.scale`'s; the run folder adds ``trained_samples.jsonl``.
 
-This module runs it with the course's pieces: the experiment is a :class:`~grpo_lab.experiment.TrainConfig` (the
-step's shape under TRL's names, described once), the asynchronous knobs are an :class:`AsyncConfig` under
-``AsyncGRPOConfig``'s names, the rollout server and the device plan are :mod:`grpo_lab.scale`'s (vLLM on the rollout
-devices, the trainer under ``accelerate launch`` on the others), the rows and rewards are :mod:`grpo_lab.data`'s and
-:mod:`grpo_lab.rewards`' and the run folder is laid out by :mod:`grpo_lab.runs` (``config.json`` with the experiment
-and the knobs, ``metrics.jsonl``, ``final/``, plus ``trained_samples.jsonl``: one line per trained completion).
+**The staleness promise.** Version 1 is the policy before the first update; every weight sync adds one. Each group is
+tagged with the version live when its first request went out. *Every completion trained on lags the trainer's version
+by at most* ``max_staleness``. TRL checks the lag when a sample leaves the queue, but accelerate's dataloader takes one
+micro-batch ahead, before the weight sync that ends the step, so the lag can reach ``max_staleness + 1``.
+:class:`~grpo_lab.upstream.async_trainer.StalenessGate` checks each completion against the version of the step that
+*will* train it, and each micro-batch records the lag it had (``staleness/*`` in ``metrics.jsonl``). Because of that
+look-ahead, ``max_staleness=1`` serialises generation and update again; 2 (the default) is the smallest that overlaps.
 
-**Policy versions and the staleness promise.** Version 1 is the policy before the first update; every weight sync
-adds one. The worker tags each prompt's group with the version that was live when its first request went out, a
-lower bound of the weights that sampled it. The promise: *every completion trained on lags the trainer's version by at
-most* ``max_staleness``. TRL checks the lag when the trainer *takes* a sample from the queue, but accelerate's
-dataloader takes one micro-batch ahead, before the weight sync that ends the current step, so a completion can be
-trained one version later than it was checked (the lag reaches ``max_staleness + 1``; measured on this CPU).
-:class:`~grpo_lab.async_trainer.StalenessGate` keeps the promise exactly: it sits between the worker's queue and TRL's
-dataloader and checks each completion against the version of the step that *will* train it (the step is known from
-how many completions were taken, the version from the sync schedule). Each trained micro-batch then records the lag
-it actually had (``staleness/*`` in ``metrics.jsonl``, per completion in ``trained_samples.jsonl``). Because of that
-one micro-batch of look-ahead, ``max_staleness=1`` lets the worker generate only with the weights of the step being
-trained, which serialises generation and update again; ``max_staleness=2`` (the default here) is the smallest value
-that overlaps them.
+**Importance sampling.** ``AsyncGRPOTrainer``'s loss is PPO's clipped ratio against the server's log-probabilities,
+bounded only by the ε-clip; the synchronous ``GRPOTrainer`` corrects with ``vllm_importance_sampling_correction``.
 
-**Importance sampling.** A stale completion was sampled by an older policy, so its log-probabilities under the current
-policy differ from the ones the server reported. TRL 1.16's ``AsyncGRPOTrainer`` has *no* importance-sampling
-correction: its loss is PPO's clipped ratio ``π_θ / π_vLLM(θ_old)`` against the server's log-probabilities, and only
-the ε-clip bounds it (https://github.com/huggingface/trl/issues/6945; a pull request there would add one). The synchronous ``GRPOTrainer`` has one
-(``vllm_importance_sampling_correction``, a truncated or masked weight ``π_old / π_vLLM``); the scale-out lesson compares both.
-
-**Weight transfer.** On CUDA TRL's own NCCL transfer runs unchanged. Where there is no NCCL (the CPU, and Ascend) the
-trainer gets :class:`grpo_lab.weight_sync.FileWeightTransfer` through ``AsyncGRPOTrainer``'s ``weight_transfer=``
-argument: the same safetensors-plus-reload path server mode uses.
-
-**Not a fork.** TRL is subclassed and composed, never edited: the trainer, the gate and the two TRL functions
-replaced where they fail (FlashAttention-3's packed attention, the peak-FLOPs query) are in
-:mod:`grpo_lab.async_trainer`.
-
-Example (CPU, about two minutes: the vLLM-CPU engine takes up to a minute to start)::
+**Weight transfer.** TRL's NCCL transfer on CUDA; elsewhere :class:`~grpo_lab.upstream.trl.FileWeightTransfer` (the
+safetensors-plus-reload path of server mode). TRL is subclassed, never edited (:mod:`grpo_lab.upstream.async_trainer`).
 
     >>> from grpo_lab.async_grpo import AsyncConfig, run_async
     >>> from grpo_lab.experiment import TrainConfig
@@ -52,8 +29,7 @@ Example (CPU, about two minutes: the vLLM-CPU engine takes up to a minute to sta
     >>> max(result.lag_counts) <= 2                                                          # doctest: +SKIP
     True
 
-From a shell: ``grpo-lab async-grpo --max-staleness 2 --max-steps 4`` (every ``grpo-lab scale`` and ``grpo-lab train``
-option works too).
+From a shell: ``grpo-lab async-grpo --max-staleness 2 --max-steps 4`` (``grpo-lab scale`` and ``train`` options too).
 """
 
 from __future__ import annotations
@@ -65,9 +41,7 @@ __all__ = [
 
 import dataclasses
 import json
-import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,41 +56,32 @@ from grpo_lab.errors import ConfigError, GrpoLabError
 from grpo_lab.experiment import TrainConfig
 from grpo_lab.rewards import RewardSet, WeightedReward, prepare, reward_name
 from grpo_lab.rollout import load_tokenizer
+from grpo_lab.scale.cli import run_command
+from grpo_lab.scale.runner import serve_and_train, train_against
 from grpo_lab.upstream.trl import FileWeightTransfer
-from grpo_lab.upstream.vllm import SYNC_FOLDER
 
 RESULT_FILE = "async_grpo.json"
 SAMPLES_FILE = "trained_samples.jsonl"
 """One line per trained completion: step, group, its version tag, the version it trained at, the lag, a digest."""
 DEFAULT_MAX_STALENESS = 2
 TRL_SCORE_QUEUE_GROUPS = 16
-"""Whole groups TRL 1.16's rollout worker holds between generation and the queue (its ``score_queue_maxsize``, not an
-``AsyncGRPOConfig`` field)."""
+"""Whole groups TRL's rollout worker holds between generation and the queue (its ``score_queue_maxsize``)."""
 
 
-# --------------------------------------------------------------------------------------------------
-# The knobs (TRL's names) and what the experiment must be for AsyncGRPOTrainer
-# --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AsyncConfig:
-    """The asynchronous pipeline, under ``AsyncGRPOConfig``'s names; the experiment itself is a ``TrainConfig``.
-
-    Each value is checked when the config is made.
-    """
+    """The asynchronous pipeline under ``AsyncGRPOConfig``'s names, checked when made."""
 
     max_staleness: int = DEFAULT_MAX_STALENESS
-    """A completion is trained only if its policy version lags the trainer's by at most this many versions
-    (:class:`~grpo_lab.async_trainer.StalenessGate` enforces it at the step that trains it). At least 1; 2 overlaps
-    generation and update (see the module docstring), TRL's own default is 4."""
+    """Most policy versions a trained completion may lag the trainer's: at least 1; 2 overlaps generation and update
+    (see the module docstring), TRL's own default is 4."""
     max_inflight_tasks: int = -1
-    """Completion requests the worker keeps in flight at once (its concurrency against the server). -1: TRL's rule,
-    ``max(max_staleness, 1) ×`` completions per step."""
+    """Completion requests in flight at once; -1: TRL's rule, ``max(max_staleness, 1) ×`` completions per step."""
     weight_sync_steps: int = 1
     """Push the trainer's weights to the server (a new policy version) every this many optimizer steps."""
     queue_maxsize: int | None = None
-    """Scored completions the queue holds before the worker waits (how far generation runs ahead). None:
-    ``(max_staleness + 1) ×`` completions per step (TRL's default of 1024 lets a fast server fill the queue with
-    completions that go stale and are dropped)."""
+    """Scored completions queued before the worker waits; None: ``(max_staleness + 1) ×`` completions per step (TRL's
+    default of 1024 lets a fast server fill the queue with completions that go stale)."""
 
     def __post_init__(self) -> None:
         for name in ("max_staleness", "max_inflight_tasks", "weight_sync_steps", "queue_maxsize"):
@@ -148,7 +113,6 @@ class AsyncConfig:
                                 else max(self.max_staleness, 1) * completions_per_step))
 
 
-# TrainConfig fields AsyncGRPOTrainer (TRL 1.16) cannot honour as described: the values it can run, and why.
 SUPPORTED_ONLY = {
     "beta": ((0.0,), "AsyncGRPOTrainer has no reference model and no KL term; set beta=0"),
     "loss_type": (("dapo",), "AsyncGRPOTrainer's loss is the token mean over each micro-batch (DAPO-style); set "
@@ -162,11 +126,12 @@ SUPPORTED_ONLY = {
     "vllm_enable_sleep_mode": ((False,), "the rollout server of the asynchronous layout runs on its own device and "
                                          "does not sleep; set vllm_enable_sleep_mode=False"),
 }
+"""TrainConfig fields ``AsyncGRPOTrainer`` cannot honour as described: the values it can run, and why."""
 
 
 def check_experiment(config: TrainConfig) -> None:
     """Raise :class:`ConfigError` naming every setting of a resolved ``config`` that ``AsyncGRPOTrainer`` cannot run as
-    described (the experiment would silently change otherwise)."""
+    described."""
     problems = [f"{name}={getattr(config, name)!r}: {why}" for name, (allowed, why) in SUPPORTED_ONLY.items()
                 if getattr(config, name) not in allowed]
     if problems:
@@ -174,29 +139,20 @@ def check_experiment(config: TrainConfig) -> None:
 
 
 def completions_per_step(config: TrainConfig, num_processes: int = 1) -> int:
-    """Completions one optimizer step trains: ``per_device_train_batch_size × gradient_accumulation_steps ×`` training
-    processes (what the synchronous trainer generates per step)."""
+    """Completions one optimizer step trains (what the synchronous trainer generates per step)."""
     return config.generation_batch_size * num_processes
 
 
 def fold_reward_weights(reward_set: RewardSet) -> list[Callable]:
-    """The rewards of :func:`grpo_lab.rewards.prepare` with their ``reward_weights`` folded in.
-
-    ``AsyncGRPOTrainer`` sums its reward functions without weights, and scores them in a spawned process, so each must
-    be picklable: a weighted reward becomes a :class:`~grpo_lab.rewards.WeightedReward` of one function under the same
-    name (TRL logs it as ``rewards/<name>``).
-    """
+    """The rewards with their weights folded in: ``AsyncGRPOTrainer`` sums its rewards unweighted in a spawned
+    process, so a weighted one becomes a picklable :class:`~grpo_lab.rewards.WeightedReward` under the same name."""
     return [fn if weight == 1.0 else WeightedReward([fn], [weight], name=reward_name(fn))
             for fn, weight in zip(reward_set.funcs, reward_set.weights)]
 
 
 def with_response_template(tokenizer: Any) -> Any:
-    """Give ``tokenizer`` the response template TRL's rollout worker parses completions with.
-
-    The worker turns every completion into an assistant message with ``tokenizer.parse_response`` and refuses a
-    template it does not know (``add_response_schema`` knows Qwen, Llama, Gemma …). The course's tiny model and
-    SmolLM2 use plain ChatML (``<|im_start|>assistant … <|im_end|>``), which the Qwen 3 parser reads.
-    """
+    """Give ``tokenizer`` the response template TRL's rollout worker parses completions with (``add_response_schema``
+    knows Qwen, Llama, Gemma …; plain ChatML, as the tiny model and SmolLM2 use, gets the Qwen 3 parser)."""
     from trl.chat_template_utils import add_response_schema, qwen3_template
 
     if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None):
@@ -214,13 +170,9 @@ def with_response_template(tokenizer: Any) -> Any:
                           f"tokenizer in.") from None
 
 
-# --------------------------------------------------------------------------------------------------
-# The trainer (inside the process accelerate launches)
-# --------------------------------------------------------------------------------------------------
 class StepEndClock(TrainerCallback):
-    """Wall time between consecutive step ends (the first from train begin): a step's wait for completions, its
-    update and one weight sync. The synchronous trainer's ``StepClock`` starts at ``on_step_begin``, after the batch
-    arrived, which would hide the wait here."""
+    """Wall time between step ends (the first from train begin), so that it includes the wait for completions
+    (``StepClock`` starts after the batch arrived)."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
@@ -235,16 +187,11 @@ class StepEndClock(TrainerCallback):
         self._last = now
 
 
-
 def async_grpo_args(config: TrainConfig, knobs: AsyncConfig, base_url: str):
-    """TRL's ``AsyncGRPOConfig`` for a resolved experiment and resolved knobs: the fields it shares with
-    ``GRPOConfig`` from the one translation (:meth:`grpo_lab.experiment.Plan.trl_kwargs`), then its own.
-
-    ``token_budget=0`` selects TRL's fixed-count batcher: a micro-batch is ``per_device_train_batch_size``
-    completions, as the experiment says (and as the staleness gate counts). The trainer holds fp32 weights, with
-    bf16 autocast where ``bf16`` (as :mod:`grpo_lab.train` does). Liger's kernels stay off: the asynchronous
-    trainer's Liger path has not run in this project.
-    """
+    """TRL's ``AsyncGRPOConfig``: the fields it shares with ``GRPOConfig`` from the one translation
+    (:meth:`grpo_lab.experiment.Plan.trl_kwargs`), then its own. ``token_budget=0``: micro-batches of
+    ``per_device_train_batch_size`` completions (as the staleness gate counts); fp32 weights with bf16 autocast where
+    ``bf16``, as :mod:`grpo_lab.train`; Liger off (its asynchronous path has not run here)."""
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     own = {item.name for item in dataclasses.fields(AsyncGRPOConfig)} - {"use_liger_kernel", "vllm_server_base_url"}
@@ -257,9 +204,9 @@ def async_grpo_args(config: TrainConfig, knobs: AsyncConfig, base_url: str):
 
 def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_dir: str | None = None,
                   callbacks: Sequence[Any] = (), reward_funcs: Sequence[Callable] | None = None):
-    """A ready ``AsyncGRPOTrainer`` (our subclass) for a resolved experiment against the server at ``base_url``; every
-    input is checked first. ``sync_dir``: push weights through files there (:class:`FileWeightTransfer`), else TRL's
-    NCCL transfer. Build and train inside :func:`grpo_lab.async_trainer.trl_workarounds`."""
+    """A ready ``AsyncGRPOTrainer`` (our subclass) for a resolved experiment against the server at ``base_url``, every
+    input checked first; ``sync_dir``: push weights through files there, else TRL's NCCL transfer. Build and train
+    inside :func:`grpo_lab.upstream.async_trainer.trl_workarounds`."""
     from grpo_lab.upstream.async_trainer import GrpoLabAsyncTrainer  # imports TRL's experimental trainer
 
     check_experiment(config)
@@ -317,15 +264,12 @@ def run_trainer(spec_path: str | Path) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------------------------------
-# Orchestration (this process): the server from grpo_lab.scale, the trainer under accelerate launch
-# --------------------------------------------------------------------------------------------------
 @dataclass
 class AsyncResult(scale.ServerModeResult):
     """A finished asynchronous run: the server-mode facts plus the pipeline's."""
 
     async_config: AsyncConfig
-    """The knobs, resolved (``queue_maxsize`` and ``max_inflight_tasks`` as the run used them)."""
+    """The knobs as the run used them (resolved)."""
     completions_per_step: int
     lag_counts: dict[int, int]
     """Trained completions by policy-version lag (trainer's version at the step minus the completion's tag)."""
@@ -340,17 +284,19 @@ class AsyncResult(scale.ServerModeResult):
         return self.completions_per_step / self.median_step_seconds(skip)
 
     def to_dict(self) -> dict[str, Any]:
-        values = super().to_dict()
-        values["completions_per_second"] = self.completions_per_second()
-        return values
+        return {**super().to_dict(), "completions_per_second": self.completions_per_second()}
+
+    def summary(self) -> str:
+        lags = ", ".join(f"{lag}: {count}" for lag, count in sorted(self.lag_counts.items()))
+        return (f", {self.completions_per_second():.1f} completions trained per second (server start "
+                f"{self.server_start_seconds:.0f} s); trained completions by policy lag {{{lags}}}, "
+                f"{self.dropped_stale} dropped as too stale")
 
 
 def completion_accounting(result: AsyncResult, num_generations: int) -> dict[str, int]:
-    """Where the completions the server generated went: ``generated`` (the server's finished requests; the worker asks
-    for one completion per request) = ``trained`` + ``dropped`` (too stale) + ``left`` (still between the server and
-    the trainer when training stopped). ``queue``, ``scoring`` and ``inflight`` are the most each stage of the pipeline
-    holds: the queue (``queue_maxsize``), TRL's scoring queue (:data:`TRL_SCORE_QUEUE_GROUPS` whole groups) and the
-    requests in flight (``max_inflight_tasks``)."""
+    """Where the server's completions went: ``generated`` (its finished requests, one completion each) = ``trained`` +
+    ``dropped`` (too stale) + ``left`` (in the pipeline when training stopped); ``queue``, ``scoring`` and
+    ``inflight``: the most each stage holds."""
     generated = round(result.server_stats.get("requests", 0))
     trained = result.global_step * result.completions_per_step
     return {"generated": generated, "trained": trained, "dropped": result.dropped_stale,
@@ -360,15 +306,7 @@ def completion_accounting(result: AsyncResult, num_generations: int) -> dict[str
 
 
 def describe_accounting(counts: dict[str, int]) -> str:
-    """:func:`completion_accounting` as sentences: the sum, and where the untrained rest can be.
-
-    >>> print(describe_accounting({"generated": 630, "trained": 128, "dropped": 160, "left": 342, "queue": 96,
-    ...                            "scoring": 128, "inflight": 64}))  # doctest: +NORMALIZE_WHITESPACE
-    the server generated 630 completions = 128 trained + 160 dropped as too stale + 342 not yet trained when training
-    stopped. The worker runs ahead of the trainer by design: those were in the queue (at most 96, queue_maxsize), in
-    TRL's scoring queue (at most 128: 16 whole groups), in flight (at most 64, max_inflight_tasks), or in groups
-    still waiting for their last completion (a group is scored only when it is whole).
-    """
+    """:func:`completion_accounting` as sentences: the sum, and where the untrained rest can be."""
     c = counts
     return (f"the server generated {c['generated']} completions = {c['trained']} trained + {c['dropped']} dropped as "
             f"too stale + {c['left']} not yet trained when training stopped. The worker runs ahead of the trainer by "
@@ -379,8 +317,8 @@ def describe_accounting(counts: dict[str, int]) -> str:
 
 
 def async_train_config(train_config: TrainConfig, machine: Any = None) -> TrainConfig:
-    """The experiment resolved for an asynchronous run (a vLLM server supplies the rollouts: server mode's
-    resolution, :func:`grpo_lab.scale.server_train_config`), checked for what ``AsyncGRPOTrainer`` supports."""
+    """The experiment resolved as server mode resolves it (:func:`grpo_lab.scale.server_train_config`), checked for
+    what ``AsyncGRPOTrainer`` supports."""
     config = scale.server_train_config(train_config, machine)
     check_experiment(config)
     return config
@@ -388,72 +326,32 @@ def async_train_config(train_config: TrainConfig, machine: Any = None) -> TrainC
 
 def train_async(server: scale.RolloutServer, config: scale.ServerModeConfig, train_config: TrainConfig,
                 knobs: AsyncConfig | None = None, base_url: str | None = None) -> AsyncResult:
-    """Train asynchronously against a running ``server`` (``base_url`` replaces its address, e.g. a proxy in front
-    of it) under ``accelerate launch`` on the training devices; return the run folder and the measurements.
-
-    ``train_config`` must be resolved (:func:`async_train_config`); nothing of the trainer runs afterwards.
-    """
+    """Train a resolved ``train_config`` (:func:`async_train_config`) asynchronously against a running ``server``
+    (``base_url`` replaces its address, e.g. a proxy) under ``accelerate launch``; return the run's facts."""
     check_experiment(train_config)
     if not train_config.is_resolved or train_config.output_dir is None:
         raise ConfigError("train_config must be resolved with a run folder: use async_train_config(train_config).")
     per_step = completions_per_step(train_config, server.plan.num_train_processes)
     knobs = (knobs or AsyncConfig()).resolved(per_step)
-    run_dir = Path(train_config.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    base_url = base_url or server.base_url
-    sync_dir = run_dir / SYNC_FOLDER if server.weight_sync == "file" else None
-    train_config = dataclasses.replace(train_config, vllm_server_base_url=base_url,
-                                       vllm_server_timeout=config.startup_timeout_s)
-    spec = {"train_config": train_config.to_dict(), "async_config": dataclasses.asdict(knobs), "base_url": base_url,
-            "sync_dir": str(sync_dir) if sync_dir else None, "result_path": str(run_dir / "trainer_result.json")}
-    trainer = scale.launch_trainer(server, config, run_dir, spec, bool(train_config.bf16), module="grpo_lab.async_grpo",
-                                   sync_dir=sync_dir)
+    trainer, fields = train_against(server, config, train_config, "grpo_lab.async_grpo", base_url,
+                                    {"async_config": dataclasses.asdict(knobs)})
     outcome = trainer.outcome
-    result = AsyncResult(
-        **scale.result_fields(server, trainer, run_dir),
-        async_config=AsyncConfig(**outcome["async_config"]), completions_per_step=per_step,
+    return AsyncResult(
+        **fields, async_config=AsyncConfig(**outcome["async_config"]), completions_per_step=per_step,
         lag_counts={int(k): v for k, v in outcome["lag_counts"].items()}, dropped_stale=outcome["dropped_stale"],
-        policy_version=outcome["policy_version"], trl_workarounds=outcome["trl_workarounds"])
-    (run_dir / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
-    return result
+        policy_version=outcome["policy_version"], trl_workarounds=outcome["trl_workarounds"]).save(RESULT_FILE)
 
 
 def run_async(knobs: AsyncConfig | None = None, config: scale.ServerModeConfig | None = None,
               train_config: TrainConfig | None = None) -> AsyncResult:
-    """Asynchronous GRPO end to end: plan the devices, start the rollout server, train, stop everything.
-
-    Raises :class:`grpo_lab.scale.ScaleOutError` naming the log file when the server does not come up, dies, or the
-    trainer fails; nothing keeps running afterwards.
-    """
-    config = (config or scale.ServerModeConfig()).resolved()
-    plan = scale.plan_devices(config.device, rollout_devices=config.rollout_devices,
-                              train_devices=config.train_devices)
-    if plan.num_train_processes > 1:
-        raise ConfigError(f"train_devices={list(plan.train_devices)}: the staleness records are kept by one training "
-                          f"process, so asynchronous GRPO trains on one device for now. Pass one training device (the "
-                          f"others can serve rollouts: tensor parallel).")
-    train_config = async_train_config(train_config or TrainConfig())
+    """Asynchronous GRPO end to end (:func:`grpo_lab.scale.runner.serve_and_train`); a
+    :class:`~grpo_lab.scale.ScaleOutError` names the log file when the server or the trainer fails."""
     knobs = knobs or AsyncConfig()
-    print(f"Asynchronous GRPO: {plan.describe()}; weight sync: {config.weight_sync}; max_staleness="
-          f"{knobs.max_staleness}; run folder {train_config.output_dir}")
-    with scale.launch_rollout_server(config, train_config, plan, wait=False) as server:
-        print(f"Rollout server starting at {server.base_url}; the trainer loads meanwhile ...")
-        result = train_async(server, config, train_config, knobs)
-    print(f"Rollout server was ready after {result.server_start_seconds:.0f} s; trained {result.global_step} steps in "
-          f"{result.train_seconds:.0f} s")
-    return result
+    return serve_and_train(
+        config, train_config, async_train_config, lambda *args: train_async(*args, knobs), "Asynchronous GRPO",
+        "the staleness records are kept by one training process", f"; max_staleness={knobs.max_staleness}")
 
 
-def lag_histogram(path: str | Path) -> Counter[int]:
-    """Trained completions by policy-version lag, from a run folder's ``trained_samples.jsonl``."""
-    path = Path(path)
-    path = path / SAMPLES_FILE if path.is_dir() else path
-    return Counter(json.loads(line)["lag"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-
-
-# --------------------------------------------------------------------------------------------------
-# Measured steps, laid out for a figure (grpo_lab.plots draws them)
-# --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Span:
     """One bar of a step timeline: ``seconds`` of ``label`` on ``lane`` (rollout server or trainer) of ``panel``."""
@@ -471,17 +369,11 @@ ROLLOUT, TRAINER = "rollout server", "trainer"
 def step_timeline(sync_records: Sequence[dict], async_records: Sequence[dict], steps: int = 3, skip: int = 1,
                   names: tuple[str, str] = ("synchronous (TRL server mode)", "asynchronous (AsyncGRPOTrainer)")
                   ) -> list[Span]:
-    """``steps`` consecutive steps of a synchronous and an asynchronous run as :class:`Span` bars, from their
-    ``metrics.jsonl`` records (the steps after step ``skip``, the warm-up): :func:`grpo_lab.plots.plot_timeline` draws
-    them.
-
-    Synchronous (``grpo_lab.train``'s records): the server generates (TRL pushes the weights first) while the trainer
-    waits, then the trainer scores and updates while the server idles. Asynchronous (TRL's ``perf/*`` records): the
-    trainer waits for completions (``perf/rollout_wait_s``), updates (``perf/fwd_bwd_s`` + ``perf/optimizer_s``),
-    batches and logs, and syncs the weights (``perf/weight_sync_s``), while the server generates throughout, paused only
-    for the sync (and waiting when the queue is full, ``rollout/backpressure_s``). Each step's parts are measured; their
-    order inside the asynchronous step is the loop's, not timestamps.
-    """
+    """``steps`` steps after the warm-up ``skip`` of a synchronous and an asynchronous run, from their
+    ``metrics.jsonl``, as :class:`Span` bars for :func:`grpo_lab.plots.plot_timeline`. Synchronous: the server
+    generates while the trainer waits, then the trainer updates while the server idles. Asynchronous (TRL's ``perf/*``):
+    the trainer waits, updates, batches and logs, and syncs the weights, while the server generates throughout, paused
+    for the sync (and waiting when the queue is full); the parts are measured, their order is the loop's."""
     spans: list[Span] = []
     start = 0.0
     for r in [r for r in sync_records if r["step"] > skip and "step_time" in r][:steps]:
@@ -522,9 +414,6 @@ def tradeoff_entry(records: Sequence[dict], completions_per_step: int, completio
             "completions": [r["step"] * completions_per_step for r in steps], "lag_counts": lag_counts or {}}
 
 
-# --------------------------------------------------------------------------------------------------
-# `grpo-lab async-grpo` (python -m grpo_lab.async_grpo)
-# --------------------------------------------------------------------------------------------------
 def build_parser():
     parser = scale.build_parser(
         prog="grpo-lab async-grpo", plans=False,
@@ -545,29 +434,13 @@ def build_parser():
 
 def main(argv: list[str] | None = None) -> int:
     """``grpo-lab async-grpo [--max-staleness 2] [grpo-lab scale / train options]``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["trainer"]:  # the process that accelerate launches
-        return run_trainer(argv[1])
-    scale.exit_on_sigterm()
-    parser = build_parser()
-    try:
-        args, config, train_config = scale.parse_command_line(parser, argv)
-        if args.help:
-            parser.print_help()
-            return 0
-        knobs = AsyncConfig(max_staleness=args.max_staleness, max_inflight_tasks=args.max_inflight_tasks,
-                            weight_sync_steps=args.weight_sync_steps, queue_maxsize=args.queue_maxsize)
-        result = run_async(knobs, config, train_config)
-    except (GrpoLabError, ValueError, FileNotFoundError, FileExistsError) as error:
-        print(f"grpo-lab async-grpo: {error}")
-        return 2
-    lags = ", ".join(f"{lag}: {count}" for lag, count in sorted(result.lag_counts.items()))
-    print(f"done: {result.global_step} steps, median step {result.median_step_seconds():.2f} s, "
-          f"{result.completions_per_second():.1f} completions trained per second (server start "
-          f"{result.server_start_seconds:.0f} s); trained completions by policy lag {{{lags}}}, "
-          f"{result.dropped_stale} dropped as too stale")
-    scale.print_commands(result, RESULT_FILE)
-    return 0
+    def run(args: Any, config: scale.ServerModeConfig, train_config: TrainConfig) -> AsyncResult:
+        return run_async(AsyncConfig(max_staleness=args.max_staleness, max_inflight_tasks=args.max_inflight_tasks,
+                                     weight_sync_steps=args.weight_sync_steps, queue_maxsize=args.queue_maxsize),
+                         config, train_config)
+
+    return run_command(argv, build_parser(), run_trainer, run, RESULT_FILE,
+                       (GrpoLabError, ValueError, FileNotFoundError, FileExistsError))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-"""`grpo-lab` command line: ``grpo-lab env`` and one subcommand per module that has a ``main(argv)``
-(:data:`SUBCOMMANDS`; ``grpo-lab --help`` lists them)."""
+"""`grpo-lab` command line: ``grpo-lab env`` and one subcommand per module with a ``main(argv)``."""
 
 from __future__ import annotations
 

@@ -22,9 +22,9 @@ from grpo_lab.load_test.workloads import Conversation
 from grpo_lab.servers import metric_totals
 
 WATCH_INTERVAL_S = 0.25  # how often the run checks that the server process still runs
-# Prometheus counters of vLLM's /metrics read before and after a run (same names in vLLM 0.26 and 0.31)
 SERVER_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
                    "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+"""Prometheus counters of vLLM's ``/metrics`` read before and after a run."""
 
 
 class ServerDiedDuringLoad(ServerDied):
@@ -36,7 +36,7 @@ class ServerDiedDuringLoad(ServerDied):
 
 
 def server_counters(base_url: str) -> dict[str, float]:
-    """The totals of :data:`SERVER_COUNTERS` from the server's ``/metrics`` (no API key needed); {} if unreadable."""
+    """The totals of :data:`SERVER_COUNTERS` (no API key needed); {} if unreadable."""
     try:
         return metric_totals(base_url, SERVER_COUNTERS)
     except OSError:
@@ -57,10 +57,8 @@ class _Run:
     """The state one load test shares between its clients."""
 
     def __init__(self, server: VLLMServer, config: LoadTest, conversations: Sequence[Conversation]):
-        self.server, self.config = server, config
-        self.conversations = conversations
-        self.next_conversation = 0
-        self.sent = 0
+        self.server, self.config, self.conversations = server, config, conversations
+        self.next_conversation = self.sent = 0
         self.records: list[RequestRecord] = []
         self.start = time.perf_counter()
         self.died = False
@@ -72,7 +70,7 @@ class _Run:
         return not self.died and in_time and (self.config.requests is None or self.sent < self.config.requests)
 
     async def client_loop(self) -> None:
-        """One client: take a conversation, send its turns one after the other; the next one when it ends."""
+        """One client: the turns of one conversation after the other, then the next conversation."""
         while self.may_send():
             index = self.next_conversation
             self.next_conversation += 1
@@ -114,8 +112,7 @@ class _Run:
             record.prompt_tokens, record.output_tokens = out.usage.prompt_tokens, out.usage.completion_tokens
             return out.choices[0].message.content or ""
         parts: list[str] = []
-        # the raw server-sent events, parsed with json.loads: the SDK's object per chunk took a third of this client's
-        # time on 2 CPU cores (shared with the server); error statuses still raise the SDK's errors
+        # the raw events, parsed with json.loads: cheaper than the SDK's object per chunk; error statuses still raise
         async with self.client.chat.completions.with_streaming_response.create(
                 **request, stream=True, stream_options={"include_usage": True}) as response:
             async for line in response.iter_lines():
@@ -180,9 +177,8 @@ async def run_load_test_async(server: VLLMServer, config: LoadTest,
 
 def run_load_test(server: VLLMServer, config: LoadTest, conversations: Sequence[Conversation] | None = None,
                   label: str = "") -> LoadResult:
-    """Run one load test against ``server`` (a started :class:`~grpo_lab.deploy.VLLMServer`) and return what it
-    measured. Raises :class:`ServerDiedDuringLoad` (a :class:`~grpo_lab.deploy.ServerDied`, with the partial
-    result) if the server process ends during the run. Works in a notebook too (its event loop is left alone)."""
+    """One load test against a started ``server``; :class:`ServerDiedDuringLoad` (with the partial result) if the
+    server process ends during it. Works in a notebook too (its event loop is left alone)."""
     coroutine = run_load_test_async(server, config, conversations, label)
     try:
         asyncio.get_running_loop()
@@ -207,9 +203,8 @@ def warm_up(server: VLLMServer, concurrency: int) -> None:
 
 def sweep(model: str | Path, loads: Mapping[str, LoadTest], log_path: str | Path | None = None,
           then: Callable[[VLLMServer], Any] | None = None, verbose: bool = False, **knobs) -> dict[str, LoadResult]:
-    """One server setting measured: start a server with ``knobs`` (:class:`~grpo_lab.deploy.ServeConfig` fields),
-    warm it up, run each named load (the name becomes the result's label), call ``then(server)`` if given (another
-    client, say), stop it. Compare settings by calling it once per setting."""
+    """One server setting measured: a server with ``knobs`` (:class:`~grpo_lab.deploy.ServeConfig` fields), warmed
+    up, each named load run (its name is the result's label), then ``then(server)`` if given; stopped after."""
     results = {}
     with VLLMServer(model, log_path=log_path, **knobs) as server:
         warm_up(server, max(load.concurrency for load in loads.values()))

@@ -14,7 +14,7 @@ class LoadTest:
 
     concurrency: int = 16
     requests: int | None = 128  # None: as many as fit in max_seconds
-    max_seconds: float = 120.0  # no request starts after this; the run ends by max_seconds + request_timeout_s
+    max_seconds: float = 120.0  # no request starts after this
     request_timeout_s: float = 60.0
     max_tokens: int = 32
     temperature: float = 0.0

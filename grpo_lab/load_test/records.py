@@ -1,5 +1,5 @@
 """What a load test measured: one record per request, the run's summary (:class:`LoadResult`), error kinds, and the
-results file (one JSON per command: :func:`save_results`, :func:`load_results`)."""
+results file (:func:`save_results`, :func:`load_results`)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from grpo_lab.data import load_split
 
-# A system prompt the chat workload's conversations share (~160 tokens with the tiny model's tokenizer): long
-# enough to fill whole KV blocks, so prefix caching has something to reuse even before the history grows.
+# The chat workload's shared system prompt: long enough to fill whole KV blocks, so prefix caching has something to
+# reuse before the history grows.
 CHAT_SYSTEM_PROMPT = (
     "You are a patient maths tutor for primary-school pupils. Read each question carefully. Write the "
     "calculation on one line, using the numbers from the question, then give the final answer on the last line "
@@ -41,8 +41,7 @@ def course_workload(split: str = "eval") -> list[Conversation]:
 
 def chat_workload(turns: int = 4, split: str = "eval", system: str = CHAT_SYSTEM_PROMPT) -> list[Conversation]:
     """Multi-turn chats for the prefix-caching comparison: the course's questions, ``turns`` per conversation, under
-    one shared system prompt. Turn k re-sends the system prompt and turns 1..k-1 with their replies, so with prefix
-    caching the server computes only the new turn; without it, the whole history again."""
+    one system prompt; every turn re-sends the history, which prefix caching computes only once."""
     questions = [turn for conversation in course_workload(split) for turn in conversation.turns]
     return [Conversation(tuple(questions[i:i + turns]), system)
             for i in range(0, len(questions) - turns + 1, turns)]

@@ -7,6 +7,7 @@ import dataclasses
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 
 from grpo_lab import train
 from grpo_lab.errors import GrpoLabError
@@ -17,8 +18,7 @@ from grpo_lab.scale.runner import ServerModeResult, run_server_mode, run_trainer
 
 
 def exit_on_sigterm() -> None:
-    """Turn SIGTERM (``timeout``, a job scheduler) into ``SystemExit``, so the ``finally`` blocks stop the server
-    and the trainer instead of leaving them running."""
+    """Turn SIGTERM into ``SystemExit``, so that the ``finally`` blocks stop the server and the trainer."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
@@ -33,8 +33,7 @@ SCALE_DESCRIPTION = ("GRPO with TRL's server mode: vLLM on its own device(s), th
 
 def build_parser(prog: str = "grpo-lab scale", description: str = SCALE_DESCRIPTION,
                  plans: bool = True) -> argparse.ArgumentParser:
-    """The server-layout options (devices, port, weight sync, timeouts, and ``--plan`` where ``plans``); the rest goes
-    to ``grpo-lab train``'s."""
+    """The server-layout options (and ``--plan`` where ``plans``); the rest goes to ``grpo-lab train``'s."""
     parser = argparse.ArgumentParser(prog=prog, add_help=False, description=description)
     parser.add_argument("-h", "--help", action="store_true")
     parser.add_argument("--rollout-devices", type=device_indices, default=None, help="e.g. 0 (default: plan_devices)")
@@ -54,8 +53,7 @@ def build_parser(prog: str = "grpo-lab scale", description: str = SCALE_DESCRIPT
 
 def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]
                        ) -> tuple[argparse.Namespace, ServerModeConfig, TrainConfig]:
-    """The parsed layout options, the :class:`ServerModeConfig` they describe and the ``TrainConfig`` of every
-    remaining (``grpo-lab train``) option."""
+    """The layout options, their :class:`ServerModeConfig` and the ``TrainConfig`` of the remaining options."""
     args, rest = parser.parse_known_args(argv)
     overrides = {k: v for k, v in vars(train.build_parser().parse_args(rest)).items()
                  if v is not dataclasses.MISSING}
@@ -72,28 +70,37 @@ def print_commands(result: ServerModeResult, result_file: str = RESULT_FILE) -> 
     print("trainer: " + shlex.join(result.trainer_command))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``grpo-lab scale [--rollout-devices 0 --train-devices 1] [grpo-lab train options]``."""
+def run_command(argv: list[str] | None, parser: argparse.ArgumentParser, trainer_entry: Callable[[str], int],
+                run: Callable[..., ServerModeResult | None], result_file: str = RESULT_FILE,
+                errors: tuple[type[Exception], ...] = (GrpoLabError,)) -> int:
+    """A server-layout command: the trainer entry that ``accelerate launch`` runs (``trainer SPEC``), else parse,
+    ``run(args, config, train_config)`` (None: it only printed) and report the result."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["trainer"]:  # the process that accelerate launches
-        return run_trainer(argv[1])
+    if argv[:1] == ["trainer"]:
+        return trainer_entry(argv[1])
     exit_on_sigterm()
-    parser = build_parser()
     try:
         args, config, train_config = parse_command_line(parser, argv)
         if args.help:
             parser.print_help()
             return 0
-        if args.plan:
-            for layout in LAYOUTS:
-                print(plan_resources(args.plan, layout).table(), end="\n\n")
-            return 0
-        result = run_server_mode(config, train_config)
-    except GrpoLabError as error:
-        print(f"grpo-lab scale: {error}")
+        result = run(args, config, train_config)
+    except errors as error:
+        print(f"{parser.prog}: {error}")
         return 2
-    print(f"done: {result.global_step} steps, median step {result.median_step_seconds():.2f} s "
-          f"(server start {result.server_start_seconds:.0f} s); server generated "
-          f"{result.server_stats['generation_tokens']:.0f} tokens in {result.server_stats['requests']:.0f} requests")
-    print_commands(result)
+    if result is not None:
+        print(f"done: {result.global_step} steps, median step {result.median_step_seconds():.2f} s{result.summary()}")
+        print_commands(result, result_file)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``grpo-lab scale [--rollout-devices 0 --train-devices 1] [grpo-lab train options]``."""
+    def run(args: argparse.Namespace, config: ServerModeConfig, train_config: TrainConfig) -> ServerModeResult | None:
+        if not args.plan:
+            return run_server_mode(config, train_config)
+        for layout in LAYOUTS:
+            print(plan_resources(args.plan, layout).table(), end="\n\n")
+        return None
+
+    return run_command(argv, build_parser(), run_trainer, run)

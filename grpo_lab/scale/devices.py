@@ -11,10 +11,7 @@ from grpo_lab.errors import ConfigError
 
 @dataclass(frozen=True)
 class DevicePlan:
-    """Device indices for the rollout server and the trainer, and the variable that hides the others.
-
-    On the CPU both processes share the host: the index sets are empty and no variable is set.
-    """
+    """Device indices for the rollout server and the trainer (empty on the CPU: both share the host)."""
 
     kind: str
     rollout_devices: tuple[int, ...]
@@ -57,8 +54,8 @@ def default_rollout_count(num_devices: int) -> int:
 def plan_devices(kind: str | None = None, num_devices: int | None = None,
                  rollout_devices: Sequence[int] | None = None,
                  train_devices: Sequence[int] | None = None) -> DevicePlan:
-    """Split the visible devices between the rollout server and the trainer: by default the first
-    :func:`default_rollout_count` serve rollouts, the rest train; the two sets must not overlap (that is colocate mode).
+    """Split the visible devices between the rollout server and the trainer (by default the first
+    :func:`default_rollout_count` serve rollouts, the rest train); the sets must not overlap.
 
     >>> plan_devices("cuda", num_devices=2).rollout_env(), plan_devices("cuda", num_devices=2).train_env()
     ({'CUDA_VISIBLE_DEVICES': '0'}, {'CUDA_VISIBLE_DEVICES': '1'})

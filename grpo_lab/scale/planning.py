@@ -50,41 +50,34 @@ def _span(indices: Sequence[int]) -> str:
     return ",".join(map(str, indices))
 
 
-def plan_resources(num_devices: int = 8, layout: str = "server", kind: str = "cuda",
-                   rollout_devices: int | None = None, beta: float = 0.04, reward: str = "rule") -> ResourcePlan:
-    """Which devices hold the actor, rollout engine, reference model and reward: ``colocate`` (TRL, every device
-    trains and generates in turn), ``server`` (``rollout_devices`` serve vLLM, the rest train) or ``verl`` (its hybrid
-    engine on Ray). ``beta=0`` drops the reference; ``reward="model"`` puts a reward model on the training devices.
+def plan_resources(num_devices: int = 8, layout: str = "server", kind: str = "cuda", beta: float = 0.04
+                   ) -> ResourcePlan:
+    """Which devices hold the actor, rollout engine, reference model and (rule) reward: ``colocate`` (TRL, every
+    device trains and generates in turn), ``server`` (:func:`default_rollout_count` devices serve vLLM, the rest
+    train) or ``verl`` (its hybrid engine on Ray). ``beta=0`` drops the reference.
 
     >>> print(plan_resources(8, "server").roles[1].devices)
     0–1
     """
     if layout not in LAYOUTS:
         raise ConfigError(f"layout={layout!r}: use one of {', '.join(LAYOUTS)}")
-    if reward not in ("rule", "model"):
-        raise ConfigError(f"reward={reward!r}: use 'rule' (a Python function, CPU) or 'model' (a reward model)")
     if not device_module.is_accelerator(kind):
         raise ConfigError(f"kind={kind!r}: resource plans are for accelerators, 'cuda' or 'npu'")
     var = device_module.visible_devices_var(kind)
-    everything = list(range(num_devices))
+    train = rollout = list(range(num_devices))
     if layout == "server":
-        k = rollout_devices if rollout_devices is not None else (default_rollout_count(num_devices)
-                                                                   if num_devices >= 2 else 0)
-        plan = plan_devices(kind, num_devices=num_devices, rollout_devices=range(k))
+        plan = plan_devices(kind, num_devices, rollout_devices=range(default_rollout_count(num_devices)
+                                                                     if num_devices >= 2 else 0))
         train, rollout = list(plan.train_devices), list(plan.rollout_devices)
-    else:
-        train = rollout = everything
     t, r = _span(train), _span(rollout)
-    reference = (f"{t}" if beta > 0 else "none", "frozen copy of the policy beside each actor shard (for the KL term)"
-                 if beta > 0 else "not loaded: beta = 0")
-    reward_row = (("CPU", "a Python function in the trainer processes, between rollout and update") if reward == "rule"
-                  else (t, "a reward model beside the actor, scoring every completion"))
+    reference = RoleAssignment("reference", *((t, "frozen copy of the policy beside each actor shard (for the KL term)")
+                                              if beta > 0 else ("none", "not loaded: beta = 0")))
+    reward = RoleAssignment("reward", "CPU", "a Python function in the trainer processes, between rollout and update")
     if layout == "colocate":
-        actor = f"TRL GRPOTrainer, {len(train)} process(es) via accelerate (DDP / FSDP / ZeRO)"
-        roles = (RoleAssignment("actor", t, actor),
+        roles = (RoleAssignment("actor", t, f"TRL GRPOTrainer, {len(train)} process(es) via accelerate (DDP / FSDP / "
+                                            "ZeRO)"),
                  RoleAssignment("rollout", r, "vLLM inside each training process (`vllm_mode='colocate'`), "
-                                              "`vllm_gpu_memory_utilization` of each device"),
-                 RoleAssignment("reference", *reference), RoleAssignment("reward", *reward_row))
+                                              "`vllm_gpu_memory_utilization` of each device"), reference, reward)
         launch = (f"{var}=0 python -m grpo_lab.train --use-vllm true --vllm-mode colocate   # one device",)
         if num_devices > 1:
             launch += (f"# on {num_devices} devices this layout is TRL's `accelerate launch --num_processes "
@@ -95,9 +88,10 @@ def plan_resources(num_devices: int = 8, layout: str = "server", kind: str = "cu
     elif layout == "server":
         roles = (RoleAssignment("actor", t, f"TRL GRPOTrainer, {len(train)} process(es) via accelerate"),
                  RoleAssignment("rollout", r, f"TRL's vLLM server (`trl vllm-serve`), tensor parallel {len(rollout)}"),
-                 RoleAssignment("reference", *reference), RoleAssignment("reward", *reward_row))
-        launch = (f"python -m grpo_lab.scale --rollout-devices {','.join(map(str, rollout))} --train-devices {train[0]}",
-                  f"# starts TRL's vLLM server ({var}={','.join(map(str, rollout))} trl vllm-serve --model MODEL "
+                 reference, reward)
+        serving = ",".join(map(str, rollout))
+        launch = (f"python -m grpo_lab.scale --rollout-devices {serving} --train-devices {train[0]}",
+                  f"# starts TRL's vLLM server ({var}={serving} trl vllm-serve --model MODEL "
                   f"--tensor-parallel-size {len(rollout)}), then the trainer under accelerate launch, and stops both",
                   *((f"# it trains on one device for now (grpo_lab.train writes its run folder from one process): the "
                      f"plan's other training devices ({_span(train[1:])}) wait for data-parallel training",)
@@ -109,11 +103,10 @@ def plan_resources(num_devices: int = 8, layout: str = "server", kind: str = "cu
         roles = (RoleAssignment("actor", t, "FSDP workers on Ray (`actor_rollout_ref.actor`)"),
                  RoleAssignment("rollout", r, "vLLM in the same workers, tensor parallel per engine; sleeps during "
                                               "the update (`actor_rollout_ref.rollout`)"),
-                 RoleAssignment("reference", *(reference if beta <= 0 else
-                                               (t, "FSDP reference in the same workers (`actor_rollout_ref.ref`)"))),
-                 RoleAssignment("reward", *(("CPU", "`compute_score` in verl's reward workers (see the export)")
-                                            if reward == "rule" else reward_row)))
-        launch = ("bash verl-gpu/run_verl.sh   # written by grpo_lab.verl_export; "
+                 RoleAssignment("reference", t, "FSDP reference in the same workers (`actor_rollout_ref.ref`)")
+                 if beta > 0 else reference,
+                 RoleAssignment("reward", "CPU", "`compute_score` in verl's reward workers (see the export)"))
+        launch = (f"bash verl-gpu/run_verl.sh   # written by grpo_lab.verl_export; "
                   f"trainer.n_gpus_per_node={num_devices}",)
         note = ("verl's hybrid engine puts actor, rollout and reference on every device and switches between them "
                 "(vLLM frees its memory during the update): no device idles, at the price of Ray and a second "
@@ -141,5 +134,6 @@ def memory_by_layout(model: Any, device_memory_gib: float, device_kind: str = "c
          "setting": f"training peak ({server.peak_phase}) + margin"},
         {"layout": "server", "device": "rollout", "needs_gib": round(server.vllm_bytes / GIB, 1),
          "of_gib": device_memory_gib, "fits": server.sequences_in_kv_cache > 0,
-         "kv_sequences": server.sequences_in_kv_cache, "setting": f"vllm_gpu_memory_utilization={vllm_gpu_memory_utilization}"},
+         "kv_sequences": server.sequences_in_kv_cache,
+         "setting": f"vllm_gpu_memory_utilization={vllm_gpu_memory_utilization}"},
     ]

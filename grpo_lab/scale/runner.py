@@ -1,7 +1,5 @@
-"""The server-mode runner: the trainer under ``accelerate launch`` on the training devices, watched against a running
-rollout server, and server mode end to end (:func:`run_server_mode`). :mod:`grpo_lab.async_grpo` builds on the same
-pieces (:func:`server_train_config`, :func:`launch_trainer`, :func:`result_fields`).
-"""
+"""The trainer under ``accelerate launch``, watched against a running rollout server, and a server layout end to end
+(:func:`serve_and_train`): server mode's, and :mod:`grpo_lab.async_grpo`'s."""
 
 from __future__ import annotations
 
@@ -13,10 +11,11 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from grpo_lab import device as device_module
 from grpo_lab import runs, train
@@ -29,6 +28,9 @@ from grpo_lab.scale.server import RolloutServer, launch_rollout_server
 from grpo_lab.servers import free_port, log_tail, start_process_group, stop_process_group
 from grpo_lab.upstream.trl import file_sync_client
 from grpo_lab.upstream.vllm import SYNC_FOLDER
+
+R = TypeVar("R")
+
 
 @dataclass
 class ServerModeResult:
@@ -67,10 +69,19 @@ class ServerModeResult:
         values["median_step_seconds"] = self.median_step_seconds()
         return json.loads(json.dumps(values, default=str))
 
+    def summary(self) -> str:
+        """What ``done:`` adds after the steps and the median step."""
+        return (f" (server start {self.server_start_seconds:.0f} s); server generated "
+                f"{self.server_stats['generation_tokens']:.0f} tokens in {self.server_stats['requests']:.0f} requests")
+
+    def save(self, name: str) -> ServerModeResult:
+        """Write :meth:`to_dict` to ``<run>/name``; return the result."""
+        (self.run_dir / name).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        return self
+
 
 def trainer_command(plan: DevicePlan, spec_path: Path, bf16: bool, module: str = "grpo_lab.scale") -> list[str]:
-    """``accelerate launch`` of ``module``'s trainer entry (``python -m module trainer SPEC``), one process per
-    training device."""
+    """``accelerate launch`` of ``python -m module trainer SPEC``, one process per training device."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(plan.num_train_processes),
                "--num_machines", "1", "--mixed_precision", "bf16" if bf16 else "no", "--dynamo_backend", "no"]
     if device_module.is_cpu(plan.kind):
@@ -109,7 +120,7 @@ def _watch(trainer: subprocess.Popen, server: RolloutServer, log_path: Path, tim
 
 @dataclass
 class TrainerProcess:
-    """A finished trainer launched by :func:`launch_trainer`: what it wrote as its outcome, how it was started."""
+    """A finished trainer launched by :func:`launch_trainer`: the outcome it wrote, how it was started."""
 
     outcome: dict[str, Any]
     command: list[str]
@@ -119,10 +130,9 @@ class TrainerProcess:
 
 def launch_trainer(server: RolloutServer, config: ServerModeConfig, run_dir: Path, spec: dict[str, Any], bf16: bool,
                    module: str = "grpo_lab.scale", sync_dir: Path | None = None) -> TrainerProcess:
-    """Write ``spec`` to ``<run>/server_mode_spec.json``, run ``module``'s trainer entry under ``accelerate launch`` on
-    the training devices in a watched process group, watch it against ``server`` (waited for while the trainer loads)
-    and return the outcome it wrote to ``spec["result_path"]``; ``sync_dir`` is removed afterwards.
-    """
+    """Write ``spec`` to ``<run>/server_mode_spec.json``, run ``module``'s trainer entry under ``accelerate launch``
+    in a watched process group against ``server`` (waited for while the trainer loads) and return the outcome it
+    wrote to ``spec["result_path"]``; ``sync_dir`` is removed afterwards."""
     spec_path = run_dir / "server_mode_spec.json"
     spec_path.write_text(json.dumps(spec, indent=2, default=str) + "\n", encoding="utf-8")
     command = trainer_command(server.plan, spec_path, bf16, module)
@@ -142,8 +152,7 @@ def launch_trainer(server: RolloutServer, config: ServerModeConfig, run_dir: Pat
 
 
 def result_fields(server: RolloutServer, trainer: TrainerProcess, run_dir: Path) -> dict[str, Any]:
-    """The :class:`ServerModeResult` fields of a finished trainer (its outcome: ``global_step``, ``seconds``,
-    ``step_seconds``, ``final_model_dir``) against ``server``, the run's metrics and the server's counts."""
+    """The :class:`ServerModeResult` fields of a finished trainer against ``server``."""
     outcome = trainer.outcome
     return dict(
         run_dir=run_dir, final_model_dir=Path(outcome["final_model_dir"]), global_step=outcome["global_step"],
@@ -153,27 +162,31 @@ def result_fields(server: RolloutServer, trainer: TrainerProcess, run_dir: Path)
         weight_sync=server.weight_sync, server_command=server.command, trainer_command=trainer.command)
 
 
+def train_against(server: RolloutServer, config: ServerModeConfig, train_config: TrainConfig,
+                  module: str = "grpo_lab.scale", base_url: str | None = None, spec: dict[str, Any] | None = None,
+                  **fields: Any) -> tuple[TrainerProcess, dict[str, Any]]:
+    """Launch ``module``'s trainer for a resolved ``train_config`` (plus ``fields``) against ``server`` (``base_url``
+    replaces its address) with ``spec``'s entries; return it and its :func:`result_fields`."""
+    run_dir = Path(train_config.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    base_url = base_url or server.base_url
+    sync_dir = run_dir / SYNC_FOLDER if server.weight_sync == "file" else None
+    train_config = dataclasses.replace(train_config, vllm_server_base_url=base_url,
+                                       vllm_server_timeout=config.startup_timeout_s, **fields)
+    spec = {"train_config": train_config.to_dict(), "base_url": base_url, "sync_dir": sync_dir and str(sync_dir),
+            "result_path": str(run_dir / "trainer_result.json"), **(spec or {})}
+    trainer = launch_trainer(server, config, run_dir, spec, bool(train_config.bf16), module, sync_dir)
+    return trainer, result_fields(server, trainer, run_dir)
+
+
 def train_with_server(server: RolloutServer, config: ServerModeConfig, train_config: TrainConfig) -> ServerModeResult:
     """Run :func:`grpo_lab.train.train` (a resolved ``train_config`` with ``vllm_mode="server"``) under ``accelerate
     launch`` against a running ``server``; return the run folder, step times and the server's counts."""
     if train_config.vllm_mode != "server" or not train_config.use_vllm:
         raise ConfigError("train_config must have use_vllm=True and vllm_mode='server' (use run_server_mode, or "
                          "server_train_config(train_config)).")
-    run_dir = Path(train_config.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    sync_dir = run_dir / SYNC_FOLDER if server.weight_sync == "file" else None
-    group_port = None
-    if server.weight_sync == "nccl":
-        group_port = config.group_port or free_port()
-    train_config = dataclasses.replace(train_config, vllm_server_base_url=server.base_url,
-                                       vllm_server_timeout=config.startup_timeout_s,
-                                       **({"vllm_group_port": group_port} if group_port else {}))
-    spec = {"train_config": train_config.to_dict(), "sync_dir": str(sync_dir) if sync_dir else None,
-            "result_path": str(run_dir / "trainer_result.json")}
-    trainer = launch_trainer(server, config, run_dir, spec, bool(train_config.bf16), sync_dir=sync_dir)
-    result = ServerModeResult(**result_fields(server, trainer, run_dir))
-    (run_dir / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
-    return result
+    group = {"vllm_group_port": config.group_port or free_port()} if server.weight_sync == "nccl" else {}
+    return ServerModeResult(**train_against(server, config, train_config, **group)[1]).save(RESULT_FILE)
 
 
 def server_train_config(train_config: TrainConfig, machine: Machine | None = None) -> TrainConfig:
@@ -185,24 +198,35 @@ def server_train_config(train_config: TrainConfig, machine: Machine | None = Non
     return config
 
 
-def run_server_mode(config: ServerModeConfig | None = None, train_config: TrainConfig | None = None
-                    ) -> ServerModeResult:
-    """Server mode end to end: plan the devices, start the rollout server and, while it starts, the trainer; train;
-    stop everything. :class:`ScaleOutError` names the log file when the server or the trainer fails."""
+def serve_and_train(config: ServerModeConfig | None, train_config: TrainConfig | None,
+                    resolve: Callable[[TrainConfig], TrainConfig], train_with: Callable[..., R], name: str,
+                    why_one: str, settings: str = "") -> R:
+    """A layout end to end: plan the devices, resolve the experiment, start the rollout server and, while it starts,
+    the trainer (``train_with(server, config, train_config)``); stop everything. ``name``, ``why_one`` and ``settings``
+    word what it prints, and why it trains on one device."""
     config = (config or ServerModeConfig()).resolved()
     plan = plan_devices(config.device, rollout_devices=config.rollout_devices, train_devices=config.train_devices)
     if plan.num_train_processes > 1:
-        raise ConfigError(f"train_devices={list(plan.train_devices)}: grpo_lab.train writes its run folder from one "
-                         f"process, so server mode trains on one device for now. Pass one training device (the "
-                         f"others can serve rollouts: tensor parallel).")
-    train_config = server_train_config(train_config or TrainConfig())
-    print(f"Server mode: {plan.describe()}; weight sync: {config.weight_sync}; run folder {train_config.output_dir}")
+        raise ConfigError(f"train_devices={list(plan.train_devices)}: {why_one}, so {name[0].lower() + name[1:]} "
+                          f"trains on one device for now. Pass one training device (the others can serve rollouts: "
+                          f"tensor parallel).")
+    train_config = resolve(train_config or TrainConfig())
+    print(f"{name}: {plan.describe()}; weight sync: {config.weight_sync}{settings}; run folder "
+          f"{train_config.output_dir}")
     with launch_rollout_server(config, train_config, plan, wait=False) as server:
         print(f"Rollout server starting at {server.base_url}; the trainer loads meanwhile ...")
-        result = train_with_server(server, config, train_config)
+        result = train_with(server, config, train_config)
     print(f"Rollout server was ready after {result.server_start_seconds:.0f} s; trained {result.global_step} steps in "
           f"{result.train_seconds:.0f} s")
     return result
+
+
+def run_server_mode(config: ServerModeConfig | None = None, train_config: TrainConfig | None = None
+                    ) -> ServerModeResult:
+    """Server mode end to end (:func:`serve_and_train`); :class:`ScaleOutError` names the log file when the server or
+    the trainer fails."""
+    return serve_and_train(config, train_config, server_train_config, train_with_server, "Server mode",
+                           "grpo_lab.train writes its run folder from one process")
 
 
 def run_trainer(spec_path: str | Path) -> int:

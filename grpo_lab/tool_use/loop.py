@@ -1,8 +1,5 @@
-"""TRL's tool loop played on a rollout engine, and the evaluation of tool use before and after: each turn generated
-greedily, parsed by TRL's ``parse_response``, each call run through the guard of :mod:`grpo_lab.tools` and its answer
-appended as ``GRPOTrainer`` appends it, within ``max_tool_calling_iterations`` and ``max_completion_length``. A
-:class:`ToolUseReport` holds one :class:`Conversation` per problem and every share with its standard error.
-"""
+"""TRL's tool loop played on a rollout engine (greedy turns parsed by TRL's ``parse_response``, calls run through
+:mod:`grpo_lab.tools`' guard, answers appended as ``GRPOTrainer`` appends them), and the evaluation of tool use."""
 
 from __future__ import annotations
 
@@ -37,7 +34,7 @@ class Conversation:
     calls: int = 0
     """Calls the model wrote (each ``<tool_call>`` it opened), parsed or not."""
     ran: int = 0
-    """Calls that ran and returned an answer (``ok`` or ``not_text`` in the guard)."""
+    """Calls that ran and returned an answer."""
     errors: Counter = field(default_factory=Counter)
     """Failed calls by kind (:data:`EVAL_ERROR_KINDS`)."""
     capped: bool = False
@@ -63,12 +60,12 @@ PER_PROBLEM = {"called": lambda c: c.calls > 0, "correct": lambda c: c.correct, 
 
 @dataclass
 class ToolUseReport:
-    """Tool use and accuracy over held-out problems (one greedy :class:`Conversation` each), every share with its
-    standard error (of a mean over problems, or over calls for the share of calls that ran)."""
+    """Tool use and accuracy over held-out problems (one greedy :class:`Conversation` each), shares with their
+    standard errors."""
 
     label: str
     offered: bool
-    """Whether the tools were offered (listed in the prompt); without them the prompt is the plain ChatML one."""
+    """Whether the tools were listed in the prompt."""
     conversations: list[Conversation]
     seconds: float
 
@@ -126,8 +123,8 @@ def paired_gain(what: str, before: ToolUseReport, after: ToolUseReport, measure:
 
 
 def tool_suffix_text(tokenizer: Any, tool_messages: Sequence[dict[str, Any]]) -> str:
-    """The text TRL appends after a turn that called tools: the tools' answers and the next assistant header, cut
-    from the chat template as ``GRPOTrainer._get_tool_suffix_ids`` cuts it (after the call turn's end token)."""
+    """The text TRL appends after a turn that called tools (the answers and the next assistant header), cut from the
+    chat template as ``GRPOTrainer._get_tool_suffix_ids`` cuts it."""
     call = {"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}
     head = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
     prefix = tokenizer.apply_chat_template(head, tokenize=False)
@@ -140,8 +137,8 @@ def tool_suffix_text(tokenizer: Any, tool_messages: Sequence[dict[str, Any]]) ->
 
 
 def run_call(call: dict[str, Any], tools: dict[str, GuardedTool], conversation: Conversation) -> dict[str, Any]:
-    """Run one parsed call as TRL runs it (``tool(**arguments)``), record how it ended, return the tool message with
-    what TRL would hand the model (the answer, or ``{'error': ...}``)."""
+    """Run one parsed call as TRL runs it (``tool(**arguments)``), record how it ended, return the tool message TRL
+    would hand the model."""
     function = call.get("function", call)
     name, arguments = function.get("name", "unknown"), function.get("arguments")
     if name not in tools:
@@ -158,9 +155,9 @@ def run_call(call: dict[str, Any], tools: dict[str, GuardedTool], conversation: 
 
 
 def turn_batches(prompt_tokens: Sequence[int], budgets: Sequence[int], window: int) -> list[tuple[list[int], int]]:
-    """The rows of one turn as ``(rows, max_tokens)`` generate calls that fit the engine's context ``window``: one
-    ``max_tokens`` per call, the largest budget among its rows (capped where a prompt leaves less room, as vLLM caps
-    a request at ``max_model_len``); a row with no budget or no room left is left out, as TRL ends an overlong answer."""
+    """One turn's rows as ``(rows, max_tokens)`` generate calls that fit the context ``window`` (``max_tokens``: the
+    largest budget of the call's rows, capped where a prompt leaves less room); rows with no room left are left out,
+    as TRL ends an overlong answer."""
     batches: list[tuple[list[int], int]] = []
     longest = 0
     for row in sorted(range(len(budgets)), key=lambda k: -budgets[k]):
@@ -177,9 +174,8 @@ def turn_batches(prompt_tokens: Sequence[int], budgets: Sequence[int], window: i
 
 def play_tool_loop(engine: RolloutEngine, prompts: Sequence[str], tool_set: ToolSet | None,
                    max_completion_length: int, max_tool_calling_iterations: int | None = None) -> list[Conversation]:
-    """Greedy answers to rendered ``prompts`` on ``engine``, with TRL's tool loop when ``tool_set`` is given: a turn
-    that calls tools gets their answers appended and the model goes on, for at most ``max_tool_calling_iterations``
-    rounds of calls (None: until it stops calling) and ``max_completion_length`` tokens in all."""
+    """Greedy answers to rendered ``prompts``, with TRL's tool loop when ``tool_set`` is given: at most
+    ``max_tool_calling_iterations`` rounds of calls (None: until it stops calling), ``max_completion_length`` tokens."""
     tokenizer = engine.tokenizer
     tools = {guard.name: guard for guard in tool_set.guards} if tool_set else {}
     conversations = [Conversation() for _ in prompts]
@@ -247,10 +243,9 @@ def evaluate_tool_use(model: str | Path, rows: Sequence[dict[str, Any]], tools: 
                       max_completion_length: int, max_tool_calling_iterations: int | None = None, label: str = "",
                       engine: RolloutEngine | None = None, backend: str = "auto",
                       **engine_settings: Any) -> ToolUseReport:
-    """Tool use and accuracy of ``model`` on ``rows`` (greedy), with ``tools`` offered (None: without them, the
-    plain prompt). A tokenizer without a tool template gets the course's (:func:`grpo_lab.tools.use_tool_template`),
-    so a base model is asked as the primed one will be. ``engine``: one already running with ``model``'s weights (a
-    trainer's lent engine), left running; else one is opened here (``backend``, ``engine_settings``) and stopped."""
+    """Greedy tool use and accuracy of ``model`` on ``rows`` with ``tools`` offered (None: the plain prompt). A
+    tokenizer without a tool template gets the course's, so a base model is asked as the primed one will be.
+    ``engine``: one running ``model``'s weights, left running; else one is opened (``backend``, ``engine_settings``)."""
     if not rows:
         raise ConfigError("no rows to evaluate")
     started = time.perf_counter()

@@ -1,13 +1,11 @@
-"""The priming: a short supervised fine-tune on tool-call traces (:mod:`.traces`) through TRL's ``SFTTrainer``, loss on
-the assistant's tokens only, saved with the course's tool template and TRL's parser for it."""
+"""The priming: a short supervised fine-tune on tool-call traces (:mod:`.traces`) through TRL's ``SFTTrainer``."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +18,8 @@ from grpo_lab.tool_use.traces import priming_rows
 from grpo_lab.tools import calculator, use_tool_template
 
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
-"""Qwen2.5's added tokens for its tool format: :func:`prime` adds those a tokenizer lacks (one token for each tag,
-where a small byte-level vocabulary spells it out in a dozen), with a row of the embedding each."""
+"""Qwen2.5's tool-format tokens: one token per tag where a byte-level vocabulary spells it out in a dozen."""
+
 
 @dataclass(frozen=True)
 class PrimingConfig:
@@ -31,21 +29,20 @@ class PrimingConfig:
     tool_share: float = 0.5
     """Share of the traces with the tool offered that call it; the others answer directly."""
     plain_share: float = 0.2
-    """Share of the traces without the tool offered (the plain prompt and answer): the model keeps answering where no
-    tool is listed, so its accuracy without the tool stays a fair comparison."""
+    """Share of the traces without the tool offered: its accuracy without the tool stays a fair comparison."""
     num_train_epochs: float = 1.0
     learning_rate: float = 1e-3
     lr_scheduler_type: str = "constant"
     per_device_train_batch_size: int = 8
     max_length: int = 320
     add_tool_tokens: bool = True
-    """Add :data:`TOOL_TOKENS` the tokenizer lacks (worth it where a byte-level vocabulary spells each tag out)."""
+    """Add the :data:`TOOL_TOKENS` the tokenizer lacks."""
     seed: int = 0
 
 
 @dataclass
 class PrimedModel:
-    """A primed model folder (safetensors, the tool chat template, TRL's parser as ``response_template``, manifest)."""
+    """A primed model folder: weights, the tool chat template, TRL's parser as ``response_template``, a manifest."""
 
     path: Path
     seconds: float
@@ -56,12 +53,12 @@ class PrimedModel:
     loss_log: list[dict[str, float]]
     """``{"step", "loss"}`` every 10 steps."""
     config: dict[str, Any]
-    """The :class:`PrimingConfig` it ran, and the tokens it added."""
+    """The :class:`PrimingConfig` it ran and the tokens it added."""
 
 
 def add_tool_tokens(model: Any, tokenizer: Any) -> list[str]:
-    """Add the :data:`TOOL_TOKENS` ``tokenizer`` lacks, each with an embedding row that starts at the mean of the
-    others (the model's output layer, tied or not, grows with it); returns the tokens added."""
+    """Add the :data:`TOOL_TOKENS` ``tokenizer`` lacks, each with embedding (and output) rows at the mean of the
+    others; return the tokens added."""
     missing = [token for token in TOOL_TOKENS if token not in tokenizer.get_vocab()]
     if missing and tokenizer.add_tokens(missing):
         embeddings = model.resize_token_embeddings(len(tokenizer), mean_resizing=False).weight
@@ -72,26 +69,14 @@ def add_tool_tokens(model: Any, tokenizer: Any) -> list[str]:
     return missing
 
 
-@contextlib.contextmanager
-def _datasets_progress_off() -> Iterator[None]:
-    """No ``datasets`` progress bars while TRL tokenizes (restored after)."""
-    import datasets
-
-    was_on = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if was_on:
-            datasets.enable_progress_bars()
-
-
 def prime(model: str | Path, rows: Sequence[dict[str, Any]], out_dir: str | Path,
           config: PrimingConfig = PrimingConfig()) -> PrimedModel:
     """Fine-tune ``model`` on :func:`priming_rows` of ``rows`` with TRL's ``SFTTrainer`` (loss on the assistant's
-    tokens only: the tool's answers are context, as in GRPO), and save it to ``out_dir`` (replaced) with the tool
+    tokens only: the tool's answers are context, as in GRPO); save it to ``out_dir`` (replaced) with the tool
     template, TRL's parser and a manifest."""
+    import datasets
     from transformers.trainer_callback import PrinterCallback
+    from transformers.utils import get_json_schema
     from trl import SFTConfig, SFTTrainer
 
     if len(rows) < config.num_train_rows:
@@ -102,7 +87,7 @@ def prime(model: str | Path, rows: Sequence[dict[str, Any]], out_dir: str | Path
     use_tool_template(tokenizer)
     added = add_tool_tokens(model_obj, tokenizer) if config.add_tool_tokens else []
     examples = priming_rows(rows[:config.num_train_rows], config.tool_share, config.plain_share, config.seed)
-    schema = json.dumps([_schema(calculator)])
+    schema = json.dumps([get_json_schema(calculator)])
     work = out_dir.parent / f".{out_dir.name}.sft"
     args = SFTConfig(output_dir=str(work), num_train_epochs=config.num_train_epochs,
                      learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler_type,
@@ -111,9 +96,14 @@ def prime(model: str | Path, rows: Sequence[dict[str, Any]], out_dir: str | Path
                      use_cpu=device.is_cpu(kind), bf16=device.is_accelerator(kind) and device.bf16_supported(kind),
                      save_strategy="no", report_to="none", logging_steps=10, dataloader_num_workers=0,
                      gradient_checkpointing=False, disable_tqdm=True)
-    with _datasets_progress_off():
+    progress = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # while TRL tokenizes
+    try:
         dataset = to_dataset([{**example, "tools": schema if example["tools"] else "[]"} for example in examples])
         trainer = SFTTrainer(model=model_obj, args=args, train_dataset=dataset, processing_class=tokenizer)
+    finally:
+        if progress:
+            datasets.enable_progress_bars()
     trainer.remove_callback(PrinterCallback)  # the loss goes to the record, not to the output
     result = trainer.train()
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -133,9 +123,3 @@ def prime(model: str | Path, rows: Sequence[dict[str, Any]], out_dir: str | Path
     runs.record_use(out_dir, "primed")
     return PrimedModel(out_dir, time.perf_counter() - started, result.training_loss, result.global_step,
                        len(examples), calling, loss_log, {**asdict(config), "added_tokens": added})
-
-
-def _schema(tool: Any) -> dict[str, Any]:
-    from transformers.utils import get_json_schema
-
-    return get_json_schema(tool)

@@ -1,6 +1,5 @@
-"""Tool-call traces from the course's own problems: each training row knows its calculation (its reference working,
-``"60 ÷ 2 = 30 km/h"``), so a trace calls ``calculator(expression="60 ÷ 2")``, reads the tool's answer and answers
-``#### 30``; :func:`priming_rows` mixes such traces with direct answers, with the tool offered or not.
+"""Tool-call traces from the course's own problems: a row's reference working (``"60 ÷ 2 = 30 km/h"``) gives the
+call, the tool's answer and ``#### 30``; :func:`priming_rows` mixes them with direct answers.
 
 >>> row = {"prompt": [{"role": "user", "content": "Q"}], "answer": "30", "completion": "60 ÷ 2 = 30 km/h\\n#### 30"}
 >>> trace(row, call_tool=True)["completion"][0]["tool_calls"][0]["function"]["arguments"]
@@ -28,9 +27,8 @@ def expression_of(row: dict[str, Any]) -> str:
 
 
 def trace(row: dict[str, Any], call_tool: bool, tool_answer: str | None = None) -> dict[str, Any]:
-    """One conversational SFT example (TRL's prompt-completion format): the row's prompt, then either a calculator call
-    with its answer (``tool_answer``, default the calculator's own) followed by the reference answer, or the reference
-    answer alone."""
+    """One SFT example (TRL's conversational prompt-completion format): a calculator call, its answer (``tool_answer``,
+    default the calculator's) and the reference answer, or the reference answer alone."""
     if not call_tool:
         return {"prompt": row["prompt"], "completion": [{"role": "assistant", "content": row["completion"]}]}
     expression = expression_of(row)
@@ -45,9 +43,8 @@ def trace(row: dict[str, Any], call_tool: bool, tool_answer: str | None = None) 
 
 def priming_rows(rows: Sequence[dict[str, Any]], tool_share: float, plain_share: float = 0.0,
                  seed: int = 0) -> list[dict[str, Any]]:
-    """A trace per row, each with a ``"tools"`` flag: ``plain_share`` of them without the tool offered (the plain
-    prompt, the reference answer), and of the others ``tool_share`` calling the calculator, the rest answering
-    directly. Which row gets which is drawn with ``seed``."""
+    """A trace per row with a ``"tools"`` flag: ``plain_share`` without the tool offered, and of the others
+    ``tool_share`` calling the calculator, the rest answering directly (drawn with ``seed``)."""
     for name, share in (("tool_share", tool_share), ("plain_share", plain_share)):
         if not 0 <= share <= 1:
             raise ConfigError(f"{name}={share}: a share of the traces, from 0 to 1")

@@ -61,8 +61,10 @@ class VerlExport:
 
 def export_verl(out_dir: str | Path, config: TrainConfig | None = None, target: VerlTarget | None = None,
                 overwrite: bool = False, validate: bool = True, deep: bool = False) -> VerlExport:
-    """Write the verl export of ``config`` (default: the profile's experiment) for ``target`` into ``out_dir``;
-    ``validate`` checks the overrides against verl's config (:func:`validate_overrides`) where it is found."""
+    """Write the verl export of ``config`` (default: the profile's) for ``target`` into ``out_dir``; ``validate``
+    checks the overrides against verl's config where it is found (:func:`validate_overrides`)."""
+    import yaml
+
     profiled = (config or TrainConfig()).with_profile()
     target = (target or VerlTarget()).resolved(PROFILE_DEVICE[profiled.profile], profiled.profile, profiled.eval_size)
     config = resolve_experiment(profiled, target.device)
@@ -87,7 +89,10 @@ def export_verl(out_dir: str | Path, config: TrainConfig | None = None, target: 
     write_parquet(verl_rows(test_rows, "eval"), folder / TEST_FILE)
     shutil.copyfile(Path(rewards_module.__file__), folder / REWARDS_SNAPSHOT)
     (folder / REWARD_FILE).write_text(reward_module_source(config.rewards, weights), encoding="utf-8")
-    (folder / OVERRIDES_FILE).write_text(_overrides_yaml(overrides), encoding="utf-8")
+    (folder / OVERRIDES_FILE).write_text(
+        "# Hydra overrides of verl's ppo_trainer config (python3 -m verl.trainer.main_ppo key=value ...).\n"
+        f"# Paths of {', '.join(PATH_KEYS)} are relative to this folder; {LAUNCH_FILE} makes them absolute.\n"
+        + yaml.safe_dump(overrides, sort_keys=False, allow_unicode=True, width=120), encoding="utf-8")
     script = folder / LAUNCH_FILE
     script.write_text(launch_script(overrides, target), encoding="utf-8")
     script.chmod(0o755)
@@ -104,14 +109,6 @@ def export_verl(out_dir: str | Path, config: TrainConfig | None = None, target: 
                 "files": export.files, "verl_run": "not run by grpo_lab"}
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
     return export
-
-
-def _overrides_yaml(overrides: dict[str, Any]) -> str:
-    import yaml
-
-    head = ("# Hydra overrides of verl's ppo_trainer config (python3 -m verl.trainer.main_ppo key=value ...).\n"
-            f"# Paths of {', '.join(PATH_KEYS)} are relative to this folder; {LAUNCH_FILE} makes them absolute.\n")
-    return head + yaml.safe_dump(overrides, sort_keys=False, allow_unicode=True, width=120)
 
 
 @dataclass

@@ -23,11 +23,11 @@ from grpo_lab.verl_export.folder import (
 )
 from grpo_lab.verl_export.target import VerlTarget
 
-# TRL name -> verl name, for the settings whose vocabulary differs
 LOSS_AGG_MODE = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean",
                  "dr_grpo": "seq-mean-token-sum-norm"}
 LR_SCHEDULER = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine"}
 NORM_BY_STD = {"group": True, "none": False, "false": False, "true": True}
+"""TRL name -> verl name, for the settings whose vocabulary differs."""
 
 
 @dataclass
@@ -40,10 +40,8 @@ class Setting:
 
 
 def resolve_experiment(config: TrainConfig | None, device: str = "cuda") -> TrainConfig:
-    """The experiment with every field filled for a verl target of kind ``device``: the profile's values, the
-    model's training types, and vLLM's share (``"auto"`` becomes the export's default,
-    ``memory.VLLM_MEMORY_FRACTION["verl"]``: verl frees the rollout's memory during the update). No machine facts of
-    this machine are read: verl picks its own dtype on its own devices."""
+    """The experiment filled for a verl target of kind ``device`` (profile, training types; an ``"auto"`` vLLM share
+    becomes ``memory.VLLM_MEMORY_FRACTION["verl"]``), without reading this machine: verl picks its own dtype."""
     config = (config or TrainConfig()).with_profile()
     values: dict[str, Any] = {"device": device, "output_dir": None}
     if config.train_types is None:
@@ -54,17 +52,17 @@ def resolve_experiment(config: TrainConfig | None, device: str = "cuda") -> Trai
 
 
 def grpo_settings(config: TrainConfig, target: VerlTarget, num_train_rows: int) -> list[Setting]:
-    """verl's overrides for a resolved experiment on a resolved target, from TRL's fields of the experiment (the one
-    translation, :func:`grpo_lab.experiment.trl_kwargs`); raises early on what verl would reject."""
+    """verl's overrides for a resolved experiment and target, from its TRL fields
+    (:func:`grpo_lab.experiment.trl_kwargs`); raises early on what verl would reject."""
     trl = trl_kwargs(config, use_vllm=True, vllm_share=config.vllm_gpu_memory_utilization)
-    tp, devices = target.rollout_tensor_parallel_size, target.total_devices
-    if target.n_gpus_per_node < 1 or target.nnodes < 1 or tp < 1:
+    tp, devices, gpus = target.rollout_tensor_parallel_size, target.total_devices, target.n_gpus_per_node
+    if gpus < 1 or target.nnodes < 1 or tp < 1:
         raise ConfigError("n_gpus_per_node, nnodes and rollout_tensor_parallel_size must be at least 1 "
-                         f"(got {target.n_gpus_per_node}, {target.nnodes}, {tp}).")
-    if target.n_gpus_per_node % tp:
-        fits = [d for d in range(1, target.n_gpus_per_node + 1) if target.n_gpus_per_node % d == 0]
-        raise ConfigError(f"rollout_tensor_parallel_size={tp} does not divide n_gpus_per_node={target.n_gpus_per_node}: "
-                         f"each vLLM engine needs {tp} devices of one node. Use one of {fits}.")
+                          f"(got {gpus}, {target.nnodes}, {tp}).")
+    if gpus % tp:
+        fits = [d for d in range(1, gpus + 1) if gpus % d == 0]
+        raise ConfigError(f"rollout_tensor_parallel_size={tp} does not divide n_gpus_per_node={gpus}: each vLLM engine "
+                          f"needs {tp} devices of one node. Use one of {fits}.")
     loss_agg = LOSS_AGG_MODE.get(trl["loss_type"])
     if loss_agg is None:
         raise ConfigError(f"loss_type={trl['loss_type']!r} has no verl equivalent here; use one of "
@@ -175,11 +173,7 @@ def hydra_value(value: Any) -> str:
         plain = False
     except ValueError:
         pass
-    return text if plain else _quote(text)
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return text if plain else "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def override_args(overrides: dict[str, Any]) -> list[str]:
