@@ -136,6 +136,7 @@ def test_import_grpo_lab_is_cheap():
 def test_version_is_pyprojects():
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     assert grpo_lab.__version__ == project["version"] == "0.3.0"
+    assert f"## [{grpo_lab.__version__}]" in (REPO_ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
 
 
 # --- What the notebooks use -------------------------------------------------------------------------------------------
