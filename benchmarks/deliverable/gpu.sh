@@ -4,6 +4,7 @@
 # (benchmarks/course_gpu/run.sh); `wait` collects both into $OUT.
 #
 #   GRPO_LAB_COMMIT=<sha> bash benchmarks/deliverable/gpu.sh start
+#   DELIVERABLE_COURSE=0 DELIVERABLE_ARGS="--eval-size 200" ... start   # the rows alone, 200 held-out problems
 #   bash benchmarks/deliverable/gpu.sh wait        # waits up to DELIVERABLE_WAIT_S (540 s), then packs what is there
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,7 +19,9 @@ case ${1:-} in
       export PYTHONPATH=/tmp/grpo-gpu-site:/tmp/repo-run:/tmp/grpo-lab-path PATH=/tmp/grpo-gpu-site/bin:\$PATH \
         VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 MPLBACKEND=Agg \
         GRPO_LAB_PROFILE=gpu GRPO_LAB_MODEL=/tmp/grpo-smollm2/model GRPO_LAB_DEVICE_MEMORY_GIB=$CAP
-      python3 benchmarks/deliverable/run.py --out $WORK/rows > $WORK/rows.log 2>&1; echo \$? > $WORK/rows.exit
+      python3 benchmarks/deliverable/run.py --out $WORK/rows ${DELIVERABLE_ARGS:-} > $WORK/rows.log 2>&1
+      echo \$? > $WORK/rows.exit
+      if [ \"${DELIVERABLE_COURSE:-1}\" = 0 ]; then echo done > $WORK/done; exit 0; fi
       COURSE=$WORK/course COURSE_CAP_GIB=$CAP COURSE_NOTEBOOKS='notebooks/03_grpo_training.ipynb notebooks/04_memory_budget.ipynb notebooks/05_deployment.ipynb' \
         bash benchmarks/course_gpu/run.sh foreground-no-pack
       recipe=\$(ls -t $WORK/course/grpo-*/trl_recipe.py 2>/dev/null | head -1)
