@@ -5,11 +5,10 @@ One entry point turns names or functions into what training, the notebooks and t
 This file uses the standard library only: the verl export copies it verbatim into its reward module.
 
 Every reward here is a callable ``f(prompts, completions, **kwargs) -> list[float | None]``, the form
-``trl.GRPOTrainer(reward_funcs=[...])`` accepts. ``completions`` are plain strings or chat-message lists
-(``[{"role": "assistant", "content": "..."}]``, what TRL passes for conversational datasets), and the
-dataset columns (``answer``, ``unit``, ``type``, ``lang`` …) arrive as keyword lists, one value per
-completion. ``None`` means "this reward does not apply to this sample"; TRL turns it into NaN and leaves
-it out of the sum.
+``trl.GRPOTrainer(reward_funcs=[...])`` accepts. ``completions`` are plain strings or chat-message lists (what TRL
+passes for conversational datasets), and the dataset columns (``answer``, ``unit``, ``type``, ``lang`` …) arrive as
+keyword lists, one value per completion. ``None`` means "this reward does not apply to this sample"; TRL turns it
+into NaN and leaves it out of the sum.
 
 >>> reward = get_reward("correctness")
 >>> reward(prompts=["q"], completions=["60 ÷ 2 = 30 km/h\\n#### 30"], answer=["30"])
@@ -58,8 +57,6 @@ RewardFunc = Callable[..., list]
 
 
 # --- Completions as text ---
-
-
 def completion_text(completion: Any) -> str:
     """Return the text of one completion, whether TRL passed a string or a list of chat messages.
 
@@ -74,8 +71,7 @@ def completion_text(completion: Any) -> str:
         return "\n".join(_content_text(m.get("content", "")) for m in completion if isinstance(m, Mapping))
     raise TypeError(
         f"A completion must be a string or a list of chat messages, got {type(completion).__name__}. "
-        "Pass the `completions` list that TRL hands to reward functions."
-    )
+        "Pass the `completions` list that TRL hands to reward functions.")
 
 
 def _content_text(content: Any) -> str:
@@ -88,20 +84,9 @@ def _content_text(content: Any) -> str:
 
 
 # --- Number extraction ---
-
-_CHAR_MAP = str.maketrans(
-    {
-        **{chr(0xFF10 + d): str(d) for d in range(10)},  # full-width digits ０-９
-        "．": ".",  # full-width full stop used as a decimal point
-        "－": "-",  # full-width hyphen-minus
-        "−": "-",  # U+2212 minus sign
-        "／": "/",
-        "＃": "#",
-        "＋": "+",
-        "％": "%",
-        "\u3000": " ",  # ideographic space
-    }
-)
+_CHAR_MAP = str.maketrans({**{chr(0xFF10 + d): str(d) for d in range(10)},  # full-width digits ０-９
+                           "．": ".", "－": "-", "−": "-", "／": "/", "＃": "#", "＋": "+", "％": "%",  # − is U+2212
+                           "\u3000": " "})  # ideographic space
 # The full-width comma "，" is Chinese punctuation ("100，200，300" lists numbers), never a thousands separator.
 
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.]+)\s*\}\s*\{\s*(-?[\d.]+)\s*\}")
@@ -129,9 +114,7 @@ def normalize_text(text: str) -> str:
     >>> normalize_text("３．５ 小时")
     '3.5 小时'
     """
-    text = text.translate(_CHAR_MAP)
-    text = text.replace("{,}", ",")
-    return _LATEX_FRAC.sub(r"\1/\2", text)
+    return _LATEX_FRAC.sub(r"\1/\2", text.translate(_CHAR_MAP).replace("{,}", ","))
 
 
 def _to_fraction(number_text: str) -> Fraction | None:
@@ -148,12 +131,8 @@ def find_numbers(text: str) -> list[tuple[str, Fraction]]:
     >>> [str(v) for _, v in find_numbers("共 1,200 元，每人 -3/4 个")]
     ['1200', '-3/4']
     """
-    found = []
-    for match in _NUMBER.finditer(normalize_text(text)):
-        value = _to_fraction(match.group("number"))
-        if value is not None:
-            found.append((match.group("number"), value))
-    return found
+    return [(m.group("number"), value) for m in _NUMBER.finditer(normalize_text(text))
+            if (value := _to_fraction(m.group("number"))) is not None]
 
 
 def parse_number(text: str) -> float | None:
@@ -204,28 +183,19 @@ def extract_answer(completion: Any, marker: str = ANSWER_MARKER) -> ExtractedAns
     """
     text = normalize_text(completion_text(completion))
     if marker and marker in text:
-        after = text.rsplit(marker, 1)[1].split("\n", 1)[0]
-        numbers = find_numbers(after)
-        if numbers:
-            return ExtractedAnswer(float(numbers[0][1]), numbers[0][0], "marker")
-        return ExtractedAnswer(None, None, "none", f"the marker '{marker}' is there but no number follows it")
-    boxed = _boxed_contents(text)
-    if boxed:
-        numbers = find_numbers(boxed[-1])
-        if numbers:
-            return ExtractedAnswer(float(numbers[0][1]), numbers[0][0], "boxed")
-        return ExtractedAnswer(None, None, "none", r"\boxed{} is there but holds no number")
-    numbers = find_numbers(text)
-    if numbers:
-        return ExtractedAnswer(float(numbers[-1][1]), numbers[-1][0], "last number")
-    if not text.strip():
-        return ExtractedAnswer(None, None, "none", "the completion is empty")
-    return ExtractedAnswer(None, None, "none", "no number found in the completion")
+        found_by, numbers = "marker", find_numbers(text.rsplit(marker, 1)[1].split("\n", 1)[0])
+        problem = f"the marker '{marker}' is there but no number follows it"
+    elif boxed := _boxed_contents(text):
+        found_by, numbers, problem = "boxed", find_numbers(boxed[-1]), r"\boxed{} is there but holds no number"
+    else:
+        found_by, numbers = "last number", find_numbers(text)[-1:]
+        problem = "no number found in the completion" if text.strip() else "the completion is empty"
+    if not numbers:
+        return ExtractedAnswer(None, None, "none", problem)
+    return ExtractedAnswer(float(numbers[0][1]), numbers[0][0], found_by)
 
 
 # --- Answer correctness ---
-
-
 @dataclass(frozen=True)
 class AnswerCheck:
     """The verdict on one completion: its score and, in words, why."""
@@ -247,20 +217,12 @@ def reference_value(answer: Any) -> float:
     if expected is None:
         raise DataError(
             f"The reference answer {answer!r} holds no number. Fix the dataset's `answer` column: it must "
-            "be the numeric final answer as a string, e.g. '60'."
-        )
+            "be the numeric final answer as a string, e.g. '60'.")
     return expected
 
 
-def check_answer(
-    completion: Any,
-    answer: Any,
-    *,
-    require_marker: bool = False,
-    marker: str = ANSWER_MARKER,
-    rel_tol: float = 1e-9,
-    abs_tol: float = 1e-6,
-) -> AnswerCheck:
+def check_answer(completion: Any, answer: Any, *, require_marker: bool = False, marker: str = ANSWER_MARKER,
+                 rel_tol: float = 1e-9, abs_tol: float = 1e-6) -> AnswerCheck:
     """Score one completion against the reference ``answer`` (1.0 correct, 0.0 otherwise) and say why.
 
     >>> check_answer("#### 1,200 元", "1200").reason
@@ -343,9 +305,8 @@ class CorrectnessReward:
     def explain(self, completions: Sequence[Any], **kwargs: Any) -> list[AnswerCheck]:
         """The per-sample verdicts (score, predicted, expected, reason) behind ``__call__``."""
         answers = _column(kwargs, self.answer_column, self.name, len(completions))
-        options = dict(
-            require_marker=self.require_marker, marker=self.marker, rel_tol=self.rel_tol, abs_tol=self.abs_tol
-        )
+        options = dict(require_marker=self.require_marker, marker=self.marker, rel_tol=self.rel_tol,
+                       abs_tol=self.abs_tol)
         return [check_answer(c, a, **options) for c, a in zip(completions, answers)]
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
@@ -353,8 +314,6 @@ class CorrectnessReward:
 
 
 # --- Format, length, keywords, repetition ---
-
-
 @dataclass
 class FormatReward:
     """1.0 when the answer marker appears exactly once and a number follows it on its line, else 0.0."""
@@ -428,13 +387,9 @@ class ContainsAnswerReward:
         self.__name__ = self.name
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
-        answers = _column(kwargs, self.answer_column, self.name, len(completions))
-        scores = []
-        for completion, answer in zip(completions, answers):
-            expected = reference_value(answer)
-            values = [float(v) for _, v in find_numbers(completion_text(completion))]
-            scores.append(1.0 if any(math.isclose(v, expected, abs_tol=1e-6) for v in values) else 0.0)
-        return scores
+        expected = [reference_value(a) for a in _column(kwargs, self.answer_column, self.name, len(completions))]
+        return [float(any(math.isclose(float(v), e, abs_tol=1e-6) for _, v in find_numbers(completion_text(c))))
+                for c, e in zip(completions, expected)]
 
 
 _TOKEN = re.compile(r"[\u3400-\u9fff]|[^\W_]+|[^\w\s]+")
@@ -468,17 +423,13 @@ class RepetitionPenalty:
     def score(self, completion: Any) -> float:
         tokens = tokenize_for_repetition(completion_text(completion))
         ngrams = [tuple(tokens[i : i + self.ngram_size]) for i in range(len(tokens) - self.ngram_size + 1)]
-        if not ngrams:
-            return 0.0
-        return self.max_penalty * (1 - len(set(ngrams)) / len(ngrams)) + 0.0  # + 0.0 turns -0.0 into 0.0
+        return self.max_penalty * (1 - len(set(ngrams)) / len(ngrams)) + 0.0 if ngrams else 0.0  # + 0.0: -0.0 -> 0.0
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         return [self.score(c) for c in completions]
 
 
 # --- Weighted combination (TRL's reward_weights semantics) ---
-
-
 def reward_name(fn: Callable) -> str:
     """The name TRL logs a reward under (``rewards/<name>/mean``): ``__name__``, else the class name."""
     while isinstance(fn, functools.partial):  # as trl.trainer.utils.get_callable_name does
@@ -495,10 +446,8 @@ def weighted_sum(values: Sequence[float | None], weights: Sequence[float]) -> fl
     """
     if len(values) != len(weights):
         raise ConfigError(f"Got {len(values)} rewards but {len(weights)} weights; give one weight per reward function.")
-    present = [(v, w) for v, w in zip(values, weights) if v is not None and not math.isnan(v)]
-    if not present:
-        return None
-    return sum(v * w for v, w in present)
+    present = [v * w for v, w in zip(values, weights) if v is not None and not math.isnan(v)]
+    return sum(present) if present else None
 
 
 @dataclass
@@ -522,27 +471,20 @@ class RewardTable:
         return pd.DataFrame(self.rows())
 
 
-def score_all(
-    reward_funcs: Sequence[Callable],
-    prompts: Sequence[Any],
-    completions: Sequence[Any],
-    reward_weights: Sequence[float] | None = None,
-    **columns: Any,
-) -> RewardTable:
+def score_all(reward_funcs: Sequence[Callable], prompts: Sequence[Any], completions: Sequence[Any],
+              reward_weights: Sequence[float] | None = None, **columns: Any) -> RewardTable:
     """Run each reward function once on the batch and combine them as ``GRPOTrainer`` does with
     ``GRPOConfig(reward_weights=...)`` (default weight 1.0 each)."""
     weights = [1.0] * len(reward_funcs) if reward_weights is None else [float(w) for w in reward_weights]
     if len(weights) != len(reward_funcs):
         raise RewardValidationError(
-            f"Number of reward weights ({len(weights)}) must match number of reward functions ({len(reward_funcs)})."
-        )
+            f"Number of reward weights ({len(weights)}) must match number of reward functions ({len(reward_funcs)}).")
     per_func = [list(fn(prompts=prompts, completions=completions, **columns)) for fn in reward_funcs]
     for fn, out in zip(reward_funcs, per_func):
         if len(out) != len(completions):
             raise RewardValidationError(
                 f"Reward '{reward_name(fn)}' returned {len(out)} values for {len(completions)} completions. "
-                "Wrap it with validate_reward() to see which sample went wrong."
-            )
+                "Wrap it with validate_reward() to see which sample went wrong.")
     values = [[None if out[i] is None else float(out[i]) for out in per_func] for i in range(len(completions))]
     totals = [weighted_sum(v, weights) for v in values]
     return RewardTable([reward_name(f) for f in reward_funcs], weights, values, totals)
@@ -565,8 +507,7 @@ class WeightedReward:
         if len(self.weights) != len(self.reward_funcs):
             raise ConfigError(
                 f"Number of reward weights ({len(self.weights)}) must match number of reward functions "
-                f"({len(self.reward_funcs)}); give one weight per function, in the same order."
-            )
+                f"({len(self.reward_funcs)}); give one weight per function, in the same order.")
         self.__name__ = self.name
 
     def table(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> RewardTable:
@@ -577,15 +518,9 @@ class WeightedReward:
 
 
 # --- Registry ---
-
 _REGISTRY: dict[str, Callable[..., RewardFunc]] = {
-    "correctness": CorrectnessReward,
-    "format": FormatReward,
-    "length_window": LengthWindowReward,
-    "keyword": KeywordReward,
-    "contains_answer": ContainsAnswerReward,
-    "repetition_penalty": RepetitionPenalty,
-}
+    "correctness": CorrectnessReward, "format": FormatReward, "length_window": LengthWindowReward,
+    "keyword": KeywordReward, "contains_answer": ContainsAnswerReward, "repetition_penalty": RepetitionPenalty}
 
 
 def register_reward(name: str, factory: Callable[..., RewardFunc], *, overwrite: bool = False) -> None:
@@ -609,17 +544,11 @@ def get_reward(name: str, /, **options: Any) -> RewardFunc:
 
 
 # --- verl adapters ---
-
 _TRL_INTERNAL_KWARGS = frozenset({"completion_ids", "trainer_state", "log_extra", "log_metric", "environments"})
 
 
-def from_verl(
-    compute_score: Callable[..., Any],
-    *,
-    answer_column: str = "answer",
-    default_data_source: str = "grpo_lab",
-    name: str | None = None,
-) -> RewardFunc:
+def from_verl(compute_score: Callable[..., Any], *, answer_column: str = "answer",
+              default_data_source: str = "grpo_lab", name: str | None = None) -> RewardFunc:
     """Turn a verl ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` into a TRL reward:
     ``ground_truth`` from the ``answer_column`` column, ``data_source`` from a ``data_source`` column if any, every
     other column (and the prompt) in ``extra_info``; a number or a dict with a ``"score"`` key is accepted."""
@@ -631,23 +560,17 @@ def from_verl(
         columns = {
             k: v for k, v in kwargs.items()
             if k not in _TRL_INTERNAL_KWARGS and k not in (answer_column, "data_source")
-            and isinstance(v, Sequence) and not isinstance(v, str) and len(v) == n
-        }
+            and isinstance(v, Sequence) and not isinstance(v, str) and len(v) == n}
         scores = []
         for i, completion in enumerate(completions):
             extra_info = {"prompt": prompts[i], **{k: v[i] for k, v in columns.items()}}
-            out = compute_score(
-                data_source=sources[i],
-                solution_str=completion_text(completion),
-                ground_truth=answers[i],
-                extra_info=extra_info,
-            )
+            out = compute_score(data_source=sources[i], solution_str=completion_text(completion),
+                                ground_truth=answers[i], extra_info=extra_info)
             if isinstance(out, Mapping):
                 if "score" not in out:
                     raise RewardValidationError(
                         f"verl compute_score '{reward.__name__}' returned a dict without a 'score' key "
-                        f"(keys: {sorted(out)}). verl expects a float or a dict with 'score'."
-                    )
+                        f"(keys: {sorted(out)}). verl expects a float or a dict with 'score'.")
                 out = out["score"]
             scores.append(None if out is None else float(out))
         return scores
@@ -672,9 +595,8 @@ def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score
     """Turn a TRL reward into verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``
     (columns as :func:`_verl_columns` builds them); verl has no "not applicable": None becomes ``none_score``."""
 
-    def compute_score(
-        data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping | None = None, **_: Any
-    ) -> float:
+    def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping | None = None,
+                      **_: Any) -> float:
         prompt, columns = _verl_columns(data_source, ground_truth, extra_info, answer_column)
         out = list(trl_reward(prompts=[prompt], completions=[solution_str], **columns))
         if len(out) != 1:
@@ -688,8 +610,6 @@ def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score
 
 
 # --- Validation ---
-
-
 class RewardValidationError(GrpoLabError, ValueError):
     """A reward function broke TRL's contract; the message names the function, the sample and the fix."""
 
@@ -726,8 +646,7 @@ def check_reward_signature(fn: Callable) -> None:
     raise RewardSignatureError(
         f"Reward function '{name}' does not accept **kwargs. TRL calls it as {name}(prompts=..., completions=..., "
         "completion_ids=..., trainer_state=..., <every dataset column>=...). "
-        f"Fix: define it as `def {name}(prompts, completions, **kwargs)` and read columns from kwargs."
-    )
+        f"Fix: define it as `def {name}(prompts, completions, **kwargs)` and read columns from kwargs.")
 
 
 def _describe(value: Any) -> str:
@@ -859,8 +778,6 @@ def validate_reward(fn: Callable, mode: Literal["raise", "skip"] = "raise") -> V
 
 
 # --- The one entry point: names or functions -> guarded functions with their weights ---
-
-
 def _is_reward_model(fn: Any) -> bool:
     """A ``torch.nn.Module`` reward model (TRL scores with it itself), detected without importing torch."""
     return any(cls.__module__.startswith("torch.nn") and cls.__name__ == "Module" for cls in type(fn).__mro__)
