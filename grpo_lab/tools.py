@@ -344,8 +344,7 @@ TOOL_CHAT_TEMPLATE = (
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 """ChatML with Qwen2.5's tool-call and tool-response format, a short tool list and ``{% generation %}`` markers.
 Without tools it renders exactly what a plain ChatML template renders (no system turn unless one is given)."""
 
