@@ -1,4 +1,4 @@
-"""Carrying definitions out of a module: the source a file needs so that some of a module's functions, classes or
+r"""Carrying definitions out of a module: the source a file needs so that some of a module's functions, classes or
 constants work without the module (:func:`carry`), and the check that they do (:func:`run_alone`).
 
 The recipe writes reward functions into a script that must not import grpo_lab: it carries ``CorrectnessReward`` out
@@ -161,8 +161,8 @@ def carry(names: Sequence[str], source: str, package: str = "grpo_lab") -> Carri
             if index not in needed:
                 needed.add(index)
                 pending.extend(_used_names(statements[index]) - {name})
-    if any(_is_package_import(statements[imported[name][0]], package) for name in used_imports):
-        bad = sorted(name for name in used_imports if _is_package_import(statements[imported[name][0]], package))
+    bad = sorted(name for name in used_imports if _is_package_import(statements[imported[name][0]], package))
+    if bad:
         raise CarryError(f"the functions use {bad}, imported from {package}: a script without {package} cannot "
                           f"carry them (define them in the reward's own module)")
     imports = [_import_line(statements[index], [alias for _, alias in sorted(
@@ -188,8 +188,6 @@ def _statement_source(statements: list[ast.stmt], index: int, lines: list[str]) 
             and isinstance(following.value, ast.Constant) and isinstance(following.value.value, str)):
         last = following.end_lineno
     return textwrap.dedent("\n".join(lines[first - 1:last]))
-
-
 
 
 def run_alone(source: str, expressions: Sequence[str] = ()) -> list[Any]:
