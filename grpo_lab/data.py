@@ -43,10 +43,8 @@ from grpo_lab.rewards import extract_answer
 ANSWER_MARKER = "#### "
 LANGS: tuple[str, ...] = ("en", "zh")
 
-INSTRUCTION = {
-    "en": 'Show the calculation, then give the final answer as "#### <number>".',
-    "zh": "写出算式，最后一行写“#### 数字”。",
-}
+INSTRUCTION = {"en": 'Show the calculation, then give the final answer as "#### <number>".',
+               "zh": "写出算式，最后一行写“#### 数字”。"}
 
 
 # --- Problems ---
@@ -102,13 +100,8 @@ def _pick(rng: random.Random, options: Sequence[Any]) -> Any:
 # Small word lists: enough variety to make the prompts read naturally, few enough for a tiny tokenizer.
 _NAMES = {"en": ("Tom", "Anna", "Ben", "Lily", "Sam", "Mia"), "zh": ("小明", "小红", "小华", "小丽", "小刚", "小芳")}
 # (english singular, english plural, chinese measure word, chinese noun)
-_ITEMS = (
-    ("pen", "pens", "支", "笔"),
-    ("book", "books", "本", "书"),
-    ("apple", "apples", "个", "苹果"),
-    ("ticket", "tickets", "张", "票"),
-    ("cup", "cups", "个", "杯子"),
-)
+_ITEMS = (("pen", "pens", "支", "笔"), ("book", "books", "本", "书"), ("apple", "apples", "个", "苹果"),
+          ("ticket", "tickets", "张", "票"), ("cup", "cups", "个", "杯子"))
 _PLACES = (("room", "房间"), ("garden", "花园"), ("field", "菜地"), ("yard", "院子"))
 _VEHICLES = (("car", "一辆汽车"), ("bus", "一辆公交车"), ("train", "一列火车"), ("truck", "一辆卡车"))
 
@@ -363,8 +356,7 @@ def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8", newline="\n") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     return path
 
 
