@@ -127,9 +127,8 @@ def compute_advantages(rewards_per_func: Sequence[Sequence[float | None]] | torc
             f"rewards_per_func must be 2-D (completions × reward functions), got shape {tuple(table.shape)}.")
     n, k = table.shape
     if num_generations < 1 or n % num_generations:
-        raise DataError(
-            f"{n} completions do not split into groups of num_generations={num_generations}; a batch must hold whole "
-            "groups (completions of one prompt next to each other).")
+        raise DataError(f"{n} completions do not split into groups of num_generations={num_generations}; a batch must "
+                        "hold whole groups (completions of one prompt next to each other).")
     weights = torch.ones(k) if reward_weights is None else torch.tensor([float(w) for w in reward_weights])
     if len(weights) != k:
         raise ConfigError(f"Number of reward weights ({len(weights)}) must match number of reward functions ({k}).")
@@ -159,9 +158,8 @@ def compute_advantages(rewards_per_func: Sequence[Sequence[float | None]] | torc
         std = nanstd(rewards).expand_as(rewards) if n > 1 else torch.zeros_like(rewards)
         advantages = (rewards - group_mean) / (std + epsilon)
     else:
-        raise ConfigError(
-            "multi_objective_aggregation must be 'sum_then_normalize' or 'normalize_then_sum', "
-            f"got {multi_objective_aggregation!r}.")
+        raise ConfigError("multi_objective_aggregation must be 'sum_then_normalize' or 'normalize_then_sum', "
+                          f"got {multi_objective_aggregation!r}.")
 
     return Advantages(rewards=rewards.tolist(), group_mean=group_mean.tolist(), std=std.tolist(),
                       advantages=torch.nan_to_num(advantages, nan=0.0).tolist(),

@@ -63,8 +63,7 @@ class PinDiff:
     installed: str | None
 
     def __str__(self) -> str:
-        have = self.installed or "not installed"
-        return f"{self.package}: want {self.wanted}, have {have}"
+        return f"{self.package}: want {self.wanted}, have {self.installed or 'not installed'}"
 
 
 @dataclass(frozen=True)
@@ -117,9 +116,8 @@ def parse_stack(text: str, name: str, path: Path | None = None) -> Stack:
             continue
         pkg, eq, version = line.partition("==")
         if not eq or not pkg.strip() or not version.strip() or " " in pkg.strip():
-            raise StackFileError(
-                f"{where}:{number}: expected 'package==version', got {line!r}. "
-                "Every pin in a stack file is exact; put prose after '#'.")
+            raise StackFileError(f"{where}:{number}: expected 'package==version', got {line!r}. Every pin in a stack "
+                                 "file is exact; put prose after '#'.")
         pins[_normalise(pkg.strip())] = version.strip()
     if not status:
         raise StackFileError(f"{where}: missing '# status: verified|documented' header line; add it above the "

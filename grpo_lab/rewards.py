@@ -69,9 +69,8 @@ def completion_text(completion: Any) -> str:
         return _content_text(completion.get("content", ""))
     if isinstance(completion, Sequence):
         return "\n".join(_content_text(m.get("content", "")) for m in completion if isinstance(m, Mapping))
-    raise TypeError(
-        f"A completion must be a string or a list of chat messages, got {type(completion).__name__}. "
-        "Pass the `completions` list that TRL hands to reward functions.")
+    raise TypeError(f"A completion must be a string or a list of chat messages, got {type(completion).__name__}. Pass "
+                    "the `completions` list that TRL hands to reward functions.")
 
 
 def _content_text(content: Any) -> str:
@@ -215,9 +214,8 @@ def reference_value(answer: Any) -> float:
     """The number in a dataset's ``answer`` cell; a cell without one is a dataset bug and raises."""
     expected = parse_number(str(answer))
     if expected is None:
-        raise DataError(
-            f"The reference answer {answer!r} holds no number. Fix the dataset's `answer` column: it must "
-            "be the numeric final answer as a string, e.g. '60'.")
+        raise DataError(f"The reference answer {answer!r} holds no number. Fix the dataset's `answer` column: it must "
+                        "be the numeric final answer as a string, e.g. '60'.")
     return expected
 
 
@@ -276,10 +274,9 @@ def why(completion: Any, answer: Any, **options: Any) -> str:
 
 def _column(kwargs: Mapping[str, Any], name: str, reward_name: str, n: int) -> list:
     if name not in kwargs or kwargs[name] is None:
-        raise DataError(
-            f"Reward '{reward_name}' needs the dataset column '{name}', which TRL passes as a keyword. "
-            f"Add a '{name}' column to the dataset (got columns: {sorted(k for k in kwargs if k != 'completion_ids')})."
-        )
+        raise DataError(f"Reward '{reward_name}' needs the dataset column '{name}', which TRL passes as a keyword. Add "
+                        f"a '{name}' column to the dataset (got columns: "
+                        f"{sorted(k for k in kwargs if k != 'completion_ids')}).")
     values = list(kwargs[name])
     if len(values) != n:
         raise DataError(f"Column '{name}' has {len(values)} values for {n} completions; give one per completion.")
@@ -482,9 +479,8 @@ def score_all(reward_funcs: Sequence[Callable], prompts: Sequence[Any], completi
     per_func = [list(fn(prompts=prompts, completions=completions, **columns)) for fn in reward_funcs]
     for fn, out in zip(reward_funcs, per_func):
         if len(out) != len(completions):
-            raise RewardValidationError(
-                f"Reward '{reward_name(fn)}' returned {len(out)} values for {len(completions)} completions. "
-                "Wrap it with validate_reward() to see which sample went wrong.")
+            raise RewardValidationError(f"Reward '{reward_name(fn)}' returned {len(out)} values for {len(completions)} "
+                                        "completions. Wrap it with validate_reward() to see which sample went wrong.")
     values = [[None if out[i] is None else float(out[i]) for out in per_func] for i in range(len(completions))]
     totals = [weighted_sum(v, weights) for v in values]
     return RewardTable([reward_name(f) for f in reward_funcs], weights, values, totals)
@@ -505,9 +501,8 @@ class WeightedReward:
             raise ConfigError("WeightedReward needs at least one reward function.")
         self.weights = [1.0] * len(self.reward_funcs) if self.weights is None else [float(w) for w in self.weights]
         if len(self.weights) != len(self.reward_funcs):
-            raise ConfigError(
-                f"Number of reward weights ({len(self.weights)}) must match number of reward functions "
-                f"({len(self.reward_funcs)}); give one weight per function, in the same order.")
+            raise ConfigError(f"Number of reward weights ({len(self.weights)}) must match number of reward functions "
+                              f"({len(self.reward_funcs)}); give one weight per function, in the same order.")
         self.__name__ = self.name
 
     def table(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> RewardTable:
@@ -568,9 +563,9 @@ def from_verl(compute_score: Callable[..., Any], *, answer_column: str = "answer
                                 ground_truth=answers[i], extra_info=extra_info)
             if isinstance(out, Mapping):
                 if "score" not in out:
-                    raise RewardValidationError(
-                        f"verl compute_score '{reward.__name__}' returned a dict without a 'score' key "
-                        f"(keys: {sorted(out)}). verl expects a float or a dict with 'score'.")
+                    raise RewardValidationError(f"verl compute_score '{reward.__name__}' returned a dict without a "
+                                                f"'score' key (keys: {sorted(out)}). verl expects a float or a dict "
+                                                "with 'score'.")
                 out = out["score"]
             scores.append(None if out is None else float(out))
         return scores
@@ -600,8 +595,8 @@ def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score
         prompt, columns = _verl_columns(data_source, ground_truth, extra_info, answer_column)
         out = list(trl_reward(prompts=[prompt], completions=[solution_str], **columns))
         if len(out) != 1:
-            raise RewardValidationError(
-                f"Reward '{reward_name(trl_reward)}' returned {len(out)} values for one completion.")
+            raise RewardValidationError(f"Reward '{reward_name(trl_reward)}' returned {len(out)} values for one "
+                                        "completion.")
         return none_score if out[0] is None else float(out[0])
 
     compute_score.__name__ = reward_name(trl_reward)
@@ -845,7 +840,7 @@ def prepare(rewards: Sequence[str | Callable], weights: Sequence[float] | None =
             funcs.append(ValidatedReward(reward, mode=errors, check_values=errors == "skip"))
     resolved = [1.0] * len(funcs) if weights is None else [float(w) for w in weights]
     if len(resolved) != len(funcs):
-        raise RewardValidationError(
-            f"{len(resolved)} reward_weights for {len(funcs)} rewards {[reward_name(f) for f in funcs]}: give one "
-            f"weight per reward, in the same order.")
+        raise RewardValidationError(f"{len(resolved)} reward_weights for {len(funcs)} rewards "
+                                    f"{[reward_name(f) for f in funcs]}: give one weight per reward, in the same "
+                                    "order.")
     return RewardSet(funcs, resolved)
