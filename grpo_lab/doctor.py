@@ -326,15 +326,12 @@ def check_vllm_processes() -> Check:
 def run_checks(config: DoctorConfig | None = None) -> list[Check]:
     """Every check, in the order of the troubleshooting table."""
     config = config or DoctorConfig()
-    checks = [
-        ("versions", check_stack), ("device", lambda: check_device(config)), ("device memory", check_device_memory),
-        ("vllm", check_vllm),
-        ("python bytecode", check_bytecode), ("memory plan", lambda: check_memory(config)),
-        ("tokenizer", lambda: check_tokenizer(config)),
-        ("dtype", lambda: check_dtype(config)), ("prefix caching", lambda: check_prefix_caching(config)),
-        ("allocator", check_allocator), ("serving", lambda: check_serving(config)),
-        ("vllm processes", check_vllm_processes),
-    ]
+    checks = [("versions", check_stack), ("device", lambda: check_device(config)),
+              ("device memory", check_device_memory), ("vllm", check_vllm), ("python bytecode", check_bytecode),
+              ("memory plan", lambda: check_memory(config)), ("tokenizer", lambda: check_tokenizer(config)),
+              ("dtype", lambda: check_dtype(config)), ("prefix caching", lambda: check_prefix_caching(config)),
+              ("allocator", check_allocator), ("serving", lambda: check_serving(config)),
+              ("vllm processes", check_vllm_processes)]
     return [_guard(name, fn) for name, fn in checks]
 
 

@@ -137,8 +137,7 @@ _LIVE: dict[int, subprocess.Popen] = {}
 
 
 def stop_process_group(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    """SIGTERM the group led by ``process``, SIGKILL what is left after ``timeout_s``; reap the leader. Safe to call
-    twice."""
+    """SIGTERM the group led by ``process``, SIGKILL what is left after ``timeout_s``, reap the leader (safe twice)."""
     for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
         if not _signal_group(process.pid, sig) or _group_gone(process, wait):
             break
@@ -181,8 +180,7 @@ atexit.register(stop_all)
 def start_process_group(command: Sequence[str], env: Mapping[str, str], stdout: IO | int | None = None,
                         stderr: IO | int | None = None, text: bool = False) -> subprocess.Popen:
     """Start ``command`` in a session of its own under the watchdog, which ends the whole group when this process is
-    gone. Returns the watchdog: its pid is the group's id, its exit code the command's (negative: a signal; 127: the
-    command could not start)."""
+    gone; returns the watchdog (pid: the group's id; exit code: the command's, or minus its signal, or 127)."""
     _install_sigterm_handler()
     _forget_ended()
     watched = [sys.executable, "-m", "grpo_lab.servers", "--owner", str(os.getpid()), "--", *map(str, command)]
@@ -276,9 +274,8 @@ def wait_until_healthy(process: subprocess.Popen, base_url: str, timeout_s: floa
 
 
 def guard_processes(pids: Sequence[int]) -> subprocess.Popen:
-    """A watchdog for children this process did not start through :func:`start_process_group` (an in-process vLLM
-    engine's core and workers, which vLLM starts): it ends them and their children when this process is gone, and
-    exits by itself once they have ended (reap it with :func:`stop_process_group`)."""
+    """A watchdog for children vLLM started (an in-process engine's core and workers): it ends them and their
+    children when this process is gone, and exits once they have ended (reap it with :func:`stop_process_group`)."""
     return subprocess.Popen([sys.executable, "-m", "grpo_lab.servers", "--owner", str(os.getpid()), "--pids",
                              ",".join(map(str, pids))], start_new_session=True)
 
@@ -303,8 +300,7 @@ class ServerProcess:
         return self.process.pid
 
     def start(self, startup_timeout_s: float, wait: bool = True) -> ServerProcess:
-        """Start it as a watched group (:func:`start_process_group`) and (unless ``wait=False``: then call
-        :meth:`wait_ready` later) wait for ``/health``; on any failure stop it and raise with the log's tail."""
+        """Start it as a watched group and wait for ``/health`` (``wait=False``: call :meth:`wait_ready` later)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._started = time.perf_counter()
         with self.log_path.open("w") as log:
@@ -319,8 +315,8 @@ class ServerProcess:
         return not math.isnan(self.start_seconds)
 
     def wait_ready(self, startup_timeout_s: float) -> ServerProcess:
-        """Wait until ``/health`` answers, at most ``startup_timeout_s`` after the start; on any failure stop the
-        server and raise with the log's tail."""
+        """Wait for ``/health``, at most ``startup_timeout_s`` after the start; on a failure stop it and raise with the
+        log's tail."""
         if self.process is None:
             raise self.error(f"{self.name} was never started")
         if self.ready:

@@ -17,16 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_lab.errors import ConfigError
-from grpo_lab.memory import (
-    COMMON_DEVICES,
-    GIB,
-    PRECISIONS,
-    DevicePreset,
-    MemoryBudget,
-    MemoryPlanError,
-    course_configs,
-    plan_memory,
-)
+from grpo_lab.memory import (COMMON_DEVICES, GIB, PRECISIONS, DevicePreset, MemoryBudget, MemoryPlanError,
+                             course_configs, plan_memory)
 from grpo_lab.plots import plot_memory_budget
 
 
