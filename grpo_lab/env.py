@@ -50,7 +50,6 @@ class Stack:
     pins: dict[str, str]
     system: dict[str, str] = field(default_factory=dict)
     python: str = ""
-    notes: list[str] = field(default_factory=list)
     path: Path | None = None
 
 
@@ -93,7 +92,7 @@ def _normalise(name: str) -> str:
 def parse_stack(text: str, name: str, path: Path | None = None) -> Stack:
     """Parse a stack file: ``# key: value`` header lines, then ``package==version`` pins."""
     where = path or name
-    status, python, system, pins, notes = "", "", {}, {}, []
+    status, python, system, pins = "", "", {}, {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line:
@@ -111,8 +110,6 @@ def parse_stack(text: str, name: str, path: Path | None = None) -> Stack:
                 if not eq:
                     raise StackFileError(f"{where}:{number}: system line needs 'name==version', got {value!r}.")
                 system[pkg.strip()] = ver.strip()
-            elif key in ("verified-on", "install-note", "grpo-lab stack"):
-                notes.append(value)
             continue
         pkg, eq, version = line.partition("==")
         if not eq or not pkg.strip() or not version.strip() or " " in pkg.strip():
@@ -125,7 +122,7 @@ def parse_stack(text: str, name: str, path: Path | None = None) -> Stack:
     if not pins:
         raise StackFileError(f"{where}: no 'package==version' pins found; list one exact pin per line, "
                              "e.g. 'torch==2.13.0'.")
-    return Stack(name=name, status=status, pins=pins, system=system, python=python, notes=notes, path=path)
+    return Stack(name=name, status=status, pins=pins, system=system, python=python, path=path)
 
 
 def load_stack(name: str) -> Stack:

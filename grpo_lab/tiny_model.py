@@ -148,10 +148,9 @@ def build_model(tokenizer, recipe: TinyModelRecipe):
         vocab_size=len(tokenizer), hidden_size=recipe.hidden_size, intermediate_size=recipe.intermediate_size,
         num_hidden_layers=recipe.num_hidden_layers, num_attention_heads=recipe.num_attention_heads,
         num_key_value_heads=recipe.num_key_value_heads, head_dim=recipe.head_dim,
-        max_position_embeddings=recipe.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": recipe.rope_theta}, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        use_sliding_window=False)
+        max_position_embeddings=recipe.max_position_embeddings, tie_word_embeddings=True, use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": recipe.rope_theta}, bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(recipe.seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
