@@ -21,9 +21,8 @@ from grpo_lab.plots import plot_training_curves
 
 class MetricsLogger(TrainerCallback):
     """Records TRL's per-step metrics to ``metrics.jsonl``, keeps them in ``records`` and draws the live plot: TRL's
-    own (``reward``, ``rewards/<name>/mean``, ``kl``, ``entropy``, ...) plus ``step_time`` and its split
-    (``timing/generation_s``, ``timing/reward_s``, ``timing/update_s``, and inside them ``timing/vllm_generate_s``,
-    ``timing/weight_sync_s``, ``timing/old_ref_logps_s``, ``timing/backward_optimizer_s``)."""
+    own plus ``step_time`` and its split (``timing/generation_s``, ``timing/reward_s``, ``timing/update_s``, and
+    inside them ``timing/vllm_generate_s``, ``timing/weight_sync_s``, ``timing/old_ref_logps_s``, ...)."""
 
     def __init__(self, run_dir: Path, live_plot: bool = True, plot_every: int = 10,
                  previous: Sequence[dict[str, Any]] = ()):

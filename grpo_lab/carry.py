@@ -127,12 +127,10 @@ class Carried:
 
 
 def carry(names: Sequence[str], source: str, package: str = "grpo_lab") -> Carried:
-    """What a file needs so that ``names`` (module-level functions, classes or constants of the module whose
-    ``source`` this is) work without the module: their definitions, every module-level definition they use, and so
-    on, in the module's order, and the imports they use (each import statement cut to the names used). A name
-    bound in several places (a stand-in and the real thing) brings each of them; a ``try`` that imports ``package``
-    contributes its ``except ImportError`` stand-ins, never the import. Names a function only binds locally but that
-    the module also defines are carried too: more than needed, never less."""
+    """What a file needs so that ``names`` (module-level definitions of the module whose ``source`` this is) work
+    without the module: their definitions and every module-level definition they use, in the module's order, and the
+    imports they use (each cut to the names used). A name bound in several places brings each of them; a ``try`` that
+    imports ``package`` contributes its ``except ImportError`` stand-ins, never the import."""
     tree = ast.parse(source)
     lines = source.splitlines()
     statements = _top_level(tree, package)

@@ -50,11 +50,9 @@ INSTRUCTION = {"en": 'Show the calculation, then give the final answer as "#### 
 # --- Problems ---
 @dataclass(frozen=True)
 class Problem:
-    """One generated word problem, its solution and (for some types) a plausible slip.
-
-    ``key``: the arithmetic (type + numbers, language-independent); the train and eval splits never share one.
-    ``slip_solution``: a consistent wrong working (forgetting to double a perimeter), for imperfect SFT targets.
-    """
+    """One generated word problem, its solution and (for some types) a plausible slip. ``key``: the arithmetic (type
+    + numbers, language-independent), never shared by the train and eval splits; ``slip_solution``: a consistent wrong
+    working (forgetting to double a perimeter), for imperfect SFT targets."""
 
     type: str
     lang: str
@@ -428,12 +426,9 @@ def load_gsm8k_jsonl(path: str | Path, add_instruction: bool = True) -> list[dic
 
 def load_gsm8k(split: str = "train", path: str | Path | None = None,
                add_instruction: bool = True) -> list[dict[str, Any]]:
-    """GSM8K's ``split`` (``"train"`` or ``"test"``) in the course's row format (``type`` ``"gsm8k"``).
-
-    ``path``: a local copy, JSONL as github.com/openai/grade-school-math publishes it (or compressed: ``.gz``,
-    ``.xz``), or the hub's parquet file. Without it, the hub's ``openai/gsm8k`` through ``datasets`` (the network, or
-    its cache); offline (``HF_HUB_OFFLINE=1``, or no network) the error names the file to pass.
-    """
+    """GSM8K's ``split`` (``"train"`` or ``"test"``) in the course's row format (``type`` ``"gsm8k"``). ``path``: a
+    local copy (JSONL as github.com/openai/grade-school-math publishes it, ``.gz``/``.xz`` too, or the hub's parquet
+    file); without it, the hub's ``openai/gsm8k`` through ``datasets`` (offline, the error names the file to pass)."""
     if split not in GSM8K_SPLITS:
         raise ConfigError(f"unknown GSM8K split {split!r}; use one of {list(GSM8K_SPLITS)} (hold part of 'train' out "
                           f"with grpo_lab.data.hold_out to evaluate on)")

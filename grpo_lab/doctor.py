@@ -53,9 +53,8 @@ class Check:
 
 @dataclass(frozen=True)
 class DoctorConfig:
-    """What to diagnose: the experiment (a :class:`~grpo_lab.experiment.TrainConfig`, e.g. a run's own) plus what
-    lies outside it: a training dtype of your own script, the rollout engine's prefix caching, a trainer tokenizer
-    loaded from elsewhere, and the serving plan."""
+    """What to diagnose: the experiment (a ``TrainConfig``, e.g. a run's own) plus what lies outside it: your own
+    script's training dtype, the engine's prefix caching, a trainer tokenizer from elsewhere, the serving plan."""
 
     experiment: TrainConfig = field(default_factory=TrainConfig)
     dtype: str | None = None

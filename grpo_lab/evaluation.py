@@ -103,13 +103,9 @@ def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int
              max_tokens: int = 48, backend: str = "auto", seed: int = 0, engine: RolloutEngine | None = None,
              **engine_settings: Any) -> Evaluation:
     """Greedy accuracy plus pass@1 (mean over ``num_samples`` samples at ``temperature``) and pass@k;
-    ``num_samples=0``: greedy only (pass@1 and pass@k are NaN).
-
-    Sampling goes through :func:`grpo_lab.rollout.open_engine` (``backend="auto"``: vLLM where it runs, else HF
-    ``generate``); ``engine_settings`` are more RolloutConfig fields. ``engine``: an engine already running with
-    ``model``'s weights (e.g. ``TrainResult.rollout_engine()``, the trainer's own vLLM), stopped (or handed back to its
-    owner) at the end.
-    """
+    ``num_samples=0``: greedy only (pass@1 and pass@k are NaN). Sampling goes through
+    :func:`grpo_lab.rollout.open_engine`; ``engine_settings`` are more RolloutConfig fields. ``engine``: an engine
+    already running with ``model``'s weights (``TrainResult.rollout_engine()``), stopped (or handed back) at the end."""
     if not rows:
         raise ConfigError("no rows to evaluate")
     if num_samples < 0:

@@ -178,10 +178,8 @@ def latest_run(profile: str | None = None, finished: bool = True) -> Run | None:
 
 
 def find_run(which: str | Path = "latest", profile: str | None = None, finished: bool = True) -> Run:
-    """A run by ``"latest"`` (of ``profile`` if given), by folder name under the root, or by path.
-
-    Raises :class:`RunNotFoundError` naming what exists when nothing matches.
-    """
+    """A run by ``"latest"`` (of ``profile`` if given), by folder name under the root, or by path; the
+    :class:`RunNotFoundError` when nothing matches names what exists."""
     if str(which) == "latest":
         run = latest_run(profile, finished)
         if run is None:

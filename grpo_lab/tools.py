@@ -267,9 +267,8 @@ class ToolSet:
             check_tool_template(tokenizer, where)
 
     def callbacks(self) -> list[Any]:
-        """With tools, a ``transformers.TrainerCallback`` that adds ``tools/<kind>`` (calls since the previous log)
-        to each logged step; it goes before the callback that records the logs (:class:`grpo_lab.train.MetricsLogger`).
-        """
+        """With tools, a ``transformers.TrainerCallback`` that adds ``tools/<kind>`` (calls since the previous log) to
+        each logged step; it goes before the callback that records the logs (``MetricsLogger``)."""
         if not self.guards:
             return []
         from transformers import TrainerCallback
