@@ -199,17 +199,14 @@ def explain_group(rewards: Sequence[float] = SEED_EXAMPLE_REWARDS, epsilon: floa
     population_std = math.sqrt(sum(squares) / n)
     fmt = lambda values, spec: ", ".join(format(v, spec) for v in values)  # noqa: E731
     scaled = [d / (std + epsilon) for d in deviations]
-    lines = [
-        f"rewards      : {fmt(rewards, 'g')}",
-        f"group mean   : ({' + '.join(format(r, 'g') for r in rewards)}) / {n} = {mean:.4g}",
-        f"deviations   : {fmt(deviations, '+.4g')}",
-        f"sample std   : sqrt(({' + '.join(format(s, '.4g') for s in squares)}) / ({n} - 1)) = {std:.4f}",
-        f"advantages   : deviation / ({std:.4f} + {epsilon:g}) = {fmt(scaled, '+.4f')}",
-    ]
+    lines = [f"rewards      : {fmt(rewards, 'g')}",
+             f"group mean   : ({' + '.join(format(r, 'g') for r in rewards)}) / {n} = {mean:.4g}",
+             f"deviations   : {fmt(deviations, '+.4g')}",
+             f"sample std   : sqrt(({' + '.join(format(s, '.4g') for s in squares)}) / ({n} - 1)) = {std:.4f}",
+             f"advantages   : deviation / ({std:.4f} + {epsilon:g}) = {fmt(scaled, '+.4f')}"]
     if population_std > 0:
-        lines.append(
-            f"(dividing by the population std {population_std:.4g} instead would give "
-            f"{fmt([d / population_std for d in deviations], '+.4g')})")
+        lines.append(f"(dividing by the population std {population_std:.4g} instead would give "
+                     f"{fmt([d / population_std for d in deviations], '+.4g')})")
     return "\n".join(lines)
 
 

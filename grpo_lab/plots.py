@@ -219,11 +219,9 @@ def plot_prefix_cache_effect(effects, title: str | None = None) -> Figure:
 _MEMORY_COLORS = {
     "policy weights": "#1f4e79", "AdamW states": "#2e75b6", "reference model": "#5b9bd5", "gradients": "#9dc3e6",
     "activations saved for backward": "#70ad47", "recomputed layer": "#a9d18e", "layer backward buffers": "#c5e0b4",
-    "LM-head backward buffers": "#548235", "embedding backward buffers": "#bdd7ee",
-    "autocast weight copies": "#8faadc", "cuBLAS workspaces": "#d9d9d9",
-    "vLLM weights": "#c55a11", "vLLM activations": "#f4b183", "vLLM runtime (non-torch, CUDA graphs)": "#f8cbad",
-    "vLLM KV cache": "#ed7d31", "runtime margin": "#a6a6a6",
-}
+    "LM-head backward buffers": "#548235", "embedding backward buffers": "#bdd7ee", "autocast weight copies": "#8faadc",
+    "cuBLAS workspaces": "#d9d9d9", "vLLM weights": "#c55a11", "vLLM activations": "#f4b183",
+    "vLLM runtime (non-torch, CUDA graphs)": "#f8cbad", "vLLM KV cache": "#ed7d31", "runtime margin": "#a6a6a6"}
 
 
 def _stack(ax, x: float, parts: Sequence[tuple[str, float]], seen: set, width: float = 0.6) -> float:

@@ -552,10 +552,9 @@ def from_verl(compute_score: Callable[..., Any], *, answer_column: str = "answer
         n = len(completions)
         answers = _column(kwargs, answer_column, reward.__name__, n)
         sources = kwargs.get("data_source") or [default_data_source] * n
-        columns = {
-            k: v for k, v in kwargs.items()
-            if k not in _TRL_INTERNAL_KWARGS and k not in (answer_column, "data_source")
-            and isinstance(v, Sequence) and not isinstance(v, str) and len(v) == n}
+        columns = {k: v for k, v in kwargs.items() if k not in _TRL_INTERNAL_KWARGS
+                   and k not in (answer_column, "data_source") and isinstance(v, Sequence) and not isinstance(v, str)
+                   and len(v) == n}
         scores = []
         for i, completion in enumerate(completions):
             extra_info = {"prompt": prompts[i], **{k: v[i] for k, v in columns.items()}}
