@@ -670,9 +670,7 @@ class ValidatedReward:
     def __init__(self, fn: Callable, mode: Literal["raise", "skip"] = "raise", check_values: bool = True) -> None:
         check_error_mode(mode)
         check_reward_signature(fn)
-        self.fn = fn
-        self.mode = mode
-        self.check_values = check_values
+        self.fn, self.mode, self.check_values = fn, mode, check_values
         self.__name__ = reward_name(fn)
         self.__doc__ = getattr(fn, "__doc__", None)
         self.__wrapped__ = fn
@@ -682,7 +680,9 @@ class ValidatedReward:
     def __repr__(self) -> str:
         return f"validate_reward({self.__name__}, mode={self.mode!r})"
 
-    def _report(self, issue: RewardIssue, cause: BaseException | None = None) -> None:
+    def _report(self, index: int | None, problem: str, fix: str, cause: BaseException | None = None) -> None:
+        """Record the problem; raise it in "raise" mode, else warn (the sample, or the batch, gets None)."""
+        issue = RewardIssue(self.__name__, index, problem, fix)
         self.issues.append(issue)
         if self.mode == "raise":
             raise RewardValidationError(issue.message) from cause
@@ -692,18 +692,14 @@ class ValidatedReward:
         if value is None or not self.check_values:
             return value
         if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
-            problem = f"returned {_describe(value)} ({type(value).__name__}), not a number"
-            self._report(RewardIssue(self.__name__, index, problem, _FIX_TYPE))
-            return None
+            return self._report(index, f"returned {_describe(value)} ({type(value).__name__}), not a number", _FIX_TYPE)
         try:
             number = float(value)
         except (TypeError, ValueError) as error:
-            problem = f"returned {_describe(value)} ({type(value).__name__}), which float() rejects ({error})"
-            self._report(RewardIssue(self.__name__, index, problem, _FIX_TYPE))
-            return None
+            return self._report(index, f"returned {_describe(value)} ({type(value).__name__}), which float() rejects "
+                                       f"({error})", _FIX_TYPE)
         if not math.isfinite(number):
-            self._report(RewardIssue(self.__name__, index, f"returned {number}", _FIX_FINITE))
-            return None
+            return self._report(index, f"returned {number}", _FIX_FINITE)
         return number
 
     def _call_one(self, index: int, prompts: Sequence[Any], completions: Sequence[Any], kwargs: dict) -> float | None:
@@ -718,14 +714,12 @@ class ValidatedReward:
             out = self.fn(prompts=[prompts[index]], completions=[completions[index]], **columns)
         except Exception as error:  # noqa: BLE001 - a user function may raise anything; we report it
             text = completion_text(completions[index])
-            problem = f"raised {type(error).__name__}: {error} (completion: {_describe(text)})"
-            self._report(RewardIssue(self.__name__, index, problem, _FIX_RAISE), error)
-            return None
+            return self._report(index, f"raised {type(error).__name__}: {error} (completion: {_describe(text)})",
+                                _FIX_RAISE, error)
         out = list(out) if isinstance(out, Iterable) and not isinstance(out, (str, bytes, Mapping)) else [out]
         if len(out) != 1:
-            problem = f"returned {len(out)} values for a single completion"
-            self._report(RewardIssue(self.__name__, index, problem, "return exactly one value per completion"))
-            return None
+            return self._report(index, f"returned {len(out)} values for a single completion",
+                                "return exactly one value per completion")
         return self._check_value(index, out[0])
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
@@ -738,20 +732,18 @@ class ValidatedReward:
             issues_before = len(self.issues)
             results = [self._call_one(i, prompts, completions, kwargs) for i in range(n)]
             if len(self.issues) == issues_before:  # each sample alone was fine: the batch as a whole fails
-                problem = f"raised {type(error).__name__}: {error}, although each sample alone works"
-                self._report(RewardIssue(self.__name__, None, problem, _FIX_RAISE), error)
+                self._report(None, f"raised {type(error).__name__}: {error}, although each sample alone works",
+                             _FIX_RAISE, error)
                 return [None] * n
             return results
         if isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Iterable):
-            problem = f"returned {_describe(out)} ({type(out).__name__}) instead of a list"
-            fix = "return a list of floats, one per completion, in the order of `completions`"
-            self._report(RewardIssue(self.__name__, None, problem, fix))
+            self._report(None, f"returned {_describe(out)} ({type(out).__name__}) instead of a list",
+                         "return a list of floats, one per completion, in the order of `completions`")
             return [None] * n
         out = list(out)
         if len(out) != n:
-            problem = f"returned {len(out)} values for {n} completions"
-            fix = "return exactly one float (or None) per completion, in the order of `completions`"
-            self._report(RewardIssue(self.__name__, None, problem, fix))
+            self._report(None, f"returned {len(out)} values for {n} completions",
+                         "return exactly one float (or None) per completion, in the order of `completions`")
             return [None] * n
         return [self._check_value(i, value) for i, value in enumerate(out)]
 
