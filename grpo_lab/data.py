@@ -432,12 +432,10 @@ def load_gsm8k(split: str = "train", path: str | Path | None = None,
     if split not in GSM8K_SPLITS:
         raise ConfigError(f"unknown GSM8K split {split!r}; use one of {list(GSM8K_SPLITS)} (hold part of 'train' out "
                           f"with grpo_lab.data.hold_out to evaluate on)")
-    prefix = f"gsm8k-{split}"
-    if path is None:
-        return _gsm8k_rows(f"{GSM8K_HUB_ID} ({split})", _gsm8k_from_hub(split), add_instruction, prefix)
-    if Path(path).suffix == ".parquet":
-        return _gsm8k_rows(path, _read_parquet(path), add_instruction, prefix)
-    return _gsm8k_rows(path, _read_json_lines(path), add_instruction, prefix)
+    records = (_gsm8k_from_hub(split) if path is None else _read_parquet(path) if Path(path).suffix == ".parquet"
+               else _read_json_lines(path))
+    source = f"{GSM8K_HUB_ID} ({split})" if path is None else path
+    return _gsm8k_rows(source, records, add_instruction, f"gsm8k-{split}")
 
 
 def _gsm8k_from_hub(split: str) -> list[tuple[int, dict[str, Any]]]:
