@@ -314,13 +314,9 @@ class SplitConfig:
     data_dir: Path = field(default=DATA_DIR)
 
     def path(self, split: str) -> Path:
-        return self.data_dir / f"{_check_split(split)}.jsonl"
-
-
-def _check_split(split: str) -> str:
-    if split not in ("train", "eval"):
-        raise ConfigError(f"unknown split {split!r}; use 'train' or 'eval'")
-    return split
+        if split not in ("train", "eval"):
+            raise ConfigError(f"unknown split {split!r}; use 'train' or 'eval'")
+        return self.data_dir / f"{split}.jsonl"
 
 
 def build_split_problems(config: SplitConfig = SplitConfig()) -> dict[str, list[Problem]]:

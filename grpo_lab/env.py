@@ -150,17 +150,13 @@ def installed_versions(names: list[str] | None = None) -> dict[str, str | None]:
     return versions
 
 
-def _version_matches(installed: str | None, wanted: str) -> bool:
-    """Exact match, ignoring a local build tag (``2.13.0+cpu`` satisfies ``2.13.0``)."""
-    return installed is not None and installed.split("+")[0] == wanted.split("+")[0]
-
-
 def check_stack(stack: Stack, versions: dict[str, str | None] | None = None) -> StackCheck:
-    """Compare installed versions (or the ``versions`` given) with every pin of ``stack``."""
+    """Compare installed versions (or the ``versions`` given) with every pin of ``stack``, exactly but for a local
+    build tag (``2.13.0+cpu`` satisfies ``2.13.0``)."""
     versions = versions if versions is not None else installed_versions(list(stack.pins))
     versions = {_normalise(k): v for k, v in versions.items()}
     diffs = [PinDiff(pkg, want, versions.get(pkg)) for pkg, want in stack.pins.items()
-             if not _version_matches(versions.get(pkg), want)]
+             if (versions.get(pkg) or "").split("+")[0] != want.split("+")[0]]
     return StackCheck(stack=stack, differences=diffs)
 
 

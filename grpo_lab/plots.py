@@ -19,10 +19,6 @@ from grpo_lab.errors import DataError
 _POSITIVE, _NEGATIVE, _NEUTRAL = "#2a9d4b", "#d1495b", "#9aa0a6"
 
 
-def _sign_colors(values: Sequence[float]) -> list[str]:
-    return [_POSITIVE if v > 1e-9 else _NEGATIVE if v < -1e-9 else _NEUTRAL for v in values]
-
-
 def plot_group_advantages(result, labels: Sequence[str] | None = None, title: str | None = None) -> Figure:
     """Rewards of each completion with its group mean (left) and the advantages, colored by sign (right), of a
     ``grpo_lab.advantages.Advantages``; groups are separated by dotted lines."""
@@ -45,7 +41,8 @@ def plot_group_advantages(result, labels: Sequence[str] | None = None, title: st
     ax_r.set_ylim(low - 0.05 * (high - low or 1), high + 0.3 * (high - low or 1))  # room for the legend
     ax_r.set_title("reward per completion")
     ax_r.legend(loc="upper left", fontsize=8)
-    ax_a.bar(x, result.advantages, color=_sign_colors(result.advantages))
+    ax_a.bar(x, result.advantages, color=[_POSITIVE if a > 1e-9 else _NEGATIVE if a < -1e-9 else _NEUTRAL
+                                          for a in result.advantages])
     ax_a.axhline(0.0, color="black", linewidth=0.8)
     for i, a in enumerate(result.advantages):
         ax_a.annotate(f"{a:+.2f}", (i, a), ha="center", va="bottom" if a >= 0 else "top", fontsize=8)
