@@ -134,12 +134,6 @@ def find_numbers(text: str) -> list[tuple[str, Fraction]]:
             if (value := _to_fraction(m.group("number"))) is not None]
 
 
-def parse_number(text: str) -> float | None:
-    """The value of the first number in ``text`` (``"1,200 元"`` → 1200.0), or None when there is none."""
-    numbers = find_numbers(str(text))
-    return float(numbers[0][1]) if numbers else None
-
-
 def _boxed_contents(text: str) -> list[str]:
     r"""The contents of every ``\boxed{...}`` in order, with nested braces balanced."""
     contents = []
@@ -211,12 +205,13 @@ def _format_number(value: float) -> str:
 
 
 def reference_value(answer: Any) -> float:
-    """The number in a dataset's ``answer`` cell; a cell without one is a dataset bug and raises."""
-    expected = parse_number(str(answer))
-    if expected is None:
+    """The first number in a dataset's ``answer`` cell (``"1,200 元"`` → 1200.0); a cell without one is a dataset bug
+    and raises."""
+    numbers = find_numbers(str(answer))
+    if not numbers:
         raise DataError(f"The reference answer {answer!r} holds no number. Fix the dataset's `answer` column: it must "
                         "be the numeric final answer as a string, e.g. '60'.")
-    return expected
+    return float(numbers[0][1])
 
 
 def check_answer(completion: Any, answer: Any, *, require_marker: bool = False, marker: str = ANSWER_MARKER,

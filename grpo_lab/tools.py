@@ -103,10 +103,6 @@ def _evaluate(node: ast.AST) -> Fraction:
     raise CalculationError(f"{shown!r} is not arithmetic: use numbers, + - * / ** % and parentheses")
 
 
-def _format(value: Fraction) -> str:
-    return str(value.numerator) if value.denominator == 1 else f"{float(value):.10g}"
-
-
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression and return its value.
 
@@ -124,7 +120,8 @@ def calculator(expression: str) -> str:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as error:
         raise CalculationError(f"{expression!r} does not parse: {error.msg}") from None
-    return _format(_evaluate(tree))
+    value = _evaluate(tree)
+    return str(value.numerator) if value.denominator == 1 else f"{float(value):.10g}"
 
 
 # --- The registry: tools by name (TrainConfig.tools), as rewards are registered by name ---
