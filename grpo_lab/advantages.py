@@ -53,8 +53,7 @@ def normalize_scale_rewards(scale_rewards: str | bool) -> ScaleRewards:
     value = ("group" if scale_rewards else "none") if isinstance(scale_rewards, bool) else scale_rewards
     if value not in ("group", "batch", "none"):
         raise ConfigError(
-            f"scale_rewards must be 'group', 'batch', 'none', True or False (as in GRPOConfig), got {scale_rewards!r}."
-        )
+            f"scale_rewards must be 'group', 'batch', 'none', True or False (as in GRPOConfig), got {scale_rewards!r}.")
     return value
 
 
@@ -92,11 +91,9 @@ class Advantages:
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per completion: group, index in group, reward, mean, std, advantage."""
-        return [
-            {"group": i // self.num_generations, "completion": i % self.num_generations, "reward": r, "group_mean": m,
-             "std": s, "advantage": a}
-            for i, (r, m, s, a) in enumerate(zip(self.rewards, self.group_mean, self.std, self.advantages))
-        ]
+        return [{"group": i // self.num_generations, "completion": i % self.num_generations, "reward": r,
+                 "group_mean": m, "std": s, "advantage": a}
+                for i, (r, m, s, a) in enumerate(zip(self.rewards, self.group_mean, self.std, self.advantages))]
 
     def to_frame(self):
         """The rows as a pandas DataFrame (pandas ships with ``datasets``)."""
@@ -118,28 +115,20 @@ def _none_to_nan(values: Any) -> Any:
     return math.nan if values is None else float(values)
 
 
-def compute_advantages(
-    rewards_per_func: Sequence[Sequence[float | None]] | torch.Tensor,
-    num_generations: int,
-    *,
-    reward_weights: Sequence[float] | None = None,
-    scale_rewards: ScaleRewards | bool = "group",
-    multi_objective_aggregation: Aggregation = "sum_then_normalize",
-    epsilon: float = EPSILON,
-) -> Advantages:
+def compute_advantages(rewards_per_func: Sequence[Sequence[float | None]] | torch.Tensor, num_generations: int, *,
+                       reward_weights: Sequence[float] | None = None, scale_rewards: ScaleRewards | bool = "group",
+                       multi_objective_aggregation: Aggregation = "sum_then_normalize",
+                       epsilon: float = EPSILON) -> Advantages:
     """Advantages from several reward functions, as ``GRPOTrainer`` computes them: ``rewards_per_func[i][j]`` is
     function ``j`` on completion ``i`` (None allowed), the ``num_generations`` completions of a prompt contiguous."""
     table = _as_tensor(rewards_per_func)
     if table.dim() != 2:
         raise DataError(
-            f"rewards_per_func must be 2-D (completions × reward functions), got shape {tuple(table.shape)}."
-        )
+            f"rewards_per_func must be 2-D (completions × reward functions), got shape {tuple(table.shape)}.")
     n, k = table.shape
     if num_generations < 1 or n % num_generations:
-        raise DataError(
-            f"{n} completions do not split into groups of num_generations={num_generations}; a batch must hold whole "
-            "groups (completions of one prompt next to each other)."
-        )
+        raise DataError(f"{n} completions do not split into groups of num_generations={num_generations}; a batch must "
+                        "hold whole groups (completions of one prompt next to each other).")
     weights = torch.ones(k) if reward_weights is None else torch.tensor([float(w) for w in reward_weights])
     if len(weights) != k:
         raise ConfigError(f"Number of reward weights ({len(weights)}) must match number of reward functions ({k}).")
@@ -169,32 +158,17 @@ def compute_advantages(
         std = nanstd(rewards).expand_as(rewards) if n > 1 else torch.zeros_like(rewards)
         advantages = (rewards - group_mean) / (std + epsilon)
     else:
-        raise ConfigError(
-            "multi_objective_aggregation must be 'sum_then_normalize' or 'normalize_then_sum', "
-            f"got {multi_objective_aggregation!r}."
-        )
+        raise ConfigError("multi_objective_aggregation must be 'sum_then_normalize' or 'normalize_then_sum', "
+                          f"got {multi_objective_aggregation!r}.")
 
-    is_std_zero = torch.isclose(std, torch.zeros_like(std))
-    advantages = torch.nan_to_num(advantages, nan=0.0)
-    return Advantages(
-        rewards=rewards.tolist(),
-        group_mean=group_mean.tolist(),
-        std=std.tolist(),
-        advantages=advantages.tolist(),
-        is_std_zero=is_std_zero.tolist(),
-        num_generations=G,
-        scale_rewards=scale,
-        epsilon=epsilon,
-    )
+    return Advantages(rewards=rewards.tolist(), group_mean=group_mean.tolist(), std=std.tolist(),
+                      advantages=torch.nan_to_num(advantages, nan=0.0).tolist(),
+                      is_std_zero=torch.isclose(std, torch.zeros_like(std)).tolist(), num_generations=G,
+                      scale_rewards=scale, epsilon=epsilon)
 
 
-def group_advantages(
-    rewards: Sequence[float | None],
-    num_generations: int | None = None,
-    *,
-    scale_rewards: ScaleRewards | bool = "group",
-    epsilon: float = EPSILON,
-) -> Advantages:
+def group_advantages(rewards: Sequence[float | None], num_generations: int | None = None, *,
+                     scale_rewards: ScaleRewards | bool = "group", epsilon: float = EPSILON) -> Advantages:
     """Advantages from one combined reward per completion; ``num_generations`` defaults to one group.
 
     >>> [round(a, 3) for a in group_advantages([1.0, 1.0, 1.0, 1.0]).advantages]  # zero variance: no signal
@@ -225,18 +199,14 @@ def explain_group(rewards: Sequence[float] = SEED_EXAMPLE_REWARDS, epsilon: floa
     population_std = math.sqrt(sum(squares) / n)
     fmt = lambda values, spec: ", ".join(format(v, spec) for v in values)  # noqa: E731
     scaled = [d / (std + epsilon) for d in deviations]
-    lines = [
-        f"rewards      : {fmt(rewards, 'g')}",
-        f"group mean   : ({' + '.join(format(r, 'g') for r in rewards)}) / {n} = {mean:.4g}",
-        f"deviations   : {fmt(deviations, '+.4g')}",
-        f"sample std   : sqrt(({' + '.join(format(s, '.4g') for s in squares)}) / ({n} - 1)) = {std:.4f}",
-        f"advantages   : deviation / ({std:.4f} + {epsilon:g}) = {fmt(scaled, '+.4f')}",
-    ]
+    lines = [f"rewards      : {fmt(rewards, 'g')}",
+             f"group mean   : ({' + '.join(format(r, 'g') for r in rewards)}) / {n} = {mean:.4g}",
+             f"deviations   : {fmt(deviations, '+.4g')}",
+             f"sample std   : sqrt(({' + '.join(format(s, '.4g') for s in squares)}) / ({n} - 1)) = {std:.4f}",
+             f"advantages   : deviation / ({std:.4f} + {epsilon:g}) = {fmt(scaled, '+.4f')}"]
     if population_std > 0:
-        lines.append(
-            f"(dividing by the population std {population_std:.4g} instead would give "
-            f"{fmt([d / population_std for d in deviations], '+.4g')})"
-        )
+        lines.append(f"(dividing by the population std {population_std:.4g} instead would give "
+                     f"{fmt([d / population_std for d in deviations], '+.4g')})")
     return "\n".join(lines)
 
 

@@ -21,9 +21,8 @@ from grpo_lab.plots import plot_training_curves
 
 class MetricsLogger(TrainerCallback):
     """Records TRL's per-step metrics to ``metrics.jsonl``, keeps them in ``records`` and draws the live plot: TRL's
-    own (``reward``, ``rewards/<name>/mean``, ``kl``, ``entropy``, ...) plus ``step_time`` and its split
-    (``timing/generation_s``, ``timing/reward_s``, ``timing/update_s``, and inside them ``timing/vllm_generate_s``,
-    ``timing/weight_sync_s``, ``timing/old_ref_logps_s``, ``timing/backward_optimizer_s``)."""
+    own plus ``step_time`` and its split (``timing/generation_s``, ``timing/reward_s``, ``timing/update_s``, and
+    inside them ``timing/vllm_generate_s``, ``timing/weight_sync_s``, ``timing/old_ref_logps_s``, ...)."""
 
     def __init__(self, run_dir: Path, live_plot: bool = True, plot_every: int = 10,
                  previous: Sequence[dict[str, Any]] = ()):
@@ -36,17 +35,13 @@ class MetricsLogger(TrainerCallback):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         rewritten = self.path.with_name(self.path.name + ".tmp")  # then renamed: a kill never leaves half a log
         with rewritten.open("w", encoding="utf-8") as handle:
-            for record in self.records:
-                handle.write(json.dumps(record) + "\n")
+            handle.writelines(json.dumps(record) + "\n" for record in self.records)
         os.replace(rewritten, self.path)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "reward" not in logs:  # the end-of-training summary has no reward
             return
-        record = {"step": state.global_step}
-        for key, value in logs.items():
-            if isinstance(value, (int, float)) and value is not None:
-                record[key] = float(value)
+        record = {"step": state.global_step, **{k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}}
         if "step_time" in record:
             other = record.get("timing/generation_s", 0.0) + record.get("timing/reward_s", 0.0)
             record["timing/update_s"] = max(0.0, record["step_time"] - other)
@@ -100,18 +95,16 @@ class TimeBudget(TrainerCallback):
         self.start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.start is not None and time.perf_counter() - self.start > self.seconds and state.global_step < state.max_steps:
-            control.should_training_stop = True
-            control.should_save = True
+        if self.start is not None and time.perf_counter() - self.start > self.seconds \
+                and state.global_step < state.max_steps:
+            control.should_training_stop = control.should_save = True
             self.stopped_at = state.global_step
         return control
 
 
 class StepClock(TrainerCallback):
-    """Wall time of each optimizer step, device synchronised: generation, rewards, every micro-batch, the optimizer.
-
-    ``keep_checkpoints=False`` (benchmarks) keeps the Trainer from saving at the last step.
-    """
+    """Wall time of each optimizer step, device synchronised: generation, rewards, every micro-batch, the optimizer;
+    ``keep_checkpoints=False`` keeps the Trainer from saving at the last step."""
 
     def __init__(self, kind: str, keep_checkpoints: bool = True):
         self.kind = kind
@@ -142,7 +135,8 @@ def quiet_progress(trainer) -> None:
                 self.training_bar.write(f"trained {state.global_step} steps in {logs['train_runtime']:.0f} s")
 
     # transformers' notebook table (its module needs IPython, so it is found by name, never imported here)
-    table = next((c for c in trainer.callback_handler.callbacks if type(c).__name__ == "NotebookProgressCallback"), None)
+    table = next((c for c in trainer.callback_handler.callbacks if type(c).__name__ == "NotebookProgressCallback"),
+                 None)
     removed = [trainer.pop_callback(table) if table else None, trainer.pop_callback(ProgressCallback)]
     if any(callback is not None for callback in removed) and env.show_progress():
         trainer.add_callback(QuietProgressCallback)

@@ -1,4 +1,4 @@
-"""Carrying definitions out of a module: the source a file needs so that some of a module's functions, classes or
+r"""Carrying definitions out of a module: the source a file needs so that some of a module's functions, classes or
 constants work without the module (:func:`carry`), and the check that they do (:func:`run_alone`).
 
 The recipe writes reward functions into a script that must not import grpo_lab: it carries ``CorrectnessReward`` out
@@ -127,12 +127,10 @@ class Carried:
 
 
 def carry(names: Sequence[str], source: str, package: str = "grpo_lab") -> Carried:
-    """What a file needs so that ``names`` (module-level functions, classes or constants of the module whose
-    ``source`` this is) work without the module: their definitions, every module-level definition they use, and so
-    on, in the module's order, and the imports they use (each import statement cut to the names used). A name
-    bound in several places (a stand-in and the real thing) brings each of them; a ``try`` that imports ``package``
-    contributes its ``except ImportError`` stand-ins, never the import. Names a function only binds locally but that
-    the module also defines are carried too: more than needed, never less."""
+    """What a file needs so that ``names`` (module-level definitions of the module whose ``source`` this is) work
+    without the module: their definitions and every module-level definition they use, in the module's order, and the
+    imports they use (each cut to the names used). A name bound in several places brings each of them; a ``try`` that
+    imports ``package`` contributes its ``except ImportError`` stand-ins, never the import."""
     tree = ast.parse(source)
     lines = source.splitlines()
     statements = _top_level(tree, package)
@@ -161,8 +159,8 @@ def carry(names: Sequence[str], source: str, package: str = "grpo_lab") -> Carri
             if index not in needed:
                 needed.add(index)
                 pending.extend(_used_names(statements[index]) - {name})
-    if any(_is_package_import(statements[imported[name][0]], package) for name in used_imports):
-        bad = sorted(name for name in used_imports if _is_package_import(statements[imported[name][0]], package))
+    bad = sorted(name for name in used_imports if _is_package_import(statements[imported[name][0]], package))
+    if bad:
         raise CarryError(f"the functions use {bad}, imported from {package}: a script without {package} cannot "
                           f"carry them (define them in the reward's own module)")
     imports = [_import_line(statements[index], [alias for _, alias in sorted(
@@ -188,8 +186,6 @@ def _statement_source(statements: list[ast.stmt], index: int, lines: list[str]) 
             and isinstance(following.value, ast.Constant) and isinstance(following.value.value, str)):
         last = following.end_lineno
     return textwrap.dedent("\n".join(lines[first - 1:last]))
-
-
 
 
 def run_alone(source: str, expressions: Sequence[str] = ()) -> list[Any]:

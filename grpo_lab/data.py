@@ -37,27 +37,22 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab.errors import ConfigError, DataError, MissingFileError
+from grpo_lab.paths import DATA_DIR, REPO_ROOT  # noqa: F401 - callers read data.REPO_ROOT
 from grpo_lab.rewards import extract_answer
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DATA_DIR = REPO_ROOT / "data"
 ANSWER_MARKER = "#### "
 LANGS: tuple[str, ...] = ("en", "zh")
 
-INSTRUCTION = {
-    "en": 'Show the calculation, then give the final answer as "#### <number>".',
-    "zh": "写出算式，最后一行写“#### 数字”。",
-}
+INSTRUCTION = {"en": 'Show the calculation, then give the final answer as "#### <number>".',
+               "zh": "写出算式，最后一行写“#### 数字”。"}
 
 
 # --- Problems ---
 @dataclass(frozen=True)
 class Problem:
-    """One generated word problem, its solution and (for some types) a plausible slip.
-
-    ``key``: the arithmetic (type + numbers, language-independent); the train and eval splits never share one.
-    ``slip_solution``: a consistent wrong working (forgetting to double a perimeter), for imperfect SFT targets.
-    """
+    """One generated word problem, its solution and (for some types) a plausible slip. ``key``: the arithmetic (type
+    + numbers, language-independent), never shared by the train and eval splits; ``slip_solution``: a consistent wrong
+    working (forgetting to double a perimeter), for imperfect SFT targets."""
 
     type: str
     lang: str
@@ -83,15 +78,9 @@ class Problem:
 
     def to_row(self, row_id: str, slip: bool = False) -> dict[str, Any]:
         """The row in the shared dataset format (``answer`` is always the correct one)."""
-        return {
-            "id": row_id,
-            "type": self.type,
-            "lang": self.lang,
-            "prompt": [{"role": "user", "content": self.prompt_text()}],
-            "answer": str(self.answer),
-            "unit": self.unit,
-            "completion": self.completion(slip=slip),
-        }
+        return {"id": row_id, "type": self.type, "lang": self.lang,
+                "prompt": [{"role": "user", "content": self.prompt_text()}], "answer": str(self.answer),
+                "unit": self.unit, "completion": self.completion(slip=slip)}
 
 
 def _result_of(working: str) -> str:
@@ -109,13 +98,8 @@ def _pick(rng: random.Random, options: Sequence[Any]) -> Any:
 # Small word lists: enough variety to make the prompts read naturally, few enough for a tiny tokenizer.
 _NAMES = {"en": ("Tom", "Anna", "Ben", "Lily", "Sam", "Mia"), "zh": ("小明", "小红", "小华", "小丽", "小刚", "小芳")}
 # (english singular, english plural, chinese measure word, chinese noun)
-_ITEMS = (
-    ("pen", "pens", "支", "笔"),
-    ("book", "books", "本", "书"),
-    ("apple", "apples", "个", "苹果"),
-    ("ticket", "tickets", "张", "票"),
-    ("cup", "cups", "个", "杯子"),
-)
+_ITEMS = (("pen", "pens", "支", "笔"), ("book", "books", "本", "书"), ("apple", "apples", "个", "苹果"),
+          ("ticket", "tickets", "张", "票"), ("cup", "cups", "个", "杯子"))
 _PLACES = (("room", "房间"), ("garden", "花园"), ("field", "菜地"), ("yard", "院子"))
 _VEHICLES = (("car", "一辆汽车"), ("bus", "一辆公交车"), ("train", "一列火车"), ("truck", "一辆卡车"))
 
@@ -124,12 +108,9 @@ def _speed_distance(rng: random.Random, lang: str) -> Problem:
     hours, speed = rng.randint(2, 9), rng.randint(2, 15)
     distance = hours * speed
     en_vehicle, zh_vehicle = _pick(rng, _VEHICLES)
-    if lang == "en":
-        question = f"A {en_vehicle} travels {distance} km in {hours} hours. What is its average speed in km/h?"
-        unit = "km/h"
-    else:
-        question = f"{zh_vehicle}{hours}小时行驶了{distance}公里，它的平均速度是每小时多少公里？"
-        unit = "公里/小时"
+    question, unit = ((f"A {en_vehicle} travels {distance} km in {hours} hours. What is its average speed in km/h?",
+                       "km/h") if lang == "en" else
+                      (f"{zh_vehicle}{hours}小时行驶了{distance}公里，它的平均速度是每小时多少公里？", "公里/小时"))
     return Problem("speed_distance", lang, question, speed, unit, f"{distance} ÷ {hours} = {speed} {unit}",
                    key=("speed_distance", distance, hours))
 
@@ -137,13 +118,9 @@ def _speed_distance(rng: random.Random, lang: str) -> Problem:
 def _rectangle_area(rng: random.Random, lang: str) -> Problem:
     length, width = rng.randint(2, 15), rng.randint(2, 9)
     en_place, zh_place = _pick(rng, _PLACES)
-    if lang == "en":
-        question = (f"A rectangular {en_place} is {length} m long and {width} m wide. "
-                    f"What is its area in square meters?")
-        unit = "m²"
-    else:
-        question = f"一个长方形{zh_place}长{length}米，宽{width}米，它的面积是多少平方米？"
-        unit = "平方米"
+    question, unit = ((f"A rectangular {en_place} is {length} m long and {width} m wide. "
+                       f"What is its area in square meters?", "m²") if lang == "en" else
+                      (f"一个长方形{zh_place}长{length}米，宽{width}米，它的面积是多少平方米？", "平方米"))
     return Problem("rectangle_area", lang, question, length * width, unit,
                    f"{length} × {width} = {length * width} {unit}", key=("rectangle_area", length, width),
                    slip_solution=f"{length} + {width} = {length + width} {unit}")  # added instead of multiplying
@@ -152,13 +129,9 @@ def _rectangle_area(rng: random.Random, lang: str) -> Problem:
 def _rectangle_perimeter(rng: random.Random, lang: str) -> Problem:
     length, width = rng.randint(3, 20), rng.randint(2, 15)
     en_place, zh_place = _pick(rng, _PLACES)
-    if lang == "en":
-        question = (f"A rectangular {en_place} is {length} m long and {width} m wide. "
-                    f"What is its perimeter in meters?")
-        unit = "m"
-    else:
-        question = f"一个长方形{zh_place}长{length}米，宽{width}米，它的周长是多少米？"
-        unit = "米"
+    question, unit = ((f"A rectangular {en_place} is {length} m long and {width} m wide. "
+                       f"What is its perimeter in meters?", "m") if lang == "en" else
+                      (f"一个长方形{zh_place}长{length}米，宽{width}米，它的周长是多少米？", "米"))
     perimeter = 2 * (length + width)
     return Problem("rectangle_perimeter", lang, question, perimeter, unit,
                    f"2 × ({length} + {width}) = {perimeter} {unit}", key=("rectangle_perimeter", length, width),
@@ -168,12 +141,8 @@ def _rectangle_perimeter(rng: random.Random, lang: str) -> Problem:
 def _price_quantity(rng: random.Random, lang: str) -> Problem:
     price, count = rng.randint(2, 15), rng.randint(2, 9)
     singular, plural, measure, noun = _pick(rng, _ITEMS)
-    if lang == "en":
-        question = f"One {singular} costs {price} yuan. How much do {count} {plural} cost in yuan?"
-        unit = "yuan"
-    else:
-        question = f"一{measure}{noun}{price}元，买{count}{measure}{noun}要多少元？"
-        unit = "元"
+    question, unit = ((f"One {singular} costs {price} yuan. How much do {count} {plural} cost in yuan?", "yuan")
+                      if lang == "en" else (f"一{measure}{noun}{price}元，买{count}{measure}{noun}要多少元？", "元"))
     return Problem("price_quantity", lang, question, price * count, unit,
                    f"{price} × {count} = {price * count} {unit}", key=("price_quantity", price, count),
                    slip_solution=f"{price} + {count} = {price + count} {unit}")  # added instead of multiplying
@@ -184,12 +153,8 @@ def _change_money(rng: random.Random, lang: str) -> Problem:
     price = rng.randint(1, money - 1)
     name = _pick(rng, _NAMES[lang])
     singular, _, measure, noun = _pick(rng, _ITEMS)
-    if lang == "en":
-        question = f"{name} has {money} yuan and buys a {singular} for {price} yuan. How much money is left?"
-        unit = "yuan"
-    else:
-        question = f"{name}有{money}元，买一{measure}{noun}花了{price}元，还剩多少元？"
-        unit = "元"
+    question, unit = ((f"{name} has {money} yuan and buys a {singular} for {price} yuan. How much money is left?",
+                       "yuan") if lang == "en" else (f"{name}有{money}元，买一{measure}{noun}花了{price}元，还剩多少元？", "元"))
     return Problem("change_money", lang, question, money - price, unit, f"{money} - {price} = {money - price} {unit}",
                    key=("change_money", money, price),
                    slip_solution=f"{money} + {price} = {money + price} {unit}")  # added instead of subtracting
@@ -198,13 +163,9 @@ def _change_money(rng: random.Random, lang: str) -> Problem:
 def _work_rate(rng: random.Random, lang: str) -> Problem:
     rate_a, rate_b, hours = rng.randint(2, 9), rng.randint(2, 9), rng.randint(2, 6)
     total = (rate_a + rate_b) * hours
-    if lang == "en":
-        question = (f"Worker A makes {rate_a} parts per hour and worker B makes {rate_b} parts per hour. "
-                    f"How many parts do they make together in {hours} hours?")
-        unit = "parts"
-    else:
-        question = f"甲每小时做{rate_a}个零件，乙每小时做{rate_b}个零件。两人合作{hours}小时一共做多少个零件？"
-        unit = "个"
+    question, unit = ((f"Worker A makes {rate_a} parts per hour and worker B makes {rate_b} parts per hour. "
+                       f"How many parts do they make together in {hours} hours?", "parts") if lang == "en" else
+                      (f"甲每小时做{rate_a}个零件，乙每小时做{rate_b}个零件。两人合作{hours}小时一共做多少个零件？", "个"))
     return Problem("work_rate", lang, question, total, unit, f"({rate_a} + {rate_b}) × {hours} = {total} {unit}",
                    key=("work_rate", rate_a, rate_b, hours),
                    slip_solution=f"{rate_a} + {rate_b} = {rate_a + rate_b} {unit}")  # forgot the hours
@@ -218,13 +179,9 @@ def _average(rng: random.Random, lang: str) -> Problem:
         return _average(rng, lang)
     total = first + second + third
     name = _pick(rng, _NAMES[lang])
-    if lang == "en":
-        question = (f"{name} read {first}, {second} and {third} pages on three days. "
-                    f"How many pages per day is that on average?")
-        unit = "pages"
-    else:
-        question = f"{name}三天分别读了{first}页、{second}页和{third}页，平均每天读多少页？"
-        unit = "页"
+    question, unit = ((f"{name} read {first}, {second} and {third} pages on three days. "
+                       f"How many pages per day is that on average?", "pages") if lang == "en" else
+                      (f"{name}三天分别读了{first}页、{second}页和{third}页，平均每天读多少页？", "页"))
     return Problem("average", lang, question, mean, unit, f"({first} + {second} + {third}) ÷ 3 = {mean} {unit}",
                    key=("average", first, second, third),
                    slip_solution=f"{first} + {second} + {third} = {total} {unit}")  # forgot to divide
@@ -247,12 +204,8 @@ _UNIT_SHORT = {"millimeters": "mm", "centimeters": "cm", "meters": "m", "grams":
 def _unit_conversion(rng: random.Random, lang: str) -> Problem:
     en_from, en_to, zh_from, zh_to, factor, slip_factor, largest = _pick(rng, _CONVERSIONS)
     value = rng.randint(2, largest)
-    if lang == "en":
-        question = f"How many {en_to} are in {value} {en_from}?"
-        unit = _UNIT_SHORT[en_to]
-    else:
-        question = f"{value}{zh_from}等于多少{zh_to}？"
-        unit = zh_to
+    question, unit = ((f"How many {en_to} are in {value} {en_from}?", _UNIT_SHORT[en_to]) if lang == "en" else
+                      (f"{value}{zh_from}等于多少{zh_to}？", zh_to))
     return Problem("unit_conversion", lang, question, value * factor, unit,
                    f"{value} × {factor} = {value * factor} {unit}", key=("unit_conversion", en_from, value),
                    slip_solution=f"{value} × {slip_factor} = {value * slip_factor} {unit}")  # wrong factor
@@ -261,13 +214,9 @@ def _unit_conversion(rng: random.Random, lang: str) -> Problem:
 def _age_difference(rng: random.Random, lang: str) -> Problem:
     child, parent = rng.randint(2, 15), rng.randint(22, 45)
     name = _pick(rng, _NAMES[lang])
-    if lang == "en":
-        question = (f"{name} is {child} years old and {name}'s mother is {parent} years old. "
-                    f"How many years older is the mother?")
-        unit = "years"
-    else:
-        question = f"{name}今年{child}岁，妈妈今年{parent}岁。妈妈比{name}大多少岁？"
-        unit = "岁"
+    question, unit = ((f"{name} is {child} years old and {name}'s mother is {parent} years old. "
+                       f"How many years older is the mother?", "years") if lang == "en" else
+                      (f"{name}今年{child}岁，妈妈今年{parent}岁。妈妈比{name}大多少岁？", "岁"))
     return Problem("age_difference", lang, question, parent - child, unit,
                    f"{parent} - {child} = {parent - child} {unit}", key=("age_difference", child, parent),
                    slip_solution=f"{parent} + {child} = {parent + child} {unit}")  # added the ages
@@ -277,28 +226,17 @@ def _sharing_equally(rng: random.Random, lang: str) -> Problem:
     children, each = rng.randint(2, 9), rng.randint(2, 12)
     total = children * each
     singular, plural, measure, noun = _pick(rng, _ITEMS)
-    if lang == "en":
-        question = f"{total} {plural} are shared equally among {children} children. How many does each child get?"
-        unit = plural
-    else:
-        question = f"把{total}{measure}{noun}平均分给{children}个小朋友，每人分到多少{measure}？"
-        unit = measure
+    question, unit = ((f"{total} {plural} are shared equally among {children} children. How many does each child get?",
+                       plural) if lang == "en" else
+                      (f"把{total}{measure}{noun}平均分给{children}个小朋友，每人分到多少{measure}？", measure))
     return Problem("sharing_equally", lang, question, each, unit, f"{total} ÷ {children} = {each} {unit}",
                    key=("sharing_equally", total, children))
 
 
 PROBLEM_MAKERS: dict[str, Callable[[random.Random, str], Problem]] = {
-    "speed_distance": _speed_distance,
-    "rectangle_area": _rectangle_area,
-    "rectangle_perimeter": _rectangle_perimeter,
-    "price_quantity": _price_quantity,
-    "change_money": _change_money,
-    "work_rate": _work_rate,
-    "average": _average,
-    "unit_conversion": _unit_conversion,
-    "age_difference": _age_difference,
-    "sharing_equally": _sharing_equally,
-}
+    maker.__name__.lstrip("_"): maker for maker in (
+        _speed_distance, _rectangle_area, _rectangle_perimeter, _price_quantity, _change_money, _work_rate, _average,
+        _unit_conversion, _age_difference, _sharing_equally)}
 PROBLEM_TYPES: tuple[str, ...] = tuple(PROBLEM_MAKERS)
 SLIPS: dict[str, str] = {
     "rectangle_area": "adds length and width instead of multiplying them",
@@ -376,13 +314,9 @@ class SplitConfig:
     data_dir: Path = field(default=DATA_DIR)
 
     def path(self, split: str) -> Path:
-        return self.data_dir / f"{_check_split(split)}.jsonl"
-
-
-def _check_split(split: str) -> str:
-    if split not in ("train", "eval"):
-        raise ConfigError(f"unknown split {split!r}; use 'train' or 'eval'")
-    return split
+        if split not in ("train", "eval"):
+            raise ConfigError(f"unknown split {split!r}; use 'train' or 'eval'")
+        return self.data_dir / f"{split}.jsonl"
 
 
 def build_split_problems(config: SplitConfig = SplitConfig()) -> dict[str, list[Problem]]:
@@ -416,8 +350,7 @@ def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8", newline="\n") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     return path
 
 
@@ -489,21 +422,16 @@ def load_gsm8k_jsonl(path: str | Path, add_instruction: bool = True) -> list[dic
 
 def load_gsm8k(split: str = "train", path: str | Path | None = None,
                add_instruction: bool = True) -> list[dict[str, Any]]:
-    """GSM8K's ``split`` (``"train"`` or ``"test"``) in the course's row format (``type`` ``"gsm8k"``).
-
-    ``path``: a local copy, JSONL as github.com/openai/grade-school-math publishes it (or compressed: ``.gz``,
-    ``.xz``), or the hub's parquet file. Without it, the hub's ``openai/gsm8k`` through ``datasets`` (the network, or
-    its cache); offline (``HF_HUB_OFFLINE=1``, or no network) the error names the file to pass.
-    """
+    """GSM8K's ``split`` (``"train"`` or ``"test"``) in the course's row format (``type`` ``"gsm8k"``). ``path``: a
+    local copy (JSONL as github.com/openai/grade-school-math publishes it, ``.gz``/``.xz`` too, or the hub's parquet
+    file); without it, the hub's ``openai/gsm8k`` through ``datasets`` (offline, the error names the file to pass)."""
     if split not in GSM8K_SPLITS:
         raise ConfigError(f"unknown GSM8K split {split!r}; use one of {list(GSM8K_SPLITS)} (hold part of 'train' out "
                           f"with grpo_lab.data.hold_out to evaluate on)")
-    prefix = f"gsm8k-{split}"
-    if path is None:
-        return _gsm8k_rows(f"{GSM8K_HUB_ID} ({split})", _gsm8k_from_hub(split), add_instruction, prefix)
-    if Path(path).suffix == ".parquet":
-        return _gsm8k_rows(path, _read_parquet(path), add_instruction, prefix)
-    return _gsm8k_rows(path, _read_json_lines(path), add_instruction, prefix)
+    records = (_gsm8k_from_hub(split) if path is None else _read_parquet(path) if Path(path).suffix == ".parquet"
+               else _read_json_lines(path))
+    source = f"{GSM8K_HUB_ID} ({split})" if path is None else path
+    return _gsm8k_rows(source, records, add_instruction, f"gsm8k-{split}")
 
 
 def _gsm8k_from_hub(split: str) -> list[tuple[int, dict[str, Any]]]:
@@ -543,15 +471,9 @@ def _gsm8k_rows(source: str | Path, records: Iterable[tuple[int, dict[str, Any]]
                             f"last line '#### <final number>', as GSM8K does")
         question = str(record["question"]).strip()
         content = f"{question}\n{INSTRUCTION['en']}" if add_instruction else question
-        rows.append({
-            "id": f"{id_prefix}-{len(rows):05d}",
-            "type": "gsm8k",
-            "lang": "en",
-            "prompt": [{"role": "user", "content": content}],
-            "answer": f"{found.value:.10g}",
-            "unit": "",
-            "completion": re.sub(r"<<[^>]*>>", "", str(record["answer"])).strip(),
-        })
+        rows.append({"id": f"{id_prefix}-{len(rows):05d}", "type": "gsm8k", "lang": "en",
+                     "prompt": [{"role": "user", "content": content}], "answer": f"{found.value:.10g}", "unit": "",
+                     "completion": re.sub(r"<<[^>]*>>", "", str(record["answer"])).strip()})
     return rows
 
 

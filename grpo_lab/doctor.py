@@ -1,11 +1,7 @@
 """`grpo-lab doctor`: one check per row of the write-up's troubleshooting section, each with its fix.
 
-Rows covered: device mismatch, the device's size (a cap standing for a smaller card), operator errors from unverified
-versions, slow starts from uncompiled packages (PYTHONDONTWRITEBYTECODE), OOM at step N (memory plan), garbled output
-from a tokenizer mismatch, NaN loss (fp16), slow vLLM without prefix caching, fragmentation (allocator setting), vLLM
-missing for this device, slow serving (concurrency), and vLLM processes left running that hold a device or a port.
-Each check returns pass / warn / fail and never raises. :data:`SYMPTOMS` goes the other way, from what a run shows to
-its usual causes, the fix and the checks that look at it (``grpo-lab doctor --symptoms``).
+Each check (:func:`run_checks`) returns pass / warn / fail and never raises. :data:`SYMPTOMS` goes the other way, from
+what a run shows to its usual causes, the fix and the checks that look at it (``grpo-lab doctor --symptoms``).
 
 >>> from grpo_lab.doctor import run_checks
 >>> all(c.status in ("pass", "warn", "fail") for c in run_checks())   # doctest: +SKIP
@@ -57,9 +53,8 @@ class Check:
 
 @dataclass(frozen=True)
 class DoctorConfig:
-    """What to diagnose: the experiment (a :class:`~grpo_lab.experiment.TrainConfig`, e.g. a run's own) plus what
-    lies outside it: a training dtype of your own script, the rollout engine's prefix caching, a trainer tokenizer
-    loaded from elsewhere, and the serving plan."""
+    """What to diagnose: the experiment (a ``TrainConfig``, e.g. a run's own) plus what lies outside it: your own
+    script's training dtype, the engine's prefix caching, a trainer tokenizer from elsewhere, the serving plan."""
 
     experiment: TrainConfig = field(default_factory=TrainConfig)
     dtype: str | None = None
@@ -104,16 +99,11 @@ def check_stack() -> Check:
     if result.matches:
         return Check("versions", "pass", f"installed versions match the verified '{result.stack.name}' stack "
                                          f"({result.stack.status})")
-    missing_core = [d for d in result.differences if d.installed is None and d.package in ("torch", "trl",
-                                                                                            "transformers")]
+    core_gone = any(d.installed is None and d.package in ("torch", "trl", "transformers") for d in result.differences)
     diffs = "; ".join(str(d) for d in result.differences)
-    return Check("versions", "fail" if missing_core else "warn",
+    return Check("versions", "fail" if core_gone else "warn",
                  f"closest stack '{result.stack.name}' differs: {diffs}. Unverified combinations cause "
                  "operator errors and crashes inside vLLM.", result.advice())
-
-
-def _profiled(config: DoctorConfig) -> TrainConfig:
-    return config.experiment.with_profile()
 
 
 def check_device(config: DoctorConfig) -> Check:
@@ -122,13 +112,12 @@ def check_device(config: DoctorConfig) -> Check:
     if count == 0:
         return Check("device", "fail", f"no {kind} device visible",
                      f"check the driver and {device.visible_devices_var(kind)}")
-    name = _profiled(config).profile
+    name = config.experiment.with_profile().profile
     meant_for = PROFILE_DEVICE[name]
     if meant_for != kind:
         return Check("device", "warn" if device.is_cpu(meant_for) else "fail",
                      f"profile '{name}' is for {meant_for}, but this machine runs on {kind}",
-                     f"set GRPO_LAB_PROFILE={DEFAULT_FOR_DEVICE[kind]} "
-                     "or run on the device the profile expects")
+                     f"set GRPO_LAB_PROFILE={DEFAULT_FOR_DEVICE[kind]} or run on the device the profile expects")
     wrong_var = device.FOREIGN_VISIBLE_DEVICES_VAR[kind]
     if wrong_var and os.environ.get(wrong_var) and not os.environ.get(device.visible_devices_var(kind)):
         return Check("device", "warn", f"{wrong_var} is set but this is a {kind} machine; it selects nothing here",
@@ -214,7 +203,7 @@ def check_memory(config: DoctorConfig) -> Check:
 
 
 def check_tokenizer(config: DoctorConfig) -> Check:
-    model_path = models.resolve_model(_profiled(config).model)
+    model_path = models.resolve_model(config.experiment.with_profile().model)
     trainer = config.tokenizer or model_path
     if trainer == model_path:
         return Check("tokenizer", "pass", "vLLM and the trainer load the tokenizer from the same folder")
@@ -292,11 +281,10 @@ def vllm_groups() -> list[VLLMGroup]:
             text = " ".join(process.info["cmdline"] or []) + " " + (process.info["name"] or "")
             if "vllm" not in text.lower():
                 continue
-            vllm_pids = found.get(os.getpgid(process.pid), (set(), set(), [], set()))[3] | {process.pid}
             ports = {c.laddr.port for c in process.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
             devices = _held_devices(process.pid)
             held = found.setdefault(os.getpgid(process.pid), (set(), set(), [], set()))
-            held[3].update(vllm_pids)
+            held[3].add(process.pid)
             if ports or devices:
                 held[0].update(ports)
                 held[1].update(devices)
@@ -337,15 +325,12 @@ def check_vllm_processes() -> Check:
 def run_checks(config: DoctorConfig | None = None) -> list[Check]:
     """Every check, in the order of the troubleshooting table."""
     config = config or DoctorConfig()
-    checks = [
-        ("versions", check_stack), ("device", lambda: check_device(config)), ("device memory", check_device_memory),
-        ("vllm", check_vllm),
-        ("python bytecode", check_bytecode), ("memory plan", lambda: check_memory(config)),
-        ("tokenizer", lambda: check_tokenizer(config)),
-        ("dtype", lambda: check_dtype(config)), ("prefix caching", lambda: check_prefix_caching(config)),
-        ("allocator", check_allocator), ("serving", lambda: check_serving(config)),
-        ("vllm processes", check_vllm_processes),
-    ]
+    checks = [("versions", check_stack), ("device", lambda: check_device(config)),
+              ("device memory", check_device_memory), ("vllm", check_vllm), ("python bytecode", check_bytecode),
+              ("memory plan", lambda: check_memory(config)), ("tokenizer", lambda: check_tokenizer(config)),
+              ("dtype", lambda: check_dtype(config)), ("prefix caching", lambda: check_prefix_caching(config)),
+              ("allocator", check_allocator), ("serving", lambda: check_serving(config)),
+              ("vllm processes", check_vllm_processes)]
     return [_guard(name, fn) for name, fn in checks]
 
 

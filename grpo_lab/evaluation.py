@@ -21,7 +21,7 @@ import dataclasses
 import math
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,11 @@ from typing import Any
 from grpo_lab.errors import ConfigError
 from grpo_lab.rewards import FormatReward, is_correct, is_correct_lenient
 from grpo_lab.rollout import RolloutEngine, Sampling, open_engine
+
+METRICS = ("greedy", "sampled_pass_at_1", "pass_at_k")
+METRIC_LABELS = {"greedy": "greedy accuracy", "sampled_pass_at_1": "pass@1", "pass_at_k": "pass@k"}
+STEADY_POINTS = 1.0
+"""A change smaller than this many percentage points is reported as 'did not move'."""
 
 
 @dataclass
@@ -67,13 +72,10 @@ def accuracy_report(rows: Sequence[dict[str, Any]], greedy_texts: Sequence[str],
         scores[row.get("type", "all")].append(score)
 
     def summary(values: list[tuple[float, float, float]]) -> dict[str, float]:
-        n = len(values)
-        return {"count": n, "greedy": sum(v[0] for v in values) / n,
-                "sampled_pass_at_1": sum(v[1] for v in values) / n, "pass_at_k": sum(v[2] for v in values) / n}
+        return {"count": len(values), **{key: sum(v[i] for v in values) / len(values) for i, key in enumerate(METRICS)}}
 
     overall = summary([v for values in scores.values() for v in values])
-    return AccuracyReport(greedy=overall["greedy"], sampled_pass_at_1=overall["sampled_pass_at_1"],
-                          pass_at_k=overall["pass_at_k"], k=len(sampled_texts[0]), temperature=temperature,
+    return AccuracyReport(**{key: overall[key] for key in METRICS}, k=len(sampled_texts[0]), temperature=temperature,
                           count=len(rows), per_type={name: summary(v) for name, v in scores.items()})
 
 
@@ -101,13 +103,9 @@ def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int
              max_tokens: int = 48, backend: str = "auto", seed: int = 0, engine: RolloutEngine | None = None,
              **engine_settings: Any) -> Evaluation:
     """Greedy accuracy plus pass@1 (mean over ``num_samples`` samples at ``temperature``) and pass@k;
-    ``num_samples=0``: greedy only (pass@1 and pass@k are NaN).
-
-    Sampling goes through :func:`grpo_lab.rollout.open_engine` (``backend="auto"``: vLLM where it runs, else HF
-    ``generate``); ``engine_settings`` are more RolloutConfig fields. ``engine``: an engine already running with
-    ``model``'s weights (e.g. ``TrainResult.rollout_engine()``, the trainer's own vLLM), stopped (or handed back to its
-    owner) at the end.
-    """
+    ``num_samples=0``: greedy only (pass@1 and pass@k are NaN). Sampling goes through
+    :func:`grpo_lab.rollout.open_engine`; ``engine_settings`` are more RolloutConfig fields. ``engine``: an engine
+    already running with ``model``'s weights (``TrainResult.rollout_engine()``), stopped (or handed back) at the end."""
     if not rows:
         raise ConfigError("no rows to evaluate")
     if num_samples < 0:
@@ -150,31 +148,35 @@ def compare(before: Evaluation, after: Evaluation, types: Sequence[str] | None =
         lines.append(row(name + marker, before.report.per_type[name], after.report.per_type[name]))
     evaluated = [t for t in types or () if t in before.report.per_type and t in after.report.per_type]
     if evaluated:  # a small evaluation (GRPO_LAB_EVAL_SIZE) may hold none of them
-        lines.append(row("trained types*", pooled(before, evaluated), pooled(after, evaluated)))
+        lines.append(row("trained types*", _pooled(before.report.per_type, evaluated),
+                         _pooled(after.report.per_type, evaluated)))
     lines.append(row("all", before.report.to_dict(), after.report.to_dict()))
     return "\n".join(lines)
 
 
-def pooled(evaluation: Evaluation, types: Sequence[str]) -> dict[str, float]:
-    """Greedy / pass@1 / pass@k over several types together (weighted by their number of problems)."""
-    parts = [evaluation.report.per_type[t] for t in types if t in evaluation.report.per_type]
+def _pooled(per_type: dict[str, dict[str, float]], types: Iterable[str]) -> dict[str, float] | None:
+    """Greedy / pass@1 / pass@k over ``types`` together, weighted by their number of problems (None: no problems)."""
+    parts = [per_type[t] for t in types if t in per_type]
     count = sum(p["count"] for p in parts)
     if not count:
-        raise ConfigError(f"none of the types {list(types)} was evaluated")
-    return {"count": count, **{key: sum(p[key] * p["count"] for p in parts) / count
-                               for key in ("greedy", "sampled_pass_at_1", "pass_at_k")}}
+        return None
+    return {"count": count, **{key: sum(p[key] * p["count"] for p in parts) / count for key in METRICS}}
+
+
+def _verdicts(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation) -> list[str]:
+    """Each problem's greedy verdict before and after, ``"wrong → right"`` …"""
+    return [" → ".join("right" if is_correct(text, row["answer"]) else "wrong" for text in (old, new))
+            for row, old, new in zip(rows, before.greedy_texts, after.greedy_texts)]
 
 
 def side_by_side(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation, limit: int = 6,
                  only_changed: bool = True) -> list[dict[str, str]]:
     """Greedy completions before and after training for a few problems. With ``only_changed``, the problems whose
     verdict changed, in both directions (wrong → right and right → wrong, alternating, so neither hides)."""
-    items = []
-    for row, old, new in zip(rows, before.greedy_texts, after.greedy_texts):
-        right = [is_correct(text, row["answer"]) for text in (old, new)]
-        items.append({"type": row.get("type", ""), "question": row["prompt"][-1]["content"].splitlines()[0],
-                      "answer": row["answer"], "before": old.strip(), "after": new.strip(),
-                      "verdict": f"{'right' if right[0] else 'wrong'} → {'right' if right[1] else 'wrong'}"})
+    items = [{"type": row.get("type", ""), "question": row["prompt"][-1]["content"].splitlines()[0],
+              "answer": row["answer"], "before": old.strip(), "after": new.strip(), "verdict": verdict}
+             for row, old, new, verdict in zip(rows, before.greedy_texts, after.greedy_texts,
+                                               _verdicts(rows, before, after))]
     if not only_changed:
         return items[:limit]
     gained = [item for item in items if item["verdict"] == "wrong → right"]
@@ -185,24 +187,13 @@ def side_by_side(rows: Sequence[dict[str, Any]], before: Evaluation, after: Eval
 
 
 # --- Conclusions computed from a run: the sentences a notebook prints instead of prose numbers ---
-METRICS = ("greedy", "sampled_pass_at_1", "pass_at_k")
-METRIC_LABELS = {"greedy": "greedy accuracy", "sampled_pass_at_1": "pass@1", "pass_at_k": "pass@k"}
-STEADY_POINTS = 1.0
-"""A change smaller than this many percentage points is reported as 'did not move'."""
-
-
 def by_training(report: AccuracyReport, trained_types: Sequence[str]) -> dict[str, dict[str, float]]:
     """Greedy / pass@1 / pass@k pooled over the ``"trained"`` types, the ``"untrained"`` ones and ``"all"`` (weighted by
     their number of problems); a group with no problems is left out."""
     trained = set(trained_types)
     groups = {"trained": [t for t in report.per_type if t in trained],
               "untrained": [t for t in report.per_type if t not in trained]}
-    pooled_groups: dict[str, dict[str, float]] = {}
-    for name, types in groups.items():
-        count = sum(report.per_type[t]["count"] for t in types)
-        if count:
-            pooled_groups[name] = {"count": count, **{key: sum(report.per_type[t][key] * report.per_type[t]["count"]
-                                                              for t in types) / count for key in METRICS}}
+    pooled_groups = {name: found for name, types in groups.items() if (found := _pooled(report.per_type, types))}
     pooled_groups["all"] = {"count": report.count, **{key: getattr(report, key) for key in METRICS}}
     return pooled_groups
 
@@ -241,12 +232,12 @@ def conclusions(before: AccuracyReport, after: AccuracyReport, trained_types: Se
     """What training did to held-out accuracy, as sentences computed from the two reports: each metric on the trained
     types, on the untrained ones and on all problems, each of a few trained types on its own, and the types whose
     greedy accuracy or pass@k moved most."""
-    k = before.k
-    labels = {**METRIC_LABELS, "pass_at_k": f"pass@{k}"}
+    labels = {**METRIC_LABELS, "pass_at_k": f"pass@{before.k}"}
     where = {"trained": f"the trained types ({', '.join(trained_types)})", "untrained": "the untrained types",
              "all": f"all {before.count} problems"}
     found = changes(before, after, trained_types)
-    lines = [describe_change(f"{labels[key]} on {where[group]}", found[group][key]["before"], found[group][key]["after"])
+    lines = [describe_change(f"{labels[key]} on {where[group]}", found[group][key]["before"],
+                             found[group][key]["after"])
              for group in ("trained", "untrained", "all") if group in found for key in METRICS]
     each_trained = "untrained" in found and len(trained_types) <= 4  # a few trained types: each one, they can part ways
     if each_trained:
@@ -385,18 +376,13 @@ def greedy_gain(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evalu
 def greedy_followed(before: AccuracyReport, after: AccuracyReport, trained_types: Sequence[str]) -> list[str]:
     """Whether greedy accuracy went the way pass@1 went (same direction, a change within :data:`STEADY_POINTS` being
     none), on each trained type: greedy can stay wrong while the share of right samples rises."""
-    def direction(old: float, new: float) -> int:
-        points = 100 * (new - old)
+    def direction(name: str, key: str) -> int:
+        points = 100 * (after.per_type[name][key] - before.per_type[name][key])
         return 0 if abs(points) < STEADY_POINTS else (1 if points > 0 else -1)
 
-    followed, parted = [], []
-    for name in trained_types:
-        if name not in before.per_type or name not in after.per_type:
-            continue
-        old, new = before.per_type[name], after.per_type[name]
-        same = (direction(old["greedy"], new["greedy"]) ==
-                direction(old["sampled_pass_at_1"], new["sampled_pass_at_1"]))
-        (followed if same else parted).append(name)
+    types = [name for name in trained_types if name in before.per_type and name in after.per_type]
+    parted = [name for name in types if direction(name, "greedy") != direction(name, "sampled_pass_at_1")]
+    followed = [name for name in types if name not in parted]
     lines = [f"greedy accuracy followed pass@1 on {len(followed)} of {len(followed) + len(parted)} trained types"
              + (f" ({', '.join(followed)})" if followed else "")]
     lines += [describe_change(f"on {name} it did not: pass@1", before.per_type[name]["sampled_pass_at_1"],
@@ -435,8 +421,7 @@ def describe_reward_gap(first_reward: float, held_out_pass_at_1: float, fine_tun
 
 def verdict_counts(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation) -> dict[str, int]:
     """How many problems' greedy answers went wrong → right, right → wrong, stayed right, stayed wrong."""
-    counts = {"wrong → right": 0, "right → wrong": 0, "right → right": 0, "wrong → wrong": 0}
-    for row, old, new in zip(rows, before.greedy_texts, after.greedy_texts):
-        right = [is_correct(text, row["answer"]) for text in (old, new)]
-        counts[f"{'right' if right[0] else 'wrong'} → {'right' if right[1] else 'wrong'}"] += 1
+    counts = dict.fromkeys(("wrong → right", "right → wrong", "right → right", "wrong → wrong"), 0)
+    for verdict in _verdicts(rows, before, after):
+        counts[verdict] += 1
     return counts

@@ -124,10 +124,8 @@ def _fix_hint(model_dir: Path) -> str:
 
 
 def verify_model_dir(model_dir: str | Path = TINY_MODEL_DIR) -> dict[str, Any]:
-    """Check every file listed in the manifest (present, same sha256) and that no unlisted weights exist.
-
-    Returns the manifest's contents (:func:`read_manifest` gives them as a record). Raises :class:`ModelIntegrityError` listing every problem and how to fix it.
-    """
+    """Check every file listed in the manifest (present, same sha256) and that no unlisted weights exist; return the
+    manifest's contents. Raises :class:`ModelIntegrityError` listing every problem and how to fix it."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelIntegrityError(f"model folder {model_dir} does not exist; {_fix_hint(model_dir)}")
@@ -168,10 +166,8 @@ def require_safetensors(model_dir: str | Path) -> None:
 
 # --- Choosing and loading ---
 def resolve_model(name: str | os.PathLike[str] | None = None) -> str:
-    """The model to use: ``name`` if given, else ``$GRPO_LAB_MODEL``, else the shipped tiny model.
-
-    Returns an absolute folder path for local models, the hub id unchanged otherwise.
-    """
+    """The model to use: ``name`` if given, else ``$GRPO_LAB_MODEL``, else the shipped tiny model; an absolute folder
+    path for local models, the hub id unchanged otherwise."""
     chosen = name if name not in (None, "") else os.environ.get(MODEL_ENV_VAR) or TINY_MODEL_DIR
     path = Path(chosen).expanduser()
     if path.exists():
@@ -210,8 +206,8 @@ def adapter_model(folder: str | os.PathLike[str]) -> AdapterModel | None:
     if not (path / ADAPTER_CONFIG).is_file():
         return None
     manifest = _load_manifest(path) or {}
-    base = manifest.get("base_model_path") or json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8"))[
-        "base_model_name_or_path"]
+    base = (manifest.get("base_model_path")
+            or json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8"))["base_model_name_or_path"])
     return AdapterModel(path, str(base), manifest.get("quantization"))
 
 

@@ -16,19 +16,12 @@ from matplotlib.figure import Figure
 from grpo_lab.errors import DataError
 
 # --- Rewards and advantages ---
-
 _POSITIVE, _NEGATIVE, _NEUTRAL = "#2a9d4b", "#d1495b", "#9aa0a6"
 
 
-def _sign_colors(values: Sequence[float]) -> list[str]:
-    return [_POSITIVE if v > 1e-9 else _NEGATIVE if v < -1e-9 else _NEUTRAL for v in values]
-
-
 def plot_group_advantages(result, labels: Sequence[str] | None = None, title: str | None = None) -> Figure:
-    """Rewards of each completion with its group mean (left) and the advantages, colored by sign (right).
-
-    ``result`` is a ``grpo_lab.advantages.Advantages``. Groups are separated by dotted lines.
-    """
+    """Rewards of each completion with its group mean (left) and the advantages, colored by sign (right), of a
+    ``grpo_lab.advantages.Advantages``; groups are separated by dotted lines."""
     n = len(result.rewards)
     G = result.num_generations
     labels = list(labels) if labels is not None else [f"g{i // G}·c{i % G}" for i in range(n)]
@@ -48,7 +41,8 @@ def plot_group_advantages(result, labels: Sequence[str] | None = None, title: st
     ax_r.set_ylim(low - 0.05 * (high - low or 1), high + 0.3 * (high - low or 1))  # room for the legend
     ax_r.set_title("reward per completion")
     ax_r.legend(loc="upper left", fontsize=8)
-    ax_a.bar(x, result.advantages, color=_sign_colors(result.advantages))
+    ax_a.bar(x, result.advantages, color=[_POSITIVE if a > 1e-9 else _NEGATIVE if a < -1e-9 else _NEUTRAL
+                                          for a in result.advantages])
     ax_a.axhline(0.0, color="black", linewidth=0.8)
     for i, a in enumerate(result.advantages):
         ax_a.annotate(f"{a:+.2f}", (i, a), ha="center", va="bottom" if a >= 0 else "top", fontsize=8)
@@ -62,10 +56,8 @@ def plot_group_advantages(result, labels: Sequence[str] | None = None, title: st
 
 
 def plot_reward_components(table, labels: Sequence[str] | None = None, title: str | None = None) -> Figure:
-    """Each reward function's weighted contribution per completion (grouped bars) and the total (black dot).
-
-    ``table`` is a ``grpo_lab.rewards.RewardTable``; None values (reward not applicable) are drawn as 0.
-    """
+    """Each reward function's weighted contribution per completion (grouped bars) and the total (black dot), of a
+    ``grpo_lab.rewards.RewardTable``; None values (reward not applicable) are drawn as 0."""
     n, k = len(table.values), len(table.names)
     labels = list(labels) if labels is not None else [f"#{i}" for i in range(n)]
     fig = Figure(figsize=(max(6.0, 0.9 * n * max(k, 2) / 2 + 3), 3.4), layout="constrained")
@@ -84,8 +76,6 @@ def plot_reward_components(table, labels: Sequence[str] | None = None, title: st
 
 
 # --- GRPO training curves and before/after accuracy ---
-
-
 def _series(records: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
     points = [(r["step"], r[key]) for r in records if key in r and r[key] is not None and math.isfinite(r[key])]
     return [p[0] for p in points], [p[1] for p in points]
@@ -100,6 +90,19 @@ def _smooth(values: Sequence[float], window: int) -> list[float]:
             total -= values[i - window]
         out.append(total / min(i + 1, window))
     return out
+
+
+_CURVE_PANELS = {  # the panels after the reward's, by (row, column): title, lines (metric, label, colour)
+    (0, 1): ("KL and entropy", [("kl", "KL to reference", "#d1495b"), ("entropy", "entropy (nats/token)", "#2a9d4b")]),
+    (0, 2): ("completion length (tokens)", [("completions/mean_length", "mean completion tokens", "#6f4e7c")]),
+    (1, 0): ("fractions", [("clip_ratio/region_mean", "PPO clip ratio", "#e07a1f"),
+                           ("completions/clipped_ratio", "truncated completions", "#9aa0a6"),
+                           ("frac_reward_zero_std", "groups with zero reward std", "#2b2d42")]),
+    (1, 1): ("seconds per step", [("timing/generation_s", "generation", "#4c78a8"),
+                                  ("timing/update_s", "update (log-probs, backward, optimizer)", "#e07a1f"),
+                                  ("timing/reward_s", "rewards", "#2a9d4b")]),
+    (1, 2): ("loss", [("loss", "loss", "#2b2d42")]),
+}
 
 
 def plot_training_curves(records: Sequence[dict], title: str | None = None, smooth: int | None = None) -> Figure:
@@ -134,39 +137,12 @@ def plot_training_curves(records: Sequence[dict], title: str | None = None, smoo
             line(ax, f"rewards/{name}/mean", name)
     ax.set_title("reward")
     ax.legend(loc="best", fontsize=8)
-
-    ax = axes[0, 1]
-    drawn = line(ax, "kl", "KL to reference", "#d1495b")
-    drawn = line(ax, "entropy", "entropy (nats/token)", "#2a9d4b") or drawn
-    ax.set_title("KL and entropy")
-    if drawn:
-        ax.legend(loc="best", fontsize=8)
-
-    ax = axes[0, 2]
-    line(ax, "completions/mean_length", "mean completion tokens", "#6f4e7c")
-    ax.set_title("completion length (tokens)")
-
-    ax = axes[1, 0]
-    drawn = line(ax, "clip_ratio/region_mean", "PPO clip ratio", "#e07a1f")
-    drawn = line(ax, "completions/clipped_ratio", "truncated completions", "#9aa0a6") or drawn
-    drawn = line(ax, "frac_reward_zero_std", "groups with zero reward std", "#2b2d42") or drawn
-    ax.set_title("fractions")
-    ax.set_ylim(-0.02, 1.02)
-    if drawn:
-        ax.legend(loc="best", fontsize=8)
-
-    ax = axes[1, 1]
-    drawn = line(ax, "timing/generation_s", "generation", "#4c78a8")
-    drawn = line(ax, "timing/update_s", "update (log-probs, backward, optimizer)", "#e07a1f") or drawn
-    drawn = line(ax, "timing/reward_s", "rewards", "#2a9d4b") or drawn
-    ax.set_title("seconds per step")
-    if drawn:
-        ax.legend(loc="best", fontsize=8)
-
-    ax = axes[1, 2]
-    line(ax, "loss", "loss", "#2b2d42")
-    ax.set_title("loss")
-
+    for (row, column), (name, lines) in _CURVE_PANELS.items():
+        ax = axes[row, column]
+        if sum(line(ax, *spec) for spec in lines) and len(lines) > 1:
+            ax.legend(loc="best", fontsize=8)
+        ax.set_title(name)
+    axes[1, 0].set_ylim(-0.02, 1.02)
     for ax in axes.flat:
         ax.set_xlabel("step")
         ax.grid(alpha=0.25)
@@ -176,10 +152,8 @@ def plot_training_curves(records: Sequence[dict], title: str | None = None, smoo
 
 def plot_accuracy_before_after(before, after, metric: str = "sampled_pass_at_1", trained_types: Sequence[str] = (),
                                title: str | None = None) -> Figure:
-    """Per-type accuracy before and after training (``grpo_lab.models.AccuracyReport`` objects).
-
-    ``metric`` is ``greedy``, ``sampled_pass_at_1`` or ``pass_at_k``; types trained on are marked with ``*``.
-    """
+    """Per-type accuracy before and after training (``grpo_lab.evaluation.AccuracyReport`` objects); ``metric`` is
+    ``greedy``, ``sampled_pass_at_1`` or ``pass_at_k``; types trained on are marked with ``*``."""
     kinds = sorted(set(before.per_type) | set(after.per_type))
     labels = [f"{k}*" if k in trained_types else k for k in kinds]
     fig = Figure(figsize=(max(6.0, 0.9 * len(kinds) + 2), 3.8), layout="constrained")
@@ -200,8 +174,6 @@ def plot_accuracy_before_after(before, after, metric: str = "sampled_pass_at_1",
 
 
 # --- Rollout engines ---
-
-
 def plot_rollout_throughput(results, title: str | None = None) -> Figure:
     """Generated tokens per second for each backend (``{name: RolloutResult}``), with the ratio to the first."""
     names = list(results)
@@ -215,7 +187,8 @@ def plot_rollout_throughput(results, title: str | None = None) -> Figure:
     ax.set_ylim(0, max(speeds) * 1.3)
     ax.set_ylabel("new tokens / s")
     first = results[names[0]]
-    ax.set_title(title or f"{len(first.outputs)} prompts x n={first.sampling.n}, up to {first.sampling.max_tokens} tokens")
+    ax.set_title(title or f"{len(first.outputs)} prompts x n={first.sampling.n}, "
+                          f"up to {first.sampling.max_tokens} tokens")
     return fig
 
 
@@ -240,15 +213,12 @@ def plot_prefix_cache_effect(effects, title: str | None = None) -> Figure:
 
 
 # --- Memory budget ---
-
 _MEMORY_COLORS = {
     "policy weights": "#1f4e79", "AdamW states": "#2e75b6", "reference model": "#5b9bd5", "gradients": "#9dc3e6",
     "activations saved for backward": "#70ad47", "recomputed layer": "#a9d18e", "layer backward buffers": "#c5e0b4",
-    "LM-head backward buffers": "#548235", "embedding backward buffers": "#bdd7ee",
-    "autocast weight copies": "#8faadc", "cuBLAS workspaces": "#d9d9d9",
-    "vLLM weights": "#c55a11", "vLLM activations": "#f4b183", "vLLM runtime (non-torch, CUDA graphs)": "#f8cbad",
-    "vLLM KV cache": "#ed7d31", "runtime margin": "#a6a6a6",
-}
+    "LM-head backward buffers": "#548235", "embedding backward buffers": "#bdd7ee", "autocast weight copies": "#8faadc",
+    "cuBLAS workspaces": "#d9d9d9", "vLLM weights": "#c55a11", "vLLM activations": "#f4b183",
+    "vLLM runtime (non-torch, CUDA graphs)": "#f8cbad", "vLLM KV cache": "#ed7d31", "runtime margin": "#a6a6a6"}
 
 
 def _stack(ax, x: float, parts: Sequence[tuple[str, float]], seen: set, width: float = 0.6) -> float:

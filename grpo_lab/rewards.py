@@ -5,11 +5,10 @@ One entry point turns names or functions into what training, the notebooks and t
 This file uses the standard library only: the verl export copies it verbatim into its reward module.
 
 Every reward here is a callable ``f(prompts, completions, **kwargs) -> list[float | None]``, the form
-``trl.GRPOTrainer(reward_funcs=[...])`` accepts. ``completions`` are plain strings or chat-message lists
-(``[{"role": "assistant", "content": "..."}]``, what TRL passes for conversational datasets), and the
-dataset columns (``answer``, ``unit``, ``type``, ``lang`` …) arrive as keyword lists, one value per
-completion. ``None`` means "this reward does not apply to this sample"; TRL turns it into NaN and leaves
-it out of the sum.
+``trl.GRPOTrainer(reward_funcs=[...])`` accepts. ``completions`` are plain strings or chat-message lists (what TRL
+passes for conversational datasets), and the dataset columns (``answer``, ``unit``, ``type``, ``lang`` …) arrive as
+keyword lists, one value per completion. ``None`` means "this reward does not apply to this sample"; TRL turns it
+into NaN and leaves it out of the sum.
 
 >>> reward = get_reward("correctness")
 >>> reward(prompts=["q"], completions=["60 ÷ 2 = 30 km/h\\n#### 30"], answer=["30"])
@@ -58,8 +57,6 @@ RewardFunc = Callable[..., list]
 
 
 # --- Completions as text ---
-
-
 def completion_text(completion: Any) -> str:
     """Return the text of one completion, whether TRL passed a string or a list of chat messages.
 
@@ -72,10 +69,8 @@ def completion_text(completion: Any) -> str:
         return _content_text(completion.get("content", ""))
     if isinstance(completion, Sequence):
         return "\n".join(_content_text(m.get("content", "")) for m in completion if isinstance(m, Mapping))
-    raise TypeError(
-        f"A completion must be a string or a list of chat messages, got {type(completion).__name__}. "
-        "Pass the `completions` list that TRL hands to reward functions."
-    )
+    raise TypeError(f"A completion must be a string or a list of chat messages, got {type(completion).__name__}. Pass "
+                    "the `completions` list that TRL hands to reward functions.")
 
 
 def _content_text(content: Any) -> str:
@@ -88,20 +83,9 @@ def _content_text(content: Any) -> str:
 
 
 # --- Number extraction ---
-
-_CHAR_MAP = str.maketrans(
-    {
-        **{chr(0xFF10 + d): str(d) for d in range(10)},  # full-width digits ０-９
-        "．": ".",  # full-width full stop used as a decimal point
-        "－": "-",  # full-width hyphen-minus
-        "−": "-",  # U+2212 minus sign
-        "／": "/",
-        "＃": "#",
-        "＋": "+",
-        "％": "%",
-        "\u3000": " ",  # ideographic space
-    }
-)
+_CHAR_MAP = str.maketrans({**{chr(0xFF10 + d): str(d) for d in range(10)},  # full-width digits ０-９
+                           "．": ".", "－": "-", "−": "-", "／": "/", "＃": "#", "＋": "+", "％": "%",  # − is U+2212
+                           "\u3000": " "})  # ideographic space
 # The full-width comma "，" is Chinese punctuation ("100，200，300" lists numbers), never a thousands separator.
 
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.]+)\s*\}\s*\{\s*(-?[\d.]+)\s*\}")
@@ -129,9 +113,7 @@ def normalize_text(text: str) -> str:
     >>> normalize_text("３．５ 小时")
     '3.5 小时'
     """
-    text = text.translate(_CHAR_MAP)
-    text = text.replace("{,}", ",")
-    return _LATEX_FRAC.sub(r"\1/\2", text)
+    return _LATEX_FRAC.sub(r"\1/\2", text.translate(_CHAR_MAP).replace("{,}", ","))
 
 
 def _to_fraction(number_text: str) -> Fraction | None:
@@ -148,18 +130,8 @@ def find_numbers(text: str) -> list[tuple[str, Fraction]]:
     >>> [str(v) for _, v in find_numbers("共 1,200 元，每人 -3/4 个")]
     ['1200', '-3/4']
     """
-    found = []
-    for match in _NUMBER.finditer(normalize_text(text)):
-        value = _to_fraction(match.group("number"))
-        if value is not None:
-            found.append((match.group("number"), value))
-    return found
-
-
-def parse_number(text: str) -> float | None:
-    """The value of the first number in ``text`` (``"1,200 元"`` → 1200.0), or None when there is none."""
-    numbers = find_numbers(str(text))
-    return float(numbers[0][1]) if numbers else None
+    return [(m.group("number"), value) for m in _NUMBER.finditer(normalize_text(text))
+            if (value := _to_fraction(m.group("number"))) is not None]
 
 
 def _boxed_contents(text: str) -> list[str]:
@@ -204,28 +176,19 @@ def extract_answer(completion: Any, marker: str = ANSWER_MARKER) -> ExtractedAns
     """
     text = normalize_text(completion_text(completion))
     if marker and marker in text:
-        after = text.rsplit(marker, 1)[1].split("\n", 1)[0]
-        numbers = find_numbers(after)
-        if numbers:
-            return ExtractedAnswer(float(numbers[0][1]), numbers[0][0], "marker")
-        return ExtractedAnswer(None, None, "none", f"the marker '{marker}' is there but no number follows it")
-    boxed = _boxed_contents(text)
-    if boxed:
-        numbers = find_numbers(boxed[-1])
-        if numbers:
-            return ExtractedAnswer(float(numbers[0][1]), numbers[0][0], "boxed")
-        return ExtractedAnswer(None, None, "none", r"\boxed{} is there but holds no number")
-    numbers = find_numbers(text)
-    if numbers:
-        return ExtractedAnswer(float(numbers[-1][1]), numbers[-1][0], "last number")
-    if not text.strip():
-        return ExtractedAnswer(None, None, "none", "the completion is empty")
-    return ExtractedAnswer(None, None, "none", "no number found in the completion")
+        found_by, numbers = "marker", find_numbers(text.rsplit(marker, 1)[1].split("\n", 1)[0])
+        problem = f"the marker '{marker}' is there but no number follows it"
+    elif boxed := _boxed_contents(text):
+        found_by, numbers, problem = "boxed", find_numbers(boxed[-1]), r"\boxed{} is there but holds no number"
+    else:
+        found_by, numbers = "last number", find_numbers(text)[-1:]
+        problem = "no number found in the completion" if text.strip() else "the completion is empty"
+    if not numbers:
+        return ExtractedAnswer(None, None, "none", problem)
+    return ExtractedAnswer(float(numbers[0][1]), numbers[0][0], found_by)
 
 
 # --- Answer correctness ---
-
-
 @dataclass(frozen=True)
 class AnswerCheck:
     """The verdict on one completion: its score and, in words, why."""
@@ -242,25 +205,17 @@ def _format_number(value: float) -> str:
 
 
 def reference_value(answer: Any) -> float:
-    """The number in a dataset's ``answer`` cell; a cell without one is a dataset bug and raises."""
-    expected = parse_number(str(answer))
-    if expected is None:
-        raise DataError(
-            f"The reference answer {answer!r} holds no number. Fix the dataset's `answer` column: it must "
-            "be the numeric final answer as a string, e.g. '60'."
-        )
-    return expected
+    """The first number in a dataset's ``answer`` cell (``"1,200 元"`` → 1200.0); a cell without one is a dataset bug
+    and raises."""
+    numbers = find_numbers(str(answer))
+    if not numbers:
+        raise DataError(f"The reference answer {answer!r} holds no number. Fix the dataset's `answer` column: it must "
+                        "be the numeric final answer as a string, e.g. '60'.")
+    return float(numbers[0][1])
 
 
-def check_answer(
-    completion: Any,
-    answer: Any,
-    *,
-    require_marker: bool = False,
-    marker: str = ANSWER_MARKER,
-    rel_tol: float = 1e-9,
-    abs_tol: float = 1e-6,
-) -> AnswerCheck:
+def check_answer(completion: Any, answer: Any, *, require_marker: bool = False, marker: str = ANSWER_MARKER,
+                 rel_tol: float = 1e-9, abs_tol: float = 1e-6) -> AnswerCheck:
     """Score one completion against the reference ``answer`` (1.0 correct, 0.0 otherwise) and say why.
 
     >>> check_answer("#### 1,200 元", "1200").reason
@@ -314,10 +269,9 @@ def why(completion: Any, answer: Any, **options: Any) -> str:
 
 def _column(kwargs: Mapping[str, Any], name: str, reward_name: str, n: int) -> list:
     if name not in kwargs or kwargs[name] is None:
-        raise DataError(
-            f"Reward '{reward_name}' needs the dataset column '{name}', which TRL passes as a keyword. "
-            f"Add a '{name}' column to the dataset (got columns: {sorted(k for k in kwargs if k != 'completion_ids')})."
-        )
+        raise DataError(f"Reward '{reward_name}' needs the dataset column '{name}', which TRL passes as a keyword. Add "
+                        f"a '{name}' column to the dataset (got columns: "
+                        f"{sorted(k for k in kwargs if k != 'completion_ids')}).")
     values = list(kwargs[name])
     if len(values) != n:
         raise DataError(f"Column '{name}' has {len(values)} values for {n} completions; give one per completion.")
@@ -343,9 +297,8 @@ class CorrectnessReward:
     def explain(self, completions: Sequence[Any], **kwargs: Any) -> list[AnswerCheck]:
         """The per-sample verdicts (score, predicted, expected, reason) behind ``__call__``."""
         answers = _column(kwargs, self.answer_column, self.name, len(completions))
-        options = dict(
-            require_marker=self.require_marker, marker=self.marker, rel_tol=self.rel_tol, abs_tol=self.abs_tol
-        )
+        options = dict(require_marker=self.require_marker, marker=self.marker, rel_tol=self.rel_tol,
+                       abs_tol=self.abs_tol)
         return [check_answer(c, a, **options) for c, a in zip(completions, answers)]
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
@@ -353,8 +306,6 @@ class CorrectnessReward:
 
 
 # --- Format, length, keywords, repetition ---
-
-
 @dataclass
 class FormatReward:
     """1.0 when the answer marker appears exactly once and a number follows it on its line, else 0.0."""
@@ -428,13 +379,9 @@ class ContainsAnswerReward:
         self.__name__ = self.name
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
-        answers = _column(kwargs, self.answer_column, self.name, len(completions))
-        scores = []
-        for completion, answer in zip(completions, answers):
-            expected = reference_value(answer)
-            values = [float(v) for _, v in find_numbers(completion_text(completion))]
-            scores.append(1.0 if any(math.isclose(v, expected, abs_tol=1e-6) for v in values) else 0.0)
-        return scores
+        expected = [reference_value(a) for a in _column(kwargs, self.answer_column, self.name, len(completions))]
+        return [float(any(math.isclose(float(v), e, abs_tol=1e-6) for _, v in find_numbers(completion_text(c))))
+                for c, e in zip(completions, expected)]
 
 
 _TOKEN = re.compile(r"[\u3400-\u9fff]|[^\W_]+|[^\w\s]+")
@@ -468,17 +415,13 @@ class RepetitionPenalty:
     def score(self, completion: Any) -> float:
         tokens = tokenize_for_repetition(completion_text(completion))
         ngrams = [tuple(tokens[i : i + self.ngram_size]) for i in range(len(tokens) - self.ngram_size + 1)]
-        if not ngrams:
-            return 0.0
-        return self.max_penalty * (1 - len(set(ngrams)) / len(ngrams)) + 0.0  # + 0.0 turns -0.0 into 0.0
+        return self.max_penalty * (1 - len(set(ngrams)) / len(ngrams)) + 0.0 if ngrams else 0.0  # + 0.0: -0.0 -> 0.0
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         return [self.score(c) for c in completions]
 
 
 # --- Weighted combination (TRL's reward_weights semantics) ---
-
-
 def reward_name(fn: Callable) -> str:
     """The name TRL logs a reward under (``rewards/<name>/mean``): ``__name__``, else the class name."""
     while isinstance(fn, functools.partial):  # as trl.trainer.utils.get_callable_name does
@@ -495,10 +438,8 @@ def weighted_sum(values: Sequence[float | None], weights: Sequence[float]) -> fl
     """
     if len(values) != len(weights):
         raise ConfigError(f"Got {len(values)} rewards but {len(weights)} weights; give one weight per reward function.")
-    present = [(v, w) for v, w in zip(values, weights) if v is not None and not math.isnan(v)]
-    if not present:
-        return None
-    return sum(v * w for v, w in present)
+    present = [v * w for v, w in zip(values, weights) if v is not None and not math.isnan(v)]
+    return sum(present) if present else None
 
 
 @dataclass
@@ -522,27 +463,19 @@ class RewardTable:
         return pd.DataFrame(self.rows())
 
 
-def score_all(
-    reward_funcs: Sequence[Callable],
-    prompts: Sequence[Any],
-    completions: Sequence[Any],
-    reward_weights: Sequence[float] | None = None,
-    **columns: Any,
-) -> RewardTable:
+def score_all(reward_funcs: Sequence[Callable], prompts: Sequence[Any], completions: Sequence[Any],
+              reward_weights: Sequence[float] | None = None, **columns: Any) -> RewardTable:
     """Run each reward function once on the batch and combine them as ``GRPOTrainer`` does with
     ``GRPOConfig(reward_weights=...)`` (default weight 1.0 each)."""
     weights = [1.0] * len(reward_funcs) if reward_weights is None else [float(w) for w in reward_weights]
     if len(weights) != len(reward_funcs):
         raise RewardValidationError(
-            f"Number of reward weights ({len(weights)}) must match number of reward functions ({len(reward_funcs)})."
-        )
+            f"Number of reward weights ({len(weights)}) must match number of reward functions ({len(reward_funcs)}).")
     per_func = [list(fn(prompts=prompts, completions=completions, **columns)) for fn in reward_funcs]
     for fn, out in zip(reward_funcs, per_func):
         if len(out) != len(completions):
-            raise RewardValidationError(
-                f"Reward '{reward_name(fn)}' returned {len(out)} values for {len(completions)} completions. "
-                "Wrap it with validate_reward() to see which sample went wrong."
-            )
+            raise RewardValidationError(f"Reward '{reward_name(fn)}' returned {len(out)} values for {len(completions)} "
+                                        "completions. Wrap it with validate_reward() to see which sample went wrong.")
     values = [[None if out[i] is None else float(out[i]) for out in per_func] for i in range(len(completions))]
     totals = [weighted_sum(v, weights) for v in values]
     return RewardTable([reward_name(f) for f in reward_funcs], weights, values, totals)
@@ -563,10 +496,8 @@ class WeightedReward:
             raise ConfigError("WeightedReward needs at least one reward function.")
         self.weights = [1.0] * len(self.reward_funcs) if self.weights is None else [float(w) for w in self.weights]
         if len(self.weights) != len(self.reward_funcs):
-            raise ConfigError(
-                f"Number of reward weights ({len(self.weights)}) must match number of reward functions "
-                f"({len(self.reward_funcs)}); give one weight per function, in the same order."
-            )
+            raise ConfigError(f"Number of reward weights ({len(self.weights)}) must match number of reward functions "
+                              f"({len(self.reward_funcs)}); give one weight per function, in the same order.")
         self.__name__ = self.name
 
     def table(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> RewardTable:
@@ -577,15 +508,9 @@ class WeightedReward:
 
 
 # --- Registry ---
-
 _REGISTRY: dict[str, Callable[..., RewardFunc]] = {
-    "correctness": CorrectnessReward,
-    "format": FormatReward,
-    "length_window": LengthWindowReward,
-    "keyword": KeywordReward,
-    "contains_answer": ContainsAnswerReward,
-    "repetition_penalty": RepetitionPenalty,
-}
+    "correctness": CorrectnessReward, "format": FormatReward, "length_window": LengthWindowReward,
+    "keyword": KeywordReward, "contains_answer": ContainsAnswerReward, "repetition_penalty": RepetitionPenalty}
 
 
 def register_reward(name: str, factory: Callable[..., RewardFunc], *, overwrite: bool = False) -> None:
@@ -609,17 +534,11 @@ def get_reward(name: str, /, **options: Any) -> RewardFunc:
 
 
 # --- verl adapters ---
-
 _TRL_INTERNAL_KWARGS = frozenset({"completion_ids", "trainer_state", "log_extra", "log_metric", "environments"})
 
 
-def from_verl(
-    compute_score: Callable[..., Any],
-    *,
-    answer_column: str = "answer",
-    default_data_source: str = "grpo_lab",
-    name: str | None = None,
-) -> RewardFunc:
+def from_verl(compute_score: Callable[..., Any], *, answer_column: str = "answer",
+              default_data_source: str = "grpo_lab", name: str | None = None) -> RewardFunc:
     """Turn a verl ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` into a TRL reward:
     ``ground_truth`` from the ``answer_column`` column, ``data_source`` from a ``data_source`` column if any, every
     other column (and the prompt) in ``extra_info``; a number or a dict with a ``"score"`` key is accepted."""
@@ -628,26 +547,19 @@ def from_verl(
         n = len(completions)
         answers = _column(kwargs, answer_column, reward.__name__, n)
         sources = kwargs.get("data_source") or [default_data_source] * n
-        columns = {
-            k: v for k, v in kwargs.items()
-            if k not in _TRL_INTERNAL_KWARGS and k not in (answer_column, "data_source")
-            and isinstance(v, Sequence) and not isinstance(v, str) and len(v) == n
-        }
+        columns = {k: v for k, v in kwargs.items() if k not in _TRL_INTERNAL_KWARGS
+                   and k not in (answer_column, "data_source") and isinstance(v, Sequence) and not isinstance(v, str)
+                   and len(v) == n}
         scores = []
         for i, completion in enumerate(completions):
             extra_info = {"prompt": prompts[i], **{k: v[i] for k, v in columns.items()}}
-            out = compute_score(
-                data_source=sources[i],
-                solution_str=completion_text(completion),
-                ground_truth=answers[i],
-                extra_info=extra_info,
-            )
+            out = compute_score(data_source=sources[i], solution_str=completion_text(completion),
+                                ground_truth=answers[i], extra_info=extra_info)
             if isinstance(out, Mapping):
                 if "score" not in out:
-                    raise RewardValidationError(
-                        f"verl compute_score '{reward.__name__}' returned a dict without a 'score' key "
-                        f"(keys: {sorted(out)}). verl expects a float or a dict with 'score'."
-                    )
+                    raise RewardValidationError(f"verl compute_score '{reward.__name__}' returned a dict without a "
+                                                f"'score' key (keys: {sorted(out)}). verl expects a float or a dict "
+                                                "with 'score'.")
                 out = out["score"]
             scores.append(None if out is None else float(out))
         return scores
@@ -672,14 +584,13 @@ def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score
     """Turn a TRL reward into verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``
     (columns as :func:`_verl_columns` builds them); verl has no "not applicable": None becomes ``none_score``."""
 
-    def compute_score(
-        data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping | None = None, **_: Any
-    ) -> float:
+    def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping | None = None,
+                      **_: Any) -> float:
         prompt, columns = _verl_columns(data_source, ground_truth, extra_info, answer_column)
         out = list(trl_reward(prompts=[prompt], completions=[solution_str], **columns))
         if len(out) != 1:
-            raise RewardValidationError(
-                f"Reward '{reward_name(trl_reward)}' returned {len(out)} values for one completion.")
+            raise RewardValidationError(f"Reward '{reward_name(trl_reward)}' returned {len(out)} values for one "
+                                        "completion.")
         return none_score if out[0] is None else float(out[0])
 
     compute_score.__name__ = reward_name(trl_reward)
@@ -688,8 +599,6 @@ def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score
 
 
 # --- Validation ---
-
-
 class RewardValidationError(GrpoLabError, ValueError):
     """A reward function broke TRL's contract; the message names the function, the sample and the fix."""
 
@@ -726,8 +635,7 @@ def check_reward_signature(fn: Callable) -> None:
     raise RewardSignatureError(
         f"Reward function '{name}' does not accept **kwargs. TRL calls it as {name}(prompts=..., completions=..., "
         "completion_ids=..., trainer_state=..., <every dataset column>=...). "
-        f"Fix: define it as `def {name}(prompts, completions, **kwargs)` and read columns from kwargs."
-    )
+        f"Fix: define it as `def {name}(prompts, completions, **kwargs)` and read columns from kwargs.")
 
 
 def _describe(value: Any) -> str:
@@ -757,9 +665,7 @@ class ValidatedReward:
     def __init__(self, fn: Callable, mode: Literal["raise", "skip"] = "raise", check_values: bool = True) -> None:
         check_error_mode(mode)
         check_reward_signature(fn)
-        self.fn = fn
-        self.mode = mode
-        self.check_values = check_values
+        self.fn, self.mode, self.check_values = fn, mode, check_values
         self.__name__ = reward_name(fn)
         self.__doc__ = getattr(fn, "__doc__", None)
         self.__wrapped__ = fn
@@ -769,7 +675,9 @@ class ValidatedReward:
     def __repr__(self) -> str:
         return f"validate_reward({self.__name__}, mode={self.mode!r})"
 
-    def _report(self, issue: RewardIssue, cause: BaseException | None = None) -> None:
+    def _report(self, index: int | None, problem: str, fix: str, cause: BaseException | None = None) -> None:
+        """Record the problem; raise it in "raise" mode, else warn (the sample, or the batch, gets None)."""
+        issue = RewardIssue(self.__name__, index, problem, fix)
         self.issues.append(issue)
         if self.mode == "raise":
             raise RewardValidationError(issue.message) from cause
@@ -779,18 +687,14 @@ class ValidatedReward:
         if value is None or not self.check_values:
             return value
         if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
-            problem = f"returned {_describe(value)} ({type(value).__name__}), not a number"
-            self._report(RewardIssue(self.__name__, index, problem, _FIX_TYPE))
-            return None
+            return self._report(index, f"returned {_describe(value)} ({type(value).__name__}), not a number", _FIX_TYPE)
         try:
             number = float(value)
         except (TypeError, ValueError) as error:
-            problem = f"returned {_describe(value)} ({type(value).__name__}), which float() rejects ({error})"
-            self._report(RewardIssue(self.__name__, index, problem, _FIX_TYPE))
-            return None
+            return self._report(index, f"returned {_describe(value)} ({type(value).__name__}), which float() rejects "
+                                       f"({error})", _FIX_TYPE)
         if not math.isfinite(number):
-            self._report(RewardIssue(self.__name__, index, f"returned {number}", _FIX_FINITE))
-            return None
+            return self._report(index, f"returned {number}", _FIX_FINITE)
         return number
 
     def _call_one(self, index: int, prompts: Sequence[Any], completions: Sequence[Any], kwargs: dict) -> float | None:
@@ -805,14 +709,12 @@ class ValidatedReward:
             out = self.fn(prompts=[prompts[index]], completions=[completions[index]], **columns)
         except Exception as error:  # noqa: BLE001 - a user function may raise anything; we report it
             text = completion_text(completions[index])
-            problem = f"raised {type(error).__name__}: {error} (completion: {_describe(text)})"
-            self._report(RewardIssue(self.__name__, index, problem, _FIX_RAISE), error)
-            return None
+            return self._report(index, f"raised {type(error).__name__}: {error} (completion: {_describe(text)})",
+                                _FIX_RAISE, error)
         out = list(out) if isinstance(out, Iterable) and not isinstance(out, (str, bytes, Mapping)) else [out]
         if len(out) != 1:
-            problem = f"returned {len(out)} values for a single completion"
-            self._report(RewardIssue(self.__name__, index, problem, "return exactly one value per completion"))
-            return None
+            return self._report(index, f"returned {len(out)} values for a single completion",
+                                "return exactly one value per completion")
         return self._check_value(index, out[0])
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
@@ -825,20 +727,18 @@ class ValidatedReward:
             issues_before = len(self.issues)
             results = [self._call_one(i, prompts, completions, kwargs) for i in range(n)]
             if len(self.issues) == issues_before:  # each sample alone was fine: the batch as a whole fails
-                problem = f"raised {type(error).__name__}: {error}, although each sample alone works"
-                self._report(RewardIssue(self.__name__, None, problem, _FIX_RAISE), error)
+                self._report(None, f"raised {type(error).__name__}: {error}, although each sample alone works",
+                             _FIX_RAISE, error)
                 return [None] * n
             return results
         if isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Iterable):
-            problem = f"returned {_describe(out)} ({type(out).__name__}) instead of a list"
-            fix = "return a list of floats, one per completion, in the order of `completions`"
-            self._report(RewardIssue(self.__name__, None, problem, fix))
+            self._report(None, f"returned {_describe(out)} ({type(out).__name__}) instead of a list",
+                         "return a list of floats, one per completion, in the order of `completions`")
             return [None] * n
         out = list(out)
         if len(out) != n:
-            problem = f"returned {len(out)} values for {n} completions"
-            fix = "return exactly one float (or None) per completion, in the order of `completions`"
-            self._report(RewardIssue(self.__name__, None, problem, fix))
+            self._report(None, f"returned {len(out)} values for {n} completions",
+                         "return exactly one float (or None) per completion, in the order of `completions`")
             return [None] * n
         return [self._check_value(i, value) for i, value in enumerate(out)]
 
@@ -859,8 +759,6 @@ def validate_reward(fn: Callable, mode: Literal["raise", "skip"] = "raise") -> V
 
 
 # --- The one entry point: names or functions -> guarded functions with their weights ---
-
-
 def _is_reward_model(fn: Any) -> bool:
     """A ``torch.nn.Module`` reward model (TRL scores with it itself), detected without importing torch."""
     return any(cls.__module__.startswith("torch.nn") and cls.__name__ == "Module" for cls in type(fn).__mro__)
@@ -928,7 +826,7 @@ def prepare(rewards: Sequence[str | Callable], weights: Sequence[float] | None =
             funcs.append(ValidatedReward(reward, mode=errors, check_values=errors == "skip"))
     resolved = [1.0] * len(funcs) if weights is None else [float(w) for w in weights]
     if len(resolved) != len(funcs):
-        raise RewardValidationError(
-            f"{len(resolved)} reward_weights for {len(funcs)} rewards {[reward_name(f) for f in funcs]}: give one "
-            f"weight per reward, in the same order.")
+        raise RewardValidationError(f"{len(resolved)} reward_weights for {len(funcs)} rewards "
+                                    f"{[reward_name(f) for f in funcs]}: give one weight per reward, in the same "
+                                    "order.")
     return RewardSet(funcs, resolved)

@@ -12,8 +12,6 @@ Every run and every notebook output lives under one root, ``$GRPO_LAB_RUN_DIR`` 
     adapter/          a LoRA run (use_peft=True) only: PEFT's adapter folder, for serving it on the base model
 
 :func:`find_run` finds one (``"latest"``, by name, by profile); :func:`workspace` is a notebook's own output folder.
-Checkpoints are written under ``<run>/.partial/`` and renamed into place only once complete
-(:func:`publish_folder`), so a process killed at any moment never leaves a half-written one to be loaded.
 
 >>> from grpo_lab import runs
 >>> run = runs.latest_run()                        # doctest: +SKIP
@@ -25,6 +23,7 @@ from __future__ import annotations
 
 __all__ = ["FINAL", "Run", "find_run", "latest_run", "list_checkpoints", "record_use", "root", "workspace"]
 
+import contextlib
 import json
 import os
 import shutil
@@ -40,8 +39,6 @@ RUN_DIR_ENV = "GRPO_LAB_RUN_DIR"
 NOTEBOOK_ENV = "GRPO_LAB_NOTEBOOK"
 """Set by ``grpo_lab.course`` for each notebook it runs, so the runs a notebook trains or uses are recorded."""
 USES_FILE = "course_runs.jsonl"
-RUN_PREFIX = "grpo-"
-"""New run folders are named ``grpo-<profile>-<time>``."""
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
@@ -77,7 +74,7 @@ def workspace(name: str) -> Path:
 
 def new_run_dir(profile: str, now: datetime) -> Path:
     """A fresh run folder name ``<root>/grpo-<profile>-<YYYYmmdd-HHMMSS>`` (not created; ``-2``… if taken)."""
-    base = root() / f"{RUN_PREFIX}{profile}-{now:%Y%m%d-%H%M%S}"
+    base = root() / f"grpo-{profile}-{now:%Y%m%d-%H%M%S}"
     path, number = base, 1
     while path.exists():
         number += 1
@@ -146,12 +143,6 @@ class Run:
             return None
         return json.loads((self.final_dir / "manifest.json").read_text(encoding="utf-8")).get("global_step")
 
-    def metrics(self) -> list[dict[str, Any]]:
-        return read_metrics(self.path)
-
-    def checkpoints(self) -> list[Path]:
-        return list_checkpoints(self.path)
-
     def describe(self) -> str:
         step = self.global_step
         state = f"finished at step {step}" if step is not None else "not finished (no final/)"
@@ -187,10 +178,8 @@ def latest_run(profile: str | None = None, finished: bool = True) -> Run | None:
 
 
 def find_run(which: str | Path = "latest", profile: str | None = None, finished: bool = True) -> Run:
-    """A run by ``"latest"`` (of ``profile`` if given), by folder name under the root, or by path.
-
-    Raises :class:`RunNotFoundError` naming what exists when nothing matches.
-    """
+    """A run by ``"latest"`` (of ``profile`` if given), by folder name under the root, or by path; the
+    :class:`RunNotFoundError` when nothing matches names what exists."""
     if str(which) == "latest":
         run = latest_run(profile, finished)
         if run is None:
@@ -299,11 +288,9 @@ def checkpoint_step(path: Path) -> int:
 
 
 def publish_folder(staged: Path, target: Path) -> Path:
-    """Move a completely written folder to ``target`` with a rename, so ``target`` is absent or complete: the Trainer
-    writes a checkpoint file by file, and a process killed in between would leave one that looks like the newest (a
-    power cut would also need fsync). An existing ``target`` (a resumed run saving that step again) is renamed aside,
-    then deleted; the emptied ``.partial/`` is removed.
-    """
+    """Move a completely written folder to ``target`` with a rename, so ``target`` is absent or complete (a process
+    killed while the Trainer writes file by file never leaves a checkpoint that looks like the newest). An existing
+    ``target`` (a resumed run saving that step again) is renamed aside, then deleted; an emptied ``.partial/`` goes."""
     staged, target = Path(staged), Path(target)
     if target.exists():
         aside = staged.parent / f"replaced-{target.name}"
@@ -313,10 +300,8 @@ def publish_folder(staged: Path, target: Path) -> Path:
         shutil.rmtree(aside)
     else:
         os.rename(staged, target)
-    try:
+    with contextlib.suppress(OSError):  # not empty: another save is staged there
         staged.parent.rmdir()
-    except OSError:  # not empty: another save is staged there
-        pass
     return target
 
 

@@ -1,13 +1,11 @@
 """Child processes that die with their owner: start one in its own process group, wait for ``/health``, read its
 log, always stop it.
 
-Every long-lived child the package starts (vLLM's OpenAI server, TRL's rollout server, the ``accelerate launch``
-trainer) goes through :func:`start_process_group`: it runs in a session of its own, led by a small watchdog
-(``python -m grpo_lab.servers --owner PID -- CMD``) that ends the whole group (API server, engine core, workers) when
-the owner stops it (:func:`stop_process_group`, also from ``atexit`` and a SIGTERM handler); when the owner is gone,
-however it ended (the watchdog polls its parent every :data:`WATCH_POLL_S`); when the command exits by itself; and,
-through Linux's parent-death signal, when the watchdog itself is killed. Children that vLLM starts itself (an
-in-process engine's core and workers) get a watchdog of their own through :func:`guard_processes`.
+Every long-lived child the package starts goes through :func:`start_process_group`: it runs in a session of its own,
+led by a watchdog (``python -m grpo_lab.servers --owner PID -- CMD``) that ends the whole group when the owner stops it
+(also from ``atexit`` and a SIGTERM handler), when the owner is gone however it ended, when the command exits by
+itself, and (Linux's parent-death signal) when the watchdog itself is killed. Children that vLLM starts itself get a
+watchdog of their own (:func:`guard_processes`).
 
 >>> from grpo_lab.servers import free_port, port_is_free
 >>> port_is_free(free_port())
@@ -28,7 +26,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -140,8 +137,7 @@ _LIVE: dict[int, subprocess.Popen] = {}
 
 
 def stop_process_group(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    """SIGTERM the group led by ``process``, SIGKILL what is left after ``timeout_s``; reap the leader. Safe to call
-    twice."""
+    """SIGTERM the group led by ``process``, SIGKILL what is left after ``timeout_s``, reap the leader (safe twice)."""
     for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
         if not _signal_group(process.pid, sig) or _group_gone(process, wait):
             break
@@ -184,8 +180,7 @@ atexit.register(stop_all)
 def start_process_group(command: Sequence[str], env: Mapping[str, str], stdout: IO | int | None = None,
                         stderr: IO | int | None = None, text: bool = False) -> subprocess.Popen:
     """Start ``command`` in a session of its own under the watchdog, which ends the whole group when this process is
-    gone. Returns the watchdog: its pid is the group's id, its exit code the command's (negative: a signal; 127: the
-    command could not start)."""
+    gone; returns the watchdog (pid: the group's id; exit code: the command's, or minus its signal, or 127)."""
     _install_sigterm_handler()
     _forget_ended()
     watched = [sys.executable, "-m", "grpo_lab.servers", "--owner", str(os.getpid()), "--", *map(str, command)]
@@ -219,9 +214,8 @@ NOT_AN_ERROR = re.compile(r"\b(DEBUG|INFO|WARNING)\b")  # e.g. an optional impor
 
 
 def first_error(path: str | Path | None) -> str | None:
-    """The first ``SomeError: message`` line of a log (a crashed vLLM server logs its root cause first, then the
-    errors it causes further up, ending in "Engine core initialization failed. See root cause above"); lines logged
-    at DEBUG, INFO or WARNING do not count. None without one."""
+    """The first ``SomeError: message`` line of a log, not logged at DEBUG, INFO or WARNING (a crashed vLLM server
+    logs its root cause first), or None."""
     if path is None or not Path(path).is_file():
         return None
     for line in Path(path).read_text(errors="replace").splitlines():
@@ -251,18 +245,16 @@ LOG_FILE_LEVELS = ("DEBUG", "INFO")
 
 
 def log_file_level(asked: str | None) -> str:
-    """vLLM's log level for a server whose output goes to a log file: at least INFO (its start's timings, the KV
-    cache it sized, why it stopped), DEBUG when asked for. ``quiet_notebook()`` asks ERROR for the engines a notebook
-    shows; a log file nobody reads unless something failed should keep what explains it."""
+    """vLLM's log level for a server whose output goes to a log file: at least INFO (its start, the KV cache it
+    sized, why it stopped), DEBUG when asked for, whatever ``quiet_notebook()`` asks for a notebook's engines."""
     level = (asked or "INFO").upper()
     return level if level in LOG_FILE_LEVELS else "INFO"
 
 
 def ranked_prompt_tokens(prompt_logprobs: Sequence[Mapping[str, Mapping[str, float]] | None]
                          ) -> list[dict[int, tuple[float, int]]]:
-    """vLLM's ``prompt_logprobs`` (``/v1/completions`` with ``prompt_logprobs=k``: one forward pass over the prompt,
-    nothing sampled) as ``{token id: (log-prob, rank)}`` per prompt position: the token that is there and the ``k``
-    most likely. The first position has nothing before it: empty."""
+    """vLLM's ``prompt_logprobs`` (``/v1/completions`` with ``prompt_logprobs=k``) as ``{token id: (log-prob,
+    rank)}`` per prompt position: the token there and the ``k`` most likely (the first position: empty)."""
     return [{int(token): (float(entry["logprob"]), int(entry["rank"])) for token, entry in (position or {}).items()}
             for position in prompt_logprobs]
 
@@ -274,20 +266,16 @@ def wait_until_healthy(process: subprocess.Popen, base_url: str, timeout_s: floa
     while time.monotonic() < deadline:
         if process.poll() is not None:
             return process.returncode
-        try:
-            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return None
-        except (urllib.error.URLError, OSError):
-            pass
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+            if response.status == 200:
+                return None
         time.sleep(HEALTH_POLL_S)
     raise TimeoutError(f"{base_url}/health did not answer within {timeout_s:.0f} s")
 
 
 def guard_processes(pids: Sequence[int]) -> subprocess.Popen:
-    """A watchdog for children this process did not start through :func:`start_process_group` (an in-process vLLM
-    engine's core and workers, which vLLM starts): it ends them and their children when this process is gone, and
-    exits by itself once they have ended (reap it with :func:`stop_process_group`)."""
+    """A watchdog for children vLLM started (an in-process engine's core and workers): it ends them and their
+    children when this process is gone, and exits once they have ended (reap it with :func:`stop_process_group`)."""
     return subprocess.Popen([sys.executable, "-m", "grpo_lab.servers", "--owner", str(os.getpid()), "--pids",
                              ",".join(map(str, pids))], start_new_session=True)
 
@@ -299,15 +287,10 @@ class ServerProcess:
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str], log_path: str | Path, base_url: str,
                  name: str = "the server", error: type[GrpoLabError] = GrpoLabError):
-        self.command = [str(part) for part in command]
-        self.env = dict(env)
-        self.log_path = Path(log_path)
-        self.base_url = base_url
-        self.name = name
-        self.error = error
+        self.command, self.env, self.log_path = [str(part) for part in command], dict(env), Path(log_path)
+        self.base_url, self.name, self.error = base_url, name, error
         self.process: subprocess.Popen | None = None
-        self.start_seconds = float("nan")
-        self._started = 0.0
+        self.start_seconds, self._started = float("nan"), 0.0
 
     @property
     def pgid(self) -> int:
@@ -317,8 +300,7 @@ class ServerProcess:
         return self.process.pid
 
     def start(self, startup_timeout_s: float, wait: bool = True) -> ServerProcess:
-        """Start it as a watched group (:func:`start_process_group`) and (unless ``wait=False``: then call
-        :meth:`wait_ready` later) wait for ``/health``; on any failure stop it and raise with the log's tail."""
+        """Start it as a watched group and wait for ``/health`` (``wait=False``: call :meth:`wait_ready` later)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._started = time.perf_counter()
         with self.log_path.open("w") as log:
@@ -333,8 +315,8 @@ class ServerProcess:
         return not math.isnan(self.start_seconds)
 
     def wait_ready(self, startup_timeout_s: float) -> ServerProcess:
-        """Wait until ``/health`` answers, at most ``startup_timeout_s`` after the start; on any failure stop the
-        server and raise with the log's tail."""
+        """Wait for ``/health``, at most ``startup_timeout_s`` after the start; on a failure stop it and raise with the
+        log's tail."""
         if self.process is None:
             raise self.error(f"{self.name} was never started")
         if self.ready:

@@ -26,18 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.data import (
-    SLIPS,
-    Problem,
-    SplitConfig,
-    build_split_problems,
-    load_split,
-    to_dataset,
-)
+from grpo_lab.data import SLIPS, SplitConfig, build_split_problems, load_split, to_dataset
 from grpo_lab.env import installed_versions
 from grpo_lab.errors import ConfigError, DataError
-from grpo_lab.evaluation import AccuracyReport
-from grpo_lab.evaluation import evaluate as evaluate_model
+from grpo_lab.evaluation import AccuracyReport, evaluate as evaluate_model
 from grpo_lab.models import file_sha256, write_manifest
 from grpo_lab.paths import TINY_MODEL_DIR
 
@@ -46,8 +38,7 @@ CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' -}}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
 DEFAULT_SLIP_TYPES = ("price_quantity", "unit_conversion")
 
 
@@ -93,8 +84,7 @@ class TinyModelRecipe:
         if not 0.0 <= self.slip_fraction <= 1.0:
             raise ConfigError(f"slip_fraction must be in [0, 1], got {self.slip_fraction}")
         if self.hidden_size % self.num_attention_heads or self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError("hidden_size must divide by num_attention_heads, which must divide by "
-                              "num_key_value_heads")
+            raise ConfigError("hidden_size must divide by num_attention_heads, and that by num_key_value_heads")
 
     @property
     def head_dim(self) -> int:
@@ -111,12 +101,6 @@ class TinyModelRecipe:
                 f"GRPO with a correctness reward can visibly raise its accuracy there.")
 
 
-def _row_for_sft(problem: Problem, slip: bool) -> dict[str, Any]:
-    return {"prompt": [{"role": "user", "content": problem.prompt_text()}],
-            "completion": [{"role": "assistant", "content": problem.completion(slip=slip)}],
-            "type": problem.type, "slip": slip}
-
-
 def sft_rows(recipe: TinyModelRecipe = TinyModelRecipe()) -> list[dict[str, Any]]:
     """The train split as SFT pairs, with the recipe's slip applied to an exact fraction of each slip type."""
     problems = build_split_problems(recipe.split)["train"]
@@ -129,7 +113,9 @@ def sft_rows(recipe: TinyModelRecipe = TinyModelRecipe()) -> list[dict[str, Any]
     for kind in recipe.slip_types:
         indices = [i for i, p in enumerate(problems) if p.type == kind]
         slipped.update(rng.sample(indices, round(recipe.slip_fraction * len(indices))))
-    return [_row_for_sft(p, i in slipped) for i, p in enumerate(problems)]
+    return [{"prompt": [{"role": "user", "content": p.prompt_text()}],
+             "completion": [{"role": "assistant", "content": p.completion(slip=i in slipped)}],
+             "type": p.type, "slip": i in slipped} for i, p in enumerate(problems)]
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -162,11 +148,9 @@ def build_model(tokenizer, recipe: TinyModelRecipe):
         vocab_size=len(tokenizer), hidden_size=recipe.hidden_size, intermediate_size=recipe.intermediate_size,
         num_hidden_layers=recipe.num_hidden_layers, num_attention_heads=recipe.num_attention_heads,
         num_key_value_heads=recipe.num_key_value_heads, head_dim=recipe.head_dim,
-        max_position_embeddings=recipe.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": recipe.rope_theta}, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, use_sliding_window=False,
-    )
+        max_position_embeddings=recipe.max_position_embeddings, tie_word_embeddings=True, use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": recipe.rope_theta}, bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(recipe.seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -185,25 +169,13 @@ def supervised_fine_tune(model, tokenizer, rows: list[dict[str, Any]], recipe: T
         weight_decay=recipe.weight_decay, per_device_train_batch_size=recipe.per_device_train_batch_size,
         max_length=recipe.max_length, completion_only_loss=True, packing=False, seed=recipe.seed,
         data_seed=recipe.seed, use_cpu=True, bf16=False, save_strategy="no", report_to="none",
-        logging_steps=25, dataloader_num_workers=0, gradient_checkpointing=False,
-    )
+        logging_steps=25, dataloader_num_workers=0, gradient_checkpointing=False)
     dataset = to_dataset([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows])
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     result = trainer.train()
     return {"train_loss": round(result.training_loss, 4), "global_steps": result.global_step,
             "loss_log": [{"step": e["step"], "loss": round(e["loss"], 4)} for e in trainer.state.log_history
                          if "loss" in e]}
-
-
-def _recipe_info(recipe: TinyModelRecipe) -> dict[str, Any]:
-    info = asdict(recipe)
-    info["split"].pop("data_dir")  # machine-specific path
-    return {**info, "head_dim": recipe.head_dim}
-
-
-def _versions() -> dict[str, str]:
-    versions = installed_versions(["torch", "transformers", "trl", "tokenizers", "datasets"])
-    return {"python": platform.python_version(), **{k: v for k, v in versions.items() if v}}
 
 
 def build_tiny_model(out_dir: str | Path = TINY_MODEL_DIR, recipe: TinyModelRecipe = TinyModelRecipe(),
@@ -247,7 +219,9 @@ def build_tiny_model(out_dir: str | Path = TINY_MODEL_DIR, recipe: TinyModelReci
         timings["eval_s"] = time.perf_counter() - step_started
         print(report.table())
     timings["total_s"] = time.perf_counter() - started
-    split = recipe.split
+    split, recipe_info = recipe.split, asdict(recipe)
+    recipe_info["split"].pop("data_dir")  # machine-specific path
+    versions = installed_versions(["torch", "transformers", "trl", "tokenizers", "datasets"])
     info = {
         "name": TINY_MODEL_DIR.name,
         "description": "Tiny Qwen2 built from scratch by grpo_lab.tiny_model: own byte-level BPE tokenizer, "
@@ -255,19 +229,17 @@ def build_tiny_model(out_dir: str | Path = TINY_MODEL_DIR, recipe: TinyModelReci
         "rebuild": "python -m grpo_lab.tiny_model  (or: grpo-lab build-tiny-model)",
         "deliberate_slip": recipe.slip_statement(),
         "slip_types": list(recipe.slip_types) if recipe.slip_fraction else [],
-        "parameters": parameters,
-        "vocab_size": len(tokenizer),
-        "recipe": _recipe_info(recipe),
+        "parameters": parameters, "vocab_size": len(tokenizer),
+        "recipe": {**recipe_info, "head_dim": recipe.head_dim},
         "data": {"train": {"rows": len(rows), "sha256": file_sha256(split.path("train"))},
                  "eval": {"rows": split.eval_size, "sha256": file_sha256(split.path("eval"))},
                  "train_seed": split.train_seed, "eval_seed": split.eval_seed,
                  "sft_rows_with_slip": sum(r["slip"] for r in rows)},
-        "sft": sft_metrics,
-        "eval": report.to_dict() if report else None,
+        "sft": sft_metrics, "eval": report.to_dict() if report else None,
         "seconds": {k: round(v, 1) for k, v in timings.items()},
         "machine": {"device": "cpu", "torch_threads": torch.get_num_threads(),
                     "usable_cores": len(os.sched_getaffinity(0)), "platform": platform.platform()},
-        "versions": _versions(),
+        "versions": {"python": platform.python_version(), **{k: v for k, v in versions.items() if v}},
     }
     write_manifest(out_dir, info)
     return json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))

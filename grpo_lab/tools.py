@@ -1,22 +1,19 @@
 """Tools a model may call during a GRPO rollout (TRL's ``GRPOTrainer(tools=[...])``): the course's ``calculator``, a
-registry of tools by name (as :mod:`grpo_lab.rewards` registers rewards), the guard every tool runs inside, and the chat
-template that renders and parses the calls.
+registry of tools by name, the guard every tool runs inside, and the chat template that renders and parses the calls.
 
 A tool is a plain Python function with type hints and a Google-style docstring: transformers turns them into the JSON
 schema the chat template shows the model; TRL calls it with the model's arguments and appends what it returns, as text.
 
-**The guard** (:class:`GuardedTool`, made by :func:`prepare`) records every call in :attr:`ToolSet.counts`, one kind
-each (:data:`CALL_KINDS`): ``ok``; ``not_text`` (it returned a number or a dict: JSON text is handed on instead);
-``bad_arguments`` (they do not fit the signature); ``raised``; ``time_limit`` (it ran past ``time_limit_s``, stopped by
-a timer in the main thread). The last three re-raise (:class:`ToolCallError`), so TRL counts them in
-``tools/failure_frequency`` and hands the model ``{"error": "..."}``; arguments that are not an object fail inside TRL,
-before any tool runs. :meth:`ToolSet.callbacks` logs the counts with each step (``tools/<kind>``).
+**The guard** (:class:`GuardedTool`, made by :func:`prepare`) counts every call in :attr:`ToolSet.counts` by how it
+ended (:data:`CALL_KINDS`): ``ok``; ``not_text`` (a number or a dict, handed on as JSON text); ``bad_arguments`` (they
+do not fit the signature); ``raised``; ``time_limit`` (past ``time_limit_s``, stopped by a timer in the main thread).
+The last three re-raise (:class:`ToolCallError`), so TRL counts them in ``tools/failure_frequency`` and hands the model
+``{"error": "..."}``. :meth:`ToolSet.callbacks` logs the counts with each step (``tools/<kind>``).
 
-**The chat template** (:data:`TOOL_CHAT_TEMPLATE`): ChatML (what the tiny model and SmolLM2 speak) plus Qwen2.5's
-tool format (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, ``<tool_response>`` in a user turn), a
-one-line list of the tools instead of Qwen2.5's JSON schema block, and ``{% generation %}`` markers so TRL's
-``SFTTrainer`` can train on the assistant's tokens only. TRL recognises only the templates it ships; for this one
-:func:`use_tool_template` sets TRL's parser for Qwen's format as the tokenizer's ``response_template``.
+**The chat template** (:data:`TOOL_CHAT_TEMPLATE`): ChatML plus Qwen2.5's tool format (``<tool_call>`` JSON,
+``<tool_response>`` in a user turn), a one-line list of the tools, and ``{% generation %}`` markers so TRL's
+``SFTTrainer`` can train on the assistant's tokens only. TRL recognises only the templates it ships:
+:func:`use_tool_template` sets its parser for Qwen's format as the tokenizer's ``response_template``.
 
 >>> calculator("2 × (3 + 4)")
 '14'
@@ -98,19 +95,12 @@ def _evaluate(node: ast.AST) -> Fraction:
             raise CalculationError(f"only whole exponents up to {MAX_EXPONENT} are supported, got {float(right):g}")
         if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
             raise CalculationError("division by zero")
-        value = _BINARY[type(node.op)](left, right)
-        value = Fraction(value)
+        value = Fraction(_BINARY[type(node.op)](left, right))
         if abs(value) > MAX_MAGNITUDE:
             raise CalculationError(f"the result is larger than {MAX_MAGNITUDE:.0e}")
         return value
     shown = ast.unparse(node) if isinstance(node, ast.expr) else type(node).__name__
     raise CalculationError(f"{shown!r} is not arithmetic: use numbers, + - * / ** % and parentheses")
-
-
-def _format(value: Fraction) -> str:
-    if value.denominator == 1:
-        return str(value.numerator)
-    return f"{float(value):.10g}"
 
 
 def calculator(expression: str) -> str:
@@ -130,7 +120,8 @@ def calculator(expression: str) -> str:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as error:
         raise CalculationError(f"{expression!r} does not parse: {error.msg}") from None
-    return _format(_evaluate(tree))
+    value = _evaluate(tree)
+    return str(value.numerator) if value.denominator == 1 else f"{float(value):.10g}"
 
 
 # --- The registry: tools by name (TrainConfig.tools), as rewards are registered by name ---
@@ -162,8 +153,7 @@ def get_tool(name: str) -> Tool:
 
 # --- The guard: every call recorded by kind, the result made text, a looping tool stopped ---
 class _TimeLimitReached(BaseException):
-    """Raised inside a tool by the timer; a BaseException so that the tool's own ``except Exception`` cannot keep
-    it."""
+    """Raised inside a tool by the timer; a BaseException so that the tool's own ``except Exception`` cannot keep it."""
 
 
 @contextlib.contextmanager
@@ -274,9 +264,8 @@ class ToolSet:
             check_tool_template(tokenizer, where)
 
     def callbacks(self) -> list[Any]:
-        """With tools, a ``transformers.TrainerCallback`` that adds ``tools/<kind>`` (calls since the previous log)
-        to each logged step; it goes before the callback that records the logs (:class:`grpo_lab.train.MetricsLogger`).
-        """
+        """With tools, a ``transformers.TrainerCallback`` that adds ``tools/<kind>`` (calls since the previous log) to
+        each logged step; it goes before the callback that records the logs (``MetricsLogger``)."""
         if not self.guards:
             return []
         from transformers import TrainerCallback
@@ -344,8 +333,7 @@ TOOL_CHAT_TEMPLATE = (
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 """ChatML with Qwen2.5's tool-call and tool-response format, a short tool list and ``{% generation %}`` markers.
 Without tools it renders exactly what a plain ChatML template renders (no system turn unless one is given)."""
 

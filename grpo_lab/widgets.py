@@ -1,12 +1,10 @@
 """A memory calculator (pick a model, precision, device, batch and lengths; the budget redraws), and small HTML
-helpers for notebooks (:func:`html_table`, :func:`folded_source`).
+helpers for notebooks (:func:`html_table`, :func:`folded_source`). Every control calls :meth:`MemoryCalculator.update`
+(re-plan, redraw); call it once yourself to draw the first state, as a headless run does.
 
 >>> from grpo_lab.widgets import MemoryCalculator
 >>> calc = MemoryCalculator()          # doctest: +SKIP
 >>> calc.update(); calc.widget         # doctest: +SKIP
-
-Every control calls :meth:`MemoryCalculator.update` (re-plan with ``grpo_lab.memory.plan_memory``, redraw); call it
-once yourself to draw the first state, as a headless run does.
 """
 
 from __future__ import annotations
@@ -19,16 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_lab.errors import ConfigError
-from grpo_lab.memory import (
-    COMMON_DEVICES,
-    GIB,
-    PRECISIONS,
-    DevicePreset,
-    MemoryBudget,
-    MemoryPlanError,
-    course_configs,
-    plan_memory,
-)
+from grpo_lab.memory import (COMMON_DEVICES, GIB, PRECISIONS, DevicePreset, MemoryBudget, MemoryPlanError,
+                             course_configs, plan_memory)
 from grpo_lab.plots import plot_memory_budget
 
 
@@ -114,9 +104,8 @@ class MemoryCalculator:
         self.auto_utilization = checkbox("recommend vLLM's fraction", True)
         self.utilization = slider(w.FloatSlider, "vllm_gpu_memory_utilization", "grpo-utilization", min=0.05,
                                   max=0.95, step=0.05, value=0.3, disabled=True)
-        self.summary = w.HTML()
+        self.summary, self.plot = w.HTML(), w.Output()
         self.summary.add_class("grpo-memory-summary")
-        self.plot = w.Output()
         self.plot.add_class("grpo-memory-plot")
         self.budget: MemoryBudget | None = None
         self._updating = False
