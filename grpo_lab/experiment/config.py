@@ -240,8 +240,8 @@ class TrainConfig:
         kind = kind or self.device
         missing = VLLM_SLEEP_MODE_MISSING.get(kind) if kind else None
         if missing:
-            raise ConfigError(f"vllm_enable_sleep_mode=True on {kind}: {missing}. Leave it off and give the update room "
-                              f"another way: {'; or '.join(SMALLER_STEP_LEVERS)} (the memory planner sizes each).")
+            raise ConfigError(f"vllm_enable_sleep_mode=True on {kind}: {missing}. Leave it off and give the update "
+                              f"room another way: {'; or '.join(SMALLER_STEP_LEVERS)} (the memory planner sizes each).")
 
     # ---- filling in -------------------------------------------------------------------------------------
     def with_profile(self, machine: Machine | None = None) -> TrainConfig:
