@@ -13,20 +13,9 @@ from pathlib import Path
 
 from grpo_lab import device
 from grpo_lab.errors import ConfigError, MissingFileError
-from grpo_lab.models import (
-    MANIFEST_NAME,
-    adapter_model,
-    require_safetensors,
-    resolve_model,
-    verify_model_dir,
-)
+from grpo_lab.models import MANIFEST_NAME, adapter_model, require_safetensors, resolve_model, verify_model_dir
 from grpo_lab.rollout.config import RolloutConfig, setting_names
-from grpo_lab.rollout.engine import (
-    BackendChoice,
-    BackendUnavailableError,
-    RolloutEngine,
-    check_prompt_lengths,
-)
+from grpo_lab.rollout.engine import BackendChoice, BackendUnavailableError, RolloutEngine, check_prompt_lengths
 from grpo_lab.rollout.hf_backend import HFEngine
 from grpo_lab.rollout.prompts import Prompt, encode_prompts
 from grpo_lab.rollout.vllm_backend import BorrowedVLLMEngine, VLLMEngine, vllm_usable

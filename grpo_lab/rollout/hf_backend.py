@@ -13,12 +13,7 @@ from grpo_lab import device
 from grpo_lab.errors import ConfigError
 from grpo_lab.models import load_model_and_tokenizer
 from grpo_lab.rollout.config import Sampling
-from grpo_lab.rollout.engine import (
-    Completion,
-    PromptRollout,
-    RolloutEngine,
-    decode_completion,
-)
+from grpo_lab.rollout.engine import Completion, PromptRollout, RolloutEngine, decode_completion
 from grpo_lab.rollout.prompts import EncodedPrompt
 
 
