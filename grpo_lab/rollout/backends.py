@@ -1,8 +1,5 @@
-"""Choosing a backend and opening an engine: :func:`open_engine` checks everything, then starts one.
-
-``backend="auto"`` picks vLLM when it imports and runs on this device and says why; an explicit backend that
-cannot run is an error (:class:`BackendUnavailableError`), never a silent fallback.
-"""
+"""Choosing a backend and opening an engine: :func:`open_engine` checks everything, then starts one. ``"auto"``
+picks vLLM where it runs and says why; an explicit backend that cannot run is an error, never a silent fallback."""
 
 from __future__ import annotations
 
@@ -25,8 +22,7 @@ BACKENDS = ("auto", "vllm", "hf")
 
 
 def choose_backend(backend: str = "auto", device_kind: str | None = None) -> BackendChoice:
-    """Pick the backend: ``"vllm"`` or ``"hf"`` as asked (error if impossible), or for ``"auto"`` vLLM when it
-    imports and runs on this device, else HF ``generate``. The reason says which and why."""
+    """The backend asked for (an error where it cannot run), or for ``"auto"`` vLLM where it runs, else HF, and why."""
     wanted = str(backend).strip().lower()
     if wanted not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
@@ -89,10 +85,8 @@ def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConf
 
 def borrow_engine(llm, model_path: str | os.PathLike[str], config: RolloutConfig | None = None,
                   release: Callable[[], None] | None = None, **overrides) -> RolloutEngine:
-    """The rollout interface over a running ``vllm.LLM`` that something else owns (a trainer's colocated engine):
-    ``generate`` works as on any engine; ``stop()`` leaves the engine running and calls ``release`` (the owner's way
-    of taking it back). ``config`` / ``overrides`` set the sampling (the engine's own sizes stay as its owner
-    started it)."""
+    """The rollout interface over a running ``vllm.LLM`` another owns (a trainer's colocated engine); ``stop()`` leaves
+    it running and calls ``release``. ``config`` / ``overrides`` set the sampling."""
     config = replace(config or RolloutConfig(), **overrides)
     model_path = str(model_path)
     kind = device.check_kind(config.device_kind) if config.device_kind else device.detect()
