@@ -1,6 +1,5 @@
-"""What grpo_lab relies on in transformers beyond its documented API (:data:`TRANSFORMERS_INTERNALS`): the Trainer
-methods :class:`grpo_lab.upstream.trainer.GRPOLabTrainer` overrides to rename checkpoints into place, and the trackio
-module transformers' ``TrackioCallback`` logs through (:func:`trackio_without_dashboard`)."""
+"""What grpo_lab relies on in transformers beyond its documented API (:data:`TRANSFORMERS_INTERNALS`), and trackio
+without its dashboard (:func:`trackio_without_dashboard`)."""
 
 from __future__ import annotations
 
@@ -49,9 +48,8 @@ class TrackioWithoutDashboard(TrackioCallback):
 
 
 def trackio_without_dashboard(trainer: Any) -> None:
-    """Keep trackio from starting its dashboard inside a notebook: there ``trackio.init`` launches a local web server
-    in the kernel and embeds it in the cell's output, a write token in its address. The trainer's
-    ``TrackioCallback`` (if it reports to trackio) is swapped, in place, for :class:`TrackioWithoutDashboard`."""
+    """Swap the trainer's ``TrackioCallback`` for :class:`TrackioWithoutDashboard`: in a notebook ``trackio.init``
+    would start a web server in the kernel and embed it in the output, a write token in its address."""
     callbacks = trainer.callback_handler.callbacks
     for index, callback in enumerate(callbacks):
         if type(callback) is TrackioCallback:

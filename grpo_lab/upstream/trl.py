@@ -1,14 +1,7 @@
-"""What grpo_lab sets and relies on in TRL: the public config fields it sets or reads (:data:`TRL_FIELDS`), what it
-reaches into beyond TRL's documented API (:data:`TRL_INTERNALS`, used by :mod:`grpo_lab.upstream.trainer` and
-:mod:`grpo_lab.upstream.async_trainer`), and the file weight transport of TRL's two vLLM-server clients.
-
-**Weights to a vLLM server without NCCL** (on the CPU or Ascend): TRL streams them over NCCL. Here the trainer writes
-them to ``<run>/.weight_sync/model.safetensors`` and asks the server to reload them
-(:class:`grpo_lab.upstream.vllm.ReloadWeightsExtension`). Server mode's client gets that transport while the trainer
-is built (:func:`file_sync_client`), ``AsyncGRPOTrainer`` through its ``weight_transfer=`` argument
-(:class:`FileWeightTransfer`). TRL still decides when and what to sync.
-
-TRL is imported inside the functions: the declarations import without it.
+"""What grpo_lab sets and relies on in TRL: the config fields it sets (:data:`TRL_FIELDS`), what it reaches into
+beyond TRL's documented API (:data:`TRL_INTERNALS`), and weights to a vLLM server without NCCL (CPU, Ascend): a
+safetensors file the server reloads, for server mode's client (:func:`file_sync_client`) and ``AsyncGRPOTrainer``
+(:class:`FileWeightTransfer`). TRL is imported inside the functions: the declarations import without it.
 """
 
 from __future__ import annotations
@@ -38,8 +31,7 @@ GRPO_CONFIG_FIELDS = (
     "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_enable_sleep_mode",
     "vllm_importance_sampling_correction", "max_tool_calling_iterations", "use_liger_kernel", "generation_kwargs",
     "model_init_kwargs", "dataloader_num_workers")
-"""The fields of TRL's ``GRPOConfig`` the experiment's one translation sets (:func:`grpo_lab.experiment.trl_kwargs`);
-``AsyncGRPOConfig`` takes those it has too."""
+"""The fields of TRL's ``GRPOConfig`` :func:`grpo_lab.experiment.trl_kwargs` sets."""
 ASYNC_CONFIG_FIELDS = ("dtype", "token_budget", "max_staleness", "max_inflight_tasks", "weight_sync_steps",
                        "queue_maxsize")
 """The fields of ``AsyncGRPOConfig`` grpo_lab sets beyond the translation's."""
@@ -125,9 +117,6 @@ TRL_INTERNALS: tuple[UpstreamName, ...] = (
 )
 
 
-# --------------------------------------------------------------------------------------------------
-# Server mode: TRL's VLLMClient with a file transport
-# --------------------------------------------------------------------------------------------------
 def _post_reload(base_url: str, named_tensors: Iterable[tuple[str, torch.Tensor]], sync_dir: Path,
                  timeout: float | None) -> None:
     import requests
@@ -176,23 +165,10 @@ def file_sync_client(sync_dir: str | None) -> Iterator[None]:
         vllm_generation.VLLMClient = original
 
 
-# --------------------------------------------------------------------------------------------------
-# AsyncGRPOTrainer: the weight_transfer= seam with a file transport
-# --------------------------------------------------------------------------------------------------
 class FileWeightTransfer:
-    """The ``weight_transfer=`` seam of TRL's ``AsyncGRPOTrainer`` (its ``WeightTransferProtocol``) without NCCL.
-
-    TRL's own transfer streams the weights over NCCL through vLLM's weight-transfer engine, which exists only on CUDA.
-    This class moves them the way server mode does (:func:`file_sync_client`): a safetensors file in ``sync_dir`` and
-    a ``/collective_rpc`` request that makes the server's workers reload it. Pausing, resuming and the server check
-    are TRL's own async client, so only the transport differs. The trainer calls it on rank 0 only:
-    :meth:`init_weight_transfer` once, then :meth:`pause`, :meth:`send_weights`, :meth:`resume` at every sync,
-    :meth:`destroy` at the end.
-
-    The server pauses with ``mode=keep``: requests in flight freeze and continue under the new weights after the
-    reload, so one completion can mix two policies; its tokens' log-probabilities are each from the policy that
-    sampled them, and its version tag is the older one.
-    """
+    """``AsyncGRPOTrainer``'s ``weight_transfer=`` seam without NCCL: a safetensors file in ``sync_dir`` that the
+    server reloads; pausing, resuming and the server check are TRL's own client. The server pauses with ``mode=keep``,
+    so a completion in flight can mix two policies (each token's log-prob from the policy that sampled it)."""
 
     def __init__(self, base_url: str, sync_dir: str | Path, server_timeout: float = 240.0,
                  request_timeout: float = 1800.0):
