@@ -14,15 +14,13 @@ __all__ = ["TRANSFORMERS_INTERNALS", "trackio_without_dashboard"]
 CHECKED = "transformers 5.17.0"
 _STAGED = "transformers' Trainer writes a checkpoint under a temporary name and renames it into place once complete"
 TRANSFORMERS_INTERNALS: tuple[UpstreamName, ...] = (
-    UpstreamName("method", "transformers.Trainer", "_save_checkpoint", "a checkpoint written under .partial/, then "
-                 "renamed into checkpoints/", CHECKED, _STAGED),
-    UpstreamName("method", "transformers.Trainer", "_get_output_dir", "the staging folder while a checkpoint is "
-                 "written", CHECKED, _STAGED),
-    UpstreamName("module", "transformers.trainer_utils", "rotate_checkpoints", "save_total_limit applied to "
-                 "checkpoints/ after a rename", CHECKED, _STAGED),
-    UpstreamName("attribute", "transformers.integrations.TrackioCallback", "_trackio", "the trackio module the "
-                 "callback logs through, whose init gets embed=False", CHECKED,
-                 "TrackioCallback passes an embed setting to trackio.init"),
+    UpstreamName("method", "transformers.Trainer", "_save_checkpoint", "staged under .partial/, then renamed", CHECKED,
+                 _STAGED),
+    UpstreamName("method", "transformers.Trainer", "_get_output_dir", "the staging folder", CHECKED, _STAGED),
+    UpstreamName("module", "transformers.trainer_utils", "rotate_checkpoints", "save_total_limit after a rename",
+                 CHECKED, _STAGED),
+    UpstreamName("attribute", "transformers.integrations.TrackioCallback", "_trackio", "its init gets embed=False",
+                 CHECKED, "TrackioCallback passes an embed setting to trackio.init"),
 )
 
 

