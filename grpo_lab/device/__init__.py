@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
+import psutil
 import torch
 
 from grpo_lab.device.capacity import (
@@ -269,23 +270,10 @@ def memory_info(index: int = 0, kind: str | None = None) -> MemoryInfo:
     """Total and free memory of the device; for the CPU, the host RAM (MemTotal / MemAvailable)."""
     kind = kind or detect()
     if kind == "cpu":
-        return _host_memory()
+        host = psutil.virtual_memory()
+        return MemoryInfo(total_bytes=host.total, free_bytes=host.available)
     free, total = _module(kind).mem_get_info(index)
     return MemoryInfo(total_bytes=int(total), free_bytes=int(free))
-
-
-def _host_memory() -> MemoryInfo:
-    fields = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, value = line.split(":", 1)
-                fields[key] = int(value.split()[0]) * 1024
-        return MemoryInfo(total_bytes=fields["MemTotal"], free_bytes=fields["MemAvailable"])
-    except (OSError, KeyError, ValueError):
-        page, pages = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_PHYS_PAGES")
-        avail = os.sysconf("SC_AVPHYS_PAGES")
-        return MemoryInfo(total_bytes=page * pages, free_bytes=page * avail)
 
 
 def bf16_supported(kind: str | None = None) -> bool:

@@ -156,10 +156,6 @@ def attention_backend(kind: str) -> tuple[str, str]:
     return "fa3", "TRL's FlashAttention-3 kernel (kernels-community/flash-attn3)"
 
 
-def _no_peak_flops(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
 @contextlib.contextmanager
 def trl_workarounds(kind: str) -> Iterator[dict[str, str]]:
     """While the trainer runs on ``kind``: the packed attention in torch where FA3 does not load, no peak-FLOPs query
@@ -170,7 +166,7 @@ def trl_workarounds(kind: str) -> Iterator[dict[str, str]]:
     if backend == "torch":
         packing._flash_attn = lambda: TorchTreeAttention  # tree_attention looks it up in packing's globals
     if not device.is_cuda(kind):
-        trainer_module.get_peak_flops_per_device = _no_peak_flops
+        trainer_module.get_peak_flops_per_device = lambda *args, **kwargs: None
         applied["peak_flops"] = ("not queried: TRL asks torch.cuda for the device name, which fails off CUDA; no "
                                  "perf/mfu_* metrics")
     try:
