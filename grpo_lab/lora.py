@@ -76,8 +76,7 @@ def compute_dtype(config: Any) -> str:
 
 
 def quantization_kwargs(config: Any) -> dict[str, Any] | None:
-    """``BitsAndBytesConfig`` fields for a ``TrainConfig`` with ``load_in_4bit`` (as TRL's
-    ``get_quantization_config``), or None."""
+    """``BitsAndBytesConfig`` fields for ``load_in_4bit`` (as TRL's ``get_quantization_config``), or None."""
     if not config.load_in_4bit:
         return None
     from trl import ModelConfig

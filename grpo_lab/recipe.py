@@ -108,8 +108,7 @@ class CarriedTools:
 
 
 def carry_tools(names: Sequence[str]) -> CarriedTools:
-    """The registered tools ``names`` carried out of their modules with :func:`grpo_lab.tools.use_tool_template`,
-    checked by running the carried source alone."""
+    """The registered tools ``names`` and ``use_tool_template`` carried out, checked by running the source alone."""
     if not names:
         return CarriedTools()
     by_module: dict[types.ModuleType, list[str]] = {tools: ["use_tool_template"]}
@@ -372,8 +371,7 @@ QUANTIZATION = {recipe.quantization!r}
 
 
 def check_script(script: str) -> None:
-    """Raise :class:`RecipeError` unless ``script`` compiles and imports only the standard library and
-    :data:`SCRIPT_PACKAGES`."""
+    """Raise unless ``script`` compiles and imports only the standard library and :data:`SCRIPT_PACKAGES`."""
     tree = ast.parse(script)
     compile(tree, RECIPE_FILE, "exec")
     allowed = set(sys.stdlib_module_names) | set(SCRIPT_PACKAGES) | {"__future__"}

@@ -1,18 +1,9 @@
-"""GRPO training with TRL's ``GRPOTrainer``: one step samples ``num_generations`` completions per prompt, scores them,
-normalises the rewards inside each prompt's group into advantages and makes the above-average completions more likely.
-This module only configures and wraps that trainer: :func:`train` = :func:`prepare` (plan, open the run folder, build
-the trainer, record the run) then :meth:`PreparedRun.train`; the trainer is
-:class:`grpo_lab.upstream.trainer.GRPOLabTrainer`, the run folder :mod:`grpo_lab.runs`'s.
+"""GRPO training with TRL's ``GRPOTrainer`` (:class:`grpo_lab.upstream.trainer.GRPOLabTrainer`): each step samples
+``num_generations`` completions per prompt, turns their rewards into advantages within each prompt's group and makes
+the above-average completions more likely. :func:`train` is :func:`prepare` then :meth:`PreparedRun.train`; from a
+shell, ``grpo-lab train --profile tiny --max-steps 300``.
 
-Example (CPU, a few seconds)::
-
-    >>> from grpo_lab.train import TrainConfig, train
-    >>> result = train(TrainConfig(profile="tiny", max_steps=2, per_device_train_batch_size=8,
-    ...                            num_generations=4, live_plot=False))          # doctest: +SKIP
-    >>> result.global_step                                                       # doctest: +SKIP
-    2
-
-From a shell: ``grpo-lab train --profile tiny --max-steps 300`` (``--help`` lists every option).
+>>> result = train(TrainConfig(profile="tiny", max_steps=2, live_plot=False))   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import device, env, experiment, lora, runs
-from grpo_lab.callbacks import MetricsLogger, StepClock, TimeBudget, quiet_progress  # noqa: F401  (StepClock: for callers)
+from grpo_lab.callbacks import MetricsLogger, StepClock, TimeBudget, quiet_progress  # noqa: F401  (StepClock: callers')
 from grpo_lab.data import to_dataset
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError, GrpoLabError
@@ -94,9 +85,8 @@ TRL_COLOCATED_ENGINE: dict[str, Any] = {"max_num_batched_tokens": 4096, "model_i
 
 
 def colocated_engine_settings(config: TrainConfig) -> dict[str, Any]:
-    """:class:`~grpo_lab.rollout.RolloutConfig` settings that start an engine as the trainer starts its colocated one
-    (context window, decode batch, :data:`TRL_COLOCATED_ENGINE`): vLLM keys its compiled graphs by them, so the
-    trainer then loads the graph instead of compiling it. Empty without a colocated engine."""
+    """RolloutConfig settings that start an engine as the trainer starts its colocated one, so the trainer loads the
+    compiled graph instead of compiling it (empty without a colocated engine)."""
     if not (config.use_vllm and config.vllm_mode == "colocate"):
         return {}
     shared = "as the trainer's colocated engine will start: its compiled graph is then loaded, not compiled again"
@@ -122,8 +112,7 @@ class TrainResult:
     config: TrainConfig | None = None
 
     def rollout_engine(self, **sampling: Any) -> RolloutEngine | None:
-        """The trainer's colocated engine with the final weights (:func:`lend_engine`), so evaluation needs no second
-        engine; None with HF ``generate`` or a vLLM server. ``sampling``: RolloutConfig fields."""
+        """The trainer's colocated engine with the final weights (:func:`lend_engine`); None without one."""
         return lend_engine(self.trainer, self.final_model_dir, self.config.device, **sampling)
 
     def mean(self, key: str, first: int | None = None, last: int | None = None) -> float:
@@ -215,8 +204,7 @@ def save_final_model(trainer: Any, config: TrainConfig, run_dir: Path, descripti
 
 
 def lend_engine(trainer: Any, model_path: str | Path, device_kind: str, **sampling: Any) -> RolloutEngine | None:
-    """A trainer's colocated vLLM engine through the rollout interface, awake with the policy's current weights (None
-    without one); ``stop()`` hands it back."""
+    """A trainer's colocated engine through the rollout interface, current weights; ``stop()`` hands it back."""
     llm = trainer.lend_engine() if trainer is not None else None
     if llm is None:
         return None
@@ -264,8 +252,7 @@ class PreparedRun:
 
 def prepare(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
             reward_funcs: Sequence[Callable] | None = None, machine: Machine | None = None) -> PreparedRun:
-    """A run ready to train, in one straight line: plan the experiment on the machine (detected unless given), open
-    its run folder, build the trainer, record the run."""
+    """A run ready to train: plan on the machine (detected unless given), open the run folder, build, record."""
     step = plan(config or TrainConfig(), machine or Machine.detect(), reward_funcs)
     for caveat in step.caveats:
         warnings.warn(caveat, stacklevel=2)

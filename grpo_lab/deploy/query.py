@@ -57,8 +57,7 @@ def complete(server: VLLMServer, prompt: str, max_tokens: int = 32, temperature:
 
 def chat(server: VLLMServer, messages: list[dict[str, str]], max_tokens: int = 32,
          temperature: float = 0.0, model: str | None = None) -> Reply:
-    """``/v1/chat/completions``: the server applies the exported chat template (``model``: the served name, or
-    ``server.config.adapter_name`` for the LoRA adapter)."""
+    """``/v1/chat/completions`` with the exported chat template (``model``: as for :func:`complete`)."""
     start = time.perf_counter()
     out = _request(server, True, model, messages=messages, max_tokens=max_tokens, temperature=temperature)
     choice = out.choices[0]

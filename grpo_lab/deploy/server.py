@@ -128,8 +128,7 @@ class ServeConfig:
         return cmd + list(self.extra_args)
 
     def shell_command(self, port: int) -> str:
-        """The same server as a command line without grpo_lab (``vllm serve``; the module form on the CPU), the key
-        left to ``$VLLM_API_KEY``."""
+        """The same server as a command line without grpo_lab, the key left to ``$VLLM_API_KEY``."""
         command = self.command(port)
         if self.api_key:
             at = command.index("--api-key")
@@ -225,8 +224,7 @@ def serve_config(model: str | Path, experiment: TrainConfig, **knobs) -> ServeCo
 
 
 def check_free_memory(gpu_memory_utilization: float, memory: device.MemoryInfo, held_bytes: int) -> None:
-    """Refuse a share of the device larger than what is free, before vLLM's start finds out (``held_bytes``: what this
-    process's tensors hold)."""
+    """Refuse a share larger than what is free before vLLM starts (``held_bytes``: this process's tensors)."""
     wanted = gpu_memory_utilization * memory.total_bytes
     if memory.free_bytes >= wanted:
         return

@@ -143,8 +143,7 @@ def detect_cap(kind: str | None = None, total_gib: float | None = None) -> Memor
 
 
 def enforce_cap(machine: Machine, index: int = 0) -> MemoryCap | None:
-    """Hold this process to ``machine``'s card where the cap is enforced (CUDA: torch's per-process fraction);
-    returns the cap enforced, or None."""
+    """Hold this process to ``machine``'s card where the cap is enforced; returns the cap enforced, or None."""
     cap = machine.cap
     if cap is None or not cap.enforced:
         return None
@@ -343,8 +342,7 @@ def release_memory(kind: str | None = None) -> None:
 
 
 def started_here(kind: str | None = None) -> bool:
-    """Whether this process has started the device's runtime (only then can it hold device memory; asking anything
-    else would start one)."""
+    """Whether this process started the device's runtime (only then can it hold device memory)."""
     kind = kind or detect()
     return kind != "cpu" and bool(_module(kind).is_initialized())
 

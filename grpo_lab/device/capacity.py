@@ -14,8 +14,7 @@ from grpo_lab.errors import DeviceError
 
 MEMORY_CAP_ENV = "GRPO_LAB_DEVICE_MEMORY_GIB"
 MEMORY_CAP_ENFORCED = {"cuda": True, "npu": False, "cpu": False}
-"""Where a cap is enforced; elsewhere it sizes the plan only (host memory has no allocator cap; torch_npu's has not
-run here)."""
+"""Where a cap is enforced; elsewhere it sizes the plan only."""
 SLEEP_MODE_UNDER_CAP = (
     "vLLM's sleep mode: a sleeping colocated engine hands its memory back to the device, but torch's per-process "
     "fraction still counts its memory pool against the cap, so under a cap sleep mode frees nothing for the update; "
@@ -66,11 +65,7 @@ class MemoryCap:
         return math.floor(share * self.fraction * 10_000 + 1e-9) / 10_000
 
     def card_share(self, device_share: float) -> float:
-        """The inverse of :meth:`device_share` (rounded to 1e-4).
-
-        >>> MemoryCap(24, 120, "cuda").card_share(0.1)
-        0.5
-        """
+        """The inverse of :meth:`device_share` (rounded to 1e-4)."""
         if not self.enforced:
             return device_share
         return round(device_share / self.fraction, 4)

@@ -355,8 +355,7 @@ class TrainConfig:
 
     @property
     def precision(self) -> str:
-        """The memory planner's precision: ``"mixed"`` (fp32 weights, bf16 autocast), ``"fp32"``, or ``"bf16"`` with
-        a 4-bit base."""
+        """The planner's precision: ``"mixed"`` (fp32 weights, bf16 autocast), ``"fp32"``, or with 4-bit ``"bf16"``."""
         return "bf16" if self.load_in_4bit else "mixed" if self.bf16 else "fp32"
 
     def training_shape(self) -> memory.TrainingShape:
@@ -456,8 +455,7 @@ class TrainConfig:
 
 
 def plans_for(profile: str, kind: str, memory_gibs: Sequence[float]) -> list[str]:
-    """One line per described machine (``kind`` with each of ``memory_gibs``): the step ``profile`` resolves to, or
-    why it does not fit."""
+    """One line per ``kind`` machine of each of ``memory_gibs``: the step ``profile`` resolves to, or why not."""
     lines = []
     for gib in memory_gibs:
         try:
@@ -469,11 +467,7 @@ def plans_for(profile: str, kind: str, memory_gibs: Sequence[float]) -> list[str
 
 
 def get_profile(name: str | None = None, **overrides: Any) -> TrainConfig:
-    """The profile's experiment, with ``overrides`` (TrainConfig fields) applied; machine facts still open.
-
-    >>> get_profile("tiny").num_generations
-    8
-    """
+    """The profile's experiment, with ``overrides`` (TrainConfig fields) applied; machine facts still open."""
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:

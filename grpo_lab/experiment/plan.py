@@ -79,8 +79,7 @@ class Plan:
 
 
 def trl_kwargs(config: TrainConfig, use_vllm: bool, vllm_share: float) -> dict[str, Any]:
-    """Every field of TRL's ``GRPOConfig`` a resolved experiment sets, vLLM's share as given: the one translation to
-    TRL (training, asynchronous training, the recipe and the verl export)."""
+    """Every field of TRL's ``GRPOConfig`` a resolved experiment sets, vLLM's share as given."""
     run_dir = Path(config.output_dir or ".")
     sampling = None
     if config.ignore_eos:

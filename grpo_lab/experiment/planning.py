@@ -21,8 +21,7 @@ def step_budget(config: TrainConfig, machine: Machine, share: float | None) -> m
 
 
 def planned_share(config: TrainConfig, machine: Machine) -> float | None:
-    """The share a step is planned at: the config's number; for ``"auto"`` on the CPU or in server mode
-    :func:`choose_vllm_memory`'s; else None (the planner's recommendation)."""
+    """The share a step is planned at: the config's, :func:`choose_vllm_memory`'s (CPU, server), or None."""
     share = config.vllm_gpu_memory_utilization
     if not isinstance(share, str):
         return share

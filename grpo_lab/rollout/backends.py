@@ -41,10 +41,8 @@ def choose_backend(backend: str = "auto", device_kind: str | None = None) -> Bac
 
 def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConfig | None = None,
                 backend: str = "auto", prompts: Sequence[Prompt] | None = None, **overrides) -> RolloutEngine:
-    """Check everything, then start a rollout engine: bad input raises before any engine process starts.
-
-    ``model``: a folder or hub id (default: ``GRPO_LAB_MODEL`` or the tiny model); ``config`` plus ``overrides`` (any
-    :class:`RolloutConfig` field); ``prompts`` size ``max_model_len`` to the workload and are checked first.
+    """Check everything, then start a rollout engine. ``model``: a folder or hub id (default: ``GRPO_LAB_MODEL`` or the
+    tiny model); ``overrides``: RolloutConfig fields; ``prompts`` size ``max_model_len`` and are checked first.
 
     >>> with open_engine(backend="hf", n=2, max_tokens=8) as engine:          # doctest: +SKIP
     ...     result = engine.generate([[{"role": "user", "content": "2 + 3 = ?"}]])

@@ -83,8 +83,7 @@ SAMPLING_FIELDS = tuple(item.name for item in fields(Sampling))
 
 
 def _takes_sampling_fields(cls: type) -> type:
-    """``RolloutConfig(n=8)`` is ``RolloutConfig(sampling=Sampling(n=8))`` (also through ``dataclasses.replace``);
-    ``config.n`` reads ``config.sampling.n``."""
+    """``RolloutConfig(n=8)`` is ``RolloutConfig(sampling=Sampling(n=8))``; ``config.n`` reads ``config.sampling.n``."""
     generated = cls.__init__
 
     @functools.wraps(generated)

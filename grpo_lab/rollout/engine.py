@@ -149,8 +149,7 @@ class RolloutEngine:
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling | None = None,
                  progress: bool = False, lengths: Sequence[Sequence[int]] | None = None) -> RolloutResult:
-        """Sample ``sampling.n`` completions for every prompt; ``lengths[i][j]``: the exact new tokens of sample ``j``
-        of prompt ``i``."""
+        """Sample ``sampling.n`` completions per prompt; ``lengths[i][j]``: sample ``j`` of prompt ``i``'s length."""
         self._check_usable()
         sampling = sampling or self.config.sampling
         encoded = self.encode(prompts, sampling.max_tokens)

@@ -209,8 +209,7 @@ class VLLMEngine(RolloutEngine):
 
 
 class BorrowedVLLMEngine(VLLMEngine):
-    """A ``vllm.LLM`` someone else owns (a trainer's colocated engine): :meth:`stop` lets go of it and calls
-    ``release`` (the owner's way of taking it back)."""
+    """A ``vllm.LLM`` another owns (a trainer's engine): :meth:`stop` lets go of it and calls ``release``."""
 
     def __init__(self, llm, model_path: str, tokenizer, config: RolloutConfig, choice,
                  release: Callable[[], None] | None = None):

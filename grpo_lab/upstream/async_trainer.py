@@ -143,8 +143,7 @@ class TorchTreeAttention:
 
 
 def attention_backend(kind: str) -> tuple[str, str]:
-    """``("fa3" | "torch", why)``: TRL's FlashAttention-3 kernel where it loads (CUDA), else
-    :class:`TorchTreeAttention`."""
+    """``("fa3" | "torch", why)``: TRL's FlashAttention-3 kernel where it loads, else :class:`TorchTreeAttention`."""
     if not device.is_cuda(kind):
         return "torch", f"FlashAttention-3 is a CUDA (Hopper) kernel; on {kind} the packed attention runs in torch"
     try:
@@ -176,9 +175,8 @@ def trl_workarounds(kind: str) -> Iterator[dict[str, str]]:
 
 
 class GrpoLabAsyncTrainer(AsyncGRPOTrainer):
-    """TRL's ``AsyncGRPOTrainer``, unchanged in what it computes; the gate drops completions that would train too
-    stale, and each micro-batch records the lag it trains with (``staleness/*`` metrics,
-    ``trained_samples.jsonl``)."""
+    """TRL's ``AsyncGRPOTrainer`` behind the gate; each micro-batch records the lag it trains with (``staleness/*``
+    metrics, ``trained_samples.jsonl``)."""
 
     def __init__(self, *args, samples_file: Path | None = None, **kwargs):
         super().__init__(*args, **kwargs)

@@ -128,8 +128,7 @@ class GRPOLabTrainer(GRPOTrainer):
 
     # ---- the colocated engine lent to evaluation ----------------------------------------------------
     def lend_engine(self) -> Engine | None:
-        """TRL's colocated engine, awake with the policy's current weights, to sample with outside a step; None
-        without one. :meth:`take_engine_back` ends the loan."""
+        """TRL's colocated engine, awake with the current weights, until :meth:`take_engine_back`; None without one."""
         generation = self.vllm_generation if self.args.use_vllm else None
         if not isinstance(generation, _ColocatedGeneration):
             return None

@@ -95,8 +95,7 @@ def _linear_weights_repacked(worker: Any) -> bool:
 
 
 def cpu_weights_repacked(llm: Any) -> bool:
-    """Whether this vLLM-CPU engine repacked its Linear weights: then TRL's own sync fails and a tied ``lm_head``
-    keeps a packed copy that :func:`repack_tied_lm_head` refreshes."""
+    """Whether this vLLM-CPU engine repacked its Linear weights (then TRL's own sync fails)."""
     return bool(llm.collective_rpc(_linear_weights_repacked)[0])
 
 
@@ -211,8 +210,7 @@ class ReloadWeightsExtension:
 
 
 def require_reload_extension(parallel_config: dict, base_url: str) -> None:
-    """Raise :class:`WeightSyncError` unless the server's workers carry :data:`WORKER_EXTENSION` (from the
-    ``parallel_config`` of its ``/server_info``)."""
+    """Raise :class:`WeightSyncError` unless the server's workers carry :data:`WORKER_EXTENSION`."""
     if parallel_config.get("worker_extension_cls") != WORKER_EXTENSION:
         raise WeightSyncError(f"the vLLM server at {base_url} runs without --worker-extension-cls {WORKER_EXTENSION}, "
                               f"which the file weight sync needs; start it with grpo_lab.scale.launch_rollout_server "
