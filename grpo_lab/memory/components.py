@@ -55,31 +55,23 @@ def lora_activation_bytes_per_token_per_layer(model: ModelShape, precision: Prec
     linears = model.linear_layers()
     extra = 0
     for name in shape.lora_target_modules:
-        in_features = linears[name][0]
         if shape.lora_dropout > 0:
             input_bytes = precision.residual_bytes if name in NORM_FED_LINEARS else precision.activation_bytes
-            extra += in_features * (input_bytes + 1)
+            extra += linears[name][0] * (input_bytes + 1)
         extra += shape.lora_r * precision.activation_bytes
     return extra
 
 
 def training_phases(model: ModelShape, precision: Precision, shape: TrainingShape, device_kind: str
                     ) -> dict[str, dict[str, int]]:
-    """Training-side components alive at the peak of each phase of one optimizer step.
+    """Training-side components alive at the peak of each phase of one optimizer step (the forward's extras are
+    smaller than the backward's; ``device_kind`` picks the kernels):
 
-    Phases (the backward runs from the loss to the embedding):
-
-    * ``LM-head backward``: every activation saved for backward, plus TRL's chunked-LM-head buffers (the
-      projection tile, fp32 gradient accumulators, their casts to the model dtype).
-    * ``layer backward``: the MLP backward of one layer — its saved (with checkpointing: recomputed)
-      activations, the gradients of gate, up and their product, the gradient flowing in — next to the
-      parameter gradients made so far; with checkpointing the larger of the first layer done (all layer inputs
-      still kept, few gradients) and the last (one input left, nearly all gradients).
-    * ``embedding backward``: all gradients, the gradient of the embedding output and the kernel's buffers.
+    * ``LM-head backward``: every saved activation plus TRL's chunked-LM-head buffers (tile, fp32 accumulators, casts);
+    * ``layer backward``: one layer's MLP backward next to the gradients made so far (with checkpointing the larger of
+      the first layer done, all inputs still kept, and the last, nearly all gradients made);
+    * ``embedding backward``: all gradients, the gradient of the embedding output and the kernel's buffers;
     * ``optimizer step``: weights, gradients and AdamW states (fused AdamW allocates nothing more).
-
-    The forward's extras are smaller than what the backward adds. ``device_kind`` picks the kernels (Triton's LM head,
-    cuBLAS and CUDA's embedding backward on ``cuda``; torch's elsewhere).
     """
     if device_kind not in device.KINDS:
         raise MemoryPlanError(f"device_kind must be one of {', '.join(device.KINDS)}, got {device_kind!r}.")

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from grpo_lab import device, env
 from grpo_lab.errors import ConfigError
 from grpo_lab.paths import CACHE_DIR
@@ -238,21 +240,16 @@ def _is_resource_tracker(pid: int) -> bool:
 
 def child_processes(pid: int | None = None) -> list[int]:
     """Live descendants of this process, without multiprocessing's shared resource tracker."""
-    root = os.getpid() if pid is None else pid
-    try:
-        import psutil
-
-        found = []
-        for process in psutil.Process(root).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                if process.status() != psutil.STATUS_ZOMBIE:
-                    found.append(process.pid)
-    except ImportError:
-        found = _proc_descendants(root)
-    return [p for p in found if not _is_resource_tracker(p)]
+    found = []
+    for process in psutil.Process(os.getpid() if pid is None else pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if process.status() != psutil.STATUS_ZOMBIE and not _is_resource_tracker(process.pid):
+                found.append(process.pid)
+    return found
 
 
 def _proc_descendants(root: int) -> list[int]:
+    """Live descendants of ``root`` read from ``/proc`` (a cross-check of :func:`child_processes`)."""
     parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -168,8 +168,7 @@ class FileWeightTransfer:
         self.sync_dir = Path(sync_dir)
         self.server_timeout = server_timeout
         self.request_timeout = request_timeout
-        self.pushes = 0
-        """Weight pushes so far (the cold sync before training counts)."""
+        self.pushes = 0  # weight pushes so far, the cold sync before training included
 
     def _client(self):
         from trl.experimental.async_grpo.vllm_client import VLLMClient
