@@ -14,6 +14,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from grpo_lab import device, runs
 from grpo_lab.errors import DeployError, GrpoLabError, ServerDied
 from grpo_lab.experiment import TrainConfig
@@ -208,8 +210,6 @@ def default_max_model_len(model: str | Path) -> int:
 def suggest_max_model_len(tokenizer, prompts: list[list[dict[str, str]]], max_tokens: int,
                           percentile: float = 99.0, multiple: int = 16) -> int:
     """``max_model_len`` from the P99 of request lengths (chat prompt + ``max_tokens``), rounded up to ``multiple``."""
-    import numpy as np
-
     if not prompts:
         raise DeployError("suggest_max_model_len needs at least one example prompt.")
     texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]

@@ -12,9 +12,13 @@ from __future__ import annotations
 import gc
 import importlib.util
 import os
+import platform
+import random
+import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import psutil
 import torch
 
@@ -164,8 +168,6 @@ def device_memory_of(pids: set[int], kind: str | None = None) -> int | None:
     """Bytes the driver counts for these processes (``nvidia-smi --query-compute-apps``); None off CUDA or unlisted."""
     if not is_cuda(kind):
         return None
-    import subprocess
-
     listing = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=30).stdout
     used = [int(mib) * 2**20 for pid, mib in (line.split(",") for line in listing.splitlines() if line.count(",") == 1)
@@ -260,8 +262,6 @@ def _cpu_model_name() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine()
 
 
@@ -303,10 +303,6 @@ def synchronize(kind: str | None = None) -> None:
 
 def rng_state(kind: str | None = None) -> dict:
     """Every random generator a training step draws from (Python, NumPy, torch on host and device)."""
-    import random
-
-    import numpy as np
-
     kind = kind or detect()
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if kind != "cpu":
@@ -316,10 +312,6 @@ def rng_state(kind: str | None = None) -> dict:
 
 def restore_rng_state(state: dict, kind: str | None = None) -> None:
     """Put back what :func:`rng_state` took."""
-    import random
-
-    import numpy as np
-
     kind = kind or detect()
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])

@@ -9,6 +9,7 @@ import contextlib
 import gc
 import itertools
 import logging
+import multiprocessing
 import os
 import signal
 import time
@@ -271,8 +272,6 @@ def _proc_descendants(root: int) -> list[int]:
 
 def end_processes(pids: list[int], grace_s: float = 5.0) -> None:
     """SIGTERM, wait up to ``grace_s``, SIGKILL what is left; then reap our own zombie children."""
-    import multiprocessing
-
     for sig in (signal.SIGTERM, signal.SIGKILL):
         alive = [p for p in pids if _alive(p)]
         for pid in alive:
