@@ -69,11 +69,9 @@ class _ColocatedGeneration:
         """The engine was put to sleep outside TRL's step (:meth:`GRPOLabTrainer.take_engine_back`)."""
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            generation = vars(self)["_generation"]
-        except KeyError:
-            raise AttributeError(name) from None
-        return getattr(generation, name)
+        if "_generation" not in vars(self):
+            raise AttributeError(name)
+        return getattr(self._generation, name)
 
     def _named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The trainer's weights under vLLM's names; with PEFT copied (TRL unmerges the adapter after iterating)."""

@@ -168,11 +168,9 @@ class Engine:
         self._logprobs = True
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            llm = vars(self)["llm"]
-        except KeyError:
-            raise AttributeError(name) from None
-        return getattr(llm, name)
+        if "llm" not in vars(self):
+            raise AttributeError(name)
+        return getattr(self.llm, name)
 
     @contextmanager
     def without_sampled_logprobs(self) -> Iterator[None]:
