@@ -328,10 +328,9 @@ class VLLMServer:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """End the server's whole process group (SIGTERM, then SIGKILL after ``timeout_s``). Safe to call twice."""
-        if self.server is None:
-            return
-        self.server.stop(timeout_s)
-        self.server = None
+        if self.server is not None:
+            self.server.stop(timeout_s)
+            self.server = None
 
     def __enter__(self) -> VLLMServer:
         return self.start()

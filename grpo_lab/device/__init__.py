@@ -208,11 +208,7 @@ def detect() -> str:
     wanted = os.environ.get(DEVICE_ENV)
     if wanted:
         return check_kind(wanted)
-    if npu_available():
-        return "npu"
-    if torch.cuda.is_available():
-        return "cuda"
-    return "cpu"
+    return "npu" if npu_available() else "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_kind(kind: str) -> str:

@@ -59,9 +59,7 @@ class ProfileError(ConfigError):
 
 def profile_name(name: str | None = None, machine: Machine | None = None) -> str:
     """The profile to use: ``name``, else ``GRPO_LAB_PROFILE``, else the machine's device's (detected if not given)."""
-    chosen = name or os.environ.get(PROFILE_ENV)
-    if not chosen:
-        chosen = DEFAULT_FOR_DEVICE[(machine or Machine.detect()).kind]
+    chosen = name or os.environ.get(PROFILE_ENV) or DEFAULT_FOR_DEVICE[(machine or Machine.detect()).kind]
     key = str(chosen).strip().lower()
     if key not in PROFILES:
         raise ProfileError(f"Unknown profile {chosen!r}: use one of {', '.join(PROFILES)} "

@@ -1,9 +1,5 @@
 """Prompts to token ids, once, with one tokenizer (both backends get these ids); and :func:`check_tokenizers`, which
-lists every difference between two tokenizers that must be the same.
-
->>> from grpo_lab.rollout.prompts import check_tokenizers
->>> check_tokenizers("data/models/tiny-qwen2", "data/models/tiny-qwen2")   # doctest: +SKIP
-"""
+lists every difference between two tokenizers (objects or folders) that must be the same."""
 
 from __future__ import annotations
 
