@@ -1,11 +1,7 @@
-"""Run the course headless: every notebook in order, executed copies and results kept under a run folder.
-
-``make course`` calls ``python -m grpo_lab.course --out runs/course``. The notebooks are ``notebooks/NN_*.ipynb`` in
-the order of their numbers. Each runs in its own kernel with ``GRPO_LAB_RUN_DIR`` pointing at the run folder
-(:mod:`grpo_lab.runs`), so what it saves lands next to its executed copy, and the summary names the run each notebook
-trained or used. A failing notebook stops the run, since later notebooks build on earlier ones (``--keep-going`` runs
-the rest anyway). A run folder that already holds a ``summary.json`` keeps the rows of the notebooks not run this time,
-so a course can be run in parts (``python -m grpo_lab.course --out RUN notebooks/<name>.ipynb``).
+"""Run the course headless (``make course``): every notebook in order, each in its own kernel with
+``GRPO_LAB_RUN_DIR`` at the run folder, executed copies and ``summary.json`` kept there. A failure stops the rest
+(``--keep-going`` runs them anyway); a run folder keeps the rows of notebooks not run this time, so a course runs in
+parts. Also: where to go next, with the models the memory planner fits on a learner's device.
 """
 
 from __future__ import annotations
@@ -34,7 +30,6 @@ from grpo_lab.paths import REPO_ROOT
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
-# --- Where next: which notebook to reopen for which goal, and what a learner's own device can run ---
 # (goal, notebook topic: its file name after the number, what to change there)
 _REOPEN_TOPICS = (
     ("train a real model on your GPU or NPU", "grpo_training",
@@ -69,11 +64,9 @@ REOPEN: tuple[tuple[str, str, str], ...] = tuple((goal, _notebook_stem(topic), w
 
 LEARNER_MODELS = ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-3B-Instruct",
                   "Qwen/Qwen2.5-7B-Instruct")
-"""Hub models anyone can download, smallest first. Each one's ``config.json`` ships with the course
-(``data/configs``), so the memory planner sizes them offline, without downloading anything."""
+"""Hub models anyone can download, smallest first; their ``config.json`` ships with the course (planned offline)."""
 TYPICAL_DEVICE_GIB = {"gpu": (16, 24, 80), "npu": (32, 64)}
-"""The device sizes planned for, by profile, on a machine that has none of that kind: two consumer GPU sizes and a
-data-centre GPU; the write-up's 32 GB NPU and a 64 GB one."""
+"""The device sizes planned for, by profile, on a machine that has none of that kind."""
 
 
 @dataclass(frozen=True)
@@ -92,13 +85,12 @@ class ModelFit:
 
 
 def largest_fitting_model(profile: str, memory_gib: float, use_peft: bool = False) -> ModelFit | None:
-    """The largest learner model whose experiment (``TrainConfig(profile=..., model=...).resolve``: the micro-batch,
-    checkpointing and vLLM's share the planner chooses) fits on one device of ``memory_gib``; None when none does."""
+    """The largest of :data:`LEARNER_MODELS` whose resolved experiment fits on one device of ``memory_gib``."""
     machine = Machine(PROFILE_DEVICE[profile], bf16=True, memory_gib=memory_gib)
     for model in reversed(LEARNER_MODELS):
         try:
             config = TrainConfig(profile=profile, model=model, use_peft=use_peft).resolve(machine)
-        except memory.MemoryPlanError:  # DoesNotFitError: no share of vLLM leaves the step room
+        except memory.MemoryPlanError:
             continue
         budget = experiment.memory_budget(config, machine)
         if budget.fits:
@@ -150,11 +142,9 @@ class NotebookResult:
     runs: list[str] = field(default_factory=list)
     """The GRPO runs this notebook trained or used, e.g. ``"trained grpo-tiny-<time>"``."""
     max_allocated_gib: float | None = None
-    """torch's peak allocated in the notebook's kernel (asked after its last cell, or the one that failed); None on
-    the CPU or where the kernel never used the device."""
+    """torch's peak allocated in the kernel; None where it never used the device."""
     device_used_gib: float | None = None
-    """The peak device memory of the kernel and the processes it started (vLLM engines, servers), the driver's count
-    sampled while the notebook ran (:class:`grpo_lab.memory.DeviceMemorySampler`); None off CUDA."""
+    """The driver's peak for the kernel and the processes it started (:class:`~grpo_lab.memory.DeviceMemorySampler`)."""
 
 
 KERNEL_PEAK_EXPRESSION = (
@@ -164,8 +154,7 @@ KERNEL_PEAK_EXPRESSION = (
 
 
 class MeasuredClient(NotebookClient):
-    """nbclient's client that also measures the kernel: the device memory of its process tree, sampled while it runs,
-    and torch's peak allocated, asked before the kernel shuts down (after the last cell, or the failed one)."""
+    """nbclient's client that also samples the device memory of the kernel's process tree and asks torch's peak."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -201,8 +190,7 @@ def course_notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
 
 
 def cell_error(exc: CellExecutionError) -> str:
-    """The failed cell's exception as one line: its name and the first line of its message (which names the cause;
-    the last line of a traceback is often a library's generic wrapper)."""
+    """The failed cell's exception as one line: its name and the first line of its message."""
     message = (exc.evalue or "").strip().splitlines()
     if exc.ename:
         return f"{exc.ename}: {message[0]}" if message else exc.ename
@@ -211,13 +199,11 @@ def cell_error(exc: CellExecutionError) -> str:
 
 
 CELL_TIMEOUT_S = 1800
-"""The longest one cell may run (nbclient's ``timeout``): a cell past it fails the notebook, and it bounds any wait
-for a kernel message (pyzmq's asyncio poll can miss a message's wake-up and find it only when the wait ends)."""
+"""The longest one cell may run (nbclient's ``timeout``); it also bounds any wait for a kernel message."""
 
 
 def run_notebook(path: Path, out_dir: Path, timeout_s: int = CELL_TIMEOUT_S) -> NotebookResult:
-    """Execute one notebook with its own folder as working directory (``timeout_s``: per cell); save the executed
-    copy."""
+    """Execute one notebook in its own folder (``timeout_s``: per cell); save the executed copy."""
     nb = nbformat.read(path, as_version=4)
     client = MeasuredClient(nb, timeout=timeout_s, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
@@ -241,8 +227,7 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = CELL_TIMEOUT_S) -> 
 
 def run_course(out_dir: Path, notebooks: list[Path] | None = None, keep_going: bool = False,
                cell_timeout_s: int = CELL_TIMEOUT_S) -> list[NotebookResult]:
-    """Run the notebooks in order, stopping after the first failure (unless ``keep_going``); write ``summary.json``
-    (with the earlier rows of notebooks not run this time). Returns this run's results."""
+    """Run the notebooks in order, stopping after a failure unless ``keep_going``; write ``summary.json``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     os.environ[runs.RUN_DIR_ENV] = str(out_dir.resolve())
     results: list[NotebookResult] = []

@@ -1,16 +1,8 @@
 """LoRA GRPO: PEFT's ``LoraConfig`` from the experiment's fields, the adapter merged into plain weights, and the check
-that training changed the adapter and nothing else.
-
-With ``TrainConfig(use_peft=True)`` TRL's ``GRPOTrainer`` wraps the model with PEFT: the base is frozen and only the
-low-rank adapters train. A run keeps ``adapter/`` (PEFT's folder) and ``final/``, the adapter merged into the base's
-weights: a plain model that evaluation, export and serving read like any other.
-
-QLoRA (``use_peft=True, load_in_4bit=True``, CUDA): TRL loads the base by name in 4-bit NF4 through bitsandbytes
-(:func:`quantization_config`, :func:`model_init_kwargs`) and starts its colocated vLLM engine with
-``quantization="bitsandbytes"``. Through TRL's merge the engine barely follows the adapter
-(:data:`QLORA_ENGINE_CAVEAT`), so by default the engine is handed the adapter itself (``vllm_lora_sync="adapter"``);
-``final/`` is the adapter too, loaded and served on the 4-bit base it trained on (a merge into the full-precision base
-would differ by the base's quantization error).
+that training changed the adapter and nothing else. A LoRA run keeps ``adapter/`` and ``final/`` (the adapter merged:
+a plain model). QLoRA (``load_in_4bit``, CUDA): TRL loads the base in 4-bit NF4 (:func:`quantization_config`), the
+engine is handed the adapter itself by default (:data:`QLORA_ENGINE_CAVEAT` says why), and ``final/`` is the adapter,
+served on the 4-bit base it trained on.
 
 >>> from grpo_lab import lora
 >>> lora.peft_name_to_base("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight")
@@ -48,17 +40,13 @@ QLORA_ENGINE_CAVEAT = (
     "TrainConfig(vllm_lora_sync='adapter') hands the engine the adapter itself instead (vLLM's LoRA support), or train "
     "LoRA on a 16-bit base where it fits."
 )
-"""Why a QLoRA run's vLLM engine does not follow its adapter (reported upstream:
-https://github.com/huggingface/trl/issues/3466)."""
-
-
+"""Why a QLoRA run's vLLM engine does not follow its adapter (https://github.com/huggingface/trl/issues/3466)."""
 ADAPTER_MARK = "lora_"
 """PEFT's adapter tensors carry this in their names (``lora_A``, ``lora_B``)."""
 
 
 def lora_kwargs(config: Any) -> dict[str, Any] | None:
-    """PEFT's ``LoraConfig`` fields for a ``TrainConfig`` with ``use_peft`` (None without LoRA), as TRL's
-    ``get_peft_config`` sets them for a causal LM."""
+    """PEFT's ``LoraConfig`` fields for a ``TrainConfig`` with ``use_peft`` (as TRL's ``get_peft_config``), or None."""
     if not config.use_peft:
         return None
     return {"task_type": "CAUSAL_LM", "r": config.lora_r, "lora_alpha": config.lora_alpha,
@@ -79,8 +67,7 @@ def lora_config(config: Any) -> Any | None:
 
 
 def rollout_caveats(config: Any) -> list[str]:
-    """What a resolved ``TrainConfig`` should be told before it trains: :data:`QLORA_ENGINE_CAVEAT` for QLoRA with
-    vLLM rollouts through TRL's merge (none otherwise)."""
+    """:data:`QLORA_ENGINE_CAVEAT` for QLoRA with vLLM rollouts through TRL's merge (none otherwise)."""
     merged = config.vllm_lora_sync == "merge"
     return [QLORA_ENGINE_CAVEAT] if config.load_in_4bit and config.use_peft and config.use_vllm and merged else []
 
@@ -91,9 +78,7 @@ def compute_dtype(config: Any) -> str:
 
 
 def quantization_kwargs(config: Any) -> dict[str, Any] | None:
-    """transformers' ``BitsAndBytesConfig`` fields for a ``TrainConfig`` with ``load_in_4bit`` (None otherwise), as
-    TRL's ``get_quantization_config`` sets them from its ``ModelConfig``: NF4, no nested quantization, computing in
-    :func:`compute_dtype`."""
+    """``BitsAndBytesConfig`` fields for ``load_in_4bit`` (as TRL's ``get_quantization_config``), or None."""
     if not config.load_in_4bit:
         return None
     from trl import ModelConfig
@@ -106,8 +91,7 @@ def quantization_kwargs(config: Any) -> dict[str, Any] | None:
 
 
 def quantization_config(config: Any) -> Any | None:
-    """transformers' ``BitsAndBytesConfig`` of :func:`quantization_kwargs` (None without a 4-bit base):
-    ``GRPOTrainer(quantization_config=...)`` then loads the base in 4 bits."""
+    """transformers' ``BitsAndBytesConfig`` of :func:`quantization_kwargs` (None without a 4-bit base)."""
     kwargs = quantization_kwargs(config)
     if kwargs is None:
         return None
@@ -117,16 +101,13 @@ def quantization_config(config: Any) -> Any | None:
 
 
 def model_init_kwargs(config: Any) -> dict[str, str] | None:
-    """TRL's ``GRPOConfig.model_init_kwargs`` for a 4-bit base (TRL loads it by name): its compute dtype for the
-    weights bitsandbytes leaves unquantized (embedding, norms, LM head); None where grpo_lab loads the model."""
+    """TRL's ``model_init_kwargs`` for a 4-bit base (which TRL loads by name): its compute dtype; else None."""
     return {"dtype": compute_dtype(config)} if config.load_in_4bit else None
 
 
 def policy(config: Any) -> tuple[Any, Any, Any]:
-    """``(model, tokenizer, model config)`` for the trainer of a resolved ``TrainConfig``: the model loaded in fp32 on
-    the CPU (``bf16`` autocast trains it: lr-sized updates vanish in bf16 weights), or, with ``load_in_4bit``, its
-    resolved name for TRL to load in 4 bits on the device (:func:`quantization_config`); the folder is checked as
-    :func:`grpo_lab.models.load_model_and_tokenizer` checks it."""
+    """``(model, tokenizer, model config)`` for the trainer: the model in fp32 on the CPU (lr-sized updates vanish in
+    bf16 weights), or with ``load_in_4bit`` its checked name, for TRL to load in 4 bits."""
     if not config.load_in_4bit:
         model, tokenizer = load_model_and_tokenizer(config.model, device="cpu", dtype="float32")
         return model, tokenizer, model.config
@@ -147,10 +128,8 @@ def peft_name_to_base(name: str) -> str:
 
 
 def merge_into(base_model: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> Path:
-    """Load the base model (fp32, CPU), apply the adapter, merge it into the weights and save the plain model's
-    weights and config to ``out_dir``. This loads a second copy of the model: merging inside the trainer would
-    round its frozen base weights (``W + BA − BA`` is not ``W`` in floating point). A QLoRA adapter is merged into
-    the full-precision base the same way."""
+    """Merge the adapter into a fresh fp32 copy of the base and save the plain model to ``out_dir`` (merging inside the
+    trainer would round its frozen weights: ``W + BA − BA`` is not ``W`` in floating point)."""
     from peft import PeftModel
 
     base, _ = load_model_and_tokenizer(str(base_model), device="cpu", dtype="float32")
@@ -177,7 +156,6 @@ def compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> WeightChange
 
     if set(before) != set(after):
         raise ConfigError(f"the snapshots hold different tensors: {sorted(set(before) ^ set(after))[:5]} ...")
-    # bit for bit, wherever each snapshot lives (a model trained on a GPU against a folder read on the CPU)
     changed = tuple(name for name in before if not torch.equal(before[name].cpu(), after[name].cpu()))
     return WeightChange(changed=changed, unchanged=tuple(name for name in before if name not in changed))
 
@@ -201,18 +179,15 @@ def folder_tensors(folder: str | Path) -> dict[str, Any]:
 
 
 class StartSnapshot(TrainerCallback):
-    """Pass to ``train(callbacks=[...])``: keeps a copy of the model's tensors as training starts (after PEFT wrapped
-    it), to :func:`compare` with the trained model."""
+    """Pass to ``train(callbacks=[...])``: a host copy of the model's tensors at the start, for :func:`compare`."""
 
     tensors: dict[str, Any]
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        # in host memory: a copy on the accelerator would hold a second model there for the whole run
         self.tensors = {name: tensor.to("cpu", copy=True) for name, tensor in tensors(model).items()}
 
 
 def base_of(model: Any, names: Any = None) -> dict[str, Any]:
-    """The frozen base tensors of a PEFT model under the base model's names (adapters left out); only ``names``
-    when given (a checkpoint's: a tied ``lm_head.weight`` is the embedding and is not saved twice)."""
+    """The frozen base tensors of a PEFT model under the base's names; only ``names`` when given (a tied head)."""
     base = {peft_name_to_base(name): tensor for name, tensor in tensors(model).items() if ADAPTER_MARK not in name}
     return base if names is None else {name: base[name] for name in names}

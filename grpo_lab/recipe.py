@@ -1,18 +1,8 @@
-"""The run as plain TRL: one standalone Python script that reproduces a grpo_lab run with stock ``GRPOTrainer``.
-
-:func:`export_recipe` (``grpo-lab export-recipe RUN_DIR``) writes a script that imports only the packages its header
-lists (``datasets``, ``transformers``, ``trl``, ``torch``, and ``peft`` for LoRA) and the standard library. It holds
-
-* the data loading and the filters the run applied (types, languages, size), as grpo_lab reads the rows;
-* the reward functions and tools, written into it: their source and that of every module-level name they use,
-  carried out of their module (:func:`grpo_lab.carry.carry`), never an import of grpo_lab;
-* ``GRPOConfig`` with every field the run's plan set (:meth:`grpo_lab.experiment.Plan.trl_kwargs`), vLLM's share as a
-  share of the card the run was planned for; PEFT's ``LoraConfig`` and QLoRA's ``BitsAndBytesConfig`` likewise;
-* its paths resolved against its own folder, and a free port for TRL's colocated engine unless ``MASTER_PORT`` is set.
-
-On a machine without an accelerator the script samples with HF ``generate`` even where the run used vLLM: stock TRL's
-colocated weight sync fails on vLLM-CPU hosts that repack their weights (:mod:`grpo_lab.upstream.vllm`), and the script
-says so where it switches.
+"""The run as plain TRL: :func:`export_recipe` (``grpo-lab export-recipe RUN_DIR``) writes one standalone script that
+reproduces a run with stock ``GRPOTrainer``, importing only the packages its header lists and the standard library:
+the rows and their filters, the reward functions and tools carried out of their modules (:func:`grpo_lab.carry.carry`),
+``GRPOConfig`` from the run's plan (:meth:`grpo_lab.experiment.Plan.trl_kwargs`), LoRA and 4-bit settings. Without an
+accelerator it samples with HF ``generate`` (stock TRL's colocated sync fails on vLLM-CPU).
 
 >>> from grpo_lab import recipe
 >>> recipe.export_recipe("runs/grpo-tiny-20261203-101500", "recipe.py")      # doctest: +SKIP
@@ -46,13 +36,11 @@ from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.train import choose_backend
 
 BASE_PACKAGES = ("datasets", "transformers", "trl", "torch")
-"""What every script imports besides the standard library."""
+"""What every script imports besides the standard library (and peft for a LoRA run)."""
 SCRIPT_PACKAGES = (*BASE_PACKAGES, "peft")
-"""What a script may import: the base packages, and peft for a LoRA run."""
 RECIPE_FILE = "trl_recipe.py"
-"""The script's name in a run folder (``grpo-lab export-recipe RUN_DIR`` writes it there by default)."""
 TRAINER_COLUMNS = ("prompt", "answer", "unit", "type", "lang")
-"""The row columns grpo_lab hands TRL's trainer (:func:`grpo_lab.train.build_trainer`), where a row has them."""
+"""The row columns grpo_lab hands TRL's trainer, where a row has them."""
 TRACKER_PACKAGES = {"trackio": "trackio", "tensorboard": "tensorboard"}
 
 
@@ -60,12 +48,8 @@ class RecipeError(CarryError):
     """A run that cannot be written as a standalone script as it is; the message says what to change."""
 
 
-# --------------------------------------------------------------------------------------------------
-# The reward functions, carried into the script
-# --------------------------------------------------------------------------------------------------
 def _constructor(reward: Any) -> tuple[str, str, types.ModuleType]:
-    """``(name to carry, expression that makes the reward, its module)`` for a reward function or a dataclass
-    instance (the course's rewards: ``CorrectnessReward()`` with the fields that differ from their defaults)."""
+    """``(name to carry, expression that makes the reward, its module)`` for a function or a dataclass instance."""
     if inspect.isfunction(reward):
         if reward.__name__ == "<lambda>" or reward.__qualname__ != reward.__name__:
             raise RecipeError(f"reward {reward!r} is a lambda or a nested function: define it at the top of a "
@@ -82,14 +66,12 @@ def _constructor(reward: Any) -> tuple[str, str, types.ModuleType]:
 
 @dataclass(frozen=True)
 class CarriedRewards:
-    """The reward functions as script source: their imports, the definitions (:attr:`source`) and one expression per
-    reward."""
+    """The reward functions as script source: imports, definitions, one expression per reward, their modules."""
 
     imports: tuple[str, ...]
     source: str
     expressions: tuple[str, ...]
     modules: tuple[str, ...]
-    """The modules the definitions were carried from."""
 
 
 def _carried(by_module: dict[types.ModuleType, list[str]]) -> tuple[tuple[str, ...], str]:
@@ -99,8 +81,7 @@ def _carried(by_module: dict[types.ModuleType, list[str]]) -> tuple[tuple[str, .
 
 
 def carry_rewards(rewards: Sequence[Any]) -> CarriedRewards:
-    """Each reward's definitions, carried out of its module (:func:`carry`), and the expression that makes it; checked
-    by running the carried source on its own, without grpo_lab, and rebuilding every reward from it."""
+    """Each reward's definitions carried out of its module, checked by rebuilding every reward without grpo_lab."""
     by_module: dict[types.ModuleType, list[str]] = {}
     expressions = []
     for reward in rewards:
@@ -120,8 +101,7 @@ def carry_rewards(rewards: Sequence[Any]) -> CarriedRewards:
 
 @dataclass(frozen=True)
 class CarriedTools:
-    """A run's tools as script source: their imports, the definitions with the tool chat template and
-    ``use_tool_template``, and the functions' names; empty for a run without tools."""
+    """A run's tools as script source, with ``use_tool_template`` (empty for a run without tools)."""
 
     imports: tuple[str, ...] = ()
     source: str = ""
@@ -130,9 +110,7 @@ class CarriedTools:
 
 
 def carry_tools(names: Sequence[str]) -> CarriedTools:
-    """The registered tools ``names`` (``TrainConfig.tools``) carried out of their modules, with
-    :func:`grpo_lab.tools.use_tool_template` and the template it sets; checked by running the carried source alone
-    (each function looked up, none called)."""
+    """The registered tools ``names`` and ``use_tool_template`` carried out, checked by running the source alone."""
     if not names:
         return CarriedTools()
     by_module: dict[types.ModuleType, list[str]] = {tools: ["use_tool_template"]}
@@ -151,12 +129,8 @@ def carry_tools(names: Sequence[str]) -> CarriedTools:
     return CarriedTools(imports, source, tuple(functions), tuple(m.__name__ for m in by_module))
 
 
-# --------------------------------------------------------------------------------------------------
-# The script
-# --------------------------------------------------------------------------------------------------
 def packages(config: TrainConfig, use_vllm: bool) -> tuple[str, ...]:
-    """Every package the script imports or its settings enable: the base packages, then peft (LoRA), bitsandbytes
-    (a 4-bit base), liger-kernel (``use_liger_kernel``), the trackers of ``report_to`` and vLLM (its rollouts)."""
+    """Every package the script imports or its settings enable."""
     extra = [name for name, needed in (("peft", config.use_peft), ("bitsandbytes", config.load_in_4bit),
                                        ("liger-kernel", bool(config.use_liger_kernel)), ("vllm", use_vllm)) if needed]
     return (*BASE_PACKAGES, *extra, *(TRACKER_PACKAGES[name] for name in config.report_to))
@@ -175,8 +149,7 @@ def _mapping(name: str, values: dict[str, Any] | None) -> str:
 
 
 def _script_path(path: str, script_dir: Path) -> str:
-    """A local file or folder as a path relative to the script's folder (the script resolves it against its own
-    folder, so it runs from anywhere and moves with the repository); anything else (a hub id) as given."""
+    """A local path relative to the script's folder (which the script resolves it against); a hub id as given."""
     local = Path(path).expanduser()
     if not local.exists():
         return path
@@ -190,9 +163,9 @@ class Recipe:
     plan: Plan
     run_name: str
     backend: str
-    """How the run sampled (grpo_lab.train.choose_backend's reason, or the run folder's record)."""
+    """How the run sampled."""
     grpo_config: dict[str, Any]
-    """TRL's GRPOConfig fields, vLLM's share as a share of the planned card."""
+    """TRL's GRPOConfig fields, vLLM's share of the planned card."""
     lora_config: dict[str, Any] | None
     quantization: dict[str, Any] | None
     packages: tuple[str, ...]
@@ -314,20 +287,15 @@ def for_this_machine(settings: dict) -> dict:
             print("vLLM is not installed here: sampling with HF generate instead (install vLLM to use colocate)")
             settings.update(use_vllm=False, generation_kwargs=None)
         return settings
-    # No accelerator: train on the CPU in fp32, without the CUDA-only kernels and sleep mode.
     settings.update(use_cpu=True, bf16=False, use_liger_kernel=False, vllm_enable_sleep_mode=False)
-    if settings.get("use_vllm"):
-        # Stock TRL's colocated weight sync copies each parameter into vLLM with load_weights. vLLM-CPU repacks its
-        # Linear weights after loading on AVX-512/AMX hosts and keeps an empty Parameter without a weight_loader, so
-        # the first sync fails ('Parameter' object has no attribute 'weight_loader'); grpo_lab syncs through vLLM's
-        # reload_weights instead, which stock TRL does not. So on the CPU this script samples with HF generate.
+    if settings.get("use_vllm"):  # vLLM-CPU repacks its Linear weights, which stock TRL's load_weights sync cannot fill
         print("no accelerator: sampling with HF generate (stock TRL's vLLM weight sync fails on vLLM-CPU)")
         settings.update(use_vllm=False, generation_kwargs=None)
     return settings
 
 
 def free_port() -> str:
-    """A TCP port nobody listens on now (TRL's colocated engine otherwise takes 29500, which another trainer may hold)."""
+    """A free TCP port (TRL's colocated engine otherwise takes 29500, which another trainer may hold)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return str(probe.getsockname()[1])
@@ -376,8 +344,7 @@ def _tools_section(carried: CarriedTools) -> str:
 
 
 def render(recipe: Recipe, path: str | Path = RECIPE_FILE) -> str:
-    """The script's text for ``path`` (its paths are written relative to that file's folder), checked to compile and
-    to import nothing beyond :data:`SCRIPT_PACKAGES` and the standard library."""
+    """The script's text for ``path`` (paths relative to its folder), checked by :func:`check_script`."""
     config, script_dir = recipe.config, Path(path).parent
     settings = f'''
 
@@ -411,8 +378,7 @@ QUANTIZATION = {recipe.quantization!r}
 
 
 def check_script(script: str) -> None:
-    """Raise :class:`RecipeError` unless ``script`` compiles and imports only the standard library and
-    :data:`SCRIPT_PACKAGES`."""
+    """Raise unless ``script`` compiles and imports only the standard library and :data:`SCRIPT_PACKAGES`."""
     tree = ast.parse(script)
     compile(tree, RECIPE_FILE, "exec")
     allowed = set(sys.stdlib_module_names) | set(SCRIPT_PACKAGES) | {"__future__"}
@@ -425,9 +391,8 @@ def check_script(script: str) -> None:
 
 
 def recipe_for(source: TrainConfig | str | Path, reward_funcs: Sequence[Callable] | None = None) -> Recipe:
-    """The recipe of a run folder (or ``"latest"``, or a run's name under the runs root), planned for the machine the
-    run recorded, or of a :class:`TrainConfig` planned for this machine. A run trained with your own
-    ``reward_funcs`` needs them again here: its folder records only reward names."""
+    """The recipe of a run folder (or ``"latest"``, or a run's name), planned for the machine it recorded, or of a
+    :class:`TrainConfig` planned for this one; your own ``reward_funcs`` are needed again (the run records names)."""
     if isinstance(source, TrainConfig):
         return build_recipe(source, reward_funcs=reward_funcs)
     run = runs.find_run(source, finished=False)

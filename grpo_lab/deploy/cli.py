@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 
@@ -20,8 +21,6 @@ STOP_HELP = ("What stops the server: Ctrl-C (SIGINT) or SIGTERM to this command 
 
 def main(argv: list[str] | None = None) -> int:
     """`grpo-lab serve`: verify a folder, serve it until Ctrl-C (or answer one prompt with --ask)."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="grpo-lab serve", description="Serve a model folder with vLLM.",
                                      epilog=STOP_HELP)
     parser.add_argument("model", nargs="?", default=str(models.TINY_MODEL_DIR),

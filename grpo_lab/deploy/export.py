@@ -16,8 +16,8 @@ REQUIRED_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)
 
 
 def export_model(source, out_dir: str | Path, tokenizer=None, overwrite: bool = False) -> Path:
-    """Write a self-contained serving folder (safetensors, tokenizer with its chat template, generation config, a
-    manifest of sha256s) from a model folder or checkpoint, or an in-memory model (then pass its ``tokenizer``)."""
+    """Write a self-contained serving folder (safetensors, tokenizer with chat template, generation config, manifest)
+    from a model folder or an in-memory model (then pass its ``tokenizer``)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         if not overwrite:
@@ -28,7 +28,8 @@ def export_model(source, out_dir: str | Path, tokenizer=None, overwrite: bool = 
         model, tokenizer = models.load_model_and_tokenizer(source, verify=True)
     else:
         if tokenizer is None:
-            raise DeployError("export_model(model, ...) needs the tokenizer too: export_model(model, out, tokenizer=tok).")
+            raise DeployError("export_model(model, ...) needs the tokenizer too: "
+                              "export_model(model, out, tokenizer=tok).")
         model, source_name = source, type(source).__name__
     if not getattr(tokenizer, "chat_template", None):
         raise DeployError("the tokenizer has no chat template; chat requests to the server would fail. "
@@ -76,8 +77,8 @@ def verify_export(folder: str | Path, load_weights: bool = True) -> VerifyReport
         report.problems.append("folder does not exist")
         return report
     for name in REQUIRED_FILES:
-        (report.checked if (folder / name).is_file() else report.problems).append(
-            f"{name} present" if (folder / name).is_file() else f"missing {name}")
+        present = (folder / name).is_file()
+        (report.checked if present else report.problems).append(f"{name} present" if present else f"missing {name}")
     weights = sorted(folder.glob("*.safetensors"))
     if weights:
         report.checked.append(f"{len(weights)} safetensors file(s)")

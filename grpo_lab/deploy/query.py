@@ -7,6 +7,7 @@ import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from grpo_lab.deploy.server import VLLMServer
 from grpo_lab.errors import DeployError, ServerDied
@@ -23,32 +24,32 @@ class Reply:
     seconds: float
 
 
-def _request_error(exc: Exception, server: VLLMServer) -> DeployError:
-    from openai import APIConnectionError, AuthenticationError, BadRequestError
+def _request(server: VLLMServer, chat: bool, model: str | None, **kwargs: Any) -> Any:
+    """``/v1/chat/completions`` (``chat``) or ``/v1/completions``, its errors said for people."""
+    from openai import APIConnectionError, AuthenticationError, BadRequestError, OpenAIError
 
-    if isinstance(exc, APIConnectionError) and not server.alive():
-        return ServerDied(f"request failed ({type(exc).__name__}): {server.death_report()}")
-    too_long = any(word in str(exc).lower() for word in ("context length", "max_model_len", "maximum context"))
-    if isinstance(exc, BadRequestError) and too_long:
-        return DeployError(f"the request is longer than the server's max_model_len "
-                           f"({server.config.max_model_len}): shorten the prompt or max_tokens, or restart "
-                           f"the server with a larger max_model_len.\nServer said: {exc}")
-    if isinstance(exc, AuthenticationError):
-        return DeployError("the server rejected the API key; pass the same api_key to the server and client.")
-    return DeployError(f"request failed: {exc}")
+    endpoint = server.client().chat.completions if chat else server.client().completions
+    try:
+        return endpoint.create(model=model or server.config.served_model_name, **kwargs)
+    except OpenAIError as exc:
+        if isinstance(exc, APIConnectionError) and not server.alive():
+            raise ServerDied(f"request failed ({type(exc).__name__}): {server.death_report()}") from None
+        too_long = any(word in str(exc).lower() for word in ("context length", "max_model_len", "maximum context"))
+        if isinstance(exc, BadRequestError) and too_long:
+            raise DeployError(f"the request is longer than the server's max_model_len "
+                              f"({server.config.max_model_len}): shorten the prompt or max_tokens, or restart "
+                              f"the server with a larger max_model_len.\nServer said: {exc}") from None
+        if isinstance(exc, AuthenticationError):
+            raise DeployError("the server rejected the API key; pass the same api_key to the server and "
+                              "client.") from None
+        raise DeployError(f"request failed: {exc}") from None
 
 
 def complete(server: VLLMServer, prompt: str, max_tokens: int = 32, temperature: float = 0.0,
              model: str | None = None) -> Reply:
     """``/v1/completions`` on a raw prompt (``model``: the served name, or ``server.config.adapter_name``)."""
-    from openai import OpenAIError
-
     start = time.perf_counter()
-    try:
-        out = server.client().completions.create(model=model or server.config.served_model_name, prompt=prompt,
-                                                 max_tokens=max_tokens, temperature=temperature)
-    except OpenAIError as exc:
-        raise _request_error(exc, server) from None
+    out = _request(server, False, model, prompt=prompt, max_tokens=max_tokens, temperature=temperature)
     choice = out.choices[0]
     return Reply(choice.text, choice.finish_reason, out.usage.prompt_tokens, out.usage.completion_tokens,
                  time.perf_counter() - start)
@@ -56,34 +57,23 @@ def complete(server: VLLMServer, prompt: str, max_tokens: int = 32, temperature:
 
 def chat(server: VLLMServer, messages: list[dict[str, str]], max_tokens: int = 32,
          temperature: float = 0.0, model: str | None = None) -> Reply:
-    """``/v1/chat/completions``: the server applies the exported chat template (``model``: the served name, or
-    ``server.config.adapter_name`` for the LoRA adapter)."""
-    from openai import OpenAIError
-
+    """``/v1/chat/completions`` with the exported chat template (``model``: as for :func:`complete`)."""
     start = time.perf_counter()
-    try:
-        out = server.client().chat.completions.create(model=model or server.config.served_model_name,
-                                                      messages=messages, max_tokens=max_tokens,
-                                                      temperature=temperature)
-    except OpenAIError as exc:
-        raise _request_error(exc, server) from None
+    out = _request(server, True, model, messages=messages, max_tokens=max_tokens, temperature=temperature)
     choice = out.choices[0]
     return Reply(choice.message.content or "", choice.finish_reason, out.usage.prompt_tokens,
                  out.usage.completion_tokens, time.perf_counter() - start)
 
 
 TOKEN_AGREEMENT_FLOOR = 0.90
-"""The share of transformers' greedy tokens the server must also rank first, fed transformers' own text. In fp32 on
-both sides (the CPU) it is 1.0 and the texts are identical; a server computing in bf16 breaks near-ties differently,
-and one different token sends the rest of a greedy text elsewhere, but fed the same text it still ranks nearly every
-token first."""
+"""The share of transformers' greedy tokens the server must also rank first, fed transformers' own text (a server in
+bf16 breaks near-ties differently, so its greedy text may go elsewhere, but it still ranks nearly every token first)."""
 
 
 @dataclass
 class GreedyCheck:
-    """transformers greedy vs vLLM greedy on the same chat prompts: identical texts, and the share of transformers'
-    greedy tokens the server ranks first when fed transformers' text (teacher forcing), which rounding cannot
-    move much."""
+    """transformers vs vLLM greedy on the same chat prompts: identical texts, and the share of transformers' tokens the
+    server ranks first when fed transformers' text."""
 
     total: int
     matches: int
@@ -109,16 +99,10 @@ class GreedyCheck:
 
 def top_token_agreement(server: VLLMServer, prompt_ids: list[int], completion_ids: list[int],
                         model: str | None = None) -> int:
-    """How many of ``completion_ids`` the server ranks first at their position, given the prompt and the tokens
-    before them (vLLM's ``prompt_logprobs`` on ``/v1/completions``: one forward pass, nothing sampled)."""
-    from openai import OpenAIError
-
-    try:
-        out = server.client().completions.create(model=model or server.config.served_model_name,
-                                                 prompt=list(prompt_ids) + list(completion_ids), max_tokens=1,
-                                                 temperature=0.0, extra_body={"prompt_logprobs": 1})
-    except OpenAIError as exc:
-        raise _request_error(exc, server) from None
+    """How many of ``completion_ids`` the server ranks first at their position after the prompt and the tokens before
+    them (vLLM's ``prompt_logprobs``: one forward pass, nothing sampled)."""
+    out = _request(server, False, model, prompt=list(prompt_ids) + list(completion_ids), max_tokens=1,
+                   temperature=0.0, extra_body={"prompt_logprobs": 1})
     ranked = out.choices[0].model_dump().get("prompt_logprobs")
     if not ranked:
         raise DeployError("the server returned no prompt_logprobs: this vLLM does not support them on /v1/completions")
@@ -129,9 +113,8 @@ def top_token_agreement(server: VLLMServer, prompt_ids: list[int], completion_id
 
 def compare_greedy(folder: str | Path, server: VLLMServer, prompts: list[list[dict[str, str]]],
                    max_tokens: int = 32, model: str | None = None) -> GreedyCheck:
-    """Compare transformers' greedy output (the rollout engine's HF backend, fp32) with the server's: the texts, and
-    each of transformers' tokens against the server's first choice at its place. A mismatch on the first tokens means
-    the export or the serving config differs from what was trained."""
+    """Compare transformers' greedy output (HF backend, fp32) with the server's: the texts, and each of transformers'
+    tokens against the server's first choice there (a mismatch means the export or serving config differs)."""
     with open_engine(str(folder), backend="hf", dtype="float32", n=1, max_tokens=max_tokens, temperature=0.0,
                      prompts=prompts) as engine:
         rollouts = engine.generate(prompts, Sampling(n=1, max_tokens=max_tokens, temperature=0.0)).outputs

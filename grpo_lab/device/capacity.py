@@ -1,11 +1,8 @@
 """A smaller device: a :class:`MemoryCap` stands a card of ``memory_gib`` in for a real device of ``device_gib``.
 
-``GRPO_LAB_DEVICE_MEMORY_GIB=N`` (read once, by :meth:`grpo_lab.device.Machine.detect`) makes the package plan for an N
-GiB card: the planner, the profile's micro-batch, vLLM's ``"auto"`` share and the doctor size for N GiB. On CUDA the cap
-is also enforced: torch's per-process fraction in the trainer's process, and every vLLM share converted to one of the
-real device (:meth:`MemoryCap.device_share`). What a cap does not emulate: :data:`MEMORY_CAP_LIMITS`.
-
-Values only: nothing here reads the environment or the device.
+``GRPO_LAB_DEVICE_MEMORY_GIB=N`` (read by :meth:`grpo_lab.device.Machine.detect`) makes the package plan for an N GiB
+card; on CUDA the cap is also enforced (torch's per-process fraction, vLLM shares converted). What a cap does not
+emulate: :data:`MEMORY_CAP_LIMITS`. Values only: nothing here reads the environment or the device.
 """
 
 from __future__ import annotations
@@ -17,9 +14,7 @@ from grpo_lab.errors import DeviceError
 
 MEMORY_CAP_ENV = "GRPO_LAB_DEVICE_MEMORY_GIB"
 MEMORY_CAP_ENFORCED = {"cuda": True, "npu": False, "cpu": False}
-"""Where a cap is enforced: on CUDA torch's per-process fraction caps the trainer's process (its colocated vLLM
-included) and each vLLM share is converted; elsewhere the cap sizes the plan only (host memory has no allocator cap;
-torch_npu's has not run in this project)."""
+"""Where a cap is enforced; elsewhere it sizes the plan only."""
 SLEEP_MODE_UNDER_CAP = (
     "vLLM's sleep mode: a sleeping colocated engine hands its memory back to the device, but torch's per-process "
     "fraction still counts its memory pool against the cap, so under a cap sleep mode frees nothing for the update; "
@@ -59,8 +54,8 @@ class MemoryCap:
         return MEMORY_CAP_ENFORCED[self.kind]
 
     def device_share(self, share: float) -> float:
-        """A vLLM share of the capped card as one of the real device, which vLLM divides (rounded down to 1e-4, so
-        never more than the card's); unchanged where the cap is not enforced.
+        """A vLLM share of the capped card as one of the real device (rounded down to 1e-4); unchanged where the cap is
+        not enforced.
 
         >>> MemoryCap(24, 120, "cuda").device_share(0.5)
         0.1
@@ -70,11 +65,7 @@ class MemoryCap:
         return math.floor(share * self.fraction * 10_000 + 1e-9) / 10_000
 
     def card_share(self, device_share: float) -> float:
-        """The inverse of :meth:`device_share`: a share of the real device as one of the capped card (rounded to 1e-4).
-
-        >>> MemoryCap(24, 120, "cuda").card_share(0.1)
-        0.5
-        """
+        """The inverse of :meth:`device_share` (rounded to 1e-4)."""
         if not self.enforced:
             return device_share
         return round(device_share / self.fraction, 4)
@@ -113,7 +104,7 @@ def check_memory_cap(memory_gib: float, device_gib: float | None, kind: str) -> 
 
 
 def cap_caveats(cap: MemoryCap | None, sleep_mode: bool) -> list[str]:
-    """What a run with ``sleep_mode`` under an enforced ``cap`` should be told before it starts (none otherwise)."""
+    """What a run with ``sleep_mode`` under an enforced ``cap`` should be told before it starts."""
     if cap is None or not cap.enforced or not sleep_mode:
         return []
     return [f"{MEMORY_CAP_ENV}={cap.memory_gib:g} with vllm_enable_sleep_mode=True: the plan counts on sleep mode, "

@@ -1,5 +1,4 @@
-""":class:`TrainConfig`: one GRPO experiment under TRL's names, checked where each field is defined, resolved for a
-machine, and the settings derived from it (the package docstring, :mod:`grpo_lab.experiment`, has the map)."""
+""":class:`TrainConfig`: one GRPO experiment under TRL's names, checked when made, resolved for a machine."""
 
 from __future__ import annotations
 
@@ -37,11 +36,8 @@ from grpo_lab.tools import get_tool
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """A GRPO experiment under TRL's ``GRPOConfig`` names. ``None`` means "the profile's value" (or, for the
-    machine-dependent fields, "chosen for the machine"); :meth:`resolve` fills every field in.
-
-    Each field is checked once, here, when the config is made: a bad value stops before anything runs.
-    """
+    """A GRPO experiment under TRL's ``GRPOConfig`` names, checked when made. ``None``: the profile's value, or chosen
+    for the machine; :meth:`resolve` fills every field in."""
 
     profile: str | None = None
     """``tiny`` / ``gpu`` / ``npu``; default ``GRPO_LAB_PROFILE`` or the machine's device's."""
@@ -52,75 +48,61 @@ class TrainConfig:
     dataset: str | None = None
     """A JSONL file in the shared row format; default the shipped ``data/train.jsonl``."""
     answer_column: str | None = None
-    """The ``dataset`` column that holds each problem's answer, read by the course's rewards as ``answer``; None:
-    ``answer`` where the rows have it (your own rewards may read any column, as TRL passes every column on)."""
+    """The ``dataset`` column the course's rewards read as ``answer`` (None: ``answer``)."""
     train_types: tuple[str, ...] | None = None
-    """Problem types to train on; default the types the model's manifest marks as having a deliberate slip
-    (where pass@k is far above greedy, so GRPO has something to sharpen), else every type."""
+    """Problem types to train on; default the model manifest's slip types (pass@k far above greedy), else all."""
     train_languages: tuple[str, ...] | None = None
-    """Languages (the rows' ``lang``) to train on; default the languages the model's manifest says it reads, else
-    every language."""
+    """Languages (the rows' ``lang``) to train on; default the model manifest's, else all."""
     train_size: int | None = None
-    """Use at most this many training rows (after the type filter)."""
+    """Use at most this many training rows (after the filters)."""
     rewards: tuple[str, ...] | None = None
-    """Names from ``grpo_lab.rewards`` (``list_rewards()``): the reward set the course trains with; default the
-    profile's (``tiny``: correctness; ``gpu``/``npu``: correctness and format)."""
+    """Names of registered rewards (``grpo_lab.rewards.list_rewards()``); default the profile's."""
     reward_weights: tuple[float, ...] | None = None
-    """One weight per reward (TRL's ``reward_weights``); default the profile's when ``rewards`` is too, else 1.0
-    each."""
+    """One weight per reward (TRL's); default the profile's when ``rewards`` is too, else 1.0 each."""
     reward_errors: str = "raise"
-    """A reward function that raises (or, for the named ``rewards``, returns NaN/inf or a non-number): ``"raise"``
-    stops the run before that step's update with a message naming the function, the sample and the fix (the
-    checkpoints stay intact: fix it, then resume); ``"skip"`` records None for the sample and goes on, counting
-    such samples in the metric ``rewards/<name>/skipped``."""
+    """A reward that raises or returns a non-finite value: ``"raise"`` stops before that step's update with a message;
+    ``"skip"`` records None and counts it in ``rewards/<name>/skipped``."""
     num_generations: int | None = None
     """Completions sampled per prompt: the group GRPO normalises in."""
     per_device_train_batch_size: int | None = None
     """Completions per device per forward/backward (TRL counts completions, not prompts)."""
     gradient_accumulation_steps: int = 1
-    """Micro-batches per optimizer step; TRL generates all of them at once (``steps_per_generation``)."""
+    """Micro-batches per optimizer step; TRL generates all of them at once."""
     max_prompt_length: int | None = None
     max_completion_length: int | None = None
     learning_rate: float | None = None
-    """Default: the profile's; a LoRA run's (``use_peft``) is :data:`LORA_LEARNING_RATE_SCALE` times it."""
+    """Default the profile's; with ``use_peft``, :data:`LORA_LEARNING_RATE_SCALE` times it."""
     vllm_gpu_memory_utilization: float | str = AUTO
-    """Share of the device's memory vLLM may take. ``"auto"``: the memory planner's choice for this step on this
-    machine (:func:`choose_vllm_memory`); a number wins, with a warning when the planner says it will not fit."""
+    """vLLM's share of the device; ``"auto"``: the memory planner's (:func:`choose_vllm_memory`)."""
     max_steps: int | None = None
     lr_scheduler_type: str | None = None
     warmup_steps: float | None = None
-    """Warmup as in transformers 5: a number of steps, or a fraction of max_steps when below 1."""
+    """Warmup steps, or a fraction of max_steps when below 1."""
     beta: float | None = None
-    """KL penalty to a frozen reference model (0: no reference model is loaded)."""
+    """KL penalty to a frozen reference model (0: none is loaded)."""
     loss_type: str = "dapo"
     scale_rewards: str = "group"
     temperature: float | None = None
-    """Sampling temperature of the rollouts; default the profile's (1.0 on the tiny model, 0.7 on a real one)."""
+    """Sampling temperature of the rollouts; default the profile's."""
     top_p: float = 1.0
     use_vllm: bool | None = None
     vllm_importance_sampling_correction: bool = True
-    """Weigh the loss by ``π_θ / π_vLLM`` (TRL's correction for the gap between vLLM's numerics and the trainer's;
-    by default per sequence, a sequence whose ratio exceeds 3 left out). Off: the loss HF generate's path computes,
-    and the colocated engine samples without log-probs (``grpo_lab.speedups.reads_sampling_logprobs``). The
-    synchronous trainer's; the asynchronous one has no correction."""
+    """TRL's ``π_θ / π_vLLM`` correction of the loss; off, the engine samples without log-probs (synchronous only)."""
     vllm_mode: str = "colocate"
-    """``"colocate"``: vLLM inside the trainer process; ``"server"``: a vLLM server on other devices
-    (``grpo_lab.scale`` starts it and fills the three fields below)."""
+    """``"colocate"``: vLLM in the trainer's process; ``"server"``: a vLLM server on other devices (grpo_lab.scale)."""
     vllm_server_base_url: str | None = None
     vllm_server_timeout: float = 240.0
-    """Seconds TRL waits for the server to answer before giving up."""
+    """Seconds TRL waits for the server to answer."""
     vllm_group_port: int = 51216
     """Port of TRL's NCCL weight-transfer group (server mode on CUDA)."""
     bf16: bool | None = None
     """bf16 autocast over fp32 weights; default where the machine supports it, except on the CPU."""
     gradient_checkpointing: bool | None = None
-    """Recompute activations in the backward: less memory, a third more compute. Default: only when the memory planner
-    says the step does not fit without it (TRL's own default is always on)."""
+    """Default: only where the memory planner says the step does not fit without it."""
     use_liger_kernel: bool | None = None
-    """Liger's fused RMSNorm, SwiGLU and RoPE kernels (TRL's field; needs Triton). Default: on CUDA where
-    ``liger_kernel`` is installed, except under a 4-bit base (``load_in_4bit``: the pair has not run here)."""
+    """Liger's fused kernels (needs Triton); default on CUDA where ``liger_kernel`` is installed, not with 4-bit."""
     device: str | None = None
-    """The device kind the run trains on; set by :meth:`resolve` from the machine."""
+    """The device kind the run trains on; set by :meth:`resolve`."""
     save_steps: int | None = None
     save_total_limit: int | None = 3
     logging_steps: int = 1
@@ -130,59 +112,36 @@ class TrainConfig:
     resume_from_checkpoint: str | bool | None = None
     """True: the latest checkpoint of ``output_dir``; a path: that checkpoint."""
     live_plot: bool = True
-    """Update a figure in place while training (in a notebook) and save it as ``curves.png``."""
+    """Update a figure while training (in a notebook) and save it as ``curves.png``."""
     plot_every: int = 10
     """Redraw the live plot every this many logged steps."""
     max_minutes: float | None = None
     """Stop after this much training time, saving a checkpoint; resume later to the same ``max_steps``."""
     use_peft: bool = False
-    """Train a LoRA adapter instead of every weight (TRL's ``ModelConfig`` names, PEFT's ``LoraConfig``): the base
-    weights stay frozen, with no gradients or AdamW states; with ``beta > 0`` the reference is the base model with
-    the adapter switched off, so no second copy is loaded. ``final/`` holds the adapter merged into plain weights."""
+    """Train a LoRA adapter on the frozen base (TRL's name); ``final/`` holds it merged into plain weights."""
     lora_r: int = 16
-    """The adapter's rank (TRL's default)."""
     lora_alpha: int = 32
-    """The adapter's scale is ``lora_alpha / lora_r`` (TRL's default)."""
     lora_dropout: float = 0.05
-    """Dropout on the adapter's input (TRL's default)."""
     lora_target_modules: tuple[str, ...] = LORA_TARGET_MODULES
     """Module names that get an adapter (default: every linear layer of each decoder layer)."""
     vllm_enable_sleep_mode: bool = False
-    """Release the colocated vLLM engine's weights and KV cache while the trainer updates (TRL's name), woken for
-    the next rollout: the update gets vLLM's share of the device, at the cost of re-allocating it every step.
-    CUDA only (``device.VLLM_SLEEP_MODE_MISSING`` says why not elsewhere)."""
+    """Release the colocated engine's weights and KV cache during the update (TRL's name; CUDA only)."""
     report_to: tuple[str, ...] = ()
-    """Experiment trackers TRL reports every logged step to (TRL's name; empty or ``"none"``: none, ``metrics.jsonl``
-    is written either way): ``"trackio"`` (a local SQLite store, project ``grpo-lab``, one run per run folder) and
-    ``"tensorboard"`` (event files under the run's ``checkpoints/runs/``). Both work offline, with no account;
-    :data:`grpo_lab.tracking.TRACKERS` says how to look at each."""
+    """Trackers TRL reports to (:data:`grpo_lab.tracking.TRACKERS`; empty: none, ``metrics.jsonl`` either way)."""
     load_in_4bit: bool = False
-    """QLoRA (TRL's ``ModelConfig`` name): the frozen base loaded in 4-bit NF4 by bitsandbytes, through TRL's own path
-    (``GRPOTrainer(quantization_config=...)``, the model given by name), computing in bf16 (fp16 where the machine
-    has no bf16); TRL then starts the colocated vLLM with ``quantization="bitsandbytes"``. Needs ``use_peft``; CUDA
-    only (``device.FOUR_BIT_MISSING`` says why not elsewhere). ``final/`` is the adapter merged into the base's
-    full-precision weights; ``adapter/`` is served on the 4-bit base it trained on."""
+    """QLoRA (TRL's name): the frozen base in 4-bit NF4 (bitsandbytes); needs ``use_peft``; CUDA only."""
     vllm_lora_sync: str | None = None
-    """How a LoRA policy (``use_peft``) reaches the colocated vLLM engine before each rollout
-    (:data:`LORA_SYNC_MODES`): ``"merge"``, TRL's (the adapter merged into the base and every weight sent), or
-    ``"adapter"``, the engine keeping the base and loading the adapter itself through vLLM's LoRA support (an
-    adapter folder a step, ``<run>/.engine-adapter``). Under a 4-bit base TRL's merge rounds the adapter away
-    (``grpo_lab.lora.QLORA_ENGINE_CAVEAT``); ``"adapter"`` keeps it. Not with sleep mode. Default: ``"adapter"``
-    where a 4-bit base is sampled by the colocated engine awake, so that the engine follows the policy; else
-    ``"merge"``."""
+    """How a LoRA policy reaches the colocated engine (:data:`LORA_SYNC_MODES`); default ``"adapter"`` for a 4-bit
+    base sampled by an awake colocated engine (a merge would round the adapter away), else ``"merge"``."""
     ignore_eos: bool = False
-    """Every completion runs to ``max_completion_length`` (vLLM's ``SamplingParams`` name; ``min_new_tokens`` with HF
-    generate): the memory planner's case, for measurement runs (a model stops much earlier on its own)."""
+    """Every completion runs to ``max_completion_length`` (the memory planner's case, for measurement runs)."""
     tools: tuple[str, ...] = ()
-    """Tools the model may call in its rollouts, by registered name (``grpo_lab.tools.list_tools()``; TRL's
-    ``GRPOTrainer(tools=...)``), each call behind grpo_lab.tools' guard. The model's chat template must render and
-    parse tool calls (``grpo_lab.tool_use.prime`` saves one with the model)."""
+    """Registered tools the model may call in its rollouts (``grpo_lab.tools.list_tools()``; TRL's ``tools``)."""
     max_tool_calling_iterations: int | None = None
-    """Rounds of tool calls in one completion (TRL's name; None: until the model stops calling). The tools' answers
-    count against ``max_completion_length``: TRL appends them inside the completion."""
+    """Rounds of tool calls in one completion (TRL's name; None: until the model stops calling)."""
 
     def __post_init__(self) -> None:
-        for name in ("train_types", "train_languages", "rewards", "reward_weights", "tools"):
+        for name in ("train_types", "train_languages", "rewards", "reward_weights", "tools", "lora_target_modules"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
@@ -194,29 +153,23 @@ class TrainConfig:
         if unknown_trackers:
             raise ConfigError(f"report_to={list(self.report_to)}: {unknown_trackers} not known here; use any of "
                               f"{', '.join(TRACKERS)} (both local and offline), or () for none.")
-        if not isinstance(self.lora_target_modules, tuple):
-            modules = self.lora_target_modules
-            object.__setattr__(self, "lora_target_modules", (modules,) if isinstance(modules, str) else tuple(modules))
         if self.profile is not None and str(self.profile).strip().lower() not in PROFILES:
             profile_name(self.profile)  # raises with the known names
         for name in ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                      "max_prompt_length", "max_completion_length", "max_steps", "save_steps", "logging_steps",
                      "plot_every", "train_size", "eval_size", "lora_r", "lora_alpha", "max_tool_calling_iterations"):
-            _check_positive_int(name, getattr(self, name))
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{name}={value!r} must be a positive integer.")
         if self.num_generations is not None:
             memory.check_group(self.num_generations, self.per_device_train_batch_size, self.gradient_accumulation_steps,
                                steps_name="gradient_accumulation_steps")
         if self.vllm_gpu_memory_utilization != AUTO:
             memory.check_vllm_memory_fraction(self.vllm_gpu_memory_utilization)
-        for name, low in (("learning_rate", 0.0), ("temperature", 0.0), ("max_minutes", 0.0),
-                          ("vllm_server_timeout", 0.0)):
-            value = getattr(self, name)
-            if value is not None and not value > low:
-                raise ConfigError(f"{name}={value!r} must be greater than {low:g}.")
-        for name in ("beta", "warmup_steps"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ConfigError(f"{name}={value!r} must be >= 0.")
+        for name in ("learning_rate", "temperature", "max_minutes", "vllm_server_timeout", "beta", "warmup_steps"):
+            value, zero_ok = getattr(self, name), name in ("beta", "warmup_steps")
+            if value is not None and not (value >= 0 if zero_ok else value > 0):
+                raise ConfigError(f"{name}={value!r} must be {'>= 0' if zero_ok else 'greater than 0'}.")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p={self.top_p}: must be in (0, 1] (1 keeps the whole distribution).")
         if (self.rewards is not None and self.reward_weights is not None
@@ -248,8 +201,7 @@ class TrainConfig:
         self.check_lora_sync()
 
     def check_lora_sync(self) -> None:
-        """``vllm_lora_sync``: one of :data:`LORA_SYNC_MODES`; ``"adapter"`` needs a LoRA policy and the colocated
-        engine, awake (sleep mode's level 2 drops the base weights the adapter rides on)."""
+        """``vllm_lora_sync="adapter"`` needs a LoRA policy and the colocated engine, awake."""
         if self.vllm_lora_sync is not None and self.vllm_lora_sync not in LORA_SYNC_MODES:
             raise ConfigError(f"vllm_lora_sync={self.vllm_lora_sync!r}: use one of "
                               + "; ".join(f"{name!r} ({what})" for name, what in LORA_SYNC_MODES.items()) + ".")
@@ -265,9 +217,7 @@ class TrainConfig:
                               "base weights, which the adapter needs; leave one of them off.")
 
     def check_four_bit(self, kind: str | None = None) -> None:
-        """``load_in_4bit`` needs a LoRA adapter (the 4-bit base stays frozen) and a device where the course runs
-        bitsandbytes' 4-bit kernels (``kind``, default ``device``); checked when made and in :meth:`resolve`, before
-        anything loads."""
+        """``load_in_4bit`` needs ``use_peft`` and a device (``kind``, default ``device``) with 4-bit kernels."""
         if not self.load_in_4bit:
             return
         if not self.use_peft:
@@ -280,8 +230,7 @@ class TrainConfig:
                               f"(use_peft=True, load_in_4bit=False) here.")
 
     def check_sleep_mode(self, kind: str | None = None) -> None:
-        """``vllm_enable_sleep_mode`` needs the colocated vLLM engine on a device (``kind``, default ``device``) whose
-        vLLM has sleep mode; checked when made (with ``device`` known) and in :meth:`resolve`, before anything loads."""
+        """``vllm_enable_sleep_mode`` needs the colocated engine on a device (``kind``, default ``device``) with it."""
         if not self.vllm_enable_sleep_mode:
             return
         if self.use_vllm is False or self.vllm_mode != "colocate":
@@ -291,21 +240,18 @@ class TrainConfig:
         kind = kind or self.device
         missing = VLLM_SLEEP_MODE_MISSING.get(kind) if kind else None
         if missing:
-            raise ConfigError(f"vllm_enable_sleep_mode=True on {kind}: {missing}. Leave it off and give the "
-                              f"update room another way: {'; or '.join(SMALLER_STEP_LEVERS)} (the memory planner sizes each).")
+            raise ConfigError(f"vllm_enable_sleep_mode=True on {kind}: {missing}. Leave it off and give the update "
+                              f"room another way: {'; or '.join(SMALLER_STEP_LEVERS)} (the memory planner sizes each).")
 
     # ---- filling in -------------------------------------------------------------------------------------
     def with_profile(self, machine: Machine | None = None) -> TrainConfig:
-        """A copy with the profile's values in every field left ``None`` (machine facts still open).
-
-        ``machine`` only picks the default profile when neither ``profile`` nor ``GRPO_LAB_PROFILE`` names one.
-        """
+        """A copy with the profile's values in every field left ``None`` (``machine`` picks the default profile)."""
         name = profile_name(self.profile, machine)
         values = {"profile": name}
         for key, value in PROFILES[name].items():
             if getattr(self, key) is None:
                 values[key] = value
-        if self.learning_rate is None and self.use_peft:  # an adapter learns at a larger rate than every weight
+        if self.learning_rate is None and self.use_peft:
             values["learning_rate"] = PROFILES[name]["learning_rate"] * LORA_LEARNING_RATE_SCALE
         if self.rewards is not None and self.reward_weights is None:  # the profile's weights are for its rewards
             values["reward_weights"] = (1.0,) * len(self.rewards)
@@ -314,9 +260,8 @@ class TrainConfig:
         return dataclasses.replace(self, **values)
 
     def with_rewards(self, reward_funcs: Sequence[Any] | None) -> TrainConfig:
-        """A copy that names the rewards a run trains with: ``reward_funcs`` (your functions in TRL's signature, or
-        names of registered rewards), each under its name, with the config's weights when it gives one per function,
-        else 1.0 each. None: the config as it is (its named rewards)."""
+        """A copy naming ``reward_funcs`` (functions or registered names) as its rewards, with the config's weights
+        where there is one per function, else 1.0 each; None: the config as it is."""
         if reward_funcs is None:
             return self
         names = tuple(f if isinstance(f, str) else getattr(f, "__name__", type(f).__name__) for f in reward_funcs)
@@ -329,17 +274,15 @@ class TrainConfig:
         return dataclasses.replace(self, rewards=names, reward_weights=weights or (1.0,) * len(names))
 
     def resolve(self, machine: Machine) -> TrainConfig:
-        """Every field filled in for ``machine``, in one straight line: the profile's values, the machine's facts
-        (device, bf16 where it trains in it, Liger where Triton runs), the model manifest's training rows, then what
-        the memory planner decides for the step (micro-batch, gradient checkpointing, vLLM's share for ``"auto"``).
-        ``output_dir`` stays as given (:mod:`grpo_lab.runs` names a new run folder)."""
+        """Every field but ``output_dir`` filled in for ``machine``: the profile's values, the machine's facts, the
+        model manifest's rows, then the memory planner's micro-batch, checkpointing and vLLM share."""
         config = self.resolve_step(machine)
         if config.vllm_gpu_memory_utilization == AUTO:
             config = dataclasses.replace(config, vllm_gpu_memory_utilization=choose_vllm_memory(config, machine)[0])
         return config
 
     def resolve_step(self, machine: Machine) -> TrainConfig:
-        """:meth:`resolve` but for vLLM's share, left as given (``"auto"`` stays): the step as the planner sees it."""
+        """:meth:`resolve` with vLLM's share left as given (``"auto"`` stays)."""
         config = self.with_profile(machine)
         if config.device not in (None, machine.kind):
             raise ConfigError(f"device={config.device!r}, but the machine given is a {machine.kind} machine: "
@@ -353,11 +296,11 @@ class TrainConfig:
             facts["train_types"] = default_train_types(config.model) or ()
         if config.train_languages is None:
             facts["train_languages"] = model_languages(config.model) or ()
-        if config.vllm_lora_sync is None:  # the engine follows a 4-bit base's adapter only when handed it
+        if config.vllm_lora_sync is None:
             follows = (config.use_peft and config.load_in_4bit and config.use_vllm is not False
                        and config.vllm_mode == "colocate" and not config.vllm_enable_sleep_mode)
             facts["vllm_lora_sync"] = "adapter" if follows else "merge"
-        if config.use_liger_kernel is None:  # not with a 4-bit base: that pair has not run in this project
+        if config.use_liger_kernel is None:
             facts["use_liger_kernel"] = (device.has_triton(machine.kind) and not config.load_in_4bit
                                          and importlib.util.find_spec("liger_kernel") is not None)
         config = dataclasses.replace(config, **facts)
@@ -390,9 +333,7 @@ class TrainConfig:
         return self.generation_batch_size // self.num_generations
 
     def trains_on(self, row: dict[str, Any]) -> bool:
-        """Whether the run's filters keep ``row`` (its ``type`` in ``train_types`` and its ``lang`` in
-        ``train_languages``; an empty filter keeps every row), e.g. to tell held-out problems of the kind it trained
-        on from the others."""
+        """Whether ``train_types`` and ``train_languages`` keep ``row`` (an empty filter keeps every row)."""
         return ((not self.train_types or row.get("type") in self.train_types)
                 and (not self.train_languages or row.get("lang") in self.train_languages))
 
@@ -409,16 +350,12 @@ class TrainConfig:
 
     @property
     def max_model_len(self) -> int:
-        """vLLM's context window for this experiment (TRL's ``vllm_max_model_length``): the longest prompt plus the
-        longest completion and 10 % spare (:func:`grpo_lab.memory.context_window` says why); serving the trained model
-        needs the same."""
+        """vLLM's context window (TRL's ``vllm_max_model_length``, :func:`grpo_lab.memory.context_window`)."""
         return memory.context_window(self.max_prompt_length, self.max_completion_length)
 
     @property
     def precision(self) -> str:
-        """How grpo_lab.train holds the model, in the memory planner's words: fp32 master weights, with bf16
-        autocast when ``bf16`` (``"mixed"``), else ``"fp32"``; a 4-bit base (``load_in_4bit``) computes in bf16 and
-        TRL keeps its adapters in bf16 (``"bf16"``)."""
+        """The planner's precision: ``"mixed"`` (fp32 weights, bf16 autocast), ``"fp32"``, or with 4-bit ``"bf16"``."""
         return "bf16" if self.load_in_4bit else "mixed" if self.bf16 else "fp32"
 
     def training_shape(self) -> memory.TrainingShape:
@@ -432,21 +369,15 @@ class TrainConfig:
             vllm_enable_sleep_mode=self.vllm_enable_sleep_mode, load_in_4bit=self.load_in_4bit and self.use_peft)
 
     def planner_recipe(self) -> dict[str, Any]:
-        """This step as the memory planner's keyword arguments, all but the micro-batch (precision, ``beta``, group
-        size, lengths, LoRA, sleep mode): what a table of plans for other micro-batches needs, so it plans what
-        training runs."""
+        """This step as the memory planner's keyword arguments, all but the micro-batch and checkpointing."""
         self._require_resolved("planner_recipe()")
-        shape = self.training_shape()
-        return {"precision": self.precision, "beta": shape.beta, "num_generations": shape.num_generations,
-                "max_prompt_length": shape.max_prompt_length, "max_completion_length": shape.max_completion_length,
-                "lora_r": shape.lora_r, "lora_target_modules": shape.lora_target_modules,
-                "lora_dropout": shape.lora_dropout, "vllm_enable_sleep_mode": shape.vllm_enable_sleep_mode,
-                "load_in_4bit": shape.load_in_4bit}
+        shape = asdict(self.training_shape())
+        for name in ("per_device_train_batch_size", "gradient_checkpointing", "steps_per_generation"):
+            del shape[name]
+        return {"precision": self.precision, **shape}
 
     def rollout_config(self, **overrides: Any) -> RolloutConfig:
-        """A rollout engine that samples as the trainer does (group size, lengths, temperature, seed); on an
-        accelerator it takes the experiment's ``vllm_gpu_memory_utilization``. ``overrides`` are RolloutConfig
-        fields (e.g. ``n=1, temperature=0`` for greedy)."""
+        """A :class:`RolloutConfig` that samples as the trainer does; ``overrides`` are its fields."""
         self._require_resolved("rollout_config()")
         values: dict[str, Any] = dict(n=self.num_generations, max_tokens=self.max_completion_length,
                                       temperature=self.temperature, top_p=self.top_p, seed=self.seed,
@@ -482,13 +413,12 @@ class TrainConfig:
         return cls.from_dict(values.get("config", values) if isinstance(values, dict) else values)
 
     def step_summary(self) -> str:
-        """One line: what a step of this resolved experiment is on its device (model, group, micro-batches,
-        checkpointing, vLLM's share, LoRA), e.g. for a machine described rather than detected."""
+        """One line: what a step of this resolved experiment is on its device."""
         self._require_resolved("step_summary()")
         micro = (f"one micro-batch of {self.per_device_train_batch_size}" if self.gradient_accumulation_steps == 1
                  else f"{self.gradient_accumulation_steps} micro-batches of {self.per_device_train_batch_size}")
-        return (f"{self.profile} profile on {self.device}: {Path(self.model).name}, {self.num_prompts_per_step} prompts x "
-                f"{self.num_generations} completions per step as {micro}, gradient checkpointing "
+        return (f"{self.profile} profile on {self.device}: {Path(self.model).name}, {self.num_prompts_per_step} "
+                f"prompts x {self.num_generations} completions per step as {micro}, gradient checkpointing "
                 f"{'on' if self.gradient_checkpointing else 'off'}, vllm_gpu_memory_utilization="
                 f"{self.vllm_gpu_memory_utilization}{', LoRA r=%d' % self.lora_r if self.use_peft else ''}"
                 f"{' on a 4-bit base (QLoRA)' if self.load_in_4bit else ''}")
@@ -525,28 +455,19 @@ class TrainConfig:
 
 
 def plans_for(profile: str, kind: str, memory_gibs: Sequence[float]) -> list[str]:
-    """One line per described machine (``kind``, each of ``memory_gibs``): the step ``profile`` resolves to there,
-    or why it does not fit. Planning for a machine you do not have, e.g. an Ascend NPU from a laptop."""
+    """One line per ``kind`` machine of each of ``memory_gibs``: the step ``profile`` resolves to, or why not."""
     lines = []
     for gib in memory_gibs:
         try:
-            lines.append(f"{gib:g} GiB: " + TrainConfig(profile=profile).resolve(Machine(kind, True, gib)).step_summary())
+            step = TrainConfig(profile=profile).resolve(Machine(kind, True, gib))
+            lines.append(f"{gib:g} GiB: {step.step_summary()}")
         except memory.DoesNotFitError as error:
             lines.append(f"{gib:g} GiB: does not fit ({str(error).splitlines()[0]})")
     return lines
 
 
-def _check_positive_int(name: str, value: Any) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ConfigError(f"{name}={value!r} must be a positive integer.")
-
-
 def get_profile(name: str | None = None, **overrides: Any) -> TrainConfig:
-    """The profile's experiment, with ``overrides`` (TrainConfig fields) applied; machine facts still open.
-
-    >>> get_profile("tiny").num_generations
-    8
-    """
+    """The profile's experiment, with ``overrides`` (TrainConfig fields) applied; machine facts still open."""
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:

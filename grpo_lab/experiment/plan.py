@@ -1,7 +1,5 @@
-"""An experiment planned for a machine, once: :func:`plan` returns a :class:`Plan`, a value that holds the resolved
-experiment, the memory planner's budget of its step, vLLM's share in the units of the device it runs on, the cap to
-enforce and what to tell the user before training; :meth:`Plan.trl_kwargs` is the one translation to TRL's
-``GRPOConfig``, used by training, asynchronous training, the exported recipe and the verl export.
+"""An experiment planned for a machine, once: :func:`plan` returns a :class:`Plan` (the resolved experiment, its
+step's budget, vLLM's share, the cap to enforce, caveats); :func:`trl_kwargs` is the one translation to TRL.
 
 >>> from grpo_lab.device import Machine
 >>> from grpo_lab.experiment import TrainConfig, plan
@@ -29,10 +27,9 @@ from grpo_lab.tracking import TRACKIO_PROJECT
 
 @dataclass(frozen=True)
 class Plan:
-    """A resolved experiment on one machine, and everything the run derives from it (see the module docstring)."""
+    """A resolved experiment on one machine, and everything the run derives from it."""
 
     config: TrainConfig
-    """Every field filled in for :attr:`machine`."""
     machine: Machine
     budget: memory.MemoryBudget | None
     """The planner's budget of one step at the config's vLLM share; None where the model's shape cannot be read."""
@@ -41,7 +38,7 @@ class Plan:
     verdict: str
     """The planner's one-line verdict on the step (or why it was not planned)."""
     caveats: tuple[str, ...] = ()
-    """What to tell the user before training (a given share that does not fit, a cap that sleep mode defeats, ...)."""
+    """What to tell the user before training."""
 
     @property
     def cap(self) -> MemoryCap | None:
@@ -59,9 +56,7 @@ class Plan:
         return self.machine.device_share(self.vllm_share)
 
     def trl_kwargs(self, use_vllm: bool, device_units: bool = True) -> dict[str, Any]:
-        """:func:`trl_kwargs` of the resolved experiment. ``device_units``: vLLM's share as the device it runs on
-        counts it (what this process passes to vLLM); False: as a share of the planned card, for a script that runs
-        on that card (the exported recipe)."""
+        """:func:`trl_kwargs`, vLLM's share in device units, or (False) of the planned card (the exported recipe)."""
         return trl_kwargs(self.config, use_vllm, self.vllm_device_share if device_units else self.vllm_share)
 
     def grpo_config(self, use_vllm: bool) -> Any:
@@ -84,10 +79,7 @@ class Plan:
 
 
 def trl_kwargs(config: TrainConfig, use_vllm: bool, vllm_share: float) -> dict[str, Any]:
-    """Every field of TRL's ``GRPOConfig`` a resolved experiment sets, vLLM's share as given: the one translation
-    from grpo_lab's experiment to TRL (training, asynchronous training, the recipe and the verl export read it).
-    Checkpoints go to ``<output_dir>/checkpoints``; with ``ignore_eos`` every completion runs to
-    ``max_completion_length`` (vLLM's ``ignore_eos``, HF generate's ``min_new_tokens``)."""
+    """Every field of TRL's ``GRPOConfig`` a resolved experiment sets, vLLM's share as given."""
     run_dir = Path(config.output_dir or ".")
     sampling = None
     if config.ignore_eos:
@@ -115,8 +107,7 @@ def trl_kwargs(config: TrainConfig, use_vllm: bool, vllm_share: float) -> dict[s
 
 
 def plan(config: TrainConfig, machine: Machine, reward_funcs: Sequence[Callable | str] | None = None) -> Plan:
-    """Plan ``config`` for ``machine`` once: the rewards named (``reward_funcs``, else the config's), every field
-    resolved (:meth:`TrainConfig.resolve`), the step's budget at vLLM's share, and the caveats to print."""
+    """Plan ``config`` for ``machine`` once: its rewards named, every field resolved, the step's budget, caveats."""
     asked = config.with_rewards(reward_funcs)
     resolved = asked.resolve(machine)
     chosen_by = "planner" if asked.vllm_gpu_memory_utilization == AUTO else "given"
@@ -136,8 +127,7 @@ def plan(config: TrainConfig, machine: Machine, reward_funcs: Sequence[Callable 
 
 
 def memory_budget(config: TrainConfig, machine: Machine) -> memory.MemoryBudget:
-    """The memory planner's budget of ``config``'s step on ``machine`` (colocated vLLM), its step resolved as a run
-    resolves it, at the config's vLLM share; for ``"auto"`` on an accelerator the planner's recommendation (its
-    largest fitting share), or, where nothing fits, the budget that says what would."""
+    """The planner's budget of ``config``'s step on ``machine`` as a run resolves it, at the config's vLLM share (for
+    ``"auto"`` the planner's recommendation, or where nothing fits the budget that says what would)."""
     step = config.resolve_step(machine)
     return step_budget(step, machine, planned_share(step, machine))

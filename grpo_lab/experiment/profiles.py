@@ -1,5 +1,4 @@
-"""The course's starting points: :data:`PROFILES`, tables of overrides for :class:`~grpo_lab.experiment.TrainConfig`'s
-fields, and how a profile is picked (``GRPO_LAB_PROFILE``, else the machine's device)."""
+"""The course's starting points (:data:`PROFILES`, overrides of ``TrainConfig`` fields) and how one is picked."""
 
 from __future__ import annotations
 
@@ -23,18 +22,13 @@ LORA_SYNC_MODES = {
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every linear layer of a Qwen2/Llama decoder layer (PEFT's ``"all-linear"`` there; the LM head stays frozen)."""
 LORA_LEARNING_RATE_SCALE = 10.0
-"""A LoRA run's default learning rate is the profile's times this (TRL's LoRA guidance: an adapter on every linear
-layer learns at about ten times the full fine-tune's rate)."""
+"""A LoRA run's default learning rate is the profile's times this (TRL's LoRA guidance)."""
 SMALLER_STEP_LEVERS = ("lower vllm_gpu_memory_utilization to the planner's share (vllm_gpu_memory_utilization='auto')",
                        "LoRA (use_peft=True)", "vLLM in server mode on other devices (grpo_lab.scale)")
 
-# The course's starting points, as overrides of TrainConfig's fields (only fields whose default is None).
-# `tiny` is tuned to learn fast on a CPU. `gpu`/`npu` are a recipe for a small real instruct model: 16 prompts x 8
-# completions per step, rollouts at T=0.7, lr 2e-5 after 10 warmup steps, correctness plus format at weight 0.2 (a small model
-# first has to learn the `#### N` line), an independent reference model (beta 0.04), vLLM colocate. A smaller step at
-# a lower learning rate rarely gives such a model a group with a signal (every completion scores the same). The
-# micro-batch is fitted to the device by the memory planner: one micro-batch where the step fits, several accumulated
-# ones on a smaller device.
+# `tiny` learns fast on a CPU. `gpu`/`npu`: a small real instruct model, 16 prompts x 8 completions per step, a format
+# reward (a small model first has to learn the `#### N` line) and a reference model; a smaller step rarely gives such
+# a model a group with a signal. The planner fits the micro-batch to the device.
 _ACCELERATOR_RECIPE: dict[str, Any] = dict(
     model=QWEN_SMALL, **STEP_DEFAULTS,
     per_device_train_batch_size=128, learning_rate=2e-5, max_steps=300, lr_scheduler_type="constant_with_warmup",
@@ -46,7 +40,6 @@ PROFILES: dict[str, dict[str, Any]] = {
                  warmup_steps=0.0, beta=0.0, use_vllm=False, save_steps=100, eval_size=200, temperature=1.0,
                  rewards=("correctness",), reward_weights=(1.0,)),
     "gpu": dict(_ACCELERATOR_RECIPE),
-    # Ascend: the same recipe; on a smaller NPU the planner splits the step into accumulated micro-batches.
     "npu": dict(_ACCELERATOR_RECIPE),
 }
 """The course's profiles by name: each a table of :class:`TrainConfig` overrides."""
@@ -56,7 +49,6 @@ DEFAULT_FOR_DEVICE = {kind: name for name, kind in PROFILE_DEVICE.items()}
 PROFILE_FIELDS = tuple(PROFILES["tiny"])
 """The fields every profile sets (their TrainConfig default is None)."""
 
-# Why the CPU profile rolls out with HF generate.
 CPU_BACKEND_REASON = ("HF generate: for a model of a few million parameters on a CPU, vLLM colocate is not faster per "
                       "step and its engine takes long to start; pass use_vllm=True to use it anyway (the CPU "
                       "weight-sync fix is applied automatically)")
@@ -68,9 +60,7 @@ class ProfileError(ConfigError):
 
 def profile_name(name: str | None = None, machine: Machine | None = None) -> str:
     """The profile to use: ``name``, else ``GRPO_LAB_PROFILE``, else the machine's device's (detected if not given)."""
-    chosen = name or os.environ.get(PROFILE_ENV)
-    if not chosen:
-        chosen = DEFAULT_FOR_DEVICE[(machine or Machine.detect()).kind]
+    chosen = name or os.environ.get(PROFILE_ENV) or DEFAULT_FOR_DEVICE[(machine or Machine.detect()).kind]
     key = str(chosen).strip().lower()
     if key not in PROFILES:
         raise ProfileError(f"Unknown profile {chosen!r}: use one of {', '.join(PROFILES)} "

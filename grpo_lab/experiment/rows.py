@@ -1,6 +1,4 @@
-"""An experiment's training rows and what the model folder says about them: the dataset filtered by type and language
-(:func:`load_train_rows`), the defaults a model's manifest gives (:func:`default_train_types`, :func:`model_languages`),
-length checks, and the rewards a run trains with (:func:`reward_spec`). Each takes a
+"""An experiment's training rows, the defaults a model's manifest gives, and length checks. Each takes a
 :class:`~grpo_lab.experiment.TrainConfig` (annotated by name: the config module imports this one)."""
 
 from __future__ import annotations
@@ -29,9 +27,7 @@ def default_train_types(model: str) -> tuple[str, ...] | None:
 
 
 def fine_tuned_on_training_rows(config: TrainConfig) -> bool:
-    """True when the model's manifest records supervised fine-tuning on this experiment's training file, byte for byte
-    (the shipped tiny model was fine-tuned on ``data/train.jsonl``). Its training reward then starts above its
-    held-out accuracy: it has seen these very problems with their answers."""
+    """Whether the model's manifest records fine-tuning on this very training file."""
     manifest = models.read_manifest(config.model or "")
     recorded = manifest.train_sha256 if manifest else None
     dataset = Path(config.dataset) if config.dataset else SplitConfig().path("train")
@@ -39,8 +35,7 @@ def fine_tuned_on_training_rows(config: TrainConfig) -> bool:
 
 
 def load_train_rows(config: TrainConfig) -> list[dict[str, Any]]:
-    """Training rows: the dataset file (or shipped train split), filtered to ``train_types`` and
-    ``train_languages``, capped at ``train_size``."""
+    """The dataset's rows (default the shipped split) in the run's languages and types, at most ``train_size``."""
     rows = load_jsonl(config.dataset, answer_column=config.answer_column) if config.dataset else load_split("train")
     if config.train_languages:
         known = {row.get("lang") for row in rows}
@@ -61,8 +56,7 @@ def load_train_rows(config: TrainConfig) -> list[dict[str, Any]]:
 
 
 def check_lengths(config: TrainConfig, max_model_len: int | None) -> None:
-    """The experiment's context window (:attr:`TrainConfig.max_model_len`) must fit in the model's context
-    (``max_position_embeddings``)."""
+    """Raise unless the experiment's context window fits in the model's (``max_position_embeddings``)."""
     if max_model_len is not None and config.max_model_len > max_model_len:
         longest = math.floor(round(max_model_len / memory.CONTEXT_MARGIN, 6)) - config.max_prompt_length
         raise ConfigError(
@@ -74,8 +68,8 @@ def check_lengths(config: TrainConfig, max_model_len: int | None) -> None:
 
 def check_prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_length: int,
                          tools: Sequence[Any] = ()) -> int:
-    """Return the longest tokenized prompt (chat template applied, as the trainer and the rollout engine see it; with
-    ``tools``, listed in it as TRL lists them); raise if it exceeds ``max_prompt_length`` (TRL would not truncate)."""
+    """The longest prompt in tokens, as the trainer sees it (``tools`` listed in it); raise above
+    ``max_prompt_length`` (TRL would not truncate)."""
     if tools:
         lengths = [len(tokenizer.apply_chat_template(row["prompt"], tools=list(tools), add_generation_prompt=True,
                                                      tokenize=True, return_dict=False)) for row in rows]
@@ -88,13 +82,3 @@ def check_prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, max_pro
                           f"{max_prompt_length}. Raise max_prompt_length (and keep it + max_completion_length within "
                           f"the model's max length) or drop the long rows.")
     return longest
-
-
-def reward_spec(config: TrainConfig, reward_funcs: Sequence[Any] | None = None) -> tuple[tuple[Any, ...], tuple[float, ...] | None]:
-    """``(rewards, weights)`` to train with: the config's named rewards and weights, or ``reward_funcs`` (your own
-    functions or names) with the config's weights when there is one per function, else equal weights (the config's
-    weights were for its own rewards)."""
-    if reward_funcs is None:
-        return tuple(config.rewards), config.reward_weights
-    weights = config.reward_weights
-    return tuple(reward_funcs), weights if weights is not None and len(weights) == len(reward_funcs) else None

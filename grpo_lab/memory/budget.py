@@ -37,18 +37,11 @@ class Recommendation:
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def grpo_config_kwargs(self) -> dict[str, Any]:
-        """The fields TRL's GRPOConfig takes (``max_num_seqs`` is derived by TRL from the micro-batch)."""
-        return {k: v for k, v in self.as_dict().items() if k != "max_num_seqs"}
-
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """Every component of one GRPO step on one device, whether it fits, and what to set.
-
-    ``rows`` are the parts present at the training peak (``peak_phase``) plus vLLM's share and the margin;
-    ``phases`` gives the training-side total of each phase of the step.
-    """
+    """Every component of one GRPO step on one device, whether it fits, and what to set: ``rows`` at the training
+    peak (``peak_phase``) plus vLLM's share and the margin; ``phases`` the training side's total of each phase."""
 
     model: ModelShape
     precision: Precision
@@ -67,8 +60,7 @@ class MemoryBudget:
     advice: str
     assumptions: list[str] = field(default_factory=list)
     rollout_bytes: int = 0
-    """With sleep mode: the device memory in use while vLLM is awake (waking, generating) — the trainer's weights
-    and optimizer states next to vLLM's whole share; ``rows`` then show the update, with vLLM asleep. 0 without."""
+    """With sleep mode: the memory in use while vLLM is awake (``rows`` then show the update); 0 without."""
 
     @property
     def training_peak_bytes(self) -> int:
@@ -110,12 +102,12 @@ class MemoryBudget:
         return self.training_peak_bytes + self.side_bytes("runtime") <= self.device_bytes
 
     def summary(self, rollouts: str = "vllm") -> str:
-        """The plan in a few lines. ``rollouts="hf"``: a run that samples with HF ``generate`` (``use_vllm=False``,
-        ``TrainConfig.rollout_backend``) has no vLLM engine, so only the trainer's side is described."""
+        """The plan in a few lines; ``rollouts="hf"``: no vLLM engine, only the trainer's side."""
         count = self.model.num_parameters
         size = f"{count / 1e9:.2f} B" if count >= 1e8 else f"{count / 1e6:.2f} M"
         lora = f", LoRA r={self.shape.lora_r}" if self.shape.lora else ""
-        head = f"{self.model.name} ({size} parameters, {self.precision.name}{lora}) on {self.device_bytes / GIB:.0f} GiB"
+        head = (f"{self.model.name} ({size} parameters, {self.precision.name}{lora}) on "
+                f"{self.device_bytes / GIB:.0f} GiB")
         peak = f"training peak {self.training_peak_bytes / GIB:.2f} GiB ({self.peak_phase})"
         if rollouts == "hf":
             return (f"{head}, no vLLM engine (HF generate samples in the trainer's process): "

@@ -11,21 +11,17 @@ from grpo_lab.memory.shapes import GIB, VLLM_RUNTIME_BYTES, MemoryPlanError, Mod
 # TRL's chunked LM head (trl/kernels/chunked_logprob.py): projection tiles of TOKEN_TILE × VOCAB_TILE.
 TOKEN_TILE = 4096
 VOCAB_TILE = 32768
-# Where Triton is missing (CPU, Ascend NPU) the tile is folded with torch ops that keep about this many
-# fp32 copies of the tile alive at once (measured on CPU with torch 2.13 / TRL 1.16).
+# Without Triton (CPU, Ascend) torch ops fold the tile, keeping about this many fp32 copies of it alive at once.
 TORCH_FOLD_FP32_TILES = 7.25
-# cuBLAS keeps one workspace per (thread's handle, stream) inside torch's caching allocator, so
-# max_memory_allocated counts it: 32 MiB on Hopper (torch's default CUBLAS_WORKSPACE_CONFIG) plus 1 MiB for
-# cuBLASLt. The forward runs on the Python thread and the backward on autograd's device thread: two of each.
+# cuBLAS keeps one workspace per thread's handle in torch's allocator (32 MiB on Hopper, torch's default, plus 1 MiB for
+# cuBLASLt): one for the forward's thread, one for autograd's.
 CUBLAS_WORKSPACE_BYTES = 33 * 2**20
 CUBLAS_WORKSPACE_THREADS = 2
-# CUDA's embedding backward sums the rows of each token id in partial segments of this many rows, in fp32
-# buffers sized for the worst case (aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu).
+# CUDA's embedding backward sums each token id's rows in segments of this many rows, in worst-case fp32 buffers.
 EMBEDDING_ROWS_PER_SEGMENT = 10
-# vLLM: TRL's colocated engine uses max_num_batched_tokens=4096; KV blocks hold 16 tokens.
 TRL_COLOCATE_MAX_NUM_BATCHED_TOKENS = 4096
 KV_BLOCK_TOKENS = 16
-# Runtime margin: device context + fragmentation + collective buffers; max(fixed, fraction of device).
+# Runtime margin (device context, fragmentation, collective buffers): max(fixed, fraction of the device).
 MARGIN_MIN_BYTES = GIB
 MARGIN_FRACTION = 0.05
 
@@ -52,41 +48,30 @@ NORM_FED_LINEARS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 
 
 def lora_activation_bytes_per_token_per_layer(model: ModelShape, precision: Precision, shape: TrainingShape) -> int:
-    """What LoRA adds per token in one decoder layer: lora_A's output (``r`` values) kept for lora_B's backward and,
-    with ``lora_dropout > 0``, each adapted linear's own dropped copy of its input and dropout's boolean mask. (The
-    frozen base linears keep nothing for their weights; their inputs are kept as in full fine-tuning, by lora_A.)
-    An estimate from the saved tensors, not yet checked against a measured step."""
+    """What LoRA adds per token in one decoder layer: lora_A's output and, with dropout, each adapted linear's dropped
+    copy of its input and its mask (an estimate from the saved tensors)."""
     if not shape.lora:
         return 0
     linears = model.linear_layers()
     extra = 0
     for name in shape.lora_target_modules:
-        in_features = linears[name][0]
         if shape.lora_dropout > 0:
             input_bytes = precision.residual_bytes if name in NORM_FED_LINEARS else precision.activation_bytes
-            extra += in_features * (input_bytes + 1)
+            extra += linears[name][0] * (input_bytes + 1)
         extra += shape.lora_r * precision.activation_bytes
     return extra
 
 
 def training_phases(model: ModelShape, precision: Precision, shape: TrainingShape, device_kind: str
                     ) -> dict[str, dict[str, int]]:
-    """Training-side components alive at the peak of each phase of one optimizer step.
+    """Training-side components alive at the peak of each phase of one optimizer step (the forward's extras are
+    smaller than the backward's; ``device_kind`` picks the kernels):
 
-    Phases (the backward runs from the loss to the embedding):
-
-    * ``LM-head backward``: every activation saved for backward, plus TRL's chunked-LM-head buffers (the
-      projection tile, fp32 gradient accumulators, their casts to the model dtype).
-    * ``layer backward``: the MLP backward of one layer — its saved (with checkpointing: recomputed)
-      activations, the gradients of gate, up and their product, the gradient flowing in — next to the
-      parameter gradients made so far; with checkpointing the larger of the first layer done (all layer inputs
-      still kept, few gradients) and the last (one input left, nearly all gradients).
-    * ``embedding backward``: all gradients, the gradient of the embedding output and the kernel's buffers.
+    * ``LM-head backward``: every saved activation plus TRL's chunked-LM-head buffers (tile, fp32 accumulators, casts);
+    * ``layer backward``: one layer's MLP backward next to the gradients made so far (with checkpointing the larger of
+      the first layer done, all inputs still kept, and the last, nearly all gradients made);
+    * ``embedding backward``: all gradients, the gradient of the embedding output and the kernel's buffers;
     * ``optimizer step``: weights, gradients and AdamW states (fused AdamW allocates nothing more).
-
-    The forward is not a phase of its own: its extras (the LM head's forward tile, with ``mixed`` autocast's bf16
-    weight copies) are smaller than the gradients and fp32 accumulators the backward adds. ``device_kind`` picks the
-    kernels: Triton's LM head, cuBLAS workspaces and CUDA's embedding backward on ``cuda``; torch's elsewhere.
     """
     if device_kind not in device.KINDS:
         raise MemoryPlanError(f"device_kind must be one of {', '.join(device.KINDS)}, got {device_kind!r}.")
@@ -98,8 +83,7 @@ def training_phases(model: ModelShape, precision: Precision, shape: TrainingShap
     cuda, triton = device.is_cuda(device_kind), device.has_triton(device_kind)  # cuBLAS/CUDA kernels, Triton's
     lm_tokens = b * c if triton else b * (t - 1)  # Triton scores the completion tokens only
 
-    # LoRA: the base is frozen (no gradients, no AdamW states) and, with beta > 0, TRL's reference is the base with the
-    # adapter switched off: no copy. Only the adapters train.
+    # LoRA: only the adapters train; TRL's reference is the base with the adapter off (no copy)
     lora_layer = model.lora_layer_parameters(shape.lora_r, shape.lora_target_modules) if shape.lora else 0
     trainable = layers * lora_layer if shape.lora else p
     static = {"policy weights": model.weight_bytes(precision.weight_bytes, shape.load_in_4bit),
@@ -114,12 +98,11 @@ def training_phases(model: ModelShape, precision: Precision, shape: TrainingShap
     # the LM head's gradient, made first (tied: waits for the embedding's to be added); none when it is frozen
     head_grad = 0 if shape.lora else v * h * g
 
-    per_layer = tokens * (activation_bytes_per_token_per_layer(model, precision)
-                          + lora_activation_bytes_per_token_per_layer(model, precision, shape)) + b * t * t * e  # + mask
+    per_layer = tokens * (activation_bytes_per_token_per_layer(model, precision)  # + the attention mask
+                          + lora_activation_bytes_per_token_per_layer(model, precision, shape)) + b * t * t * e
     layer_copies = model.layer_linear_parameters * precision.autocast_copy_bytes  # one layer's bf16 weights
     final_norm_and_head_input = tokens * (4 * h + r * h) + lm_tokens * r * h
-    # Checkpointing keeps each layer's input and the boolean padding mask (in the recompute closure);
-    # autocast's weight cache is emptied when the forward's autocast region ends.
+    # Checkpointing keeps each layer's input and the boolean padding mask; autocast's weight cache empties after forward
     padding_mask = b * t * t if shape.gradient_checkpointing else 0
     if shape.gradient_checkpointing:
         saved_layers, kept_copies = layers * tokens * r * h, 0
@@ -131,7 +114,6 @@ def training_phases(model: ModelShape, precision: Precision, shape: TrainingShap
     fp32_accumulators = head_weight_grad * 4 + lm_tokens * h * 4  # weight and input gradients, accumulated in fp32
     casts = head_weight_grad * _cast_bytes(g) + lm_tokens * h * _cast_bytes(r)  # to the model dtype, at the end
     fold = 0 if triton else int(TORCH_FOLD_FP32_TILES * tile_rows * min(v, VOCAB_TILE) * 4)
-    # Under autocast each vocabulary chunk of the weight and each token chunk of the input is cast to bf16
     autocast_chunks = (min(v, VOCAB_TILE) + tile_rows) * h * precision.autocast_copy_bytes
     lm_head = tile_rows * VOCAB_TILE * e + fp32_accumulators + max(fold + autocast_chunks, casts)
 
@@ -164,10 +146,8 @@ def training_phases(model: ModelShape, precision: Precision, shape: TrainingShap
         phases["layer backward"]["4-bit weight dequantized"] = max(
             i * o for i, o in model.linear_layers().values()) * precision.weight_bytes
 
-    # Next to the gradient of the embedding output, the kernel makes a dense vocab × hidden gradient. Tied, it is
-    # added in place to the LM head's, which waited for it (autograd reuses a buffer it owns alone); untied, it
-    # becomes the embedding's .grad. CUDA also sums the rows of each token id in fp32 partial sums sized for
-    # the worst case.
+    # The kernel makes a dense vocab × hidden gradient: tied, added in place to the LM head's; untied, the embedding's
+    # .grad. CUDA also sums each token id's rows in worst-case fp32 partial sums.
     embedding = tokens * r * h + (head_grad if model.tie_word_embeddings else 0)
     if shape.lora:  # a frozen embedding: only the gradient of its output, which TRL asks for under checkpointing
         embedding = tokens * r * h if shape.gradient_checkpointing else 0

@@ -56,13 +56,9 @@ def plan_memory(model: Any, *, precision: str | Precision = "bf16", optimizer: s
                 shape: TrainingShape | None = None, device_memory_gib: float | None = None,
                 device_kind: str | None = None, vllm_gpu_memory_utilization: float | None = None,
                 vllm_dtype: str = "bf16", margin_gib: float | None = None, **shape_fields: Any) -> MemoryBudget:
-    """Budget one GRPO step with colocated vLLM; recommend settings, or say which knob to turn.
-
-    ``model``: a config.json path, model folder, dict or transformers config. Training sizes come as a
-    :class:`TrainingShape` or as its fields. ``device_memory_gib`` and ``device_kind`` default to the detected device
-    (``grpo_lab.device.device_memory_gib``: its total, or ``GRPO_LAB_DEVICE_MEMORY_GIB``). Leave
-    ``vllm_gpu_memory_utilization`` unset for the recommended value; set it to check one.
-    """
+    """Budget one GRPO step with colocated vLLM; recommend settings, or say which knob to turn. ``model``: a
+    config.json path, model folder, dict or transformers config; the step as a :class:`TrainingShape` or its fields;
+    the device detected unless given; ``vllm_gpu_memory_utilization`` unset for the recommended one."""
     shape_obj = _shape(shape, shape_fields)
     model_shape = ModelShape.from_config(model)
     prec = get_precision(precision)
@@ -103,7 +99,7 @@ def _device(memory_gib: float | None, kind: str | None) -> tuple[int, str]:
     if memory_gib is None or kind is None:
         machine = device.Machine.detect()
         kind = kind or machine.kind
-        if memory_gib is None:  # the device as the package treats it: GRPO_LAB_DEVICE_MEMORY_GIB, else its total
+        if memory_gib is None:
             return int(machine.memory_gib * GIB), kind
     if not isinstance(memory_gib, (int, float)) or memory_gib <= 0:
         raise MemoryPlanError(f"device_memory_gib must be a positive number of GiB, got {memory_gib!r}.")
@@ -138,8 +134,7 @@ class _Setting:
         return shape.num_generations * tokens * self.model.kv_cache_bytes_per_token(self.vllm_bytes_per_element)
 
     def held_beside_vllm(self, shape: TrainingShape) -> int:
-        """What the trainer holds while vLLM's whole share is in use: its training peak; with sleep mode only its
-        weights and optimizer states (vLLM wakes and generates between updates, when gradients are freed)."""
+        """What the trainer holds beside vLLM's whole share: its peak; with sleep mode its weights and states."""
         peak_phase, peak, phases = self.training_peak(shape)
         if not shape.vllm_enable_sleep_mode:
             return peak
@@ -312,8 +307,7 @@ def _what_would_fit(setting: _Setting, shape: TrainingShape) -> str:
         needed = max(peak + VLLM_ASLEEP_BYTES, setting.held_beside_vllm(smallest) + vllm_least)
     device_needed = math.ceil(max(needed + MARGIN_MIN_BYTES, needed / (1 - MARGIN_FRACTION)) / GIB)
     options = [f"a device with at least {device_needed} GiB"]
-    # each further option only where it alone makes micro-batch 1 with checkpointing fit this device, in the order
-    # of KNOBS_IN_ORDER
+    # each further option where it alone makes micro-batch 1 with checkpointing fit, in the order of KNOBS_IN_ORDER
     if not shape.lora and setting.fits(replace(smallest, lora_r=LORA_R_TRIAL)):
         options.append(f"LoRA (use_peft=True, lora_r={LORA_R_TRIAL}: no gradients or AdamW states for the base)")
     qlora = replace(smallest, lora_r=shape.lora_r or LORA_R_TRIAL, load_in_4bit=True)
@@ -324,7 +318,8 @@ def _what_would_fit(setting: _Setting, shape: TrainingShape) -> str:
             and setting.fits(replace(smallest, vllm_enable_sleep_mode=True))):
         options.append("vllm_enable_sleep_mode=True (vLLM's weights and KV cache released during the update)")
     if shape.beta > 0 and not shape.lora and setting.fits(replace(smallest, beta=0.0)):
-        options.append(f"beta=0 (drops the {phases['optimizer step']['reference model'] / GIB:.1f} GiB reference model)")
+        reference = phases["optimizer step"]["reference model"] / GIB
+        options.append(f"beta=0 (drops the {reference:.1f} GiB reference model)")
     if prec.name != "bf16" and replace(setting, precision=PRECISIONS["bf16"]).fits(smallest):
         per_param = prec.weight_bytes + prec.grad_bytes + prec.adamw_bytes
         options.append(f"bf16 training (8 instead of {per_param} bytes per parameter)")

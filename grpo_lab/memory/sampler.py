@@ -12,9 +12,8 @@ from grpo_lab.memory.shapes import GIB
 
 
 class DeviceMemorySampler:
-    """The peak device memory the driver counts for a process and its descendants (the trainer, vLLM's engine
-    process, a server it started), sampled every ``interval_s`` in a thread: other processes on the device do not
-    count. ``peak_bytes`` stays None where the driver says nothing (CPU, NPU)."""
+    """The peak device memory the driver counts for a process and its descendants, sampled every ``interval_s`` in a
+    thread; ``peak_bytes`` stays None where the driver says nothing (CPU, NPU)."""
 
     def __init__(self, pid: int | None = None, kind: str | None = None, interval_s: float = 1.0) -> None:
         self.pid, self.kind, self.interval_s = pid, kind, interval_s

@@ -27,21 +27,18 @@ VLLM_MEMORY_FRACTION: dict[str, float | str] = {
 }
 CPU_KV_CACHE_GIB = 1.0
 """vLLM-CPU's KV cache, GiB of host memory (``VLLM_CPU_KVCACHE_SPACE``): plenty for the tiny model."""
-# Non-torch memory vLLM adds while profiling (cuBLAS/attention workspaces) plus its CUDA-graph pool.
 VLLM_RUNTIME_BYTES = GIB
-
+"""Non-torch memory vLLM adds while profiling (cuBLAS/attention workspaces) plus its CUDA-graph pool."""
 FOUR_BIT_BLOCK = 64
 """Weights per block of bitsandbytes' 4-bit quantization (its default blocksize), each block with one fp32 scale."""
 FOUR_BIT_BYTES_PER_PARAMETER = 0.5 + 4 / FOUR_BIT_BLOCK
 """A 4-bit NF4 weight: half a byte, plus its block's fp32 scale (no nested quantization of the scales)."""
-
 REQUIRED_CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                           "vocab_size")
 
 
 class MemoryPlanError(ConfigError):
-    """Bad input to the memory planner (or a vLLM memory fraction out of range): the message names the field and
-    what to do."""
+    """Bad input to the memory planner (or a vLLM memory fraction out of range)."""
 
 
 class DoesNotFitError(MemoryPlanError):
@@ -58,9 +55,6 @@ def check_vllm_memory_fraction(value: Any, name: str = "vllm_gpu_memory_utilizat
             f"may take (weights + KV cache). Use e.g. 0.3 next to a trainer, 0.9 for a device of its own, or leave "
             f"TrainConfig's vllm_gpu_memory_utilization='auto' for the memory planner's choice.")
     return float(value)
-
-
-# --- Model shape, read from config.json ---
 
 
 @dataclass(frozen=True)
@@ -148,13 +142,11 @@ class ModelShape:
 
     @property
     def quantized_parameters(self) -> int:
-        """The weights a 4-bit base quantizes: every decoder layer's linear layers (biases, norms, the embedding and the
-        LM head stay in the compute dtype, as bitsandbytes leaves them)."""
+        """The weights a 4-bit base quantizes: the decoder layers' linear weights (the rest stays as it is)."""
         return self.num_hidden_layers * sum(i * o for i, o in self.linear_layers().values())
 
     def weight_bytes(self, dtype_bytes: int, load_in_4bit: bool = False) -> int:
-        """Bytes of the model's weights in ``dtype_bytes`` per parameter; with ``load_in_4bit`` the decoder layers'
-        linear weights in NF4 (:data:`FOUR_BIT_BYTES_PER_PARAMETER`) and the rest in ``dtype_bytes``."""
+        """Bytes of the weights in ``dtype_bytes`` per parameter (``load_in_4bit``: the quantized ones in NF4)."""
         if not load_in_4bit:
             return self.num_parameters * dtype_bytes
         quantized = self.quantized_parameters
@@ -207,9 +199,8 @@ def course_configs() -> dict[str, Path]:
 
 
 def model_config(model: str | Path) -> Path | dict[str, Any]:
-    """Where a model's shape can be read, for :meth:`ModelShape.from_config`: a local folder's ``config.json``;
-    for a hub id, the course's shipped config of that name (``Qwen/Qwen2.5-0.5B-Instruct`` → ``qwen2.5-0.5b``),
-    else transformers' ``AutoConfig`` (its cache, or the hub when online)."""
+    """Where a model's shape can be read: a local folder; for a hub id the course's shipped config of that name
+    (``Qwen/Qwen2.5-0.5B-Instruct`` → ``qwen2.5-0.5b``), else transformers' ``AutoConfig``."""
     if Path(model).is_dir():
         return Path(model)
     shipped = course_configs()
@@ -226,15 +217,10 @@ def model_config(model: str | Path) -> Path | dict[str, Any]:
 
 
 def cpu_vllm_fraction(model: Any, host_memory_gib: float, step: float = 0.05) -> float:
-    """vllm_gpu_memory_utilization for vLLM-CPU: its KV cache is sized in bytes (:data:`CPU_KV_CACHE_GIB`) and the
-    fraction is the share of host memory it reserves, checked against free memory at start; so take the least it
-    needs (fp32 weights, runtime allowance, KV cache) as a share of the host, rounded up to ``step``."""
+    """vLLM-CPU's ``gpu_memory_utilization``: the least it needs as a share of the host, rounded up to ``step``."""
     shape = ModelShape.from_config(model)
     needed = shape.num_parameters * 4 + VLLM_RUNTIME_BYTES + CPU_KV_CACHE_GIB * GIB
     return min(1.0, round(math.ceil(needed / (host_memory_gib * GIB) / step) * step, 2))
-
-
-# --- Precision and training shape ---
 
 
 @dataclass(frozen=True)
@@ -289,21 +275,14 @@ def dtype_bytes(dtype: str) -> int:
 
 
 STEP_DEFAULTS: dict[str, int] = {"num_generations": 8, "max_prompt_length": 256, "max_completion_length": 256}
-"""A GRPO step's group size and lengths where nothing else is said: the course's accelerator recipe
-(``experiment.PROFILES``) and the planner's :class:`TrainingShape` both start from these."""
-
-
+"""A GRPO step's group size and lengths where nothing else is said (the accelerator profiles and the planner's)."""
 CONTEXT_MARGIN = 1.1
 """The spare share of :func:`context_window` (the write-up's 10 %)."""
 
 
 def context_window(prompt_tokens: int, completion_tokens: int) -> int:
-    """vLLM's ``max_model_len`` for prompts of up to ``prompt_tokens`` and completions of up to ``completion_tokens``:
-    the one rule the trainer (TRL's ``vllm_max_model_length``), the rollout engine and the server share.
-
-    The write-up's rule, ``ceil(1.1 x (prompt + completion))``: the engine counts a prompt again after its own chat
-    template and tokenizer (a generation prompt, a system message, another tokenizer version add a few tokens), and
-    the spare costs little, since vLLM's KV cache is paged.
+    """vLLM's ``max_model_len`` for the trainer, the rollout engine and the server: ``ceil(1.1 x (prompt +
+    completion))``, as an engine may count a prompt a few tokens longer.
 
     >>> context_window(96, 32)
     141
@@ -313,9 +292,7 @@ def context_window(prompt_tokens: int, completion_tokens: int) -> int:
 
 def check_group(num_generations: int, per_device_train_batch_size: int | None, steps: int = 1,
                 steps_name: str = "steps_per_generation", error: type[ConfigError] = ConfigError) -> None:
-    """GRPO's two group rules, for ``TrainConfig`` and the planner alike: a group holds at least 2 completions (the
-    advantage compares them), and each generation batch (micro-batch × ``steps_name``) holds whole groups (checked
-    once the micro-batch is known)."""
+    """GRPO's group rules: at least 2 completions a group, and whole groups in each generation batch."""
     if num_generations < 2:
         raise error(f"num_generations={num_generations}: GRPO compares completions of the same prompt, so it needs "
                     f"at least 2 (the course uses 4-8).")
@@ -351,8 +328,7 @@ class TrainingShape:
     vllm_enable_sleep_mode: bool = False
     """vLLM releases its weights and KV cache during the update (TRL's sleep level 2) and wakes for the rollout."""
     load_in_4bit: bool = False
-    """QLoRA (TRL's ``load_in_4bit``): the base's linear weights in 4-bit NF4, frozen, in the trainer and in vLLM
-    (``quantization="bitsandbytes"``); needs ``lora_r > 0``."""
+    """QLoRA: the base's linear weights in 4-bit NF4, in the trainer and in vLLM; needs ``lora_r > 0``."""
 
     def __post_init__(self) -> None:
         for f in ("per_device_train_batch_size", "num_generations", "max_prompt_length", "max_completion_length"):
@@ -377,8 +353,7 @@ class TrainingShape:
 
     @property
     def sequence_length(self) -> int:
-        """The longest sequence of the step (prompt + completion), what activations and KV blocks are sized for; with
-        tools too (TRL appends the tools' answers inside the completion, within ``max_completion_length``)."""
+        """The longest sequence of the step (prompt + completion, tools' answers included)."""
         return self.max_prompt_length + self.max_completion_length
 
     @property

@@ -1,4 +1,4 @@
-"""Tables over many models and devices: the planner's recommendations, the levers' plans, the largest model that fits."""
+"""Tables over many models and devices: recommendations, the levers' plans, the largest model that fits."""
 
 from __future__ import annotations
 
@@ -27,8 +27,6 @@ COMMON_DEVICES = (
     DevicePreset("A100 80 GB", 80, "cuda"),
     DevicePreset("H200 141 GB", 140, "cuda"),
 )
-
-
 
 def recommendation_table(models: Mapping[str, Any], devices: tuple[DevicePreset, ...] = COMMON_DEVICES,
                          **plan_kwargs: Any) -> list[dict[str, Any]]:

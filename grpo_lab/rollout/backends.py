@@ -1,8 +1,5 @@
-"""Choosing a backend and opening an engine: :func:`open_engine` checks everything, then starts one.
-
-``backend="auto"`` picks vLLM when it imports and runs on this device and says why; an explicit backend that
-cannot run is an error (:class:`BackendUnavailableError`), never a silent fallback.
-"""
+"""Choosing a backend and opening an engine: :func:`open_engine` checks everything, then starts one. ``"auto"``
+picks vLLM where it runs and says why; an explicit backend that cannot run is an error, never a silent fallback."""
 
 from __future__ import annotations
 
@@ -13,20 +10,9 @@ from pathlib import Path
 
 from grpo_lab import device
 from grpo_lab.errors import ConfigError, MissingFileError
-from grpo_lab.models import (
-    MANIFEST_NAME,
-    adapter_model,
-    require_safetensors,
-    resolve_model,
-    verify_model_dir,
-)
+from grpo_lab.models import MANIFEST_NAME, adapter_model, require_safetensors, resolve_model, verify_model_dir
 from grpo_lab.rollout.config import RolloutConfig, setting_names
-from grpo_lab.rollout.engine import (
-    BackendChoice,
-    BackendUnavailableError,
-    RolloutEngine,
-    check_prompt_lengths,
-)
+from grpo_lab.rollout.engine import BackendChoice, BackendUnavailableError, RolloutEngine, check_prompt_lengths
 from grpo_lab.rollout.hf_backend import HFEngine
 from grpo_lab.rollout.prompts import Prompt, encode_prompts
 from grpo_lab.rollout.vllm_backend import BorrowedVLLMEngine, VLLMEngine, vllm_usable
@@ -36,8 +22,7 @@ BACKENDS = ("auto", "vllm", "hf")
 
 
 def choose_backend(backend: str = "auto", device_kind: str | None = None) -> BackendChoice:
-    """Pick the backend: ``"vllm"`` or ``"hf"`` as asked (error if impossible), or for ``"auto"`` vLLM when it
-    imports and runs on this device, else HF ``generate``. The reason says which and why."""
+    """The backend asked for (an error where it cannot run), or for ``"auto"`` vLLM where it runs, else HF, and why."""
     wanted = str(backend).strip().lower()
     if wanted not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
@@ -56,10 +41,8 @@ def choose_backend(backend: str = "auto", device_kind: str | None = None) -> Bac
 
 def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConfig | None = None,
                 backend: str = "auto", prompts: Sequence[Prompt] | None = None, **overrides) -> RolloutEngine:
-    """Check everything, then start a rollout engine: bad input raises before any engine process starts.
-
-    ``model``: a folder or hub id (default: ``GRPO_LAB_MODEL`` or the tiny model); ``config`` plus ``overrides`` (any
-    :class:`RolloutConfig` field); ``prompts`` size ``max_model_len`` to the workload and are checked first.
+    """Check everything, then start a rollout engine. ``model``: a folder or hub id (default: ``GRPO_LAB_MODEL`` or the
+    tiny model); ``overrides``: RolloutConfig fields; ``prompts`` size ``max_model_len`` and are checked first.
 
     >>> with open_engine(backend="hf", n=2, max_tokens=8) as engine:          # doctest: +SKIP
     ...     result = engine.generate([[{"role": "user", "content": "2 + 3 = ?"}]])
@@ -100,10 +83,8 @@ def open_engine(model: str | os.PathLike[str] | None = None, config: RolloutConf
 
 def borrow_engine(llm, model_path: str | os.PathLike[str], config: RolloutConfig | None = None,
                   release: Callable[[], None] | None = None, **overrides) -> RolloutEngine:
-    """The rollout interface over a running ``vllm.LLM`` that something else owns (a trainer's colocated engine):
-    ``generate`` works as on any engine; ``stop()`` leaves the engine running and calls ``release`` (the owner's way
-    of taking it back). ``config`` / ``overrides`` set the sampling (the engine's own sizes stay as its owner
-    started it)."""
+    """The rollout interface over a running ``vllm.LLM`` another owns (a trainer's colocated engine); ``stop()`` leaves
+    it running and calls ``release``. ``config`` / ``overrides`` set the sampling."""
     config = replace(config or RolloutConfig(), **overrides)
     model_path = str(model_path)
     kind = device.check_kind(config.device_kind) if config.device_kind else device.detect()

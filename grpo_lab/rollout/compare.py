@@ -1,13 +1,5 @@
-"""Side by side: the same prompts through HF ``generate`` and vLLM, and the effect of prefix caching.
-
-Run it from a shell (``grpo-lab rollout --help``)::
-
-    grpo-lab rollout                                            # tiny model, 32 eval prompts x n=4
-    grpo-lab rollout --model Qwen/Qwen2.5-0.5B-Instruct --num-prompts 128 --max-tokens 256
-
-``--load-format dummy`` loads the model's architecture with random weights (vLLM's ``load_format="dummy"``, HF's
-init from config): right for speed, meaningless text. Timings exclude engine start (reported separately) and follow
-one warm-up call.
+"""Side by side: the same prompts through HF ``generate`` and vLLM (``grpo-lab rollout --help``), and the effect of
+prefix caching. Timings exclude the engine start and follow one warm-up call; ``--load-format dummy``: random weights.
 """
 
 from __future__ import annotations
@@ -28,6 +20,7 @@ from grpo_lab.rollout.config import RolloutConfig, Sampling
 from grpo_lab.rollout.engine import RolloutResult
 from grpo_lab.rollout.prompts import Prompt
 
+
 def eval_prompts(count: int = 32, seed: int = 0) -> list[Prompt]:
     """The first ``count`` chat prompts of the course's eval split (cycled if more are asked for)."""
     rows = load_split("eval")
@@ -35,8 +28,7 @@ def eval_prompts(count: int = 32, seed: int = 0) -> list[Prompt]:
 
 
 def few_shot_prompts(count: int = 16, shots: int = 3, lang: str = "en") -> list[Prompt]:
-    """Long prompts: eval questions, each after its own ``shots`` solved train examples (no two prompts share
-    a header). Sent twice, they show what prefix caching saves on repeated prompts."""
+    """Long prompts: eval questions, each after its own ``shots`` solved train examples (no shared header)."""
     examples = [r for r in load_split("train") if r["lang"] == lang]
     questions = [r for r in load_split("eval") if r["lang"] == lang][:count]
     prompts = []
@@ -69,7 +61,8 @@ def side_by_side(prompts: Sequence[Prompt], config: RolloutConfig, backends: Seq
 def comparison_table(results: dict[str, RolloutResult]) -> str:
     """One line per backend: load, generate time, new tokens, tokens/s and speed relative to the first."""
     first = next(iter(results.values()))
-    lines = [f"{'backend':<8}{'load s':>9}{'generate s':>12}{'new tokens':>12}{'tokens/s':>11}{'vs ' + first.backend:>9}"]
+    lines = [f"{'backend':<8}{'load s':>9}{'generate s':>12}{'new tokens':>12}{'tokens/s':>11}"
+             f"{'vs ' + first.backend:>9}"]
     for name, r in results.items():
         lines.append(f"{name:<8}{r.load_s:>9.1f}{r.generate_s:>12.2f}{r.new_tokens:>12,}{r.tokens_per_s:>11,.0f}"
                      f"{r.tokens_per_s / first.tokens_per_s:>8.2f}x")
@@ -91,26 +84,23 @@ class PrefixCacheEffect:
 
 
 def ratio_context(machine: Any, params: int) -> str:
-    """Why the vLLM / HF ``generate`` ratio of a run looks as it does, from the machine (a
-    :class:`grpo_lab.device.Machine`) and the model's parameter count, in one sentence."""
+    """Why the vLLM / HF ``generate`` ratio looks as it does on ``machine`` for a model of ``params``, in a sentence."""
     size = f"{params / 1e9:.1f} B" if params >= 1e9 else f"{params / 1e6:.{1 if params < 1e7 else 0}f} M"
     if device.is_cpu(machine.kind):
         return (f"On {os.cpu_count()} CPU cores with a model of {size} parameters, both backends are bound by Python "
                 f"overhead rather than arithmetic, so the ratio says little about an accelerator.")
     where = f"one {machine.name or machine.kind}"
     if params < 1e9:
+        graphs = device.VLLM_GRAPHS[machine.kind]
         return (f"On {where} a model of {size} parameters is too small to keep the device busy: HF generate launches "
-                f"its kernels one decode step at a time while vLLM replays them as {device.VLLM_GRAPHS[machine.kind]} graphs, so "
-                f"the ratio measures overhead more than arithmetic.")
+                f"its kernels one decode step at a time while vLLM replays them as {graphs} graphs, so the ratio "
+                f"measures overhead more than arithmetic.")
     return (f"On {where} a model of {size} parameters gives the device real arithmetic to do, so the ratio is less "
             f"about launch overhead than with a smaller model.")
 
 
 def prefix_cache_effect(engine, prompts: Sequence[Prompt], sampling: Sampling, repeats: int = 3) -> PrefixCacheEffect:
-    """Median time of ``generate`` after ``reset_prefix_cache()`` (cold) vs right after the same call (warm).
-
-    Pick prompts whose prefill dominates (long shared prompt, few new tokens) to see the cache at work.
-    """
+    """Median time of ``generate`` after ``reset_prefix_cache()`` (cold) vs right after the same call (warm)."""
     cold, warm = [], []
     result = None
     for _ in range(repeats):
@@ -153,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results = side_by_side(prompts, config, backends, args.model)
     print(f"\n{len(prompts)} prompts x n={args.n}, up to {args.max_tokens} new tokens, "
-          f"temperature {args.temperature}, weights: {config.load_format}; total {time.perf_counter() - started:.0f} s\n")
+          f"temperature {args.temperature}, weights: {config.load_format}; "
+          f"total {time.perf_counter() - started:.0f} s\n")
     print(comparison_table(results))
     if args.json:
         Path(args.json).write_text(json.dumps({

@@ -1,7 +1,5 @@
-"""Rollout settings: what to sample (n, lengths, temperature ...) and how the engine is sized.
-
-Every engine setting may be left as ``None``; :meth:`RolloutConfig.resolve` then picks a value for the device
-and the workload and records *why*, and :meth:`RolloutConfig.explain` shows the table to the learner.
+"""Rollout settings: what to sample and how the engine is sized. An engine setting left ``None`` is chosen by
+:meth:`RolloutConfig.resolve` for the device and the workload, with the reason :meth:`RolloutConfig.explain` shows.
 
 >>> from grpo_lab.rollout import RolloutConfig
 >>> config = RolloutConfig(n=4, max_tokens=32).resolve(device_kind="cpu", longest_prompt_tokens=60)
@@ -64,10 +62,7 @@ class Sampling:
     min_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):  # a single stop string is a common slip; accept it
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
         if not isinstance(self.n, int) or self.n < 1:
             raise ConfigError(f"n={self.n!r}: the number of completions per prompt must be an integer >= 1")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -84,13 +79,11 @@ class Sampling:
 
 
 SAMPLING_FIELDS = tuple(item.name for item in fields(Sampling))
-"""The sampling settings, declared once in :class:`Sampling`; a :class:`RolloutConfig` takes and reads them too."""
+"""The sampling settings, declared once in :class:`Sampling`; a :class:`RolloutConfig` takes them too."""
 
 
 def _takes_sampling_fields(cls: type) -> type:
-    """``RolloutConfig(n=8, max_tokens=32)`` is ``RolloutConfig(sampling=Sampling(n=8, max_tokens=32))`` (given with
-    ``sampling=``, they change that one), also through ``dataclasses.replace``; ``config.n`` reads
-    ``config.sampling.n``."""
+    """``RolloutConfig(n=8)`` is ``RolloutConfig(sampling=Sampling(n=8))``; ``config.n`` reads ``config.sampling.n``."""
     generated = cls.__init__
 
     @functools.wraps(generated)
@@ -109,15 +102,9 @@ def _takes_sampling_fields(cls: type) -> type:
 @_takes_sampling_fields
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
-    """Sampling settings plus engine settings; ``None`` means "choose for this device and say why".
-
-    ``sampling``'s fields are keywords and attributes of this class too (``RolloutConfig(n=8)``, ``config.n``). Engine
-    settings are vLLM's names (the HF backend uses ``dtype``, ``max_model_len`` and ``hf_batch_size``):
-    ``max_prompt_tokens`` (measured from the prompts when given), ``max_model_len`` (default
-    :func:`grpo_lab.memory.context_window`), ``gpu_memory_utilization``, ``cpu_kvcache_gib`` (vLLM-CPU's KV cache),
-    ``load_format`` (``"dummy"``: random weights of the same shape). ``vllm_options`` / ``hf_generate_options``: more
-    keyword arguments for ``vllm.LLM`` / ``model.generate``, never one that has its own field.
-    """
+    """Sampling settings (``sampling``'s fields are keywords and attributes here too) plus engine settings under vLLM's
+    names; ``None``: chosen for the device, with the reason. ``vllm_options`` / ``hf_generate_options``: more
+    arguments for ``vllm.LLM`` / ``model.generate``, never one that has its own field."""
 
     sampling: Sampling = field(default_factory=Sampling)
     max_prompt_tokens: int | None = None
@@ -170,8 +157,7 @@ class RolloutConfig:
 
     def resolve(self, device_kind: str | None = None, longest_prompt_tokens: int | None = None,
                 model_path: str | None = None) -> RolloutConfig:
-        """A copy with every ``None`` filled in for ``device_kind`` and the workload, each with its reason
-        (``longest_prompt_tokens`` wins over ``max_prompt_tokens``; ``model_path``: quote the model's limits)."""
+        """A copy with every ``None`` filled in for ``device_kind`` and the workload, each with its reason."""
         kind = device.check_kind(device_kind or self.device_kind or device.detect())
         model = _model_facts(model_path)
         reasons = dict(self.reasons)
@@ -268,8 +254,7 @@ class RolloutConfig:
 
 
 def setting_names() -> tuple[str, ...]:
-    """Every setting of a :class:`RolloutConfig` by the name its constructor takes: the sampling fields, then the
-    engine's."""
+    """Every setting of a :class:`RolloutConfig` by its constructor name: the sampling fields, then the engine's."""
     engine = (item.name for item in fields(RolloutConfig) if item.name not in ("sampling", "reasons"))
     return (*SAMPLING_FIELDS, *engine)
 
@@ -283,8 +268,7 @@ def _show(value: Any) -> str:
 
 
 def _model_facts(model_path: str | None) -> dict[str, Any]:
-    """Context length and KV-cache values per token from a local model folder (empty if not local or not a
-    decoder shape the planner reads)."""
+    """Context length and KV-cache values per token of a local model folder (empty where unknown)."""
     if not model_path or not (Path(model_path) / "config.json").is_file():
         return {}
     try:

@@ -1,7 +1,5 @@
-"""The rollout interface every backend implements: :class:`RolloutEngine` and what ``generate`` returns. The engine
-owns the model, the shared tokenizer and the resolved :class:`RolloutConfig`; prompts are encoded once here and
-checked against ``max_model_len`` before any backend sees them.
-"""
+"""The rollout interface every backend implements (:class:`RolloutEngine`) and what ``generate`` returns; prompts are
+encoded once here and checked against ``max_model_len`` before any backend sees them."""
 
 from __future__ import annotations
 
@@ -25,10 +23,8 @@ class BackendUnavailableError(RolloutError):
 
 @dataclass(frozen=True)
 class Completion:
-    """One sampled completion: its text, its token ids and why it ended (``"stop"`` or ``"length"``).
-
-    ``"stop"`` means the end-of-sequence token or a stop string; ``"length"`` means ``max_tokens`` ran out.
-    """
+    """One sampled completion: its text, token ids and why it ended (``"stop"``: the end token or a stop string;
+    ``"length"``: ``max_tokens`` ran out)."""
 
     text: str
     token_ids: tuple[int, ...]
@@ -88,8 +84,8 @@ class BackendChoice:
 
 
 class RolloutEngine:
-    """Base class: prompt handling, checks, timing and lifecycle (a context manager: it stops even when the body
-    raises). Backends implement ``_start``, ``_generate``, ``_stop`` and, where they can, ``_sleep``/``_wake_up``."""
+    """Base class: prompts, checks, timing and lifecycle (a context manager); backends implement ``_start``,
+    ``_generate``, ``_stop`` and, where they can, ``_sleep``/``_wake_up``."""
 
     name = "base"
 
@@ -153,8 +149,7 @@ class RolloutEngine:
 
     def generate(self, prompts: Sequence[Prompt], sampling: Sampling | None = None,
                  progress: bool = False, lengths: Sequence[Sequence[int]] | None = None) -> RolloutResult:
-        """Sample ``sampling.n`` completions for every prompt (default: the config's sampling). ``lengths[i][j]``: the
-        exact new tokens of sample ``j`` of prompt ``i`` (random weights never sample the end token)."""
+        """Sample ``sampling.n`` completions per prompt; ``lengths[i][j]``: sample ``j`` of prompt ``i``'s length."""
         self._check_usable()
         sampling = sampling or self.config.sampling
         encoded = self.encode(prompts, sampling.max_tokens)
@@ -202,8 +197,7 @@ class RolloutEngine:
 
 
 def decode_completion(tokenizer, token_ids: Sequence[int], stop: Sequence[str], finish_reason: str) -> Completion:
-    """Text from token ids, the same way for every backend: decoded in one piece with the shared tokenizer
-    (special tokens dropped), cut before the first stop string (which then is the finish reason)."""
+    """Text from token ids, alike for every backend: decoded in one piece, cut before the first stop string."""
     text = tokenizer.decode(list(token_ids), skip_special_tokens=True)
     cut = min((text.find(s) for s in stop if s in text), default=-1)
     if cut >= 0:
@@ -213,8 +207,7 @@ def decode_completion(tokenizer, token_ids: Sequence[int], stop: Sequence[str], 
 
 def check_completion_lengths(lengths: Sequence[Sequence[int]] | None, num_prompts: int,
                              sampling: Sampling) -> tuple[tuple[int, ...], ...] | None:
-    """Validate per-sample completion lengths (one row per prompt, ``n`` integers from 1 to ``max_tokens``): both
-    backends then make each completion exactly that long, so they compare on GRPO-like ragged lengths."""
+    """Validate per-sample completion lengths: one row per prompt of ``n`` integers from 1 to ``max_tokens``."""
     if lengths is None:
         return None
     rows = tuple(tuple(row) for row in lengths)
@@ -231,7 +224,7 @@ def check_completion_lengths(lengths: Sequence[Sequence[int]] | None, num_prompt
 
 
 def check_prompt_lengths(prompts: Sequence[EncodedPrompt], max_model_len: int, max_tokens: int) -> None:
-    """Raise ValueError when a prompt plus ``max_tokens`` does not fit in ``max_model_len``."""
+    """Raise when a prompt plus ``max_tokens`` does not fit in ``max_model_len``."""
     for index, prompt in enumerate(prompts):
         length = len(prompt.token_ids)
         if length + max_tokens > max_model_len:

@@ -1,8 +1,5 @@
-"""The HF backend: ``model.generate`` with ``num_return_sequences``, batched, left-padded.
-
-This is what TRL does without vLLM. Each ``generate`` call pads its prompts to the longest one and decodes until its
-*longest* completion ends, so short completions wait for long ones; vLLM's continuous batching does not.
-"""
+"""The HF backend, what TRL does without vLLM: ``model.generate`` with ``num_return_sequences``, batched and
+left-padded; each call decodes until its longest completion ends (vLLM's continuous batching does not wait)."""
 
 from __future__ import annotations
 
@@ -13,12 +10,7 @@ from grpo_lab import device
 from grpo_lab.errors import ConfigError
 from grpo_lab.models import load_model_and_tokenizer
 from grpo_lab.rollout.config import Sampling
-from grpo_lab.rollout.engine import (
-    Completion,
-    PromptRollout,
-    RolloutEngine,
-    decode_completion,
-)
+from grpo_lab.rollout.engine import Completion, PromptRollout, RolloutEngine, decode_completion
 from grpo_lab.rollout.prompts import EncodedPrompt
 
 

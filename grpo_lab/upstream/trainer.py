@@ -1,16 +1,7 @@
-"""The trainer grpo_lab trains with: TRL's ``GRPOTrainer``, unchanged in what it computes, plus what the course adds
-(:class:`GRPOLabTrainer`): timings of every part of a step, a NaN guard, reward errors that say what to do,
-checkpoints renamed into place once complete, the colocated engine lent to evaluation, the vLLM-CPU weight sync, a
-LoRA policy's adapter handed to the engine, and vLLM's sampled-token log-probs left out where nothing reads them
-(:func:`reads_sampling_logprobs`).
-
-The colocated engine is TRL's: the trainer starts it with grpo_lab's arguments (:func:`_colocated_engine`, the one
-patch of TRL this module makes, while TRL builds it) and wraps TRL's generation object around it
-(:class:`_ColocatedGeneration`), so TRL decides when to sync and sample and grpo_lab only how.
-
-This module imports TRL (whose trainer loads vLLM: seconds); :mod:`grpo_lab.train` imports it only when it builds a
-trainer. The TRL and transformers names it relies on are declared in :data:`grpo_lab.upstream.trl.TRL_INTERNALS` and
-:data:`grpo_lab.upstream.transformers.TRANSFORMERS_INTERNALS`.
+"""The trainer grpo_lab trains with (:class:`GRPOLabTrainer`): TRL's ``GRPOTrainer``, unchanged in what it computes.
+The colocated engine is TRL's, started with grpo_lab's arguments (:func:`_colocated_engine`, this module's one patch)
+and wrapped (:class:`_ColocatedGeneration`): TRL decides when to sync and sample, grpo_lab only how. Imports TRL
+(seconds); the names it relies on are declared in :mod:`grpo_lab.upstream.trl` and ``.transformers``.
 """
 
 from __future__ import annotations
@@ -37,20 +28,16 @@ __all__ = ["GRPOLabTrainer", "reads_sampling_logprobs"]
 
 
 def reads_sampling_logprobs(args: Any, tools: bool = False) -> bool:
-    """Whether a trainer with ``args`` (a ``GRPOConfig``) reads the log-prob vLLM returns with each sampled token
-    (TRL asks for it on every rollout): for the importance-sampling correction, the off-policy mask
-    (``off_policy_mask_threshold``), VESPO's loss, or the tool-call loop that extends them. Otherwise they are thrown
-    away and the engine need not compute them: the loss and gradients are the same (``tests/test_weight_sync.py``)."""
+    """Whether a trainer with ``args`` reads the log-prob vLLM returns with each sampled token (importance sampling,
+    the off-policy mask, VESPO, tool calls); otherwise the engine need not compute them."""
     return bool(not args.use_vllm or args.vllm_importance_sampling_correction or tools or args.loss_type == "vespo"
                 or args.off_policy_mask_threshold is not None)
 
 
 @contextlib.contextmanager
 def _colocated_engine(lora_rank: int | None) -> Iterator[list[Engine]]:
-    """While TRL builds the trainer: its colocated ``LLM(...)`` call starts without weight-loading and graph-capture
-    progress bars in a notebook (TRL does not pass vLLM's ``use_tqdm_on_load``), with vLLM's LoRA support for an
-    adapter of ``lora_rank`` (adapter sync), and hands TRL the engine wrapped (:class:`Engine`). Yields the engines
-    started (none in server mode or without vLLM)."""
+    """While TRL builds the trainer, its colocated ``LLM(...)`` starts without progress bars in a notebook, with LoRA
+    support for ``lora_rank`` (adapter sync), wrapped (:class:`Engine`). Yields the engines started."""
     original = getattr(vllm_generation, "LLM", None)
     started: list[Engine] = []
     if original is None:  # TRL imported vLLM's LLM only where vLLM imports
@@ -73,9 +60,8 @@ def _colocated_engine(lora_rank: int | None) -> Iterator[list[Engine]]:
 
 
 class _ColocatedGeneration:
-    """TRL's ``VLLMGeneration`` as the trainer calls it, around the colocated :class:`Engine`: ``sync_weights`` timed,
-    through vLLM's reload on vLLM-CPU (where TRL's own fails) or as the adapter (adapter sync), TRL's own otherwise;
-    ``generate`` without sampled-token log-probs while the trainer reads none. Everything else is TRL's object."""
+    """TRL's ``VLLMGeneration`` around the colocated :class:`Engine`: ``sync_weights`` timed, through vLLM's reload on
+    vLLM-CPU or as the adapter; ``generate`` without log-probs the trainer does not read; the rest is TRL's."""
 
     def __init__(self, generation: Any, trainer: GRPOLabTrainer, engine: Engine):
         self._generation, self._trainer, self.engine = generation, trainer, engine
@@ -83,15 +69,12 @@ class _ColocatedGeneration:
         """The engine was put to sleep outside TRL's step (:meth:`GRPOLabTrainer.take_engine_back`)."""
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            generation = vars(self)["_generation"]
-        except KeyError:
-            raise AttributeError(name) from None
-        return getattr(generation, name)
+        if "_generation" not in vars(self):
+            raise AttributeError(name)
+        return getattr(self._generation, name)
 
     def _named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """The trainer's weights under vLLM's names (TRL's iterator). With PEFT, TRL merges the adapter into the base
-        in place while it iterates and unmerges it after: the merged tensors are copied, or vLLM gets the bare base."""
+        """The trainer's weights under vLLM's names; with PEFT copied (TRL unmerges the adapter after iterating)."""
         merged = hasattr(self._trainer.model, "peft_config")
         return [(name, tensor.detach().clone() if merged else tensor.detach())
                 for name, tensor in self._generation._iter_named_params()]
@@ -116,14 +99,9 @@ class _ColocatedGeneration:
 
 
 class GRPOLabTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer, unchanged in what it computes. It adds timings, a NaN guard, reward errors that say what to
-    do (and ``rewards/<name>/skipped`` counts), checkpoints renamed into place once complete, lends its colocated
-    engine to evaluation (:meth:`lend_engine`), syncs a vLLM-CPU engine through vLLM's reload, and samples without
-    vLLM's sampled-token log-probs where nothing reads them (:attr:`sampling_logprobs`).
-
-    ``adapter_sync``: the folder where the colocated engine is handed the LoRA adapter at each sync, and the adapter's
-    rank (``TrainConfig.vllm_lora_sync="adapter"``, :class:`~grpo_lab.upstream.vllm.AdapterSync`); None: TRL's
-    merged weights."""
+    """TRL's GRPOTrainer plus timings, a NaN guard, reward errors that say what to do, checkpoints renamed into place,
+    its colocated engine lent to evaluation (:meth:`lend_engine`), the vLLM-CPU sync, and no sampled-token log-probs
+    where nothing reads them. ``adapter_sync``: (folder, rank) to hand the engine the LoRA adapter at each sync."""
 
     def __init__(self, model: Any, reward_funcs: Any, *args: Any, adapter_sync: tuple[Path, int] | None = None,
                  **kwargs: Any):
@@ -135,15 +113,12 @@ class GRPOLabTrainer(GRPOTrainer):
                           if isinstance(fn, ValidatedReward) and fn.mode == "skip"]
         engine = started[0] if started and self.args.vllm_mode == "colocate" else None
         self.adapter_sync = AdapterSync(engine.llm, adapter_sync[0]) if adapter_sync and engine else None
-        """The adapter handed to the colocated engine at each sync (adapter sync), else None."""
         self.weight_sync_installed = bool(engine and not self.adapter_sync and vllm_runs_on_cpu())
         """The colocated vLLM-CPU engine takes the weights through vLLM's reload, not TRL's load."""
         tools = bool(kwargs.get("tools") or kwargs.get("environment_factory"))
         self.sampling_logprobs = bool(engine is None or kwargs.get("rollout_func")
                                       or reads_sampling_logprobs(self.args, tools))
-        """The colocated engine returns each sampled token's log-prob (False only where nothing reads it:
-        :func:`reads_sampling_logprobs`); without them TRL's batch has no ``sampling_per_token_logps``, as with HF
-        generate. A benchmark may switch it between steps."""
+        """The colocated engine returns each sampled token's log-prob (a benchmark may switch it between steps)."""
         if engine is not None:
             engine.adapter = self.adapter_sync
             engine.timer = functools.partial(self._add_time, "timing/vllm_generate_s")
@@ -151,8 +126,7 @@ class GRPOLabTrainer(GRPOTrainer):
 
     # ---- the colocated engine lent to evaluation ----------------------------------------------------
     def lend_engine(self) -> Engine | None:
-        """TRL's colocated engine, awake and holding the policy's current weights, to sample with outside a step
-        (evaluation before or after training); None without one. :meth:`take_engine_back` ends the loan."""
+        """TRL's colocated engine, awake with the current weights, until :meth:`take_engine_back`; None without one."""
         generation = self.vllm_generation if self.args.use_vllm else None
         if not isinstance(generation, _ColocatedGeneration):
             return None
@@ -199,8 +173,7 @@ class GRPOLabTrainer(GRPOTrainer):
             return super()._get_per_token_logps_and_entropies(*args, **kwargs)
 
     def _generate(self, prompts):
-        """TRL's, timed; without :attr:`sampling_logprobs` the log-probs it returns (fifth) are None, as with HF
-        generate."""
+        """TRL's, timed; without :attr:`sampling_logprobs` its fifth value (the log-probs) is None, as with HF."""
         start = time.perf_counter()
         result = super()._generate(prompts)
         if not self.sampling_logprobs:

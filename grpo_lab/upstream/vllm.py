@@ -1,24 +1,14 @@
 """What grpo_lab relies on in vLLM beyond its documented API (:data:`VLLM_INTERNALS`), and the code that uses it.
 
-**Weights into a vLLM-CPU engine.** TRL's colocated sync copies each parameter into the engine through
-``model.load_weights([(name, tensor)])``. Where vLLM-CPU's packed GEMM kernels apply (AVX-512, AMX), it *repacks*
-every Linear weight after loading into a copy held by the layer's ``cpu_linear`` and leaves an empty ``Parameter``
-without the ``weight_loader`` that ``load_weights`` needs (:func:`cpu_weights_repacked`; with AVX2 alone it keeps the
-loaded weight and both paths work). There TRL's first sync fails with ``AttributeError: 'Parameter' object has no
-attribute 'weight_loader'``. :func:`reload_weights` pushes the weights through vLLM's own ``reload_weights`` instead,
-which restores the checkpoint-format parameters, loads, and repacks again. With tied embeddings the CPU ``lm_head``
-keeps its own packed copy of the embedding, which no reload touches (no ``lm_head.weight`` is ever loaded), so its
-logits would stay stale: :func:`repack_tied_lm_head` packs it again. :func:`logprob_gap` is the proof: after a step
-with a large learning rate, vLLM's log-probs match the trainer's only with both.
+**Weights into a vLLM-CPU engine.** Where vLLM-CPU's packed GEMM kernels apply (AVX-512, AMX) it repacks every Linear
+weight after loading and leaves a ``Parameter`` without the ``weight_loader`` TRL's per-parameter sync needs
+(:func:`cpu_weights_repacked`). :func:`reload_weights` goes through vLLM's own ``reload_weights`` instead, and
+:func:`repack_tied_lm_head` re-packs a tied ``lm_head``, whose packed copy no reload touches; :func:`logprob_gap`
+shows both are needed.
 
-**A LoRA policy by its adapter** (:class:`AdapterSync`): the engine starts with vLLM's LoRA support
-(:func:`engine_lora_arguments`), keeps the base as loaded, and samples with the adapter saved at each sync.
-
-**A vLLM server without NCCL** (the CPU, Ascend): the trainer writes its weights to a safetensors file
-(:func:`stage_weights`) and asks the server, through vLLM's development endpoint ``/collective_rpc``, to reload them
-(:class:`ReloadWeightsExtension`, the server's ``--worker-extension-cls``).
-
-vLLM is imported inside the functions: this module imports without it.
+**A LoRA policy by its adapter** (:class:`AdapterSync`): the engine keeps the base and samples with the adapter saved
+at each sync. **A vLLM server without NCCL**: the weights go in a safetensors file (:func:`stage_weights`) that the
+server reloads through ``/collective_rpc`` (:class:`ReloadWeightsExtension`). vLLM is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -49,8 +39,8 @@ _ENGINE = "vllm.v1.engine.llm_engine.LLMEngine"
 _GEMM = "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm"
 _NO_RELOAD = "vLLM's colocated engine takes the trainer's weights on every platform through one public call"
 VLLM_INTERNALS: tuple[UpstreamName, ...] = (
-    UpstreamName("attribute", _WORKER, "model_runner", "the worker's model, inside the engine's worker (the CPU "
-                 "worker's too)", CHECKED, _NO_RELOAD),
+    UpstreamName("attribute", _WORKER, "model_runner", "the worker's model, inside the engine's worker", CHECKED,
+                 _NO_RELOAD),
     UpstreamName("method", "vllm.v1.worker.gpu_model_runner.GPUModelRunner", "get_model", "the worker's model",
                  CHECKED, _NO_RELOAD),
     UpstreamName("method", _WORKER, "reload_weights", "the CPU sync and the server's file sync", CHECKED,
@@ -58,9 +48,8 @@ VLLM_INTERNALS: tuple[UpstreamName, ...] = (
     UpstreamName("module", "vllm.model_executor.layers.utils", "dispatch_cpu_unquantized_gemm",
                  "re-packs a tied lm_head from the reloaded embedding", CHECKED,
                  "vLLM-CPU's reload refreshes a tied lm_head's packed copy itself"),
-    UpstreamName("attribute", _GEMM, "cpu_linear", "vLLM-CPU's packed copy of a layer's weight: which layout the "
-                 "engine took, which tied head to re-pack", CHECKED, "vLLM-CPU's reload refreshes a tied lm_head's "
-                 "packed copy itself and TRL's per-parameter load works on repacked layers"),
+    UpstreamName("attribute", _GEMM, "cpu_linear", "vLLM-CPU's packed copy of a weight: layout, tied head", CHECKED,
+                 "vLLM-CPU's reload re-packs a tied lm_head and TRL's per-parameter load works on repacked layers"),
     UpstreamName("attribute", "vllm.LLM", "llm_engine", "the engine's shutdown and its context length", CHECKED,
                  "vllm.LLM has a public shutdown and a public max_model_len"),
     UpstreamName("attribute", _ENGINE, "engine_core", "shutdown_engine", CHECKED, "vllm.LLM has a public shutdown"),
@@ -99,25 +88,20 @@ def vllm_runs_on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
-# --------------------------------------------------------------------------------------------------
-# Weights into a vLLM-CPU engine: vLLM's reload, then the tied lm_head re-packed
-# --------------------------------------------------------------------------------------------------
 def _linear_weights_repacked(worker: Any) -> bool:
-    """Inside the engine's worker: whether a layer holds a packed copy (``cpu_linear``) of a weight whose parameter
-    lost its ``weight_loader`` (vLLM-CPU's packed GEMM kernels); where it runs torch's linear the weight stays."""
+    """Inside the engine's worker: whether a layer holds a packed copy of a weight that lost its ``weight_loader``."""
     return any(hasattr(module, "cpu_linear") and not hasattr(getattr(module, "weight", None), "weight_loader")
                for module in worker.model_runner.get_model().modules())
 
 
 def cpu_weights_repacked(llm: Any) -> bool:
-    """Whether this vLLM-CPU engine repacked its Linear weights: then TRL's own sync fails and a tied ``lm_head``
-    keeps a packed copy that :func:`repack_tied_lm_head` refreshes."""
+    """Whether this vLLM-CPU engine repacked its Linear weights (then TRL's own sync fails)."""
     return bool(llm.collective_rpc(_linear_weights_repacked)[0])
 
 
 def repack_tied_lm_head(worker: Any) -> bool:
-    """Inside the engine's worker, after a reload: pack again every layer with a packed copy (``cpu_linear``) of a
-    weight it shares with another layer (a tied ``lm_head`` and its embedding). True when one was re-packed."""
+    """Inside the engine's worker, after a reload: pack again every packed layer whose weight another layer shares (a
+    tied ``lm_head``); True when one was."""
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
     modules = list(worker.model_runner.get_model().modules())
@@ -133,18 +117,14 @@ def repack_tied_lm_head(worker: Any) -> bool:
 
 
 def reload_weights(llm: Any, weights: Iterable[tuple[str, torch.Tensor]], repack_lm_head: bool = True) -> None:
-    """Copy ``(name, tensor)`` pairs (under vLLM's names) into a colocated vLLM-CPU engine through vLLM's
-    ``reload_weights``, re-pack a tied ``lm_head`` and forget cached prefixes. ``repack_lm_head=False`` exists only
-    to show the stale logits the re-packing fixes."""
+    """Copy ``(name, tensor)`` pairs into a colocated vLLM-CPU engine through vLLM's ``reload_weights``, re-pack a
+    tied ``lm_head`` (``False``: to show the stale logits) and forget cached prefixes."""
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights), "is_checkpoint_format": True})
     if repack_lm_head:
         llm.collective_rpc(repack_tied_lm_head)
     llm.reset_prefix_cache()
 
 
-# --------------------------------------------------------------------------------------------------
-# The trainer's colocated engine: timed, with the adapter, without log-probs nobody reads
-# --------------------------------------------------------------------------------------------------
 def engine_lora_arguments(rank: int) -> dict[str, Any]:
     """vLLM ``LLM(...)`` arguments for an engine that follows an adapter of ``rank``: one adapter at a time."""
     fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
@@ -156,9 +136,7 @@ def engine_lora_arguments(rank: int) -> dict[str, Any]:
 
 class AdapterSync:
     """A PEFT policy handed to an engine started with :func:`engine_lora_arguments`: each :meth:`sync` saves the
-    adapter to a fresh folder of ``folder`` (PEFT's ``save_pretrained``) and names it in a new ``LoRARequest``
-    (:attr:`request`), which the engine's generate calls carry; the base stays as loaded. Before the first sync the
-    adapter is PEFT's initial one (B = 0): the base."""
+    adapter to a fresh folder and names it in a new ``LoRARequest`` (:attr:`request`) that generate calls carry."""
 
     def __init__(self, llm: Any, folder: Path):
         self.llm, self.folder = llm, Path(folder)
@@ -180,10 +158,8 @@ class AdapterSync:
 
 
 class Engine:
-    """A ``vllm.LLM`` as grpo_lab's trainer holds its colocated engine; everything but :meth:`generate` is the
-    engine's own. Each generate call is timed (``timer`` is called with its seconds), carries the adapter's
-    ``LoRARequest`` when one is set (:class:`AdapterSync`), and inside :meth:`without_sampled_logprobs` samples
-    without the sampled tokens' log-probs."""
+    """A ``vllm.LLM`` as the trainer holds its colocated engine: each generate call timed (``timer``), carrying the
+    adapter's ``LoRARequest``, and inside :meth:`without_sampled_logprobs` without log-probs; the rest is the LLM's."""
 
     def __init__(self, llm: Any):
         self.llm = llm
@@ -192,16 +168,13 @@ class Engine:
         self._logprobs = True
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            llm = vars(self)["llm"]
-        except KeyError:
-            raise AttributeError(name) from None
-        return getattr(llm, name)
+        if "llm" not in vars(self):
+            raise AttributeError(name)
+        return getattr(self.llm, name)
 
     @contextmanager
     def without_sampled_logprobs(self) -> Iterator[None]:
-        """While the block runs, generate calls ask vLLM for no log-probs and hand back an empty list per sample
-        (callers that read them per token, as TRL's extraction does, find none)."""
+        """While the block runs, generate calls ask for no log-probs and hand back an empty list per sample."""
         self._logprobs = False
         try:
             yield
@@ -225,9 +198,6 @@ class Engine:
         return outputs
 
 
-# --------------------------------------------------------------------------------------------------
-# A vLLM server without NCCL: safetensors in a folder + vLLM's reload_weights
-# --------------------------------------------------------------------------------------------------
 class ReloadWeightsExtension:
     """Mixed into the server's vLLM workers (``--worker-extension-cls``); called through ``/collective_rpc``."""
 
@@ -238,8 +208,7 @@ class ReloadWeightsExtension:
 
 
 def require_reload_extension(parallel_config: dict, base_url: str) -> None:
-    """Raise :class:`WeightSyncError` unless the server's workers carry :data:`WORKER_EXTENSION` (from the
-    ``parallel_config`` of its ``/server_info``)."""
+    """Raise :class:`WeightSyncError` unless the server's workers carry :data:`WORKER_EXTENSION`."""
     if parallel_config.get("worker_extension_cls") != WORKER_EXTENSION:
         raise WeightSyncError(f"the vLLM server at {base_url} runs without --worker-extension-cls {WORKER_EXTENSION}, "
                               f"which the file weight sync needs; start it with grpo_lab.scale.launch_rollout_server "
@@ -247,8 +216,8 @@ def require_reload_extension(parallel_config: dict, base_url: str) -> None:
 
 
 def stage_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], sync_dir: Path) -> dict[str, Any]:
-    """Write ``(name, tensor)`` pairs to ``sync_dir/model.safetensors`` (renamed into place once complete, so the
-    server never reads half a file) and return the ``/collective_rpc`` request that makes the server reload them."""
+    """Write ``(name, tensor)`` pairs to ``sync_dir/model.safetensors`` (renamed into place once complete) and return
+    the ``/collective_rpc`` request that makes the server reload them."""
     from safetensors.torch import save_file
 
     tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}
@@ -258,12 +227,8 @@ def stage_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], sync_dir: P
     return {"method": RELOAD_METHOD, "args": [str(sync_dir.resolve())]}
 
 
-# --------------------------------------------------------------------------------------------------
-# An engine's shutdown and context length (vLLM has no public call for either)
-# --------------------------------------------------------------------------------------------------
 def shutdown_engine(llm: Any, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
-    """Shut a ``vllm.LLM``'s engine core down (its processes end), waiting up to ``timeout_s`` where this vLLM's
-    ``shutdown`` takes a timeout."""
+    """Shut a ``vllm.LLM``'s engine core down, waiting up to ``timeout_s`` where this vLLM takes a timeout."""
     shutdown = llm.llm_engine.engine_core.shutdown
     if "timeout" in inspect.signature(shutdown).parameters:
         shutdown(timeout=timeout_s)
@@ -276,9 +241,6 @@ def engine_context_length(llm: Any) -> int:
     return int(llm.llm_engine.model_config.max_model_len)
 
 
-# --------------------------------------------------------------------------------------------------
-# The proof: vLLM and the trainer give the same log-probabilities to the same completion
-# --------------------------------------------------------------------------------------------------
 def trainer_logprobs(model: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
     """Log-probability of each completion token under a transformers model (what the trainer optimizes)."""
     ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=model.device)
@@ -305,8 +267,7 @@ def vllm_logprobs(llm: Any, prompt_ids: Sequence[int], completion_ids: Sequence[
 
 
 def logprob_gap(model: Any, llm: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> float:
-    """Largest per-token |log p_trainer - log p_vLLM| on one completion: small when in sync (vLLM-CPU runs a float32
-    checkpoint in bfloat16, so a synced engine is close, not bit-equal)."""
+    """Largest per-token |log p_trainer - log p_vLLM| on one completion: small (not zero: bf16) when in sync."""
     ours = torch.tensor(trainer_logprobs(model, prompt_ids, completion_ids))
     theirs = torch.tensor(vllm_logprobs(llm, prompt_ids, completion_ids))
     return float((ours - theirs).abs().max())
