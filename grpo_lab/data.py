@@ -414,12 +414,6 @@ GSM8K_EVAL_SIZE = 500  # problems of GSM8K's train split held out to evaluate on
 GSM8K_SPLIT_SEED = 20261203
 
 
-def load_gsm8k_jsonl(path: str | Path, add_instruction: bool = True) -> list[dict[str, Any]]:
-    """A GSM8K-style JSONL file (``question``, ``answer`` ending in ``#### N``; ``.gz``/``.xz`` too) in the shared
-    format: the solution without ``<<…>>`` annotations becomes ``completion``, the final number ``answer``."""
-    return _gsm8k_rows(path, _read_json_lines(path), add_instruction, id_prefix="gsm8k")
-
-
 def load_gsm8k(split: str = "train", path: str | Path | None = None,
                add_instruction: bool = True) -> list[dict[str, Any]]:
     """GSM8K's ``split`` (``"train"`` or ``"test"``) in the course's row format (``type`` ``"gsm8k"``). ``path``: a

@@ -186,22 +186,16 @@ def side_by_side(rows: Sequence[dict[str, Any]], before: Evaluation, after: Eval
     return (mixed + longer[min(len(gained), len(lost)):])[:limit]
 
 
-# --- Conclusions computed from a run: the sentences a notebook prints instead of prose numbers ---
-def by_training(report: AccuracyReport, trained_types: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Greedy / pass@1 / pass@k pooled over the ``"trained"`` types, the ``"untrained"`` ones and ``"all"`` (weighted by
-    their number of problems); a group with no problems is left out."""
-    trained = set(trained_types)
-    groups = {"trained": [t for t in report.per_type if t in trained],
-              "untrained": [t for t in report.per_type if t not in trained]}
-    pooled_groups = {name: found for name, types in groups.items() if (found := _pooled(report.per_type, types))}
-    pooled_groups["all"] = {"count": report.count, **{key: getattr(report, key) for key in METRICS}}
-    return pooled_groups
-
-
 def changes(before: AccuracyReport, after: AccuracyReport, trained_types: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """``{group: {metric: {"before", "after", "points"}}}`` for the trained types, the untrained ones and all problems
-    (``points``: the change in percentage points, after − before)."""
-    old, new = by_training(before, trained_types), by_training(after, trained_types)
+    """``{group: {metric: {"before", "after", "points"}}}`` over the trained types, the untrained ones and all problems
+    (pooled by their number of problems; a group with none is left out; ``points``: after − before)."""
+    def pooled(report: AccuracyReport) -> dict[str, dict[str, float]]:
+        groups = {"trained": _pooled(report.per_type, [t for t in report.per_type if t in trained_types]),
+                  "untrained": _pooled(report.per_type, [t for t in report.per_type if t not in trained_types]),
+                  "all": report.to_dict()}
+        return {name: found for name, found in groups.items() if found}
+
+    old, new = pooled(before), pooled(after)
     return {group: {key: {"before": old[group][key], "after": new[group][key],
                           "points": round(100 * (new[group][key] - old[group][key]), 1)} for key in METRICS}
             for group in old if group in new}
@@ -226,34 +220,6 @@ def describe_change(what: str, old: float, new: float, percent: bool = True, ste
     if abs(new - old) <= limit * max(abs(old), 1e-12):
         return f"{what} stayed near {old:.3g} ({old:.3g} → {new:.3g})"
     return f"{what} {'rose' if new > old else 'fell'} from {old:.3g} to {new:.3g}"
-
-
-def conclusions(before: AccuracyReport, after: AccuracyReport, trained_types: Sequence[str]) -> list[str]:
-    """What training did to held-out accuracy, as sentences computed from the two reports: each metric on the trained
-    types, on the untrained ones and on all problems, each of a few trained types on its own, and the types whose
-    greedy accuracy or pass@k moved most."""
-    labels = {**METRIC_LABELS, "pass_at_k": f"pass@{before.k}"}
-    where = {"trained": f"the trained types ({', '.join(trained_types)})", "untrained": "the untrained types",
-             "all": f"all {before.count} problems"}
-    found = changes(before, after, trained_types)
-    lines = [describe_change(f"{labels[key]} on {where[group]}", found[group][key]["before"],
-                             found[group][key]["after"])
-             for group in ("trained", "untrained", "all") if group in found for key in METRICS]
-    each_trained = "untrained" in found and len(trained_types) <= 4  # a few trained types: each one, they can part ways
-    if each_trained:
-        lines += [describe_change(f"{labels[key]} on {name} (trained)", before.per_type[name][key],
-                                  after.per_type[name][key])
-                  for name in trained_types if name in before.per_type and name in after.per_type
-                  for key in ("greedy", "sampled_pass_at_1")]
-    for key in ("greedy", "pass_at_k"):  # the types that moved most (the untrained ones, when each trained one is told)
-        moves = {t: after.per_type[t][key] - before.per_type[t][key] for t in before.per_type
-                 if t in after.per_type and not (each_trained and t in trained_types)}
-        if moves:
-            worst, best = min(moves, key=moves.get), max(moves, key=moves.get)
-            for name in dict.fromkeys((best, worst)):
-                lines.append(describe_change(f"{labels[key]} on {name}{' (trained)' if name in trained_types else ''}",
-                                             before.per_type[name][key], after.per_type[name][key]))
-    return lines
 
 
 def subset(rows: Sequence[dict[str, Any]], evaluation: Evaluation, keep: Sequence[bool]) -> Evaluation:

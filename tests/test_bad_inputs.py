@@ -226,13 +226,13 @@ def _(x: Inputs):
       r"does not end with '#### <number>'", r"End the solution with a last line")
 def _(x: Inputs):
     path = x.jsonl("gsm8k.jsonl", {"question": "Tom has 3 apples and buys 2. How many?", "answer": "3 + 2 = 5 apples"})
-    return lambda: data.load_gsm8k_jsonl(path)
+    return lambda: data.load_gsm8k("train", path=path)
 
 
 @case("data/gsm8k-missing-question", DataError, r"missing column\(s\) \['question'\]", "every row needs")
 def _(x: Inputs):
     path = x.jsonl("gsm8k_q.jsonl", {"problem": "Tom has 3 apples.", "answer": "#### 3"})
-    return lambda: data.load_gsm8k_jsonl(path)
+    return lambda: data.load_gsm8k("train", path=path)
 
 
 @case("data/unknown-split", ConfigError, r"unknown split 'test'", r"use 'train' or 'eval'")

@@ -86,20 +86,20 @@ def test_load_jsonl_accepts_plain_prompts(tmp_path):
     assert row["prompt"] == [{"role": "user", "content": "What is 2 + 3?"}] and row["answer"] == "5"
 
 
-def test_load_gsm8k_jsonl(tmp_path):
+def test_load_gsm8k_from_a_jsonl_file(tmp_path):
     path = data.write_jsonl([
         {"question": "Tom has 3 apples and buys 4 more. How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
         {"question": "Big numbers?", "answer": "1000 + 234 = 1234\n#### 1,234"},
     ], tmp_path / "gsm8k.jsonl")
-    rows = data.load_gsm8k_jsonl(path)
+    rows = data.load_gsm8k("train", path=path)
     assert [r["answer"] for r in rows] == ["7", "1234"]
     assert rows[0]["completion"] == "3 + 4 = 7\n#### 7" and rows[0]["type"] == "gsm8k"
     assert rows[0]["prompt"][0]["content"].startswith("Tom has 3 apples")
     broken = data.write_jsonl([{"question": "q", "answer": "no final marker"}], tmp_path / "broken.jsonl")
     with pytest.raises(ValueError, match="line 1: the 'answer' does not end with '#### <number>'"):
-        data.load_gsm8k_jsonl(broken)
+        data.load_gsm8k("train", path=broken)
     with pytest.raises(ValueError, match=r"missing column\(s\) \['question'\]"):
-        data.load_gsm8k_jsonl(data.write_jsonl([{"prompt": "q", "answer": "#### 1"}], tmp_path / "x.jsonl"))
+        data.load_gsm8k("train", path=data.write_jsonl([{"prompt": "q", "answer": "#### 1"}], tmp_path / "x.jsonl"))
 
 
 def test_to_dataset_keeps_columns():
@@ -142,7 +142,6 @@ def test_gsm8k_reads_jsonl_compressed_and_parquet_alike(tmp_path):
     rows = data.load_gsm8k("train", path=GSM8K_SAMPLE)
     assert data.load_gsm8k("train", path=gzipped) == rows == data.load_gsm8k("train", path=parquet)
     assert data.load_gsm8k("train", path=xzipped) == rows
-    assert [r["answer"] for r in data.load_gsm8k_jsonl(GSM8K_SAMPLE)] == [r["answer"] for r in rows]
     with pytest.raises(ValueError, match="unknown GSM8K split 'eval'"):
         data.load_gsm8k("eval", path=GSM8K_SAMPLE)
     with pytest.raises(FileNotFoundError, match="no parquet file"):
