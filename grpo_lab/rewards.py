@@ -1,14 +1,10 @@
 """Rule rewards in TRL's signature, a registry, weighted combination, verl adapters and validation.
 
-One entry point turns names or functions into what training, the notebooks and the verl export use:
-:func:`prepare` returns a :class:`RewardSet` (each function guarded as ``errors`` says, one weight each).
-This file uses the standard library only: the verl export copies it verbatim into its reward module.
-
-Every reward here is a callable ``f(prompts, completions, **kwargs) -> list[float | None]``, the form
-``trl.GRPOTrainer(reward_funcs=[...])`` accepts. ``completions`` are plain strings or chat-message lists (what TRL
-passes for conversational datasets), and the dataset columns (``answer``, ``unit``, ``type``, ``lang`` …) arrive as
-keyword lists, one value per completion. ``None`` means "this reward does not apply to this sample"; TRL turns it
-into NaN and leaves it out of the sum.
+Every reward is a callable ``f(prompts, completions, **kwargs) -> list[float | None]``, the form
+``trl.GRPOTrainer(reward_funcs=[...])`` accepts: ``completions`` are strings or chat-message lists, dataset columns
+(``answer``, ``unit``, ``lang`` …) arrive as keyword lists, one value per completion, and ``None`` means "does not apply
+to this sample" (TRL leaves it out of the sum). :func:`prepare` turns names or functions into a :class:`RewardSet`.
+Standard library only: the verl export copies this file verbatim into its reward module.
 
 >>> reward = get_reward("correctness")
 >>> reward(prompts=["q"], completions=["60 ÷ 2 = 30 km/h\\n#### 30"], answer=["30"])
@@ -37,15 +33,14 @@ from typing import Any, Literal
 
 try:  # inside grpo_lab; the verl export copies this file alone, where the package may be absent
     from grpo_lab.errors import ConfigError, DataError, GrpoLabError
-except ImportError:  # pragma: no cover - only in a verl reward worker
+except ImportError:  # pragma: no cover - only in a verl reward worker, where grpo_lab is not installed
     class GrpoLabError(Exception):
-        """Stand-in base class where grpo_lab is not installed (this file is copied into verl exports)."""
+        """Stand-in for grpo_lab.errors.GrpoLabError."""
 
     class ConfigError(GrpoLabError, ValueError):
-        """Stand-in for grpo_lab.errors.ConfigError."""
+        """Stand-in for grpo_lab.errors.ConfigError and DataError."""
 
-    class DataError(GrpoLabError, ValueError):
-        """Stand-in for grpo_lab.errors.DataError."""
+    DataError = ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +53,7 @@ RewardFunc = Callable[..., list]
 
 # --- Completions as text ---
 def completion_text(completion: Any) -> str:
-    """Return the text of one completion, whether TRL passed a string or a list of chat messages.
+    """The text of one completion, whether TRL passed a string or a list of chat messages.
 
     >>> completion_text([{"role": "assistant", "content": "#### 4"}])
     '#### 4'
@@ -73,8 +68,7 @@ def completion_text(completion: Any) -> str:
                     "the `completions` list that TRL hands to reward functions.")
 
 
-def _content_text(content: Any) -> str:
-    """Message content is a string or a list of typed parts ({"type": "text", "text": ...})."""
+def _content_text(content: Any) -> str:  # a string or a list of typed parts ({"type": "text", "text": ...})
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
@@ -84,9 +78,8 @@ def _content_text(content: Any) -> str:
 
 # --- Number extraction ---
 _CHAR_MAP = str.maketrans({**{chr(0xFF10 + d): str(d) for d in range(10)},  # full-width digits ０-９
-                           "．": ".", "－": "-", "−": "-", "／": "/", "＃": "#", "＋": "+", "％": "%",  # − is U+2212
-                           "\u3000": " "})  # ideographic space
-# The full-width comma "，" is Chinese punctuation ("100，200，300" lists numbers), never a thousands separator.
+                           "．": ".", "－": "-", "−": "-", "／": "/", "＃": "#", "＋": "+", "％": "%", "\u3000": " "})
+# The full-width comma "，" lists numbers in Chinese ("100，200，300"), never separates thousands.
 
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.]+)\s*\}\s*\{\s*(-?[\d.]+)\s*\}")
 
@@ -155,13 +148,11 @@ class ExtractedAnswer:
     """The final answer found in a completion, and where it came from."""
 
     value: float | None
-    """The number, or None when nothing usable was found."""
     text: str | None
-    """The number as written in the completion (after full-width normalization)."""
+    """The number as written (after full-width normalization)."""
     found_by: FoundBy
-    """``"marker"`` (``#### N``), ``"boxed"`` (``\\boxed{N}``), ``"last number"`` or ``"none"``."""
     problem: str = ""
-    """Why no value was found (empty when a value was found)."""
+    """Why no value was found."""
 
 
 def extract_answer(completion: Any, marker: str = ANSWER_MARKER) -> ExtractedAnswer:
@@ -238,8 +229,8 @@ def check_answer(completion: Any, answer: Any, *, require_marker: bool = False, 
 
 
 def is_correct(completion: Any, answer: Any) -> bool:
-    """The course's accuracy rule, the same as the ``correctness`` reward with ``require_marker=True``: the
-    number after the last ``####`` equals ``answer``. Evaluation (greedy, pass@k) and training agree on it.
+    """The course's accuracy rule (the ``correctness`` reward with ``require_marker=True``): the number after the last
+    ``####`` equals ``answer``.
 
     >>> is_correct("3 × 4 = 12 #### 12", "12"), is_correct("so it is 12", "12")
     (True, False)
@@ -248,9 +239,8 @@ def is_correct(completion: Any, answer: Any) -> bool:
 
 
 def is_correct_lenient(completion: Any, answer: Any) -> bool:
-    """Lenient accuracy: the completion's final number equals ``answer``, with or without the ``####`` marker (the
-    marker's number where there is one, else a ``\\boxed{}`` one, else the last number in the text). Beside
-    :func:`is_correct` it tells learning the arithmetic from learning the format.
+    """The final number (:func:`extract_answer`) equals ``answer``, marker or not: beside :func:`is_correct` it tells
+    learning the arithmetic from learning the format.
 
     >>> is_correct_lenient("so it is 12", "12"), is_correct("so it is 12", "12")
     (True, False)
@@ -278,10 +268,17 @@ def _column(kwargs: Mapping[str, Any], name: str, reward_name: str, n: int) -> l
     return values
 
 
+class _Named:
+    """A reward object whose ``__name__`` (what TRL logs it under) is its ``name`` field."""
+
+    @property
+    def __name__(self) -> str:
+        return self.name
+
+
 @dataclass
-class CorrectnessReward:
-    """1.0 when the completion's final number equals the ``answer`` column (within tolerance), else 0.0;
-    ``explain`` gives the reason per sample."""
+class CorrectnessReward(_Named):
+    """1.0 when the completion's final number equals the ``answer`` column (within tolerance), else 0.0."""
 
     require_marker: bool = False
     """Score 0 when the ``####`` marker is missing, even if the last number is right."""
@@ -291,11 +288,8 @@ class CorrectnessReward:
     answer_column: str = "answer"
     name: str = "correctness"
 
-    def __post_init__(self) -> None:
-        self.__name__ = self.name
-
     def explain(self, completions: Sequence[Any], **kwargs: Any) -> list[AnswerCheck]:
-        """The per-sample verdicts (score, predicted, expected, reason) behind ``__call__``."""
+        """Each sample's verdict, with its reason."""
         answers = _column(kwargs, self.answer_column, self.name, len(completions))
         options = dict(require_marker=self.require_marker, marker=self.marker, rel_tol=self.rel_tol,
                        abs_tol=self.abs_tol)
@@ -307,14 +301,11 @@ class CorrectnessReward:
 
 # --- Format, length, keywords, repetition ---
 @dataclass
-class FormatReward:
+class FormatReward(_Named):
     """1.0 when the answer marker appears exactly once and a number follows it on its line, else 0.0."""
 
     marker: str = ANSWER_MARKER
     name: str = "format"
-
-    def __post_init__(self) -> None:
-        self.__name__ = self.name
 
     def score(self, completion: Any) -> float:
         text = normalize_text(completion_text(completion))
@@ -328,7 +319,7 @@ class FormatReward:
 
 
 @dataclass
-class LengthWindowReward:
+class LengthWindowReward(_Named):
     """1.0 when the completion has between ``min_chars`` and ``max_chars`` characters, else 0.0. On its own it is
     easy to game (pad with anything)."""
 
@@ -339,7 +330,6 @@ class LengthWindowReward:
     def __post_init__(self) -> None:
         if not 0 <= self.min_chars <= self.max_chars:
             raise ConfigError(f"Need 0 <= min_chars <= max_chars, got {self.min_chars} and {self.max_chars}.")
-        self.__name__ = self.name
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         lengths = [len(completion_text(c).strip()) for c in completions]
@@ -347,7 +337,7 @@ class LengthWindowReward:
 
 
 @dataclass
-class KeywordReward:
+class KeywordReward(_Named):
     """The fraction of ``keywords`` present in the completion (0.0 … 1.0)."""
 
     keywords: tuple[str, ...] = (ANSWER_MARKER,)
@@ -358,7 +348,6 @@ class KeywordReward:
         if isinstance(self.keywords, str) or not self.keywords:
             raise ConfigError("`keywords` must be a non-empty tuple of strings, e.g. ('####', '=').")
         self.keywords = tuple(self.keywords)
-        self.__name__ = self.name
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         fold = (lambda s: s) if self.case_sensitive else str.casefold
@@ -368,15 +357,12 @@ class KeywordReward:
 
 
 @dataclass
-class ContainsAnswerReward:
+class ContainsAnswerReward(_Named):
     """1.0 when the reference answer appears anywhere in the text as a number. Gameable by listing many numbers,
     which is why ``CorrectnessReward`` reads only the final answer."""
 
     answer_column: str = "answer"
     name: str = "contains_answer"
-
-    def __post_init__(self) -> None:
-        self.__name__ = self.name
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         expected = [reference_value(a) for a in _column(kwargs, self.answer_column, self.name, len(completions))]
@@ -397,7 +383,7 @@ def tokenize_for_repetition(text: str) -> list[str]:
 
 
 @dataclass
-class RepetitionPenalty:
+class RepetitionPenalty(_Named):
     """A penalty in [max_penalty, 0]: ``max_penalty * (1 - distinct n-grams / all n-grams)``; 0.0 for text with no
     repeated n-gram or shorter than ``ngram_size`` tokens."""
 
@@ -410,7 +396,6 @@ class RepetitionPenalty:
             raise ConfigError(f"ngram_size must be at least 1, got {self.ngram_size}.")
         if self.max_penalty > 0:
             raise ConfigError(f"max_penalty must be <= 0 (it is a penalty), got {self.max_penalty}.")
-        self.__name__ = self.name
 
     def score(self, completion: Any) -> float:
         tokens = tokenize_for_repetition(completion_text(completion))
@@ -442,6 +427,14 @@ def weighted_sum(values: Sequence[float | None], weights: Sequence[float]) -> fl
     return sum(present) if present else None
 
 
+def _weights(weights: Sequence[float] | None, count: int, error: type[Exception]) -> list[float]:
+    resolved = [1.0] * count if weights is None else [float(w) for w in weights]
+    if len(resolved) != count:
+        raise error(f"Number of reward weights ({len(resolved)}) must match number of reward functions ({count}); "
+                    "give one weight per function, in the same order.")
+    return resolved
+
+
 @dataclass
 class RewardTable:
     """Every reward function's values for a batch of completions, and their TRL-weighted total."""
@@ -457,8 +450,7 @@ class RewardTable:
         return [dict(zip(self.names, row), total=total) for row, total in zip(self.values, self.totals)]
 
     def to_frame(self):
-        """The table as a pandas DataFrame (pandas ships with ``datasets``)."""
-        import pandas as pd
+        import pandas as pd  # a dependency of ``datasets``
 
         return pd.DataFrame(self.rows())
 
@@ -467,10 +459,7 @@ def score_all(reward_funcs: Sequence[Callable], prompts: Sequence[Any], completi
               reward_weights: Sequence[float] | None = None, **columns: Any) -> RewardTable:
     """Run each reward function once on the batch and combine them as ``GRPOTrainer`` does with
     ``GRPOConfig(reward_weights=...)`` (default weight 1.0 each)."""
-    weights = [1.0] * len(reward_funcs) if reward_weights is None else [float(w) for w in reward_weights]
-    if len(weights) != len(reward_funcs):
-        raise RewardValidationError(
-            f"Number of reward weights ({len(weights)}) must match number of reward functions ({len(reward_funcs)}).")
+    weights = _weights(reward_weights, len(reward_funcs), RewardValidationError)
     per_func = [list(fn(prompts=prompts, completions=completions, **columns)) for fn in reward_funcs]
     for fn, out in zip(reward_funcs, per_func):
         if len(out) != len(completions):
@@ -482,7 +471,7 @@ def score_all(reward_funcs: Sequence[Callable], prompts: Sequence[Any], completi
 
 
 @dataclass
-class WeightedReward:
+class WeightedReward(_Named):
     """Several rewards folded into one reward function with TRL's ``reward_weights`` semantics: the same total as
     ``reward_funcs=[a, b]`` with ``reward_weights`` (TRL's default ``sum_then_normalize``), which logs each reward
     separately; use this where one callable is needed."""
@@ -494,11 +483,7 @@ class WeightedReward:
     def __post_init__(self) -> None:
         if not self.reward_funcs:
             raise ConfigError("WeightedReward needs at least one reward function.")
-        self.weights = [1.0] * len(self.reward_funcs) if self.weights is None else [float(w) for w in self.weights]
-        if len(self.weights) != len(self.reward_funcs):
-            raise ConfigError(f"Number of reward weights ({len(self.weights)}) must match number of reward functions "
-                              f"({len(self.reward_funcs)}); give one weight per function, in the same order.")
-        self.__name__ = self.name
+        self.weights = _weights(self.weights, len(self.reward_funcs), ConfigError)
 
     def table(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> RewardTable:
         return score_all(self.reward_funcs, prompts, completions, self.weights, **kwargs)
@@ -659,8 +644,8 @@ def check_error_mode(mode: str) -> str:
 
 
 class ValidatedReward:
-    """A reward function wrapped with checks (:func:`validate_reward`). ``check_values=False`` checks only the call
-    as a whole (an exception, a non-list, a wrong count) and passes the values through."""
+    """A reward function wrapped with checks (:func:`validate_reward`); ``check_values=False`` passes the values
+    through, checking only the call as a whole."""
 
     def __init__(self, fn: Callable, mode: Literal["raise", "skip"] = "raise", check_values: bool = True) -> None:
         check_error_mode(mode)
@@ -670,7 +655,6 @@ class ValidatedReward:
         self.__doc__ = getattr(fn, "__doc__", None)
         self.__wrapped__ = fn
         self.issues: list[RewardIssue] = []
-        """Every problem seen so far (in "skip" mode the calls went on with None for those samples)."""
 
     def __repr__(self) -> str:
         return f"validate_reward({self.__name__}, mode={self.mode!r})"
@@ -744,12 +728,10 @@ class ValidatedReward:
 
 
 def validate_reward(fn: Callable, mode: Literal["raise", "skip"] = "raise") -> ValidatedReward:
-    """Wrap a reward function so that broken outputs stop with a message a person can act on.
-
-    Checks the signature at once, then on every call: exceptions (re-run per sample to find the culprit), a return
-    that is not a list, the wrong count, non-numbers, NaN and ±inf. ``mode="raise"`` stops at the first problem
-    (``RewardValidationError``); ``mode="skip"`` warns, records None for the sample and goes on. Problems are kept
-    in ``.issues``; ``__name__`` is kept, so TRL's metric names stay the same.
+    """Wrap a reward function so that a broken output stops with a message a person can act on: the signature now;
+    on each call exceptions (re-run per sample to find the culprit), a non-list, the wrong count, non-numbers, NaN and
+    ±inf. ``"raise"`` stops at the first (:class:`RewardValidationError`); ``"skip"`` warns and records None for the
+    sample. Problems are kept in ``.issues``; ``__name__`` is kept, so TRL's metric names stay the same.
 
     >>> safe = validate_reward(lambda prompts, completions, **kw: [1 / len(c) for c in completions], mode="skip")
     >>> safe(prompts=["a", "b"], completions=["ok", ""])
@@ -801,13 +783,9 @@ class RewardSet:
 
 def prepare(rewards: Sequence[str | Callable], weights: Sequence[float] | None = None,
             errors: Literal["raise", "skip"] = "raise") -> RewardSet:
-    """Reward functions for training, from registry names and/or your own functions in TRL's signature.
-
-    Each is checked for TRL's signature once and guarded as ``errors`` says: ``"raise"`` stops at a broken reward
-    with a :class:`RewardValidationError` naming the function, the sample and the fix (registry rewards also stop on
-    NaN, inf or a non-number); ``"skip"`` records None for such a sample and goes on (``validate_reward(fn,
-    "skip")``). A function you wrapped with :func:`validate_reward` keeps its mode; reward models
-    (``torch.nn.Module``) are left to TRL. ``weights`` (TRL's ``reward_weights``): one per reward, default 1.0.
+    """Reward functions for training from registry names and/or your own functions, each guarded as ``errors`` says
+    (:func:`validate_reward`; registry rewards' values are always checked, yours with ``"skip"`` only). One already
+    wrapped keeps its mode; reward models (``torch.nn.Module``) are left to TRL. ``weights``: TRL's ``reward_weights``.
 
     >>> prepare(["correctness", "format"], [1.0, 0.2]).names
     ['correctness', 'format']
