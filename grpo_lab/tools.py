@@ -1,19 +1,10 @@
 """Tools a model may call during a GRPO rollout (TRL's ``GRPOTrainer(tools=[...])``): the course's ``calculator``, a
 registry of tools by name, the guard every tool runs inside, and the chat template that renders and parses the calls.
 
-A tool is a plain Python function with type hints and a Google-style docstring: transformers turns them into the JSON
+A tool is a plain Python function with type hints and a Google-style docstring: transformers turns it into the JSON
 schema the chat template shows the model; TRL calls it with the model's arguments and appends what it returns, as text.
-
-**The guard** (:class:`GuardedTool`, made by :func:`prepare`) counts every call in :attr:`ToolSet.counts` by how it
-ended (:data:`CALL_KINDS`): ``ok``; ``not_text`` (a number or a dict, handed on as JSON text); ``bad_arguments`` (they
-do not fit the signature); ``raised``; ``time_limit`` (past ``time_limit_s``, stopped by a timer in the main thread).
-The last three re-raise (:class:`ToolCallError`), so TRL counts them in ``tools/failure_frequency`` and hands the model
-``{"error": "..."}``. :meth:`ToolSet.callbacks` logs the counts with each step (``tools/<kind>``).
-
-**The chat template** (:data:`TOOL_CHAT_TEMPLATE`): ChatML plus Qwen2.5's tool format (``<tool_call>`` JSON,
-``<tool_response>`` in a user turn), a one-line list of the tools, and ``{% generation %}`` markers so TRL's
-``SFTTrainer`` can train on the assistant's tokens only. TRL recognises only the templates it ships:
-:func:`use_tool_template` sets its parser for Qwen's format as the tokenizer's ``response_template``.
+The guard (:func:`prepare`) counts every call by how it ended (:data:`CALL_KINDS`); an error re-raises, so TRL counts
+it in ``tools/failure_frequency`` and hands the model ``{"error": "..."}``.
 
 >>> calculator("2 × (3 + 4)")
 '14'
@@ -55,7 +46,8 @@ Tool = Callable[..., Any]
 """A tool in TRL's sense: a typed function with a Google-style docstring."""
 
 CALL_KINDS = ("ok", "not_text", "bad_arguments", "raised", "time_limit")
-"""How a call through the guard ended (the module docstring says what each means)."""
+"""How a call through the guard ended: ``ok``; ``not_text`` (a number or a dict, handed on as JSON text);
+``bad_arguments`` (they do not fit the signature); ``raised``; ``time_limit`` (past the guard's ``time_limit_s``)."""
 ERROR_KINDS = ("bad_arguments", "raised", "time_limit")
 """The kinds that re-raise: TRL counts them as failures and shows the model the error."""
 TIME_LIMIT_S = 2.0
@@ -177,8 +169,7 @@ def _time_limit(seconds: float) -> Iterator[None]:
 
 
 def as_text(result: Any) -> str:
-    """A tool's result as the text the model reads: strings as they are, anything else as JSON (``str`` where JSON
-    has no form for it)."""
+    """A tool's result as the text the model reads: strings as they are, anything else as JSON (else ``str``)."""
     if isinstance(result, str):
         return result
     try:
@@ -194,9 +185,8 @@ def _signature_hint(signature: inspect.Signature) -> str:
 
 @dataclass
 class GuardedTool:
-    """``tool`` behind the guard: :meth:`run` calls it and records how the call ended in ``counts``; :attr:`function`
-    is what TRL takes (a plain function with the tool's name, signature and docstring, from which transformers
-    builds the schema the model sees), raising :class:`ToolCallError` for an error kind."""
+    """``tool`` behind the guard: :meth:`run` calls it and counts how the call ended; :attr:`function` is what TRL
+    takes (the tool's name, signature and docstring), raising :class:`ToolCallError` for an error kind."""
 
     tool: Tool
     counts: Counter = field(default_factory=Counter)
@@ -258,14 +248,13 @@ class ToolSet:
         return [guard.name for guard in self.guards]
 
     def check_template(self, tokenizer: Any, where: str) -> None:
-        """With tools: stop early, saying what to do, when ``tokenizer``'s chat template cannot render or parse tool
-        calls (TRL would fail later, or never see a call)."""
+        """With tools, :func:`check_tool_template`."""
         if self.guards:
             check_tool_template(tokenizer, where)
 
     def callbacks(self) -> list[Any]:
-        """With tools, a ``transformers.TrainerCallback`` that adds ``tools/<kind>`` (calls since the previous log) to
-        each logged step; it goes before the callback that records the logs (``MetricsLogger``)."""
+        """With tools, a ``TrainerCallback`` adding ``tools/<kind>`` (calls since the last log) to each logged step;
+        it goes before the one that records the logs."""
         if not self.guards:
             return []
         from transformers import TrainerCallback
@@ -334,8 +323,8 @@ TOOL_CHAT_TEMPLATE = (
     "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
-"""ChatML with Qwen2.5's tool-call and tool-response format, a short tool list and ``{% generation %}`` markers.
-Without tools it renders exactly what a plain ChatML template renders (no system turn unless one is given)."""
+"""ChatML with Qwen2.5's tool-call and tool-response format, a short tool list and ``{% generation %}`` markers (SFT
+on the assistant's tokens only). Without tools it renders what plain ChatML renders (no system turn unless given)."""
 
 
 def use_tool_template(tokenizer: Any) -> Any:
