@@ -92,37 +92,33 @@ def _normalise(name: str) -> str:
 def parse_stack(text: str, name: str, path: Path | None = None) -> Stack:
     """Parse a stack file: ``# key: value`` header lines, then ``package==version`` pins."""
     where = path or name
-    status, python, system, pins = "", "", {}, {}
+    header, system, pins = {}, {}, {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line:
             continue
         if line.startswith("#"):
             key, sep, value = (part.strip() for part in line.lstrip("#").partition(":"))
-            if not sep or " " in key:
-                continue  # prose comment
-            if key == "status":
-                status = value
-            elif key == "python":
-                python = value
-            elif key == "system":
+            if sep and key == "system":
                 pkg, eq, ver = value.partition("==")
                 if not eq:
                     raise StackFileError(f"{where}:{number}: system line needs 'name==version', got {value!r}.")
                 system[pkg.strip()] = ver.strip()
+            elif sep and " " not in key:  # a header line, not a prose comment
+                header[key] = value
             continue
         pkg, eq, version = line.partition("==")
         if not eq or not pkg.strip() or not version.strip() or " " in pkg.strip():
             raise StackFileError(f"{where}:{number}: expected 'package==version', got {line!r}. Every pin in a stack "
                                  "file is exact; put prose after '#'.")
         pins[_normalise(pkg.strip())] = version.strip()
-    if not status:
+    if not header.get("status"):
         raise StackFileError(f"{where}: missing '# status: verified|documented' header line; add it above the "
                              "pins, e.g. '# status: documented' for a combination not yet run here.")
     if not pins:
         raise StackFileError(f"{where}: no 'package==version' pins found; list one exact pin per line, "
                              "e.g. 'torch==2.13.0'.")
-    return Stack(name=name, status=status, pins=pins, system=system, python=python, path=path)
+    return Stack(name, header["status"], pins, system, header.get("python", ""), path)
 
 
 def load_stack(name: str) -> Stack:
@@ -185,15 +181,14 @@ BYTECODE_PACKAGES = ("torch", "transformers", "trl", "vllm")
 
 @dataclass(frozen=True)
 class BytecodeStatus:
-    """Whether Python can load the big packages' bytecode (``__pycache__``) or compiles them on every import (a
-    container image that sets ``PYTHONDONTWRITEBYTECODE=1`` and ships site-packages without bytecode)."""
+    """Whether Python loads the big packages' bytecode or compiles them on every import (an image that sets
+    ``PYTHONDONTWRITEBYTECODE=1`` and ships site-packages without bytecode)."""
 
     writes: bool
     """False when ``PYTHONDONTWRITEBYTECODE`` stops Python from saving what it compiles."""
     missing: tuple[str, ...]
     """Installed packages of :data:`BYTECODE_PACKAGES` with no bytecode for this Python."""
     folders: tuple[str, ...]
-    """The site-packages folders that hold them."""
 
     @property
     def ok(self) -> bool:
@@ -201,17 +196,16 @@ class BytecodeStatus:
         return not self.missing or self.writes
 
     def describe(self) -> str:
-        """What is wrong when not :attr:`ok` (the fix: :meth:`command`)."""
         return (f"PYTHONDONTWRITEBYTECODE is set and {', '.join(self.missing)} have no bytecode: every process (each "
                 f"kernel, vLLM engine and server) compiles them from source, seconds per start")
 
     def command(self) -> str:
-        """Compiles the folders once (in parallel); later imports load the bytecode even where Python writes none."""
+        """Compiles the folders once; later imports load the bytecode even where Python writes none."""
         return f"{sys.executable} -m compileall -q -j 0 " + " ".join(self.folders)
 
 
 def bytecode_status(packages: tuple[str, ...] = BYTECODE_PACKAGES) -> BytecodeStatus:
-    """Look, without importing, for the bytecode of each package's ``__init__`` (a compiled folder has all of it)."""
+    """Look, without importing, for the bytecode of each package's ``__init__``."""
     missing, folders = [], []
     for name in packages:
         spec = importlib.util.find_spec(name)
@@ -355,9 +349,8 @@ def report(smoke: bool = False) -> EnvReport:
 # --- Notebooks: results, not library chatter ---
 @dataclass(frozen=True)
 class HarmlessWarning:
-    """A warning the course's libraries emit that says nothing about the learner's run, and why. ``message`` (a prefix)
-    and ``module`` (exact) are literal, as for ``python -W``, so the filter reaches child processes through
-    ``PYTHONWARNINGS``."""
+    """A warning that says nothing about the learner's run, and why. ``message`` (a prefix) and ``module`` (exact) are
+    literal, as for ``python -W``, so the filter reaches child processes through ``PYTHONWARNINGS``."""
 
     message: str
     category: type[Warning]
@@ -428,8 +421,7 @@ def show_progress() -> bool:
 
 
 class _PlainLines(logging.Handler):
-    """grpo_lab's own messages (e.g. a reward sample skipped) as plain lines on stdout, where a notebook shows them
-    with the cell's other results instead of on a red stderr background."""
+    """grpo_lab's own messages as plain lines on stdout, with a notebook cell's results (not on a red background)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         print(self.format(record), file=sys.stdout)
