@@ -74,18 +74,16 @@ class ModelManifest:
     rebuild: str
     """The command that rebuilds the model: where it came from."""
     device: str
-    """The device it was built on."""
     parameters: int | None
     deliberate_slip: str | None
-    """The mistake planted in part of its fine-tuning targets, in words (the tiny model's; GRPO is to remove it)."""
+    """The mistake planted in part of its fine-tuning targets, in words (GRPO is to remove it)."""
     slip_types: tuple[str, ...]
-    """The problem types with the planted slip."""
     languages: tuple[str, ...]
     """The languages it reads; empty: any."""
     train_sha256: str | None
     """The sha256 of the training file it was fine-tuned on."""
     files: dict[str, dict[str, Any]]
-    """Every other file of the folder: ``{name: {"sha256", "bytes"}}``."""
+    """``{name: {"sha256", "bytes"}}`` of every other file of the folder."""
 
 
 def _load_manifest(model_dir: Path) -> dict[str, Any] | None:
@@ -186,8 +184,8 @@ ADAPTER_CONFIG = "adapter_config.json"
 
 @dataclass(frozen=True)
 class AdapterModel:
-    """A LoRA adapter folder that stands for a model: PEFT's adapter, applied on its base as the adapter trained on it
-    (a QLoRA run's deliverable: the base in 4 bits, as ``quantization`` says)."""
+    """A LoRA adapter folder that stands for a model: PEFT's adapter on its base, loaded as it trained (a QLoRA run's
+    base in 4 bits)."""
 
     folder: Path
     base: str
@@ -200,8 +198,7 @@ class AdapterModel:
 
 
 def adapter_model(folder: str | os.PathLike[str]) -> AdapterModel | None:
-    """The adapter a folder holds (``adapter_config.json``), with its base and how the base is loaded (the folder's
-    manifest); None for a plain model folder or a hub id."""
+    """The adapter a folder holds (``adapter_config.json``) with its base; None for a plain model folder or a hub id."""
     path = Path(folder)
     if not (path / ADAPTER_CONFIG).is_file():
         return None
@@ -229,18 +226,16 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16' or 'float16'")
         dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
+    options = dict(dtype="auto" if dtype is None else dtype, use_safetensors=True, trust_remote_code=trust_remote_code)
     adapter = adapter_model(resolved)
     if adapter is None:
-        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype if dtype is not None else "auto",
-                                                     use_safetensors=True, trust_remote_code=trust_remote_code)
-        return model.to(device).eval(), tokenizer
+        return AutoModelForCausalLM.from_pretrained(resolved, **options).to(device).eval(), tokenizer
     from peft import PeftModel
     from transformers import BitsAndBytesConfig
 
     quantized = adapter.quantization is not None
     base = AutoModelForCausalLM.from_pretrained(
-        resolve_model(adapter.base), dtype=dtype if dtype is not None else "auto", use_safetensors=True,
-        trust_remote_code=trust_remote_code, device_map={"": device} if quantized else None,
+        resolve_model(adapter.base), **options, device_map={"": device} if quantized else None,
         quantization_config=BitsAndBytesConfig(**adapter.quantization) if quantized else None)
     model = PeftModel.from_pretrained(base if quantized else base.to(device), resolved,
                                       trust_remote_code=trust_remote_code)

@@ -90,7 +90,6 @@ class RunRecord:
     """The resolved experiment (``TrainConfig`` fields)."""
     created: str
     backend: str
-    """The rollout backend and why it was chosen."""
     device: str
     versions: dict[str, str]
     resumed_from: str | None
@@ -113,7 +112,6 @@ class Run:
 
     @property
     def recorded(self) -> RunRecord:
-        """:attr:`record` as a :class:`RunRecord`."""
         record = self.record
         config = record.get("config", {})
         return RunRecord(config=config, created=str(record.get("created", "")), backend=str(record.get("backend", "")),
@@ -197,8 +195,8 @@ def find_run(which: str | Path = "latest", profile: str | None = None, finished:
 
 
 def record_use(run: Run | Path, how: str) -> None:
-    """Note in ``<root>/course_runs.jsonl`` that the notebook running now (``GRPO_LAB_NOTEBOOK``) ``how``-ed this
-    run ("trained", "deployed" …): ``make course``'s summary names the run each notebook used."""
+    """Note in ``<root>/course_runs.jsonl`` that the notebook running now (``GRPO_LAB_NOTEBOOK``) ``how``-ed this run
+    ("trained", "deployed" …)."""
     notebook = os.environ.get(NOTEBOOK_ENV)
     if not notebook:
         return
@@ -243,8 +241,7 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def check_checkpoint(path: str | Path) -> Path:
-    """Raise :class:`CheckpointError` unless ``path`` is a complete checkpoint (weights, optimizer, state): for
-    folders from elsewhere (a copy cut short, another tool); anything under ``.partial/`` is refused."""
+    """Raise :class:`CheckpointError` unless ``path`` is a complete checkpoint (weights, optimizer, state)."""
     path = Path(path)
     if path.parent.name == PARTIAL:
         raise CheckpointError(
@@ -288,8 +285,7 @@ def checkpoint_step(path: Path) -> int:
 
 
 def publish_folder(staged: Path, target: Path) -> Path:
-    """Move a completely written folder to ``target`` with a rename, so ``target`` is absent or complete (a process
-    killed while the Trainer writes file by file never leaves a checkpoint that looks like the newest). An existing
+    """Move a completely written folder to ``target`` with a rename, so ``target`` is absent or complete; an existing
     ``target`` (a resumed run saving that step again) is renamed aside, then deleted; an emptied ``.partial/`` goes."""
     staged, target = Path(staged), Path(target)
     if target.exists():
@@ -324,14 +320,13 @@ class OpenedRun:
     """The checkpoint training continues from (None: a fresh run)."""
     resume_step: int | None
     metrics: list[dict[str, Any]]
-    """The log up to that checkpoint (the steps after it are trained again); empty for a fresh run."""
+    """The log up to that checkpoint (the steps after it are trained again)."""
 
 
 def open_run(output_dir: str | Path | None, resume_from_checkpoint: str | bool | None = None,
              profile: str = "run") -> OpenedRun:
-    """Open the run folder a training run writes: a new ``grpo-<profile>-<time>`` folder when ``output_dir`` is None;
-    the checkpoint to resume from, checked (a folder that already holds a run is refused unless it resumes); saves
-    that a kill interrupted discarded; the notebook's use recorded (:func:`record_use`)."""
+    """Open the folder a training run writes (a new ``grpo-<profile>-<time>`` one when ``output_dir`` is None): the
+    checkpoint to resume from checked, a folder holding a run refused unless it resumes, interrupted saves discarded."""
     run_dir = Path(output_dir) if output_dir is not None else new_run_dir(profile, datetime.now())
     resume = resolve_resume(run_dir, resume_from_checkpoint)
     if resume is None and (run_dir / CONFIG_FILE).exists():
