@@ -53,13 +53,11 @@ class Check:
 
 @dataclass(frozen=True)
 class DoctorConfig:
-    """What to diagnose: the experiment (a ``TrainConfig``, e.g. a run's own) plus what lies outside it: your own
-    script's training dtype, the engine's prefix caching, a trainer tokenizer from elsewhere, the serving plan."""
+    """What to diagnose: the experiment (a ``TrainConfig``, e.g. a run's own) and what lies outside it."""
 
     experiment: TrainConfig = field(default_factory=TrainConfig)
     dtype: str | None = None
-    """The dtype your own training script uses, if not the experiment's (fp32 weights, bf16 autocast where the
-    machine has it)."""
+    """The dtype your own training script uses, if not the experiment's."""
     enable_prefix_caching: bool = True
     tokenizer: str | None = None
     """The trainer's tokenizer, if it is not loaded from the model folder."""
@@ -126,8 +124,7 @@ def check_device(config: DoctorConfig) -> Check:
 
 
 def check_device_memory() -> Check:
-    """The device's size as every part of the package treats it: its total, or ``GRPO_LAB_DEVICE_MEMORY_GIB``'s cap
-    (what the memory plan below divides)."""
+    """The device's size as the package treats it: its total, or ``GRPO_LAB_DEVICE_MEMORY_GIB``'s cap."""
     kind = device.detect()
     try:
         cap = device.Machine.detect().cap
@@ -191,8 +188,7 @@ def check_prefix_caching(config: DoctorConfig) -> Check:
 
 
 def check_memory(config: DoctorConfig) -> Check:
-    """The memory planner on the experiment as ``grpo_lab.train`` would run it here (vLLM's share included, when the
-    rollouts use vLLM)."""
+    """The memory planner on the experiment as ``grpo_lab.train`` would run it here."""
     machine = Machine.detect()
     resolved = config.experiment.resolve(machine)
     budget = experiment.memory_budget(resolved, machine)
@@ -226,16 +222,14 @@ def check_serving(config: DoctorConfig) -> Check:
 
 @dataclass(frozen=True)
 class VLLMGroup:
-    """A process group of this user with a vLLM process that holds a device or a port: what it holds, who started it,
-    and how to stop it."""
+    """A process group of this user with a vLLM process that holds a device or a port, and how to stop it."""
 
     pgid: int
     pids: tuple[int, ...]
-    """The processes to stop: the whole group, or only its vLLM processes when the group belongs to another program
-    (a notebook kernel whose in-process engine runs in the kernel's group)."""
+    """The processes to stop: the whole group, or only its vLLM processes when the group is another program's (a
+    notebook kernel running an in-process engine)."""
     whole_group: bool
     command: str
-    """The command line of (the first of) its vLLM processes that hold something."""
     ports: tuple[int, ...]
     devices: tuple[str, ...]
     owner: str
@@ -253,7 +247,7 @@ class VLLMGroup:
 
 
 def _held_devices(pid: int) -> set[str]:
-    """Accelerator device files (``/dev/nvidia0``, ``/dev/davinci3`` ...) the process has open (``/proc/PID/fd``)."""
+    """Accelerator device files (``/dev/nvidia0``, ``/dev/davinci3`` ...) the process has open."""
     prefixes = [re.escape(prefix) for prefix in device.DEVICE_FILE_PREFIX.values() if prefix]
     pattern = re.compile(rf"({'|'.join(prefixes)})\d+")
     held = set()
