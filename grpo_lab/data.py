@@ -50,9 +50,8 @@ INSTRUCTION = {"en": 'Show the calculation, then give the final answer as "#### 
 # --- Problems ---
 @dataclass(frozen=True)
 class Problem:
-    """One generated word problem, its solution and (for some types) a plausible slip. ``key``: the arithmetic (type
-    + numbers, language-independent), never shared by the train and eval splits; ``slip_solution``: a consistent wrong
-    working (forgetting to double a perimeter), for imperfect SFT targets."""
+    """One generated word problem, its solution and (for some types) a consistent wrong working, for imperfect SFT
+    targets. ``key``: the arithmetic (type + numbers), never shared by the train and eval splits."""
 
     type: str
     lang: str
@@ -328,15 +327,10 @@ def build_split_problems(config: SplitConfig = SplitConfig()) -> dict[str, list[
     return {"train": train_problems, "eval": eval_problems}
 
 
-def build_splits(config: SplitConfig = SplitConfig()) -> dict[str, list[dict[str, Any]]]:
-    """The shipped splits as rows, ids ``train-00000`` … and ``eval-00000`` …."""
-    return {split: [p.to_row(f"{split}-{i:05d}") for i, p in enumerate(problems)]
-            for split, problems in build_split_problems(config).items()}
-
-
 def regenerate_splits(config: SplitConfig = SplitConfig()) -> dict[str, Path]:
-    """Write ``data/train.jsonl`` and ``data/eval.jsonl`` (byte-identical on every run)."""
-    return {split: write_jsonl(rows, config.path(split)) for split, rows in build_splits(config).items()}
+    """Write ``data/train.jsonl`` and ``data/eval.jsonl`` (ids ``train-00000`` …; byte-identical on every run)."""
+    return {split: write_jsonl([p.to_row(f"{split}-{i:05d}") for i, p in enumerate(problems)], config.path(split))
+            for split, problems in build_split_problems(config).items()}
 
 
 def load_split(split: str, config: SplitConfig = SplitConfig()) -> list[dict[str, Any]]:
@@ -385,9 +379,8 @@ def _require_columns(path: str | Path, number: int, record: dict[str, Any], colu
 
 
 def load_jsonl(path: str | Path, answer_column: str | None = "answer") -> list[dict[str, Any]]:
-    """Rows of a JSONL file in the shared format (one written by ``datasets``' ``to_json`` too); each needs
-    ``prompt`` (a string becomes one user message) and ``answer_column``, copied to ``answer`` (made a string). With
-    ``answer_column=None`` the answer is optional (rows for rewards that read other columns)."""
+    """Rows of a JSONL file in the shared format: each needs ``prompt`` (a string becomes one user message) and
+    ``answer_column`` (copied to ``answer``, made a string; ``None``: the answer is optional)."""
     rows = []
     for number, record in _read_json_lines(path):
         _require_columns(path, number, record, ("prompt",) if answer_column is None else ("prompt", answer_column))
@@ -407,8 +400,7 @@ def load_jsonl(path: str | Path, answer_column: str | None = "answer") -> list[d
 
 
 # --- GSM8K: a real task in the same row format ---
-GSM8K_HUB_ID = "openai/gsm8k"
-"""GSM8K on the Hugging Face hub (config ``main``: ``question``, ``answer``), MIT licence."""
+GSM8K_HUB_ID = "openai/gsm8k"  # config "main": question, answer; MIT licence
 GSM8K_SPLITS = ("train", "test")
 GSM8K_EVAL_SIZE = 500  # problems of GSM8K's train split held out to evaluate on (hold_out), by default
 GSM8K_SPLIT_SEED = 20261203

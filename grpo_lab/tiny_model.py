@@ -1,13 +1,10 @@
-"""Build the course's default model: a tiny Qwen2 with its own tokenizer, supervised-fine-tuned on the train split.
-
-On the CPU, in minutes: a byte-level BPE tokenizer trained on the train texts (every digit its own token) with a
-ChatML template; a randomly initialised Qwen2ForCausalLM of a few million parameters; TRL's ``SFTTrainer`` on prompt →
-completion pairs; greedy accuracy, pass@1 and pass@k on the eval split; safetensors, tokenizer, generation config and
+"""Build the course's default model on the CPU, in minutes: a byte-level BPE tokenizer (every digit its own token), a
+randomly initialised Qwen2 of a few million parameters, TRL's ``SFTTrainer`` on the train split, an evaluation, and
 ``manifest.json`` (recipe, versions, metrics, sha256 of every file).
 
 The recipe can teach a deliberate *slip*: a fraction of the SFT targets of some types use a consistent, plausible
 mistake (``grpo_lab.data.SLIPS``). The model then samples both methods, so pass@k is far above greedy accuracy on
-those types: where GRPO can raise accuracy by sharpening what the model already samples. The manifest says so.
+those types: where GRPO can raise accuracy by sharpening what the model already samples.
 
     python -m grpo_lab.tiny_model            # or: grpo-lab build-tiny-model
 """
