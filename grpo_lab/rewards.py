@@ -219,13 +219,12 @@ def check_answer(completion: Any, answer: Any, *, require_marker: bool = False, 
         return AnswerCheck(0.0, found.value, expected, found.found_by, f"marker '{marker}' missing (found {seen})")
     if found.value is None:
         return AnswerCheck(0.0, None, expected, found.found_by, found.problem)
-    where = {"marker": "after the marker", "boxed": "in \\boxed{}", "last number": "last number in the text"}
-    source = where[found.found_by]
-    if math.isclose(found.value, expected, rel_tol=rel_tol, abs_tol=abs_tol):
-        reason = f"correct: {_format_number(found.value)} ({source})"
-        return AnswerCheck(1.0, found.value, expected, found.found_by, reason)
-    reason = f"wrong value: found {_format_number(found.value)} ({source}), expected {_format_number(expected)}"
-    return AnswerCheck(0.0, found.value, expected, found.found_by, reason)
+    source = {"marker": "after the marker", "boxed": "in \\boxed{}",
+              "last number": "last number in the text"}[found.found_by]
+    right = math.isclose(found.value, expected, rel_tol=rel_tol, abs_tol=abs_tol)
+    reason = (f"correct: {_format_number(found.value)} ({source})" if right else
+              f"wrong value: found {_format_number(found.value)} ({source}), expected {_format_number(expected)}")
+    return AnswerCheck(float(right), found.value, expected, found.found_by, reason)
 
 
 def is_correct(completion: Any, answer: Any) -> bool:
