@@ -3,11 +3,6 @@
 Every completion is sampled through the rollout engine (:func:`grpo_lab.rollout.open_engine`, HF ``generate``
 or vLLM) and graded by one rule, :func:`grpo_lab.rewards.is_correct` (the number after the last ``####`` equals
 the row's answer): the rule the correctness reward trains with.
-
->>> from grpo_lab.data import load_split
->>> from grpo_lab.evaluation import evaluate
->>> result = evaluate("data/models/tiny-qwen2", load_split("eval")[:8], num_samples=2)   # doctest: +SKIP
->>> print(result.report.table())                                                        # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -119,13 +114,13 @@ def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int
         engine = open_engine(str(model), backend=backend, n=max(num_samples, 1), max_tokens=max_tokens,
                              temperature=temperature, seed=seed, prompts=prompts, **engine_settings)
     with engine:
-        greedy = engine.generate(prompts, Sampling(n=1, max_tokens=max_tokens, temperature=0.0, seed=seed)).texts
+        greedy = [texts[0] for texts in engine.generate(prompts, Sampling(n=1, max_tokens=max_tokens, temperature=0.0,
+                                                                          seed=seed)).texts]
         sampled = engine.generate(prompts, Sampling(n=num_samples, max_tokens=max_tokens, temperature=temperature,
                                                     seed=seed)).texts if num_samples else [[] for _ in prompts]
         used, load_s = engine.name, engine.load_s
-    report = accuracy_report(rows, [g[0] for g in greedy], sampled, temperature)
-    return Evaluation(str(model), report, [g[0] for g in greedy], time.perf_counter() - started, used, sampled,
-                      engine_start_seconds=load_s)
+    return Evaluation(str(model), accuracy_report(rows, greedy, sampled, temperature), greedy,
+                      time.perf_counter() - started, used, sampled, engine_start_seconds=load_s)
 
 
 def compare(before: Evaluation, after: Evaluation, types: Sequence[str] | None = None) -> str:
@@ -284,10 +279,8 @@ class Gain:
     before: float
     after: float
     count: int
-    up: int
-    """Problems that went from no to yes (wrong to right)."""
-    down: int
-    """Problems that went from yes to no."""
+    up: int  # problems that went from no to yes (wrong to right)
+    down: int  # from yes to no
 
     @classmethod
     def from_pairs(cls, what: str, pairs: Sequence[tuple[float, float]]) -> Gain:

@@ -12,11 +12,6 @@ Every run and every notebook output lives under one root, ``$GRPO_LAB_RUN_DIR`` 
     adapter/          a LoRA run (use_peft=True) only: PEFT's adapter folder, for serving it on the base model
 
 :func:`find_run` finds one (``"latest"``, by name, by profile); :func:`workspace` is a notebook's own output folder.
-
->>> from grpo_lab import runs
->>> run = runs.latest_run()                        # doctest: +SKIP
->>> run.name, run.final_dir                        # doctest: +SKIP
-('grpo-tiny-20261201-101500', PosixPath('.../final'))
 """
 
 from __future__ import annotations
