@@ -11,13 +11,9 @@ Every row follows TRL's prompt-only conversational format plus a few columns the
 follows the marker ``"#### "``. The shipped splits ``data/train.jsonl`` and ``data/eval.jsonl`` are made by
 :func:`regenerate_splits` from fixed seeds, and never share a problem.
 
-Example:
-    >>> from grpo_lab.data import generate_problems, load_split
-    >>> rows = generate_problems(2, seed=0)
-    >>> rows[0]["completion"].splitlines()[-1].startswith("#### ")
-    True
-    >>> len(load_split("eval"))
-    400
+>>> rows = load_split("eval")
+>>> len(rows), rows[0]["completion"].splitlines()[-1].startswith("#### ")
+(400, True)
 """
 
 from __future__ import annotations

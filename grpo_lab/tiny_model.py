@@ -43,8 +43,7 @@ DEFAULT_SLIP_TYPES = ("price_quantity", "unit_conversion")
 class TinyModelRecipe:
     """Every knob of the tiny-model build. The defaults make the shipped model."""
 
-    # tokenizer
-    vocab_size: int = 1024
+    vocab_size: int = 1024  # the tokenizer's
     # model shape (head_dim = hidden_size / num_attention_heads = 64, which vLLM-CPU attention supports)
     hidden_size: int = 256
     intermediate_size: int = 512
