@@ -226,16 +226,19 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16' or 'float16'")
         dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
-    options = dict(dtype="auto" if dtype is None else dtype, use_safetensors=True, trust_remote_code=trust_remote_code)
+    dtype = "auto" if dtype is None else dtype
     adapter = adapter_model(resolved)
     if adapter is None:
-        return AutoModelForCausalLM.from_pretrained(resolved, **options).to(device).eval(), tokenizer
+        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype, use_safetensors=True,
+                                                     trust_remote_code=trust_remote_code)
+        return model.to(device).eval(), tokenizer
     from peft import PeftModel
     from transformers import BitsAndBytesConfig
 
     quantized = adapter.quantization is not None
     base = AutoModelForCausalLM.from_pretrained(
-        resolve_model(adapter.base), **options, device_map={"": device} if quantized else None,
+        resolve_model(adapter.base), dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code,
+        device_map={"": device} if quantized else None,
         quantization_config=BitsAndBytesConfig(**adapter.quantization) if quantized else None)
     model = PeftModel.from_pretrained(base if quantized else base.to(device), resolved,
                                       trust_remote_code=trust_remote_code)

@@ -268,11 +268,15 @@ def _column(kwargs: Mapping[str, Any], name: str, reward_name: str, n: int) -> l
 
 
 class _Named:
-    """A reward object whose ``__name__`` (what TRL logs it under) is its ``name`` field."""
+    """A reward object whose ``__name__`` (what TRL logs it under) is its ``name`` field; by default it scores each
+    completion alone (``score``)."""
 
     @property
     def __name__(self) -> str:
         return self.name
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+        return [self.score(c) for c in completions]
 
 
 @dataclass
@@ -313,9 +317,6 @@ class FormatReward(_Named):
         after = text.split(self.marker, 1)[1].split("\n", 1)[0]
         return 1.0 if find_numbers(after) else 0.0
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
-        return [self.score(c) for c in completions]
-
 
 @dataclass
 class LengthWindowReward(_Named):
@@ -330,9 +331,8 @@ class LengthWindowReward(_Named):
         if not 0 <= self.min_chars <= self.max_chars:
             raise ConfigError(f"Need 0 <= min_chars <= max_chars, got {self.min_chars} and {self.max_chars}.")
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
-        lengths = [len(completion_text(c).strip()) for c in completions]
-        return [1.0 if self.min_chars <= n <= self.max_chars else 0.0 for n in lengths]
+    def score(self, completion: Any) -> float:
+        return 1.0 if self.min_chars <= len(completion_text(completion).strip()) <= self.max_chars else 0.0
 
 
 @dataclass
@@ -348,11 +348,10 @@ class KeywordReward(_Named):
             raise ConfigError("`keywords` must be a non-empty tuple of strings, e.g. ('####', '=').")
         self.keywords = tuple(self.keywords)
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+    def score(self, completion: Any) -> float:
         fold = (lambda s: s) if self.case_sensitive else str.casefold
-        keys = [fold(k) for k in self.keywords]
-        texts = [fold(completion_text(c)) for c in completions]
-        return [sum(k in t for k in keys) / len(keys) for t in texts]
+        text = fold(completion_text(completion))
+        return sum(fold(k) in text for k in self.keywords) / len(self.keywords)
 
 
 @dataclass
@@ -400,9 +399,6 @@ class RepetitionPenalty(_Named):
         tokens = tokenize_for_repetition(completion_text(completion))
         ngrams = [tuple(tokens[i : i + self.ngram_size]) for i in range(len(tokens) - self.ngram_size + 1)]
         return self.max_penalty * (1 - len(set(ngrams)) / len(ngrams)) + 0.0 if ngrams else 0.0  # + 0.0: -0.0 -> 0.0
-
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
-        return [self.score(c) for c in completions]
 
 
 # --- Weighted combination (TRL's reward_weights semantics) ---

@@ -254,10 +254,6 @@ def resolve_resume(run_dir: Path, resume: str | bool | None) -> Path | None:
     return check_checkpoint(resume)
 
 
-def checkpoint_step(path: Path) -> int:
-    return int(json.loads((path / "trainer_state.json").read_text())["global_step"])
-
-
 def publish_folder(staged: Path, target: Path) -> Path:
     """Move a completely written folder to ``target`` with a rename, so ``target`` is absent or complete; an existing
     ``target`` (a resumed run saving that step again) is renamed aside, then deleted; an emptied ``.partial/`` goes."""
@@ -308,7 +304,7 @@ def open_run(output_dir: str | Path | None, resume_from_checkpoint: str | bool |
                                 f"choose another output_dir (nothing was changed).")
     run_dir.mkdir(parents=True, exist_ok=True)
     discard_interrupted_saves(run_dir)
-    step = checkpoint_step(resume) if resume else None
+    step = int(json.loads((resume / "trainer_state.json").read_text())["global_step"]) if resume else None
     metrics = [r for r in read_metrics(run_dir / METRICS_FILE) if r.get("step", 0) <= step] if resume else []
     record_use(run_dir, "trained")
     return OpenedRun(run_dir, resume, step, metrics)
