@@ -135,8 +135,7 @@ def check_device_memory() -> Check:
 
 
 def check_vllm() -> Check:
-    kind = device.detect()
-    usable, reason = vllm_usable(kind)
+    usable, reason = vllm_usable(device.detect())
     return Check("vllm", "pass" if usable else "warn", reason,
                  "" if usable else "rollouts fall back to HF generate (several times slower); " + reason)
 
@@ -164,8 +163,7 @@ def check_dtype(config: DoctorConfig) -> Check:
 
 
 def check_allocator() -> Check:
-    kind = device.detect()
-    wanted = device.allocator_env(kind)
+    wanted = device.allocator_env(device.detect())
     if not wanted:
         return Check("allocator", "pass", "CPU: no device allocator to tune")
     (var, value), = wanted.items()

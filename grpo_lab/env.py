@@ -345,7 +345,6 @@ def report(smoke: bool = False) -> EnvReport:
     return result
 
 
-# --- Notebooks: results, not library chatter ---
 @dataclass(frozen=True)
 class HarmlessWarning:
     """A warning that says nothing about the learner's run, and why. ``message`` (a prefix) and ``module`` (exact) are

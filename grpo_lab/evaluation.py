@@ -311,8 +311,7 @@ class Gain:
 
 GREEDY_MEASURES = {"accuracy": is_correct, "lenient": is_correct_lenient,
                    "format": lambda text, _answer: FormatReward().score(text) == 1.0}
-"""What :func:`greedy_gain` can count per greedy answer: right by the course's strict rule (the ``#### N`` line),
-right by its final number (lenient), or a single ``#### N`` line (the format)."""
+"""What :func:`greedy_gain` can count per greedy answer (in words: ``GREEDY_LABELS``)."""
 GREEDY_LABELS = {"accuracy": "greedy accuracy (strict: #### N)", "lenient": "greedy accuracy (lenient: final number)",
                  "format": "greedy answers with one '#### N' line"}
 

@@ -39,7 +39,6 @@ class ModelIntegrityError(GrpoLabError, RuntimeError):
     """A model folder does not match its manifest (missing, altered or unexpected files)."""
 
 
-# --- Manifest ---
 def file_sha256(path: str | Path) -> str:
     digest = hashlib.sha256()
     with Path(path).open("rb") as handle:
@@ -162,7 +161,6 @@ def require_safetensors(model_dir: str | Path) -> None:
         f"AutoModelForCausalLM.from_pretrained(folder, use_safetensors=False).save_pretrained(folder).")
 
 
-# --- Choosing and loading ---
 def resolve_model(name: str | os.PathLike[str] | None = None) -> str:
     """The model to use: ``name`` if given, else ``$GRPO_LAB_MODEL``, else the shipped tiny model; an absolute folder
     path for local models, the hub id unchanged otherwise."""

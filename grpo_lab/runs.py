@@ -54,7 +54,6 @@ class CheckpointError(GrpoLabError, FileNotFoundError):
     """A checkpoint to resume from is missing or incomplete."""
 
 
-# --- Where runs live ---
 def root() -> Path:
     """The runs root: ``$GRPO_LAB_RUN_DIR``, else ``runs/`` in the repository."""
     return Path(os.environ.get(RUN_DIR_ENV) or REPO_ROOT / "runs")
@@ -187,7 +186,6 @@ def recorded_uses(folder: Path | None = None) -> list[dict[str, str]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-# --- Metrics ---
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The per-step records of a run's ``metrics.jsonl`` (or of the run folder holding it); a last line cut short by
     a kill is left out (a resumed run logs that step again)."""
@@ -206,7 +204,6 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-# --- Checkpoints ---
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """``checkpoint-N`` folders of a run, oldest first."""
     folder = Path(run_dir) / CHECKPOINTS

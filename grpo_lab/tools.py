@@ -62,7 +62,6 @@ class CalculationError(GrpoLabError, ValueError):
     """An expression the calculator refuses: the message says what it accepts."""
 
 
-# --- The calculator: arithmetic by walking Python's syntax tree, never eval ---
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
 MAX_MAGNITUDE = 10 ** 30
@@ -74,7 +73,7 @@ _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
 def _evaluate(node: ast.AST) -> Fraction:
-    """The value of one node of an arithmetic expression, exactly (fractions); anything else is refused."""
+    """The value of one node of an arithmetic expression, exactly (fractions), never by ``eval``; else refused."""
     if isinstance(node, ast.Expression):
         return _evaluate(node.body)
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
@@ -116,7 +115,6 @@ def calculator(expression: str) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{float(value):.10g}"
 
 
-# --- The registry: tools by name (TrainConfig.tools), as rewards are registered by name ---
 _REGISTRY: dict[str, Tool] = {"calculator": calculator}
 
 
@@ -143,7 +141,6 @@ def get_tool(name: str) -> Tool:
     return _REGISTRY[name]
 
 
-# --- The guard: every call recorded by kind, the result made text, a looping tool stopped ---
 class _TimeLimitReached(BaseException):
     """Raised inside a tool by the timer; a BaseException so that the tool's own ``except Exception`` cannot keep it."""
 
@@ -285,7 +282,6 @@ def prepare(tools: Sequence[str | Tool], time_limit_s: float = TIME_LIMIT_S) -> 
     return ToolSet(guards, counts)
 
 
-# --- The chat template: ChatML with Qwen2.5's tool format, and TRL's parser for it ---
 TOOL_CHAT_TEMPLATE = (
     "{%- if tools %}{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n' }}{%- endif %}"
