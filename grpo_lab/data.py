@@ -43,7 +43,6 @@ INSTRUCTION = {"en": 'Show the calculation, then give the final answer as "#### 
                "zh": "写出算式，最后一行写“#### 数字”。"}
 
 
-# --- Problems ---
 @dataclass(frozen=True)
 class Problem:
     """One generated word problem, its solution and (for some types) a consistent wrong working, for imperfect SFT
@@ -295,7 +294,6 @@ def generate_problems(n: int, seed: int, types: Sequence[str] | None = None, lan
     return [problem.to_row(f"{id_prefix}-{i:05d}") for i, problem in enumerate(problems)]
 
 
-# --- Shipped splits ---
 @dataclass(frozen=True)
 class SplitConfig:
     """How the shipped splits are made. Eval is drawn first (unique keys); train avoids every eval key."""
@@ -334,7 +332,6 @@ def load_split(split: str, config: SplitConfig = SplitConfig()) -> list[dict[str
     return load_jsonl(config.path(split))
 
 
-# --- JSONL in and out ---
 def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
     """Write one JSON object per line (UTF-8, Chinese kept readable, ``\\n`` line ends)."""
     path = Path(path)
@@ -395,7 +392,6 @@ def load_jsonl(path: str | Path, answer_column: str | None = "answer") -> list[d
     return rows
 
 
-# --- GSM8K: a real task in the same row format ---
 GSM8K_HUB_ID = "openai/gsm8k"  # config "main": question, answer; MIT licence
 GSM8K_SPLITS = ("train", "test")
 GSM8K_EVAL_SIZE = 500  # problems of GSM8K's train split held out to evaluate on (hold_out), by default
@@ -404,9 +400,8 @@ GSM8K_SPLIT_SEED = 20261203
 
 def load_gsm8k(split: str = "train", path: str | Path | None = None,
                add_instruction: bool = True) -> list[dict[str, Any]]:
-    """GSM8K's ``split`` (``"train"`` or ``"test"``) in the course's row format (``type`` ``"gsm8k"``). ``path``: a
-    local copy (JSONL as github.com/openai/grade-school-math publishes it, ``.gz``/``.xz`` too, or the hub's parquet
-    file); without it, the hub's ``openai/gsm8k`` through ``datasets`` (offline, the error names the file to pass)."""
+    """GSM8K's ``split`` (``"train"`` or ``"test"``) as the course's rows (``type`` ``"gsm8k"``): from ``path`` (JSONL,
+    ``.gz``/``.xz`` too, or the hub's parquet file), else from the hub through ``datasets``."""
     if split not in GSM8K_SPLITS:
         raise ConfigError(f"unknown GSM8K split {split!r}; use one of {list(GSM8K_SPLITS)} (hold part of 'train' out "
                           f"with grpo_lab.data.hold_out to evaluate on)")

@@ -426,9 +426,8 @@ class _PlainLines(logging.Handler):
 
 
 def quiet_notebook() -> None:
-    """Call in a notebook's first cell: filter :data:`HARMLESS_WARNINGS` one by one, lower :data:`QUIET_LOGGERS`,
-    set :data:`QUIET_ENVIRONMENT` for processes started later, turn off transformers' progress bars, and print
-    grpo_lab's own log messages as plain lines. Every other warning still shows."""
+    """Call in a notebook's first cell: filter :data:`HARMLESS_WARNINGS`, lower :data:`QUIET_LOGGERS`, set
+    :data:`QUIET_ENVIRONMENT`, hide transformers' progress bars, print grpo_lab's log as plain lines."""
     for item in HARMLESS_WARNINGS:
         warnings.filterwarnings("ignore", message=re.escape(item.message), category=item.category,
                                 module=re.escape(item.module) + r"\Z")

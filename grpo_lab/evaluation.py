@@ -97,10 +97,9 @@ class Evaluation:
 def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int = 8, temperature: float = 1.0,
              max_tokens: int = 48, backend: str = "auto", seed: int = 0, engine: RolloutEngine | None = None,
              **engine_settings: Any) -> Evaluation:
-    """Greedy accuracy plus pass@1 (mean over ``num_samples`` samples at ``temperature``) and pass@k;
-    ``num_samples=0``: greedy only (pass@1 and pass@k are NaN). Sampling goes through
-    :func:`grpo_lab.rollout.open_engine`; ``engine_settings`` are more RolloutConfig fields. ``engine``: an engine
-    already running with ``model``'s weights (``TrainResult.rollout_engine()``), stopped (or handed back) at the end."""
+    """Greedy accuracy plus pass@1 (mean over ``num_samples`` samples at ``temperature``; 0: greedy only) and pass@k,
+    sampled with :func:`grpo_lab.rollout.open_engine` (``engine_settings``: more RolloutConfig fields) or ``engine``,
+    one already running with ``model``'s weights (``TrainResult.rollout_engine()``), stopped at the end."""
     if not rows:
         raise ConfigError("no rows to evaluate")
     if num_samples < 0:
@@ -230,9 +229,8 @@ def subset(rows: Sequence[dict[str, Any]], evaluation: Evaluation, keep: Sequenc
 
 def trained_conclusions(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation, trained: Sequence[bool],
                         scope: str) -> list[str]:
-    """What training did to held-out accuracy, told apart by what the run trained on (``trained[i]``: ``rows[i]`` is
-    of a kind it trained on; ``scope``: which, in words): each metric on those problems, the others and all; then each
-    trained type (up to four) or the two that moved most."""
+    """What training did to held-out accuracy on the problems of the kind it trained on (``trained[i]``; ``scope``:
+    which, in words), on the others and on all; then on each trained type (up to four) or the two that moved most."""
     labels = {**METRIC_LABELS, "pass_at_k": f"pass@{before.report.k}"}
     count = sum(map(bool, trained))
     groups = [(f"the {count} problems of the kind it trained on ({scope})", list(trained)),

@@ -208,9 +208,8 @@ def adapter_model(folder: str | os.PathLike[str]) -> AdapterModel | None:
 
 def load_model_and_tokenizer(name_or_path: str | os.PathLike[str] | None = None, device: str = "cpu",
                              dtype: Any = None, trust_remote_code: bool = False, verify: bool = True):
-    """Load ``(model, tokenizer)`` from safetensors only, in eval mode, on ``device``; a folder with a
-    ``manifest.json`` is verified first (unless ``verify=False``); ``dtype``: a torch dtype or its name (None: as
-    saved). An adapter folder (:func:`adapter_model`) loads as its base with the adapter applied."""
+    """Load ``(model, tokenizer)`` from safetensors only, in eval mode, on ``device``, verifying a ``manifest.json``
+    first; ``dtype``: a torch dtype or its name (None: as saved). An adapter folder loads on its base."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -51,7 +51,6 @@ RewardFunc = Callable[..., list]
 """A reward function in TRL's signature ``f(prompts, completions, **kwargs) -> list[float | None]``."""
 
 
-# --- Completions as text ---
 def completion_text(completion: Any) -> str:
     """The text of one completion, whether TRL passed a string or a list of chat messages.
 
@@ -76,7 +75,6 @@ def _content_text(content: Any) -> str:  # a string or a list of typed parts ({"
     return ""
 
 
-# --- Number extraction ---
 _CHAR_MAP = str.maketrans({**{chr(0xFF10 + d): str(d) for d in range(10)},  # full-width digits ０-９
                            "．": ".", "－": "-", "−": "-", "／": "/", "＃": "#", "＋": "+", "％": "%", "\u3000": " "})
 # The full-width comma "，" lists numbers in Chinese ("100，200，300"), never separates thousands.
@@ -179,7 +177,6 @@ def extract_answer(completion: Any, marker: str = ANSWER_MARKER) -> ExtractedAns
     return ExtractedAnswer(float(numbers[0][1]), numbers[0][0], found_by)
 
 
-# --- Answer correctness ---
 @dataclass(frozen=True)
 class AnswerCheck:
     """The verdict on one completion: its score and, in words, why."""
@@ -302,7 +299,6 @@ class CorrectnessReward(_Named):
         return [check.score for check in self.explain(completions, **kwargs)]
 
 
-# --- Format, length, keywords, repetition ---
 @dataclass
 class FormatReward(_Named):
     """1.0 when the answer marker appears exactly once and a number follows it on its line, else 0.0."""
@@ -401,7 +397,6 @@ class RepetitionPenalty(_Named):
         return self.max_penalty * (1 - len(set(ngrams)) / len(ngrams)) + 0.0 if ngrams else 0.0  # + 0.0: -0.0 -> 0.0
 
 
-# --- Weighted combination (TRL's reward_weights semantics) ---
 def reward_name(fn: Callable) -> str:
     """The name TRL logs a reward under (``rewards/<name>/mean``): ``__name__``, else the class name."""
     while isinstance(fn, functools.partial):  # as trl.trainer.utils.get_callable_name does
@@ -467,9 +462,8 @@ def score_all(reward_funcs: Sequence[Callable], prompts: Sequence[Any], completi
 
 @dataclass
 class WeightedReward(_Named):
-    """Several rewards folded into one reward function with TRL's ``reward_weights`` semantics: the same total as
-    ``reward_funcs=[a, b]`` with ``reward_weights`` (TRL's default ``sum_then_normalize``), which logs each reward
-    separately; use this where one callable is needed."""
+    """Several rewards folded into one function: the total TRL computes from ``reward_funcs=[a, b]`` with
+    ``reward_weights`` (which logs each reward separately); use it where one callable is needed."""
 
     reward_funcs: Sequence[Callable]
     weights: Sequence[float] | None = None
@@ -487,7 +481,6 @@ class WeightedReward(_Named):
         return self.table(prompts, completions, **kwargs).totals
 
 
-# --- Registry ---
 _REGISTRY: dict[str, Callable[..., RewardFunc]] = {
     "correctness": CorrectnessReward, "format": FormatReward, "length_window": LengthWindowReward,
     "keyword": KeywordReward, "contains_answer": ContainsAnswerReward, "repetition_penalty": RepetitionPenalty}
@@ -513,15 +506,13 @@ def get_reward(name: str, /, **options: Any) -> RewardFunc:
     return _REGISTRY[name](**options)
 
 
-# --- verl adapters ---
 _TRL_INTERNAL_KWARGS = frozenset({"completion_ids", "trainer_state", "log_extra", "log_metric", "environments"})
 
 
 def from_verl(compute_score: Callable[..., Any], *, answer_column: str = "answer",
               default_data_source: str = "grpo_lab", name: str | None = None) -> RewardFunc:
-    """Turn a verl ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` into a TRL reward:
-    ``ground_truth`` from the ``answer_column`` column, ``data_source`` from a ``data_source`` column if any, every
-    other column (and the prompt) in ``extra_info``; a number or a dict with a ``"score"`` key is accepted."""
+    """A verl ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` (a number or ``{"score"}``)
+    as a TRL reward: ``ground_truth`` from ``answer_column``, ``data_source`` from its column, others in extra_info."""
 
     def reward(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
         n = len(completions)
@@ -578,7 +569,6 @@ def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score
     return compute_score
 
 
-# --- Validation ---
 class RewardValidationError(GrpoLabError, ValueError):
     """A reward function broke TRL's contract; the message names the function, the sample and the fix."""
 
@@ -735,7 +725,6 @@ def validate_reward(fn: Callable, mode: Literal["raise", "skip"] = "raise") -> V
     return ValidatedReward(fn, mode)
 
 
-# --- The one entry point: names or functions -> guarded functions with their weights ---
 def _is_reward_model(fn: Any) -> bool:
     """A ``torch.nn.Module`` reward model (TRL scores with it itself), detected without importing torch."""
     return any(cls.__module__.startswith("torch.nn") and cls.__name__ == "Module" for cls in type(fn).__mro__)

@@ -313,8 +313,7 @@ on the assistant's tokens only). Without tools it renders what plain ChatML rend
 
 def use_tool_template(tokenizer: Any) -> Any:
     """Give ``tokenizer`` :data:`TOOL_CHAT_TEMPLATE` and, as its ``response_template``, TRL's parser for Qwen's
-    ``<tool_call>`` JSON format; check with TRL's own tests that TRL can train tool calls with it (it renders a whole
-    tool exchange, and a conversation's start renders the same whatever follows). Returns the tokenizer."""
+    ``<tool_call>`` format, checked with TRL's own tests that it can train tool calls. Returns the tokenizer."""
     from trl.chat_template_utils import is_chat_template_prefix_preserving, qwen3_template, supports_tool_calling
 
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE
