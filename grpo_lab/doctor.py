@@ -259,8 +259,7 @@ def _short(process: psutil.Process, width: int = 100) -> str:
 
 
 def vllm_groups() -> list[VLLMGroup]:
-    """This user's vLLM processes (``vllm`` in the command line, or a ``VLLM::`` process title) that listen on a port
-    or hold an accelerator, one entry per process group."""
+    """This user's vLLM processes that listen on a port or hold an accelerator, one per process group."""
     found: dict[int, tuple[set[int], set[str], list[str], set[int]]] = {}
     for process in psutil.process_iter(["cmdline", "name", "uids"]):
         try:

@@ -270,8 +270,7 @@ def wilson_interval(share: float, count: int, z: float = 1.96) -> tuple[float, f
 
 @dataclass(frozen=True)
 class Gain:
-    """A paired change over the same held-out problems: the share before and after, how many problems went each way,
-    and what that says beyond the noise of a finite set (:meth:`from_pairs`)."""
+    """A paired change over the same problems: before, after, how many went each way (:meth:`from_pairs`)."""
 
     what: str
     before: float
@@ -316,8 +315,7 @@ GREEDY_LABELS = {"accuracy": "greedy accuracy (strict: #### N)", "lenient": "gre
 
 def greedy_gain(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation, measure: str = "accuracy",
                 types: Sequence[str] | None = None) -> Gain:
-    """The change of the greedy answers' ``measure`` (:data:`GREEDY_MEASURES`: strict accuracy, lenient accuracy or
-    the format) over the same problems (of ``types`` when given), weighed by its paired counts."""
+    """The change of the greedy answers' ``measure`` (:data:`GREEDY_MEASURES`), of ``types`` if given."""
     if measure not in GREEDY_MEASURES:
         raise ConfigError(f"measure={measure!r}: use one of {', '.join(GREEDY_MEASURES)}")
     check = GREEDY_MEASURES[measure]

@@ -121,8 +121,7 @@ def _fix_hint(model_dir: Path) -> str:
 
 
 def verify_model_dir(model_dir: str | Path = TINY_MODEL_DIR) -> dict[str, Any]:
-    """Check every file listed in the manifest (present, same sha256) and that no unlisted weights exist; return the
-    manifest's contents. Raises :class:`ModelIntegrityError` listing every problem and how to fix it."""
+    """Check the files the manifest lists (present, same sha256) and no unlisted weights; return it."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelIntegrityError(f"model folder {model_dir} does not exist; {_fix_hint(model_dir)}")
@@ -162,8 +161,7 @@ def require_safetensors(model_dir: str | Path) -> None:
 
 
 def resolve_model(name: str | os.PathLike[str] | None = None) -> str:
-    """The model to use: ``name`` if given, else ``$GRPO_LAB_MODEL``, else the shipped tiny model; an absolute folder
-    path for local models, the hub id unchanged otherwise."""
+    """``name``, else ``$GRPO_LAB_MODEL``, else the tiny model: a local folder's absolute path or a hub id."""
     chosen = name if name not in (None, "") else os.environ.get(MODEL_ENV_VAR) or TINY_MODEL_DIR
     path = Path(chosen).expanduser()
     if path.exists():
@@ -182,8 +180,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 
 @dataclass(frozen=True)
 class AdapterModel:
-    """A LoRA adapter folder that stands for a model: PEFT's adapter on its base, loaded as it trained (a QLoRA run's
-    base in 4 bits)."""
+    """A LoRA adapter folder that stands for a model: PEFT's adapter on its base (QLoRA: in 4 bits)."""
 
     folder: Path
     base: str
@@ -249,8 +246,7 @@ def saved_dtype(model_dir: str | Path) -> str:
 
 
 def cast_weights(model_dir: str | Path, dtype: str) -> None:
-    """Rewrite a model folder's floating-point safetensors weights in ``dtype`` (``"bfloat16"``), and its config's
-    dtype: a model saved from fp32 master weights, in the dtype it is served and evaluated in."""
+    """Rewrite a model folder's floating-point safetensors weights, and its config's dtype, in ``dtype``."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -266,8 +262,7 @@ def cast_weights(model_dir: str | Path, dtype: str) -> None:
 
 
 def weights_digest(model_dir: str | Path) -> str:
-    """sha256 over a folder's weights, tensor by tensor (name, dtype, shape, bytes), independent of how the
-    safetensors files are split or ordered: two folders with the same digest hold the same model."""
+    """sha256 over a folder's weights, tensor by tensor: the same model gives it however it is split."""
     import torch
     from safetensors.torch import load_file
 

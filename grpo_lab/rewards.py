@@ -193,8 +193,7 @@ def _format_number(value: float) -> str:
 
 
 def reference_value(answer: Any) -> float:
-    """The first number in a dataset's ``answer`` cell (``"1,200 元"`` → 1200.0); a cell without one is a dataset bug
-    and raises."""
+    """The first number in a dataset's ``answer`` cell (``"1,200 元"`` → 1200.0); raises without one."""
     numbers = find_numbers(str(answer))
     if not numbers:
         raise DataError(f"The reference answer {answer!r} holds no number. Fix the dataset's `answer` column: it must "
@@ -265,8 +264,7 @@ def _column(kwargs: Mapping[str, Any], name: str, reward_name: str, n: int) -> l
 
 
 class _Named:
-    """A reward object whose ``__name__`` (what TRL logs it under) is its ``name`` field; by default it scores each
-    completion alone (``score``)."""
+    """A reward whose ``__name__`` (what TRL logs) is its ``name``; by default it scores each completion alone."""
 
     @property
     def __name__(self) -> str:
@@ -316,8 +314,7 @@ class FormatReward(_Named):
 
 @dataclass
 class LengthWindowReward(_Named):
-    """1.0 when the completion has between ``min_chars`` and ``max_chars`` characters, else 0.0. On its own it is
-    easy to game (pad with anything)."""
+    """1.0 when the completion has ``min_chars`` to ``max_chars`` characters, else 0.0 (gamed by padding)."""
 
     min_chars: int = 10
     max_chars: int = 200
@@ -447,8 +444,7 @@ class RewardTable:
 
 def score_all(reward_funcs: Sequence[Callable], prompts: Sequence[Any], completions: Sequence[Any],
               reward_weights: Sequence[float] | None = None, **columns: Any) -> RewardTable:
-    """Run each reward function once on the batch and combine them as ``GRPOTrainer`` does with
-    ``GRPOConfig(reward_weights=...)`` (default weight 1.0 each)."""
+    """Each reward function once on the batch, combined as ``GRPOTrainer`` does with ``reward_weights``."""
     weights = _weights(reward_weights, len(reward_funcs), RewardValidationError)
     per_func = [list(fn(prompts=prompts, completions=completions, **columns)) for fn in reward_funcs]
     for fn, out in zip(reward_funcs, per_func):
@@ -552,8 +548,7 @@ def _verl_columns(data_source: str, ground_truth: Any, extra_info: Mapping | Non
 
 
 def to_verl(trl_reward: RewardFunc, *, answer_column: str = "answer", none_score: float = 0.0) -> Callable[..., float]:
-    """Turn a TRL reward into verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``
-    (columns as :func:`_verl_columns` builds them); verl has no "not applicable": None becomes ``none_score``."""
+    """A TRL reward as verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``."""
 
     def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping | None = None,
                       **_: Any) -> float:
@@ -629,8 +624,7 @@ def check_error_mode(mode: str) -> str:
 
 
 class ValidatedReward:
-    """A reward function wrapped with checks (:func:`validate_reward`); ``check_values=False`` passes the values
-    through, checking only the call as a whole."""
+    """A reward function behind :func:`validate_reward`'s checks (``check_values=False``: the call's only)."""
 
     def __init__(self, fn: Callable, mode: Literal["raise", "skip"] = "raise", check_values: bool = True) -> None:
         check_error_mode(mode)

@@ -134,8 +134,7 @@ def _started(run: Run) -> str:
 
 
 def list_runs(profile: str | None = None, finished: bool = False) -> list[Run]:
-    """Training runs directly under the root, oldest first (by when they started); only ``profile``'s if given,
-    only those with a ``final/`` model if ``finished``."""
+    """Training runs under the root, oldest first; only ``profile``'s, only finished ones if asked."""
     folder = root()
     found = [Run(p) for p in sorted(folder.iterdir()) if is_run(p)] if folder.is_dir() else []
     found = [r for r in found if (profile is None or r.profile == profile) and (not finished or r.final_dir)]
@@ -149,8 +148,7 @@ def latest_run(profile: str | None = None, finished: bool = True) -> Run | None:
 
 
 def find_run(which: str | Path = "latest", profile: str | None = None, finished: bool = True) -> Run:
-    """A run by ``"latest"`` (of ``profile`` if given), by folder name under the root, or by path; the
-    :class:`RunNotFoundError` when nothing matches names what exists."""
+    """A run by ``"latest"`` (of ``profile``), by folder name under the root, or by path."""
     if str(which) == "latest":
         run = latest_run(profile, finished)
         if run is None:
@@ -168,8 +166,7 @@ def find_run(which: str | Path = "latest", profile: str | None = None, finished:
 
 
 def record_use(run: Run | Path, how: str) -> None:
-    """Note in ``<root>/course_runs.jsonl`` that the notebook running now (``GRPO_LAB_NOTEBOOK``) ``how``-ed this run
-    ("trained", "deployed" …)."""
+    """Note in ``<root>/course_runs.jsonl`` that the notebook running now ``how``-ed this run."""
     notebook = os.environ.get(NOTEBOOK_ENV)
     if not notebook:
         return
