@@ -388,8 +388,7 @@ SYMPTOMS: tuple[Symptom, ...] = (
 
 
 def symptom_table(checks: Sequence[Check]) -> list[dict[str, str]]:
-    """:data:`SYMPTOMS` as rows, each with the verdicts of the checks that look at it (``"-"``: nothing to check before
-    a run; read the run's metrics or the server's log)."""
+    """:data:`SYMPTOMS` as rows, each with the verdicts of the checks that look at it (``"-"``: none)."""
     found = {check.name: check.status for check in checks}
     return [{"symptom": s.symptom, "usual causes": s.causes, "fix": s.fix,
              "checks here": ", ".join(f"{name}: {SYMBOL[found[name]]}" if name in found else f"{name}: not run"

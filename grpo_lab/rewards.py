@@ -375,8 +375,7 @@ def tokenize_for_repetition(text: str) -> list[str]:
 
 @dataclass
 class RepetitionPenalty(_Named):
-    """A penalty in [max_penalty, 0]: ``max_penalty * (1 - distinct n-grams / all n-grams)``; 0.0 for text with no
-    repeated n-gram or shorter than ``ngram_size`` tokens."""
+    """``max_penalty * (1 - distinct n-grams / all n-grams)``, in [max_penalty, 0]; 0.0 without n-grams."""
 
     ngram_size: int = 3
     max_penalty: float = -1.0
