@@ -77,6 +77,19 @@ def new_run_dir(profile: str, now: datetime) -> Path:
 
 
 @dataclass(frozen=True)
+class RunRecord:
+    """A run's ``config.json`` as a record: the experiment it ran and how, when and with what."""
+
+    config: dict[str, Any]
+    """The resolved experiment (``TrainConfig`` fields)."""
+    created: str
+    backend: str
+    device: str
+    versions: dict[str, str]
+    resumed_from: str | None
+
+
+@dataclass(frozen=True)
 class Run:
     """A training run folder and what it holds."""
 
@@ -90,6 +103,14 @@ class Run:
     def record(self) -> dict[str, Any]:
         """``config.json``: the experiment (``["config"]``), backend, memory plan, versions."""
         return json.loads((self.path / CONFIG_FILE).read_text(encoding="utf-8"))
+
+    @property
+    def recorded(self) -> RunRecord:
+        record = self.record
+        config = record.get("config", {})
+        return RunRecord(config=config, created=str(record.get("created", "")), backend=str(record.get("backend", "")),
+                         device=str(config.get("device", "")), versions=dict(record.get("versions", {})),
+                         resumed_from=record.get("resumed_from"))
 
     @property
     def profile(self) -> str | None:

@@ -87,5 +87,5 @@ def test_the_run_says_how_its_engine_followed_the_policy(lora_step):
     from grpo_lab import runs
 
     result, run_dir, _, _ = lora_step
-    assert runs.Run(run_dir).record["config"]["vllm_lora_sync"] == "adapter"
+    assert runs.Run(run_dir).recorded.config["vllm_lora_sync"] == "adapter"
     assert result.final_model_dir.is_dir()  # the adapter merged into plain weights, as with TRL's sync

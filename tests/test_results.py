@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_lab import runs
 from lab import results
 from lab import scale as lab_scale
 from lab.committed import CommittedResultError, Provenance
@@ -39,6 +40,15 @@ def test_committed_smoke_runs_rebuild_their_command():
     assert smoke[1].provenance.command.startswith("python -m lab.rollout --shape qwen2.5-0.5b")
     # the files record neither device nor date: the device is the catalogue's for their folder
     assert {run.provenance.device for run in smoke} == {"NVIDIA H200"} and "date not recorded" in smoke[0].provenance.line()
+
+
+def test_run_record(tmp_path):
+    record = {"created": "2026-12-01T10:00:00+00:00", "config": {"profile": "tiny", "device": "cpu"},
+              "backend": "HF generate", "versions": {"trl": "1.16.0"}}
+    (tmp_path / runs.CONFIG_FILE).write_text(json.dumps(record), encoding="utf-8")
+    recorded = runs.Run(tmp_path).recorded
+    assert recorded.config["profile"] == "tiny" and recorded.device == "cpu" and recorded.backend == "HF generate"
+    assert recorded.versions == {"trl": "1.16.0"} and recorded.resumed_from is None
 
 
 def test_every_committed_record_dates_its_measurement_by_the_day():
