@@ -52,11 +52,9 @@ class DoctorConfig:
     """What to diagnose: the experiment (a ``TrainConfig``, e.g. a run's own) and what lies outside it."""
 
     experiment: TrainConfig = field(default_factory=TrainConfig)
-    dtype: str | None = None
-    """The dtype your own training script uses, if not the experiment's."""
+    dtype: str | None = None  # the dtype your own training script uses, if not the experiment's
     enable_prefix_caching: bool = True
-    tokenizer: str | None = None
-    """The trainer's tokenizer, if it is not loaded from the model folder."""
+    tokenizer: str | None = None  # the trainer's tokenizer, if it is not loaded from the model folder
     serve_max_num_seqs: int = ServeConfig.max_num_seqs
     expected_concurrent_requests: int = 16
 
@@ -226,8 +224,7 @@ class VLLMGroup:
     command: str
     ports: tuple[int, ...]
     devices: tuple[str, ...]
-    owner: str
-    """``pid N (command)`` of the process that started the group, or ``none`` when it is gone (orphaned)."""
+    owner: str  # ``pid N (command)`` of the process that started the group, or ``none`` when it is gone (orphaned)
 
     @property
     def stop_command(self) -> str:

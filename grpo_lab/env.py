@@ -182,10 +182,8 @@ class BytecodeStatus:
     """Whether Python loads the big packages' bytecode or compiles them on every import (an image that sets
     ``PYTHONDONTWRITEBYTECODE=1`` and ships site-packages without bytecode)."""
 
-    writes: bool
-    """False when ``PYTHONDONTWRITEBYTECODE`` stops Python from saving what it compiles."""
-    missing: tuple[str, ...]
-    """Installed packages of :data:`BYTECODE_PACKAGES` with no bytecode for this Python."""
+    writes: bool  # False when ``PYTHONDONTWRITEBYTECODE`` stops Python from saving what it compiles
+    missing: tuple[str, ...]  # installed packages of :data:`BYTECODE_PACKAGES` with no bytecode for this Python
     folders: tuple[str, ...]
 
     @property

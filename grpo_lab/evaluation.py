@@ -27,8 +27,7 @@ from grpo_lab.rollout import RolloutEngine, Sampling, open_engine
 
 METRICS = ("greedy", "sampled_pass_at_1", "pass_at_k")
 METRIC_LABELS = {"greedy": "greedy accuracy", "sampled_pass_at_1": "pass@1", "pass_at_k": "pass@k"}
-STEADY_POINTS = 1.0
-"""A change smaller than this many percentage points is reported as 'did not move'."""
+STEADY_POINTS = 1.0  # a change smaller than this many percentage points is reported as 'did not move'
 
 
 @dataclass
@@ -294,8 +293,7 @@ class Gain:
 
     @property
     def standard_errors(self) -> float:
-        """The change in units of its paired-count standard error (McNemar's z, ``(up - down) / sqrt(up + down)``):
-        0 when no problem changed, finite whenever one did, also at 0 % or 100 %."""
+        """The change in paired-count standard errors (McNemar's z, ``(up - down) / sqrt(up + down)``; 0: none)."""
         changed = self.up + self.down
         return (self.up - self.down) / math.sqrt(changed) if changed else 0.0
 

@@ -70,19 +70,15 @@ class ModelManifest:
     """What a model folder's ``manifest.json`` says of the model (the shipped tiny model has one; yours need not)."""
 
     name: str
-    rebuild: str
-    """The command that rebuilds the model: where it came from."""
+    rebuild: str  # the command that rebuilds the model: where it came from
     device: str
     parameters: int | None
     deliberate_slip: str | None
     """The mistake planted in part of its fine-tuning targets, in words (GRPO is to remove it)."""
     slip_types: tuple[str, ...]
-    languages: tuple[str, ...]
-    """The languages it reads; empty: any."""
-    train_sha256: str | None
-    """The sha256 of the training file it was fine-tuned on."""
-    files: dict[str, dict[str, Any]]
-    """``{name: {"sha256", "bytes"}}`` of every other file of the folder."""
+    languages: tuple[str, ...]  # the languages it reads; empty: any
+    train_sha256: str | None  # the sha256 of the training file it was fine-tuned on
+    files: dict[str, dict[str, Any]]  # ``{name: {"sha256", "bytes"}}`` of every other file of the folder
 
 
 def _load_manifest(model_dir: Path) -> dict[str, Any] | None:

@@ -44,8 +44,7 @@ except ImportError:  # pragma: no cover - only in a verl reward worker, where gr
 
 logger = logging.getLogger(__name__)
 
-ANSWER_MARKER = "####"
-"""The course's final-answer marker: completions end with ``#### <number>``."""
+ANSWER_MARKER = "####"  # the course's final-answer marker: completions end with ``#### <number>``
 
 RewardFunc = Callable[..., list]
 """A reward function in TRL's signature ``f(prompts, completions, **kwargs) -> list[float | None]``."""
@@ -146,11 +145,9 @@ class ExtractedAnswer:
     """The final answer found in a completion, and where it came from."""
 
     value: float | None
-    text: str | None
-    """The number as written (after full-width normalization)."""
+    text: str | None  # the number as written (after full-width normalization)
     found_by: FoundBy
-    problem: str = ""
-    """Why no value was found."""
+    problem: str = ""  # why no value was found
 
 
 def extract_answer(completion: Any, marker: str = ANSWER_MARKER) -> ExtractedAnswer:
@@ -278,8 +275,7 @@ class _Named:
 class CorrectnessReward(_Named):
     """1.0 when the completion's final number equals the ``answer`` column (within tolerance), else 0.0."""
 
-    require_marker: bool = False
-    """Score 0 when the ``####`` marker is missing, even if the last number is right."""
+    require_marker: bool = False  # score 0 when the ``####`` marker is missing, even if the last number is right
     marker: str = ANSWER_MARKER
     rel_tol: float = 1e-9
     abs_tol: float = 1e-6
@@ -349,8 +345,7 @@ class KeywordReward(_Named):
 
 @dataclass
 class ContainsAnswerReward(_Named):
-    """1.0 when the reference answer appears anywhere in the text as a number. Gameable by listing many numbers,
-    which is why ``CorrectnessReward`` reads only the final answer."""
+    """1.0 when the reference answer appears anywhere in the text as a number (gameable: list many numbers)."""
 
     answer_column: str = "answer"
     name: str = "contains_answer"
@@ -576,8 +571,7 @@ class RewardIssue:
     """One problem found while validating a reward function's output."""
 
     function: str
-    index: int | None
-    """The sample index, or None when the problem concerns the whole batch."""
+    index: int | None  # the sample index, or None when the problem concerns the whole batch
     problem: str
     fix: str
 

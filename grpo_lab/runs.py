@@ -41,8 +41,7 @@ CHECKPOINTS = "checkpoints"
 FINAL = "final"
 """The folder of a run that holds its final model."""
 ADAPTER = "adapter"
-PARTIAL = ".partial"
-"""Folder of a run where checkpoints and ``final/`` are written before they are renamed into place."""
+PARTIAL = ".partial"  # folder of a run where checkpoints and ``final/`` are written before they are renamed into place
 CHECKPOINT_FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
 
 
@@ -80,8 +79,7 @@ def new_run_dir(profile: str, now: datetime) -> Path:
 class RunRecord:
     """A run's ``config.json`` as a record: the experiment it ran and how, when and with what."""
 
-    config: dict[str, Any]
-    """The resolved experiment (``TrainConfig`` fields)."""
+    config: dict[str, Any]  # the resolved experiment (``TrainConfig`` fields)
     created: str
     backend: str
     device: str
@@ -301,11 +299,9 @@ class OpenedRun:
     """A run folder ready to train into (:func:`open_run`)."""
 
     path: Path
-    resume: Path | None
-    """The checkpoint training continues from (None: a fresh run)."""
+    resume: Path | None  # the checkpoint training continues from (None: a fresh run)
     resume_step: int | None
-    metrics: list[dict[str, Any]]
-    """The log up to that checkpoint (the steps after it are trained again)."""
+    metrics: list[dict[str, Any]]  # the log up to that checkpoint (the steps after it are trained again)
 
 
 def open_run(output_dir: str | Path | None, resume_from_checkpoint: str | bool | None = None,

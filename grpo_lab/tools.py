@@ -42,16 +42,14 @@ except ImportError:  # pragma: no cover - only in an exported script
     class ConfigError(GrpoLabError, ValueError):
         """Stand-in for grpo_lab.errors.ConfigError."""
 
-Tool = Callable[..., Any]
-"""A tool in TRL's sense: a typed function with a Google-style docstring."""
+Tool = Callable[..., Any]  # a tool in TRL's sense: a typed function with a Google-style docstring
 
 CALL_KINDS = ("ok", "not_text", "bad_arguments", "raised", "time_limit")
 """How a call through the guard ended: ``ok``; ``not_text`` (a number or a dict, handed on as JSON text);
 ``bad_arguments`` (they do not fit the signature); ``raised``; ``time_limit`` (past the guard's ``time_limit_s``)."""
 ERROR_KINDS = ("bad_arguments", "raised", "time_limit")
 """The kinds that re-raise: TRL counts them as failures and shows the model the error."""
-TIME_LIMIT_S = 2.0
-"""How long one call may run before the guard stops it (:class:`GuardedTool`)."""
+TIME_LIMIT_S = 2.0  # how long one call may run before the guard stops it (:class:`GuardedTool`)
 
 
 class ToolCallError(GrpoLabError, RuntimeError):
@@ -232,8 +230,7 @@ class ToolSet:
     """The tools a run trains with, guarded, and the record of their calls (:func:`prepare` makes one)."""
 
     guards: list[GuardedTool]
-    counts: Counter
-    """Calls so far by kind (:data:`CALL_KINDS`), every tool together."""
+    counts: Counter  # calls so far by kind (:data:`CALL_KINDS`), every tool together
 
     @property
     def funcs(self) -> list[Tool]:
