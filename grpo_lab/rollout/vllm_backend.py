@@ -249,27 +249,6 @@ def child_processes(pid: int | None = None) -> list[int]:
     return found
 
 
-def _proc_descendants(root: int) -> list[int]:
-    """Live descendants of ``root`` read from ``/proc`` (a cross-check of :func:`child_processes`)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (name) ": state, ppid, ...
-        if fields[0] != "Z":
-            parents.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, stack = [], [root]
-    while stack:
-        for child in parents.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
 def end_processes(pids: list[int], grace_s: float = 5.0) -> None:
     """SIGTERM, wait up to ``grace_s``, SIGKILL what is left; then reap our own zombie children."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
