@@ -1,26 +1,18 @@
-"""Asynchronous GRPO: generation overlapped with training, with TRL's ``AsyncGRPOTrainer``.
+"""Asynchronous GRPO with TRL's ``AsyncGRPOTrainer``: a worker streams completions from a vLLM server into a queue
+while the trainer trains on what is queued and pushes its weights every ``weight_sync_steps`` steps, so a step costs
+about the longer of generate and update, not their sum. The price is **staleness**: a completion may come from an
+older policy than the one it trains. The experiment is a :class:`~grpo_lab.experiment.TrainConfig`, the knobs an
+:class:`AsyncConfig`, the server and devices :mod:`grpo_lab.scale`'s; the run folder adds ``trained_samples.jsonl``.
 
-In every synchronous layout (colocate, server mode in :mod:`grpo_lab.scale`) a step is *generate, then update*, so it
-costs the sum of the two. ``trl.experimental.async_grpo.AsyncGRPOTrainer`` overlaps them: a worker streams completions
-from a vLLM server into a queue, the trainer trains on what is queued and pushes its weights every
-``weight_sync_steps`` optimizer steps, and a step costs about the longer of the two. The price is **staleness**: a
-completion may have been sampled by a policy a few versions older than the one it trains. The experiment is a
-:class:`~grpo_lab.experiment.TrainConfig`, the asynchronous knobs an :class:`AsyncConfig` under ``AsyncGRPOConfig``'s
-names, the server and the device plan :mod:`grpo_lab.scale`'s; the run folder adds ``trained_samples.jsonl``.
-
-**The staleness promise.** Version 1 is the policy before the first update; every weight sync adds one. Each group is
+**The staleness promise.** Version 1 is the policy before the first update; every weight sync adds one; a group is
 tagged with the version live when its first request went out. *Every completion trained on lags the trainer's version
-by at most* ``max_staleness``. TRL checks the lag when a sample leaves the queue, but accelerate's dataloader takes one
-micro-batch ahead, before the weight sync that ends the step, so the lag can reach ``max_staleness + 1``.
-:class:`~grpo_lab.upstream.async_trainer.StalenessGate` checks each completion against the version of the step that
-*will* train it, and each micro-batch records the lag it had (``staleness/*`` in ``metrics.jsonl``). Because of that
-look-ahead, ``max_staleness=1`` serialises generation and update again; 2 (the default) is the smallest that overlaps.
+by at most* ``max_staleness``. TRL checks the lag when a sample leaves the queue, but the dataloader takes one
+micro-batch ahead of the step's weight sync, so :class:`~grpo_lab.upstream.async_trainer.StalenessGate` checks against
+the version of the step that *will* train it (``staleness/*`` in ``metrics.jsonl``). Because of that look-ahead,
+``max_staleness=1`` serialises generation and update again; 2 (the default) is the smallest that overlaps.
 
-**Importance sampling.** ``AsyncGRPOTrainer``'s loss is PPO's clipped ratio against the server's log-probabilities,
-bounded only by the ε-clip; the synchronous ``GRPOTrainer`` corrects with ``vllm_importance_sampling_correction``.
-
-**Weight transfer.** TRL's NCCL transfer on CUDA; elsewhere :class:`~grpo_lab.upstream.trl.FileWeightTransfer` (the
-safetensors-plus-reload path of server mode). TRL is subclassed, never edited (:mod:`grpo_lab.upstream.async_trainer`).
+The loss is PPO's clipped ratio against the server's log-probabilities (no importance-sampling correction). Weights
+go by TRL's NCCL transfer on CUDA, elsewhere by :class:`~grpo_lab.upstream.trl.FileWeightTransfer`.
 
     >>> from grpo_lab.async_grpo import AsyncConfig, run_async
     >>> from grpo_lab.experiment import TrainConfig
@@ -89,12 +81,9 @@ class AsyncConfig:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ConfigError(f"{name}={value!r} must be an integer.")
         if self.max_staleness < 1:
-            raise ConfigError(
-                f"max_staleness={self.max_staleness}: must be at least 1. The trainer's dataloader takes one "
-                f"micro-batch ahead, before the weight sync that ends the current step, so that micro-batch trains "
-                f"on a policy no completion could have been sampled with yet: a lag of 0 cannot be met there and "
-                f"training would stall. Use 1 (generation waits for each new policy) or 2 (generation overlaps the "
-                f"update).")
+            raise ConfigError(f"max_staleness={self.max_staleness}: must be at least 1. The dataloader takes one "
+                              f"micro-batch ahead of the step's weight sync, so a lag of 0 cannot be met and training "
+                              f"would stall. Use 1 (generation waits for each new policy) or 2 (it overlaps the update).")
         if self.max_inflight_tasks != -1 and self.max_inflight_tasks < 1:
             raise ConfigError(f"max_inflight_tasks={self.max_inflight_tasks}: give a positive number of concurrent "
                               f"requests, or -1 for TRL's rule (max(max_staleness, 1) x completions per step).")

@@ -1,11 +1,7 @@
-"""Child processes that die with their owner: start one in its own process group, wait for ``/health``, read its
-log, always stop it.
-
-Every long-lived child the package starts goes through :func:`start_process_group`: it runs in a session of its own,
-led by a watchdog (``python -m grpo_lab.servers --owner PID -- CMD``) that ends the whole group when the owner stops it
-(also from ``atexit`` and a SIGTERM handler), when the owner is gone however it ended, when the command exits by
-itself, and (Linux's parent-death signal) when the watchdog itself is killed. Children that vLLM starts itself get a
-watchdog of their own (:func:`guard_processes`).
+"""Child processes that die with their owner. Every long-lived child runs through :func:`start_process_group` in a
+session of its own, led by a watchdog (``python -m grpo_lab.servers --owner PID -- CMD``) that ends the whole group
+when the owner stops it (also at exit and on SIGTERM), when the owner is gone, when the command exits, and (Linux's
+parent-death signal) when the watchdog is killed. Children vLLM starts itself get :func:`guard_processes`.
 
 >>> from grpo_lab.servers import free_port, port_is_free
 >>> port_is_free(free_port())
@@ -108,7 +104,6 @@ def _with_descendants(pids: Sequence[int]) -> list[int]:
 
 
 def group_alive(pgid: int) -> bool:
-    """True while any (not zombie) process of the process group ``pgid`` exists."""
     return bool(group_members(pgid))
 
 
@@ -147,7 +142,7 @@ def stop_process_group(process: subprocess.Popen, timeout_s: float = 30.0) -> No
 
 
 def _forget_ended() -> None:
-    """Drop the groups that ended by themselves (their watchdog exited after ending the rest) from :data:`_LIVE`."""
+    """Drop the groups that ended by themselves from :data:`_LIVE`."""
     for pgid, process in list(_LIVE.items()):
         if process.poll() is not None and not group_alive(pgid):
             del _LIVE[pgid]
@@ -241,14 +236,11 @@ def metric_totals(base_url: str, names: Sequence[str], timeout_s: float = 5.0) -
     return totals
 
 
-LOG_FILE_LEVELS = ("DEBUG", "INFO")
-
-
 def log_file_level(asked: str | None) -> str:
     """vLLM's log level for a server whose output goes to a log file: at least INFO (its start, the KV cache it
     sized, why it stopped), DEBUG when asked for, whatever ``quiet_notebook()`` asks for a notebook's engines."""
     level = (asked or "INFO").upper()
-    return level if level in LOG_FILE_LEVELS else "INFO"
+    return level if level in ("DEBUG", "INFO") else "INFO"
 
 
 def ranked_prompt_tokens(prompt_logprobs: Sequence[Mapping[str, Mapping[str, float]] | None]
@@ -294,7 +286,6 @@ class ServerProcess:
 
     @property
     def pgid(self) -> int:
-        """The process group of the server (its leader's pid)."""
         if self.process is None:
             raise self.error(f"{self.name} was never started")
         return self.process.pid
@@ -341,7 +332,6 @@ class ServerProcess:
         return self
 
     def alive(self) -> bool:
-        """True while the server's leader process runs."""
         return self.process is not None and self.process.poll() is None
 
     def exit_code(self) -> int | None:
@@ -351,7 +341,7 @@ class ServerProcess:
         return log_tail(self.log_path, lines)
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """End the whole process group (SIGTERM, then SIGKILL after ``timeout_s``). Safe to call twice."""
+        """End the whole process group (SIGTERM, SIGKILL after ``timeout_s``); safe twice."""
         if self.process is not None:
             stop_process_group(self.process, timeout_s)
 
@@ -369,8 +359,7 @@ def _end_others(pgid: int, grace_s: float) -> None:
 
 
 def _ignore(signum: int, frame: object) -> None:
-    """The watchdog's SIGTERM/SIGINT handler: a signal to the group reaches the command too; the watchdog waits for it
-    (a handler, not SIG_IGN, so the command does not inherit the ignoring)."""
+    """The watchdog waits for its command (a handler, not SIG_IGN, which the command would inherit)."""
 
 
 def _terminate_with(parent: int) -> Callable[[], None]:

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -57,11 +58,8 @@ class ServerModeResult:
 
     def median_step_seconds(self, skip: int = 1) -> float:
         """Median step time after ``skip`` warm-up steps (all steps when there are no more)."""
-        steps = sorted(self.step_seconds[skip:] or self.step_seconds)
-        if not steps:
-            return math.nan
-        mid = len(steps) // 2
-        return steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
+        steps = self.step_seconds[skip:] or self.step_seconds
+        return statistics.median(steps) if steps else math.nan
 
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
@@ -93,10 +91,7 @@ def trainer_command(plan: DevicePlan, spec_path: Path, bf16: bool, module: str =
 
 def trainer_environment(plan: DevicePlan) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
-    env.update(device_module.allocator_env(plan.kind))
-    env.update(plan.train_env())
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return {**env, **device_module.allocator_env(plan.kind), **plan.train_env(), "PYTHONUNBUFFERED": "1"}
 
 
 def _watch(trainer: subprocess.Popen, server: RolloutServer, log_path: Path, timeout_s: float | None) -> None:

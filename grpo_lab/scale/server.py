@@ -50,12 +50,9 @@ def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: De
 def server_environment(plan: DevicePlan) -> dict[str, str]:
     """This process's environment plus the server's devices, TRL's dev-mode switch (the weight-sync endpoints
     live behind it, as in ``trl vllm-serve``), the allocator setting and INFO logs for the log file."""
-    env = {**os.environ, **engine_environment(plan.kind), **device_module.allocator_env(plan.kind)}
-    env.update(plan.rollout_env())
-    env["VLLM_SERVER_DEV_MODE"] = "1"
-    env["VLLM_LOGGING_LEVEL"] = log_file_level(os.environ.get("VLLM_LOGGING_LEVEL"))
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return {**os.environ, **engine_environment(plan.kind), **device_module.allocator_env(plan.kind),
+            **plan.rollout_env(), "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1",
+            "VLLM_LOGGING_LEVEL": log_file_level(os.environ.get("VLLM_LOGGING_LEVEL"))}
 
 
 def _http_json(url: str, payload: dict | None = None, timeout: float = 60.0) -> Any:

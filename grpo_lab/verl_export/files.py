@@ -96,9 +96,4 @@ def launch_script(overrides: dict[str, Any], target: VerlTarget) -> str:
 def parse_launch_overrides(script: str) -> dict[str, str]:
     """The ``key=value`` overrides of a ``run_verl.sh`` (values as Hydra text; shell variables left unexpanded)."""
     body = script.split("python3 -m verl.trainer.main_ppo", 1)[1]
-    found = {}
-    for word in shlex.split(body.replace("\\\n", " ")):
-        if "=" in word:
-            key, value = word.split("=", 1)
-            found[key] = value
-    return found
+    return dict(word.split("=", 1) for word in shlex.split(body.replace("\\\n", " ")) if "=" in word)

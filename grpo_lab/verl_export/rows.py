@@ -40,9 +40,8 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = Path(path)
     pq.write_table(pa.Table.from_pylist(list(rows)), path)
-    return path
+    return Path(path)
 
 
 def read_parquet(path: str | Path) -> list[dict[str, Any]]:
