@@ -83,7 +83,8 @@ class AsyncConfig:
         if self.max_staleness < 1:
             raise ConfigError(f"max_staleness={self.max_staleness}: must be at least 1. The dataloader takes one "
                               f"micro-batch ahead of the step's weight sync, so a lag of 0 cannot be met and training "
-                              f"would stall. Use 1 (generation waits for each new policy) or 2 (it overlaps the update).")
+                              f"would stall. Use 1 (generation waits for each new policy) or 2 (it overlaps the "
+                              f"update).")
         if self.max_inflight_tasks != -1 and self.max_inflight_tasks < 1:
             raise ConfigError(f"max_inflight_tasks={self.max_inflight_tasks}: give a positive number of concurrent "
                               f"requests, or -1 for TRL's rule (max(max_staleness, 1) x completions per step).")
@@ -119,8 +120,7 @@ SUPPORTED_ONLY = {
 
 
 def check_experiment(config: TrainConfig) -> None:
-    """Raise :class:`ConfigError` naming every setting of a resolved ``config`` that ``AsyncGRPOTrainer`` cannot run as
-    described."""
+    """Raise :class:`ConfigError` naming every setting ``AsyncGRPOTrainer`` cannot run as described."""
     problems = [f"{name}={getattr(config, name)!r}: {why}" for name, (allowed, why) in SUPPORTED_ONLY.items()
                 if getattr(config, name) not in allowed]
     if problems:
@@ -160,8 +160,7 @@ def with_response_template(tokenizer: Any) -> Any:
 
 
 class StepEndClock(TrainerCallback):
-    """Wall time between step ends (the first from train begin), so that it includes the wait for completions
-    (``StepClock`` starts after the batch arrived)."""
+    """Wall time between step ends (the first from train begin), the wait for completions included."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
@@ -177,10 +176,8 @@ class StepEndClock(TrainerCallback):
 
 
 def async_grpo_args(config: TrainConfig, knobs: AsyncConfig, base_url: str):
-    """TRL's ``AsyncGRPOConfig``: the fields it shares with ``GRPOConfig`` from the one translation
-    (:meth:`grpo_lab.experiment.Plan.trl_kwargs`), then its own. ``token_budget=0``: micro-batches of
-    ``per_device_train_batch_size`` completions (as the staleness gate counts); fp32 weights with bf16 autocast where
-    ``bf16``, as :mod:`grpo_lab.train`; Liger off (its asynchronous path has not run here)."""
+    """TRL's ``AsyncGRPOConfig``: the ``GRPOConfig`` fields of :meth:`grpo_lab.experiment.Plan.trl_kwargs`,
+    micro-batches of ``per_device_train_batch_size`` completions (``token_budget=0``), fp32 weights, Liger off."""
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     own = {item.name for item in dataclasses.fields(AsyncGRPOConfig)} - {"use_liger_kernel", "vllm_server_base_url"}
@@ -193,9 +190,8 @@ def async_grpo_args(config: TrainConfig, knobs: AsyncConfig, base_url: str):
 
 def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_dir: str | None = None,
                   callbacks: Sequence[Any] = (), reward_funcs: Sequence[Callable] | None = None):
-    """A ready ``AsyncGRPOTrainer`` (our subclass) for a resolved experiment against the server at ``base_url``, every
-    input checked first; ``sync_dir``: push weights through files there, else TRL's NCCL transfer. Build and train
-    inside :func:`grpo_lab.upstream.async_trainer.trl_workarounds`."""
+    """A checked ``AsyncGRPOTrainer`` (our subclass) against the server at ``base_url``; ``sync_dir``: weights go
+    through files there, else TRL's NCCL transfer. Build and train inside ``trl_workarounds``."""
     from grpo_lab.upstream.async_trainer import GrpoLabAsyncTrainer  # imports TRL's experimental trainer
 
     check_experiment(config)
@@ -218,8 +214,7 @@ def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_d
 
 
 def run_trainer(spec_path: str | Path) -> int:
-    """The ``accelerate launch`` entry: train against the server named in the spec; write the run folder and the
-    outcome."""
+    """The ``accelerate launch`` entry: train against the server named in the spec; write the run and the outcome."""
     from grpo_lab.upstream.async_trainer import trl_workarounds  # imports TRL's experimental trainer: only to train
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
@@ -283,9 +278,8 @@ class AsyncResult(scale.ServerModeResult):
 
 
 def completion_accounting(result: AsyncResult, num_generations: int) -> dict[str, int]:
-    """Where the server's completions went: ``generated`` (its finished requests, one completion each) = ``trained`` +
-    ``dropped`` (too stale) + ``left`` (in the pipeline when training stopped); ``queue``, ``scoring`` and
-    ``inflight``: the most each stage holds."""
+    """Where the server's completions went: ``generated`` = ``trained`` + ``dropped`` (too stale) + ``left`` (in the
+    pipeline at the end); ``queue``, ``scoring`` and ``inflight``: the most each stage holds."""
     generated = round(result.server_stats.get("requests", 0))
     trained = result.global_step * result.completions_per_step
     return {"generated": generated, "trained": trained, "dropped": result.dropped_stale,
@@ -306,8 +300,7 @@ def describe_accounting(counts: dict[str, int]) -> str:
 
 
 def async_train_config(train_config: TrainConfig, machine: Any = None) -> TrainConfig:
-    """The experiment resolved as server mode resolves it (:func:`grpo_lab.scale.server_train_config`), checked for
-    what ``AsyncGRPOTrainer`` supports."""
+    """:func:`grpo_lab.scale.server_train_config`, checked for what ``AsyncGRPOTrainer`` supports."""
     config = scale.server_train_config(train_config, machine)
     check_experiment(config)
     return config
@@ -358,11 +351,8 @@ ROLLOUT, TRAINER = "rollout server", "trainer"
 def step_timeline(sync_records: Sequence[dict], async_records: Sequence[dict], steps: int = 3, skip: int = 1,
                   names: tuple[str, str] = ("synchronous (TRL server mode)", "asynchronous (AsyncGRPOTrainer)")
                   ) -> list[Span]:
-    """``steps`` steps after the warm-up ``skip`` of a synchronous and an asynchronous run, from their
-    ``metrics.jsonl``, as :class:`Span` bars for :func:`grpo_lab.plots.plot_timeline`. Synchronous: the server
-    generates while the trainer waits, then the trainer updates while the server idles. Asynchronous (TRL's ``perf/*``):
-    the trainer waits, updates, batches and logs, and syncs the weights, while the server generates throughout, paused
-    for the sync (and waiting when the queue is full); the parts are measured, their order is the loop's."""
+    """``steps`` steps after ``skip`` warm-up steps of a synchronous and an asynchronous run (their ``metrics.jsonl``)
+    as :class:`Span` bars for :func:`grpo_lab.plots.plot_timeline`: measured parts, in the loop's order."""
     spans: list[Span] = []
     start = 0.0
     for r in [r for r in sync_records if r["step"] > skip and "step_time" in r][:steps]:
@@ -396,8 +386,7 @@ def step_timeline(sync_records: Sequence[dict], async_records: Sequence[dict], s
 
 def tradeoff_entry(records: Sequence[dict], completions_per_step: int, completions_per_second: float,
                    lag_counts: dict | None = None) -> dict[str, Any]:
-    """One run for :func:`grpo_lab.plots.plot_async_tradeoff`: its throughput, and its reward against the completions
-    trained so far."""
+    """One run for :func:`grpo_lab.plots.plot_async_tradeoff`: throughput, reward against completions trained."""
     steps = [r for r in records if "reward" in r]
     return {"completions_per_second": completions_per_second, "reward": [r["reward"] for r in steps],
             "completions": [r["step"] * completions_per_step for r in steps], "lag_counts": lag_counts or {}}

