@@ -103,6 +103,17 @@ def _with_descendants(pids: Sequence[int]) -> list[int]:
     return found
 
 
+def end_with_descendants(pids: Sequence[int], grace_s: float = GRACE_S) -> None:
+    """SIGTERM ``pids`` and their descendants, SIGKILL what is left after ``grace_s``, wait up to ``grace_s`` more."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _with_descendants(pids):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _with_descendants(pids):
+            time.sleep(0.05)
+
+
 def group_alive(pgid: int) -> bool:
     return bool(group_members(pgid))
 
@@ -399,16 +410,10 @@ def watch(owner: int, command: Sequence[str], poll_s: float = WATCH_POLL_S, grac
 
 def guard(owner: int, pids: Sequence[int], poll_s: float = WATCH_POLL_S, grace_s: float = GRACE_S) -> int:
     """Wait while any of ``pids`` lives; when ``owner`` is no longer this process's parent, end them and their
-    children (SIGTERM, SIGKILL after ``grace_s``)."""
+    children (:func:`end_with_descendants`)."""
     while _with_descendants(pids):
         if os.getppid() != owner:
-            for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
-                for pid in _with_descendants(pids):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, sig)
-                deadline = time.monotonic() + wait_s
-                while time.monotonic() < deadline and _with_descendants(pids):
-                    time.sleep(0.1)
+            end_with_descendants(pids, grace_s)
             return 0
         time.sleep(poll_s)
     return 0

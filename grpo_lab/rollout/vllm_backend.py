@@ -11,11 +11,8 @@ import itertools
 import logging
 import multiprocessing
 import os
-import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -25,7 +22,7 @@ from grpo_lab.paths import CACHE_DIR
 from grpo_lab.rollout.config import RolloutConfig, Sampling
 from grpo_lab.rollout.engine import PromptRollout, RolloutEngine, decode_completion
 from grpo_lab.rollout.prompts import EncodedPrompt, check_tokenizers
-from grpo_lab.servers import guard_processes, stop_process_group
+from grpo_lab.servers import end_with_descendants, guard_processes, stop_process_group
 from grpo_lab.upstream.vllm import SHUTDOWN_TIMEOUT_S, shutdown_engine
 
 QUIET_LOG_LEVEL = "ERROR"
@@ -250,24 +247,9 @@ def child_processes(pid: int | None = None) -> list[int]:
 
 
 def end_processes(pids: list[int], grace_s: float = 5.0) -> None:
-    """SIGTERM, wait up to ``grace_s``, SIGKILL what is left; then reap our own zombie children."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [p for p in pids if _alive(p)]
-        for pid in alive:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + grace_s
-        while any(_alive(p) for p in alive) and time.monotonic() < deadline:
-            time.sleep(0.05)
+    """:func:`grpo_lab.servers.end_with_descendants`, then reap our own zombie children."""
+    end_with_descendants(pids, grace_s)
     multiprocessing.active_children()  # joins finished multiprocessing children (vLLM's engine core)
     for pid in pids:  # anything else that was our direct child
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"
