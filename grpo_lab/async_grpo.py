@@ -308,8 +308,7 @@ def async_train_config(train_config: TrainConfig, machine: Any = None) -> TrainC
 
 def train_async(server: scale.RolloutServer, config: scale.ServerModeConfig, train_config: TrainConfig,
                 knobs: AsyncConfig | None = None, base_url: str | None = None) -> AsyncResult:
-    """Train a resolved ``train_config`` (:func:`async_train_config`) asynchronously against a running ``server``
-    (``base_url`` replaces its address, e.g. a proxy) under ``accelerate launch``; return the run's facts."""
+    """Train a resolved ``train_config`` asynchronously against a running ``server`` (``base_url``: e.g. a proxy)."""
     check_experiment(train_config)
     if not train_config.is_resolved or train_config.output_dir is None:
         raise ConfigError("train_config must be resolved with a run folder: use async_train_config(train_config).")
@@ -326,8 +325,7 @@ def train_async(server: scale.RolloutServer, config: scale.ServerModeConfig, tra
 
 def run_async(knobs: AsyncConfig | None = None, config: scale.ServerModeConfig | None = None,
               train_config: TrainConfig | None = None) -> AsyncResult:
-    """Asynchronous GRPO end to end (:func:`grpo_lab.scale.runner.serve_and_train`); a
-    :class:`~grpo_lab.scale.ScaleOutError` names the log file when the server or the trainer fails."""
+    """Asynchronous GRPO end to end (:func:`grpo_lab.scale.runner.serve_and_train`); errors name the log file."""
     knobs = knobs or AsyncConfig()
     return serve_and_train(
         config, train_config, async_train_config, lambda *args: train_async(*args, knobs), "Asynchronous GRPO",

@@ -21,8 +21,7 @@ _POSITIVE, _NEGATIVE, _NEUTRAL = "#2a9d4b", "#d1495b", "#9aa0a6"
 
 
 def plot_group_advantages(result, labels: Sequence[str] | None = None, title: str | None = None) -> Figure:
-    """Rewards of each completion with its group mean (left) and the advantages, colored by sign (right), of a
-    ``grpo_lab.advantages.Advantages``; groups are separated by dotted lines."""
+    """An ``Advantages``' rewards and group means (left), advantages coloured by sign (right), groups dotted apart."""
     n = len(result.rewards)
     G = result.num_generations
     labels = list(labels) if labels is not None else [f"g{i // G}·c{i % G}" for i in range(n)]
@@ -57,8 +56,7 @@ def plot_group_advantages(result, labels: Sequence[str] | None = None, title: st
 
 
 def plot_reward_components(table, labels: Sequence[str] | None = None, title: str | None = None) -> Figure:
-    """Each reward function's weighted contribution per completion (grouped bars) and the total (black dot), of a
-    ``grpo_lab.rewards.RewardTable``; None values (reward not applicable) are drawn as 0."""
+    """A ``RewardTable``'s weighted rewards per completion (a bar per function, None as 0), total as a black dot."""
     n, k = len(table.values), len(table.names)
     labels = list(labels) if labels is not None else [f"#{i}" for i in range(n)]
     fig = Figure(figsize=(max(6.0, 0.9 * n * max(k, 2) / 2 + 3), 3.4), layout="constrained")

@@ -64,8 +64,7 @@ def _constructor(reward: Any) -> tuple[str, str, types.ModuleType]:
 
 @dataclass(frozen=True)
 class Carried:
-    """Definitions carried out of their modules as script source: imports, definitions, one expression per reward or
-    tool (none for a run without tools), the modules they came from."""
+    """Definitions carried out of their modules as script source: imports, code, one expression each, modules."""
 
     imports: tuple[str, ...] = ()
     source: str = ""

@@ -48,8 +48,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True when nothing listens on ``host:port``. ``SO_REUSEADDR`` lets a port whose last connection is still in
-    TIME_WAIT count as free, as it is for a server that sets the same option (vLLM's does)."""
+    """True when nothing listens on ``host:port`` (a port in TIME_WAIT counts as free, as to vLLM's server)."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -174,8 +173,7 @@ def _stop_children_then_terminate(signum: int, frame: object) -> None:
 
 
 def _install_sigterm_handler() -> None:
-    """Stop the children on SIGTERM, unless this is not the main thread or SIGTERM already has a handler (the user's,
-    or ``grpo-lab scale``'s, which stop them through ``finally``)."""
+    """Stop the children on SIGTERM, from the main thread and where SIGTERM has no handler yet."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _stop_children_then_terminate)
 
@@ -198,8 +196,7 @@ def start_process_group(command: Sequence[str], env: Mapping[str, str], stdout: 
 
 def run_process_group(command: Sequence[str], env: Mapping[str, str], timeout_s: float
                       ) -> subprocess.CompletedProcess:
-    """Run ``command`` to its end like ``subprocess.run(capture_output=True, text=True)``, as a watched group
-    (:func:`start_process_group`): an error, a timeout or an interrupt here stops all of it."""
+    """``subprocess.run(capture_output=True, text=True)`` as a watched group: a failure here stops all of it."""
     process = start_process_group(command, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
@@ -220,8 +217,7 @@ NOT_AN_ERROR = re.compile(r"\b(DEBUG|INFO|WARNING)\b")  # e.g. an optional impor
 
 
 def first_error(path: str | Path | None) -> str | None:
-    """The first ``SomeError: message`` line of a log, not logged at DEBUG, INFO or WARNING (a crashed vLLM server
-    logs its root cause first), or None."""
+    """The first ``SomeError: message`` line of a log not at DEBUG/INFO/WARNING (a vLLM crash's cause), or None."""
     if path is None or not Path(path).is_file():
         return None
     for line in Path(path).read_text(errors="replace").splitlines():
@@ -263,8 +259,7 @@ def ranked_prompt_tokens(prompt_logprobs: Sequence[Mapping[str, Mapping[str, flo
 
 
 def wait_until_healthy(process: subprocess.Popen, base_url: str, timeout_s: float) -> int | None:
-    """Poll ``base_url/health`` until it answers 200: None when ready, the exit code if the process ended first;
-    :class:`TimeoutError` when neither happens within ``timeout_s``."""
+    """Poll ``base_url/health``: None once it answers 200, the exit code if the process ended; else TimeoutError."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -317,8 +312,7 @@ class ServerProcess:
         return not math.isnan(self.start_seconds)
 
     def wait_ready(self, startup_timeout_s: float) -> ServerProcess:
-        """Wait for ``/health``, at most ``startup_timeout_s`` after the start; on a failure stop it and raise with the
-        log's tail."""
+        """Wait for ``/health`` until ``startup_timeout_s`` from the start; else stop it, raise with its log."""
         if self.process is None:
             raise self.error(f"{self.name} was never started")
         if self.ready:
@@ -374,8 +368,7 @@ def _ignore(signum: int, frame: object) -> None:
 
 
 def _terminate_with(parent: int) -> Callable[[], None]:
-    """A ``preexec_fn`` for the command: SIGTERM when the watchdog (``parent``, single-threaded) dies, so that killing
-    the group's leader ends the server too."""
+    """A ``preexec_fn``: SIGTERM the command when the watchdog ``parent`` dies (killing the leader ends the server)."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl
 
     def preexec() -> None:
@@ -409,8 +402,7 @@ def watch(owner: int, command: Sequence[str], poll_s: float = WATCH_POLL_S, grac
 
 
 def guard(owner: int, pids: Sequence[int], poll_s: float = WATCH_POLL_S, grace_s: float = GRACE_S) -> int:
-    """Wait while any of ``pids`` lives; when ``owner`` is no longer this process's parent, end them and their
-    children (:func:`end_with_descendants`)."""
+    """Wait while any of ``pids`` lives; once ``owner`` is no longer the parent, :func:`end_with_descendants` them."""
     while _with_descendants(pids):
         if os.getppid() != owner:
             end_with_descendants(pids, grace_s)

@@ -75,8 +75,7 @@ def plan_memory(model: Any, *, precision: str | Precision = "bf16", optimizer: s
 
 def largest_fitting_batch(model: Any, *, candidates: tuple[int, ...] = (64, 32, 16, 8, 4, 2, 1),
                           **plan_kwargs: Any) -> MemoryBudget:
-    """The plan with the largest micro-batch (from ``candidates``) that fits and whose KV cache holds a whole
-    generation batch; the smallest candidate's plan (with its advice) when none does."""
+    """The plan with the largest of ``candidates`` that fits a generation batch in its KV cache, else the smallest's."""
     plan_kwargs.pop("per_device_train_batch_size", None)
     plan_kwargs.pop("steps_per_generation", None)
     budget = None

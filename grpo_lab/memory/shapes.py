@@ -13,6 +13,7 @@ from grpo_lab.errors import ConfigError, MissingFileError
 from grpo_lab.paths import MODEL_CONFIGS_DIR
 
 GIB = 2**30
+"""Bytes in a GiB."""
 CONFIG_DIR = MODEL_CONFIGS_DIR
 
 

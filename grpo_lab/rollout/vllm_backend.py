@@ -165,8 +165,7 @@ class VLLMEngine(RolloutEngine):
 
     @contextlib.contextmanager
     def isolated_prefixes(self) -> Iterator[None]:
-        """Inside the block no prompt block is reused (the cache emptied, each sample its own salted request): vLLM
-        without prefix caching on an engine that has it on."""
+        """Inside the block no prompt block is reused (cache emptied, each sample salted): prefix caching off."""
         self.reset_prefix_cache()
         self._isolated = True
         try:

@@ -26,8 +26,7 @@ class ScaleOutError(GrpoLabError, RuntimeError):
 
 @dataclass
 class ServerModeConfig:
-    """Where and how the rollout server and the trainer run (the GRPO run itself, vLLM's memory share included, is
-    a ``TrainConfig``)."""
+    """Where and how the rollout server and the trainer run (the GRPO run itself is a ``TrainConfig``)."""
 
     rollout_devices: tuple[int, ...] | None = None
     """Device indices for vLLM (tensor parallel over all of them); None: :func:`plan_devices` decides."""

@@ -175,8 +175,7 @@ def train_against(server: RolloutServer, config: ServerModeConfig, train_config:
 
 
 def train_with_server(server: RolloutServer, config: ServerModeConfig, train_config: TrainConfig) -> ServerModeResult:
-    """Run :func:`grpo_lab.train.train` (a resolved ``train_config`` with ``vllm_mode="server"``) under ``accelerate
-    launch`` against a running ``server``; return the run folder, step times and the server's counts."""
+    """Run :func:`grpo_lab.train.train` under ``accelerate launch`` against a running ``server``; return its facts."""
     if train_config.vllm_mode != "server" or not train_config.use_vllm:
         raise ConfigError("train_config must have use_vllm=True and vllm_mode='server' (use run_server_mode, or "
                          "server_train_config(train_config)).")
@@ -185,8 +184,7 @@ def train_with_server(server: RolloutServer, config: ServerModeConfig, train_con
 
 
 def server_train_config(train_config: TrainConfig, machine: Machine | None = None) -> TrainConfig:
-    """The ``TrainConfig`` with vLLM rollouts from the server (``use_vllm=True, vllm_mode="server"``), resolved for
-    ``machine`` (default: this one), with a new run folder unless it names one."""
+    """``train_config`` with rollouts from the server, resolved for ``machine`` (default: this one), with a run dir."""
     config = dataclasses.replace(train_config, use_vllm=True, vllm_mode="server").resolve(machine or Machine.detect())
     if config.output_dir is None:
         config = dataclasses.replace(config, output_dir=str(runs.new_run_dir(config.profile, datetime.now())))
@@ -218,8 +216,7 @@ def serve_and_train(config: ServerModeConfig | None, train_config: TrainConfig |
 
 def run_server_mode(config: ServerModeConfig | None = None, train_config: TrainConfig | None = None
                     ) -> ServerModeResult:
-    """Server mode end to end (:func:`serve_and_train`); :class:`ScaleOutError` names the log file when the server or
-    the trainer fails."""
+    """Server mode end to end (:func:`serve_and_train`); a :class:`ScaleOutError` names the log of what failed."""
     return serve_and_train(config, train_config, server_train_config, train_with_server, "Server mode",
                            "grpo_lab.train writes its run folder from one process")
 

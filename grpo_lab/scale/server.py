@@ -63,8 +63,7 @@ def _http_json(url: str, payload: dict | None = None, timeout: float = 60.0) -> 
 
 
 class RolloutServer(ServerProcess):
-    """TRL's vLLM server on the rollout devices (a :class:`grpo_lab.servers.ServerProcess`) and a few queries used
-    to check it."""
+    """TRL's vLLM server on the rollout devices (a :class:`grpo_lab.servers.ServerProcess`), and queries to check it."""
 
     def __init__(self, command: Sequence[str], env: dict[str, str], log_path: Path, host: str, port: int,
                  plan: DevicePlan, weight_sync: str):

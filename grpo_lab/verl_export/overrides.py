@@ -52,8 +52,7 @@ def resolve_experiment(config: TrainConfig | None, device: str = "cuda") -> Trai
 
 
 def grpo_settings(config: TrainConfig, target: VerlTarget, num_train_rows: int) -> list[Setting]:
-    """verl's overrides for a resolved experiment and target, from its TRL fields
-    (:func:`grpo_lab.experiment.trl_kwargs`); raises early on what verl would reject."""
+    """verl's overrides from a resolved experiment's TRL fields and the target; raises early on what verl rejects."""
     trl = trl_kwargs(config, use_vllm=True, vllm_share=config.vllm_gpu_memory_utilization)
     tp, devices, gpus = target.rollout_tensor_parallel_size, target.total_devices, target.n_gpus_per_node
     if gpus < 1 or target.nnodes < 1 or tp < 1:
