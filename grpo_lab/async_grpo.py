@@ -205,8 +205,7 @@ def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_d
     columns = sorted({key for row in rows for key in row} & {"prompt", "answer", "unit", "type", "lang"})
     # the worker walks the rows in order (TRL's synchronous sampler shuffles): shuffle once, with the run's seed
     dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows]).shuffle(seed=config.seed)
-    transfer = (FileWeightTransfer(base_url, sync_dir, server_timeout=config.vllm_server_timeout)
-                if sync_dir else None)
+    transfer = FileWeightTransfer(base_url, sync_dir, server_timeout=config.vllm_server_timeout) if sync_dir else None
     return GrpoLabAsyncTrainer(model=config.model, reward_funcs=fold_reward_weights(reward_set),
                                args=async_grpo_args(config, knobs, base_url), train_dataset=dataset,
                                processing_class=tokenizer, callbacks=list(callbacks), weight_transfer=transfer,

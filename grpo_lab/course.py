@@ -265,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"seconds one cell may run (default {CELL_TIMEOUT_S})")
     parser.add_argument("notebooks", nargs="*", type=Path, help="only these notebooks (default: all)")
     args = parser.parse_args(argv)
-    results = run_course(args.out, args.notebooks or None, keep_going=args.keep_going,
-                         cell_timeout_s=args.cell_timeout)
+    results = run_course(args.out, args.notebooks or None, keep_going=args.keep_going, cell_timeout_s=args.cell_timeout)
     print(f"\n{format_summary(results)}\n\nExecuted copies and results: {args.out}/")
     return 0 if all(r.status == "ok" for r in results) else 1
 

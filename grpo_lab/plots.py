@@ -22,8 +22,7 @@ _POSITIVE, _NEGATIVE, _NEUTRAL = "#2a9d4b", "#d1495b", "#9aa0a6"
 
 def plot_group_advantages(result, labels: Sequence[str] | None = None, title: str | None = None) -> Figure:
     """An ``Advantages``' rewards and group means (left), advantages coloured by sign (right), groups dotted apart."""
-    n = len(result.rewards)
-    G = result.num_generations
+    n, G = len(result.rewards), result.num_generations
     labels = list(labels) if labels is not None else [f"g{i // G}·c{i % G}" for i in range(n)]
     fig = Figure(figsize=(max(6.0, 1.1 * n + 3), 3.4), layout="constrained")
     ax_r, ax_a = fig.subplots(1, 2)

@@ -188,8 +188,7 @@ def start_process_group(command: Sequence[str], env: Mapping[str, str], stdout: 
     _install_sigterm_handler()
     _forget_ended()
     watched = [sys.executable, "-m", "grpo_lab.servers", "--owner", str(os.getpid()), "--", *map(str, command)]
-    process = subprocess.Popen(watched, stdout=stdout, stderr=stderr, env=dict(env), text=text,
-                               start_new_session=True)
+    process = subprocess.Popen(watched, stdout=stdout, stderr=stderr, env=dict(env), text=text, start_new_session=True)
     _LIVE[process.pid] = process
     return process
 
@@ -231,8 +230,7 @@ PROMETHEUS_SAMPLE = re.compile(r"^([\w:]+)(?:\{[^}]*\})?\s+([-+\deE.naif]+)$")
 
 
 def metric_totals(base_url: str, names: Sequence[str], timeout_s: float = 5.0) -> dict[str, float]:
-    """The totals of ``names`` (each summed over its labels) in a server's Prometheus ``/metrics``; a name the server
-    does not report is left out. :class:`OSError` when the server does not answer."""
+    """Totals of ``names`` in a server's Prometheus ``/metrics`` (summed over labels); OSError if it is down."""
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as response:
         text = response.read().decode()
     totals: dict[str, float] = {}
@@ -244,8 +242,7 @@ def metric_totals(base_url: str, names: Sequence[str], timeout_s: float = 5.0) -
 
 
 def log_file_level(asked: str | None) -> str:
-    """vLLM's log level for a server whose output goes to a log file: at least INFO (its start, the KV cache it
-    sized, why it stopped), DEBUG when asked for, whatever ``quiet_notebook()`` asks for a notebook's engines."""
+    """vLLM's log level for a server logging to a file: DEBUG when asked for, else INFO (quiet notebooks included)."""
     level = (asked or "INFO").upper()
     return level if level in ("DEBUG", "INFO") else "INFO"
 

@@ -33,8 +33,7 @@ def html_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None 
 
 
 def folded_text(text: str, summary: str) -> str:
-    """``text`` (code, a file) as HTML, folded under a one-line ``summary`` (a ``<details>`` element): the learner
-    reads the summary, and the text is one click away. ``summary`` may hold HTML."""
+    """``text`` (code, a file) as HTML folded under a one-line ``summary`` (may hold HTML), one click away."""
     return f"<details><summary>{summary}</summary><pre>{html.escape(text)}</pre></details>"
 
 

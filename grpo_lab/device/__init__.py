@@ -135,8 +135,7 @@ class Machine:
         total = memory_info(kind=kind).total_gib
         cap = detect_cap(kind, total) if memory_gib is None else check_memory_cap(memory_gib, total, kind)
         size = total if cap is None or cap.memory_gib >= total else cap.memory_gib
-        return cls(kind, bf16_supported(kind), size, device_name(kind=kind),
-                   device_gib=total if size < total else None)
+        return cls(kind, bf16_supported(kind), size, device_name(kind=kind), device_gib=total if size < total else None)
 
 
 def detect_cap(kind: str | None = None, total_gib: float | None = None) -> MemoryCap | None:

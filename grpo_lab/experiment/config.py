@@ -247,10 +247,7 @@ class TrainConfig:
     def with_profile(self, machine: Machine | None = None) -> TrainConfig:
         """A copy with the profile's values in every field left ``None`` (``machine`` picks the default profile)."""
         name = profile_name(self.profile, machine)
-        values = {"profile": name}
-        for key, value in PROFILES[name].items():
-            if getattr(self, key) is None:
-                values[key] = value
+        values = {"profile": name, **{k: v for k, v in PROFILES[name].items() if getattr(self, k) is None}}
         if self.learning_rate is None and self.use_peft:
             values["learning_rate"] = PROFILES[name]["learning_rate"] * LORA_LEARNING_RATE_SCALE
         if self.rewards is not None and self.reward_weights is None:  # the profile's weights are for its rewards

@@ -33,8 +33,7 @@ FOUR_BIT_BLOCK = 64
 """Weights per block of bitsandbytes' 4-bit quantization (its default blocksize), each block with one fp32 scale."""
 FOUR_BIT_BYTES_PER_PARAMETER = 0.5 + 4 / FOUR_BIT_BLOCK
 """A 4-bit NF4 weight: half a byte, plus its block's fp32 scale (no nested quantization of the scales)."""
-REQUIRED_CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                          "vocab_size")
+REQUIRED_CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
 class MemoryPlanError(ConfigError):
@@ -319,8 +318,7 @@ class TrainingShape:
     steps_per_generation: int | None = None
     lora_r: int = 0
     """LoRA rank (TRL's ``lora_r`` with ``use_peft``); 0: full fine-tuning."""
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                            "down_proj")
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     lora_dropout: float = 0.0
     vllm_enable_sleep_mode: bool = False
     """vLLM releases its weights and KV cache during the update (TRL's sleep level 2) and wakes for the rollout."""

@@ -179,9 +179,8 @@ class VLLMEngine(RolloutEngine):
 
     def _no_sleep_reason(self) -> str:
         missing = device.vllm_sleep_mode_missing(self.config.device_kind)
-        if missing:
-            return f"{missing}; stop() the engine to free its memory"
-        return "open the engine with enable_sleep_mode=True to use sleep()/wake_up()"
+        return (f"{missing}; stop() the engine to free its memory" if missing
+                else "open the engine with enable_sleep_mode=True to use sleep()/wake_up()")
 
     def _sleep(self, level: int) -> None:
         self.llm.sleep(level=level)

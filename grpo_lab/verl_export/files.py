@@ -80,8 +80,7 @@ def launch_script(overrides: dict[str, Any], target: VerlTarget) -> str:
         lines.append(f"# Ray must not rewrite {visible_var} for each worker: verl places its workers itself"
                      " (verl's Ascend quick start and FAQ).")
         lines += [f'export {var}="${{{var}:-{value}}}"' for var, value in ray_env.items()]
-    lines += [f'export {visible_var}="${{{visible_var}:-{devices}}}"', "",
-              "python3 -m verl.trainer.main_ppo \\"]
+    lines += [f'export {visible_var}="${{{visible_var}:-{devices}}}"', "", "python3 -m verl.trainer.main_ppo \\"]
     for key, value in overrides.items():
         if key in PATH_KEYS:
             lines.append(f"    \"{key}='${{HERE}}/{value}'\" \\")

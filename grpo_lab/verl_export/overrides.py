@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -167,11 +168,9 @@ def hydra_value(value: Any) -> str:
     text = str(value)
     plain = text and all(c.isalnum() or c in "_-./~@:+" for c in text) and text.lower() not in (
         "true", "false", "null", "none", "nan", "inf")
-    try:
+    with contextlib.suppress(ValueError):
         float(text)
-        plain = False
-    except ValueError:
-        pass
+        plain = False  # a number must be quoted to stay a string
     return text if plain else "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 

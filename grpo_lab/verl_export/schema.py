@@ -76,8 +76,7 @@ def _unpacked_wheel(wheel: str) -> Path:
     """The config files and version of a verl wheel, unpacked once per process into a temporary folder."""
     target = Path(tempfile.mkdtemp(prefix="grpo_lab_verl_"))
     with zipfile.ZipFile(wheel) as archive:
-        members = [n for n in archive.namelist()
-                   if n.startswith("verl/trainer/config/") or n == "verl/version/version"]
+        members = [n for n in archive.namelist() if n.startswith("verl/trainer/config/") or n == "verl/version/version"]
         archive.extractall(target, members)
     return target / "verl"
 
