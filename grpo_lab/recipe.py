@@ -19,10 +19,10 @@ import inspect
 import os
 import sys
 import textwrap
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from grpo_lab import __version__, experiment, lora, runs, tools
@@ -46,7 +46,7 @@ class RecipeError(CarryError):
     """A run that cannot be written as a standalone script as it is; the message says what to change."""
 
 
-def _constructor(reward: Any) -> tuple[str, str, types.ModuleType]:
+def _constructor(reward: Any) -> tuple[str, str, ModuleType]:
     """``(name to carry, expression that makes the reward, its module)`` for a function or a dataclass instance."""
     if inspect.isfunction(reward):
         if reward.__name__ == "<lambda>" or reward.__qualname__ != reward.__name__:
@@ -72,16 +72,17 @@ class Carried:
     modules: tuple[str, ...] = ()
 
 
-def _carried(by_module: dict[types.ModuleType, list[str]], expressions: list[str]) -> Carried:
-    """The imports and the definitions that the names of each module need (:func:`carry`), modules in order."""
+def _carried(by_module: dict[ModuleType, list[str]], expressions: list[str], run: list[str]) -> tuple[Carried, list]:
+    """What the names of each module need (:func:`carry`), and the values of ``run`` in that source alone."""
     parts = [carry(list(dict.fromkeys(names)), inspect.getsource(module)) for module, names in by_module.items()]
-    return Carried(tuple(dict.fromkeys(line for part in parts for line in part.imports)),
-                   "\n\n".join(p.body for p in parts), tuple(expressions), tuple(m.__name__ for m in by_module))
+    carried = Carried(tuple(dict.fromkeys(line for part in parts for line in part.imports)),
+                      "\n\n".join(p.body for p in parts), tuple(expressions), tuple(m.__name__ for m in by_module))
+    return carried, run_alone("\n".join(carried.imports) + "\n" + carried.source, run)
 
 
 def carry_rewards(rewards: Sequence[Any]) -> Carried:
     """Each reward's definitions carried out of its module, checked by rebuilding every reward without grpo_lab."""
-    by_module: dict[types.ModuleType, list[str]] = {}
+    by_module: dict[ModuleType, list[str]] = {}
     expressions = []
     for reward in rewards:
         name, expression, module = _constructor(reward)
@@ -90,8 +91,7 @@ def carry_rewards(rewards: Sequence[Any]) -> Carried:
                               f"source file (a notebook cell?): move it into a .py file, import it, and export again")
         by_module.setdefault(module, []).append(name)
         expressions.append(expression)
-    carried = _carried(by_module, expressions)
-    rebuilt = run_alone("\n".join(carried.imports) + "\n" + carried.source, expressions)
+    carried, rebuilt = _carried(by_module, expressions, expressions)
     for reward, copy, expression in zip(rewards, rebuilt, expressions):
         if dataclasses.is_dataclass(reward) and repr(copy) != repr(reward):
             raise RecipeError(f"{expression} does not rebuild {reward!r} from the carried source")
@@ -102,7 +102,7 @@ def carry_tools(names: Sequence[str]) -> Carried:
     """The registered tools ``names`` and ``use_tool_template`` carried out, checked by running the source alone."""
     if not names:
         return Carried()
-    by_module: dict[types.ModuleType, list[str]] = {tools: ["use_tool_template"]}
+    by_module: dict[ModuleType, list[str]] = {tools: ["use_tool_template"]}
     functions = []
     for name in names:
         function = tools.get_tool(name)
@@ -113,9 +113,7 @@ def carry_tools(names: Sequence[str]) -> Carried:
                               f"import it, register it, and export again (its source goes into the script)")
         by_module.setdefault(module, []).append(function.__name__)
         functions.append(function.__name__)
-    carried = _carried(by_module, functions)
-    run_alone("\n".join(carried.imports) + "\n" + carried.source, ["use_tool_template", *functions])
-    return carried
+    return _carried(by_module, functions, ["use_tool_template", *functions])[0]
 
 
 def packages(config: TrainConfig, use_vllm: bool) -> tuple[str, ...]:

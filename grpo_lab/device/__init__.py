@@ -222,11 +222,9 @@ def check_kind(kind: str) -> str:
         raise DeviceError(f"Unknown device {kind!r}: use one of {', '.join(KINDS)} (or unset GRPO_LAB_DEVICE).")
     present = {"npu": npu_available, "cuda": torch.cuda.is_available, "cpu": lambda: True}[normalised]()
     if not present:
-        raise DeviceError(
-            f"Device {normalised!r} was asked for but none is visible. Check the driver "
-            f"({'npu-smi info' if normalised == 'npu' else 'nvidia-smi'}) and "
-            f"{VISIBLE_DEVICES_VAR[normalised]}, or unset GRPO_LAB_DEVICE to use what is detected."
-        )
+        raise DeviceError(f"Device {normalised!r} was asked for but none is visible. Check the driver "
+                          f"({'npu-smi info' if normalised == 'npu' else 'nvidia-smi'}) and "
+                          f"{VISIBLE_DEVICES_VAR[normalised]}, or unset GRPO_LAB_DEVICE to use what is detected.")
     return normalised
 
 

@@ -61,14 +61,13 @@ def find_verl_config(source: str | Path | None = None) -> VerlConfigSource | Non
     try:
         spec = importlib.util.find_spec("verl")
     except (ImportError, ValueError):
-        spec = None
+        return None
     if spec is None or spec.origin is None:  # None: absent, or a folder named verl (a namespace), not the package
         return None
     package = Path(list(spec.submodule_search_locations)[0])
-    config_dir = package / "trainer" / "config"
-    if not (config_dir / "ppo_trainer.yaml").is_file():
-        return None
-    return VerlConfigSource(config_dir, _verl_version(package), f"installed verl at {package}")
+    if (package / "trainer" / "config" / "ppo_trainer.yaml").is_file():
+        return VerlConfigSource(package / "trainer" / "config", _verl_version(package), f"installed verl at {package}")
+    return None
 
 
 @lru_cache(maxsize=None)
