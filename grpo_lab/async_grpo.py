@@ -410,9 +410,8 @@ def build_parser():
 def main(argv: list[str] | None = None) -> int:
     """``grpo-lab async-grpo [--max-staleness 2] [grpo-lab scale / train options]``."""
     def run(args: Any, config: scale.ServerModeConfig, train_config: TrainConfig) -> AsyncResult:
-        return run_async(AsyncConfig(max_staleness=args.max_staleness, max_inflight_tasks=args.max_inflight_tasks,
-                                     weight_sync_steps=args.weight_sync_steps, queue_maxsize=args.queue_maxsize),
-                         config, train_config)
+        knobs = AsyncConfig(**{item.name: getattr(args, item.name) for item in dataclasses.fields(AsyncConfig)})
+        return run_async(knobs, config, train_config)
 
     return run_command(argv, build_parser(), run_trainer, run, RESULT_FILE,
                        (GrpoLabError, ValueError, FileNotFoundError, FileExistsError))

@@ -16,7 +16,6 @@ from matplotlib.figure import Figure
 
 from grpo_lab.errors import DataError
 
-# --- Rewards and advantages ---
 _POSITIVE, _NEGATIVE, _NEUTRAL = "#2a9d4b", "#d1495b", "#9aa0a6"
 
 
@@ -73,7 +72,6 @@ def plot_reward_components(table, labels: Sequence[str] | None = None, title: st
     return fig
 
 
-# --- GRPO training curves and before/after accuracy ---
 def _series(records: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
     points = [(r["step"], r[key]) for r in records if key in r and r[key] is not None and math.isfinite(r[key])]
     return [p[0] for p in points], [p[1] for p in points]
@@ -161,7 +159,6 @@ def plot_accuracy_before_after(before, after, metric: str = "sampled_pass_at_1",
     return fig
 
 
-# --- Rollout engines ---
 def plot_rollout_throughput(results, title: str | None = None) -> Figure:
     """Generated tokens per second for each backend (``{name: RolloutResult}``), with the ratio to the first."""
     names = list(results)
@@ -198,7 +195,6 @@ def plot_prefix_cache_effect(effects, title: str | None = None) -> Figure:
     return fig
 
 
-# --- Memory budget ---
 _MEMORY_COLORS = {
     "policy weights": "#1f4e79", "AdamW states": "#2e75b6", "reference model": "#5b9bd5", "gradients": "#9dc3e6",
     "activations saved for backward": "#70ad47", "recomputed layer": "#a9d18e", "layer backward buffers": "#c5e0b4",
@@ -268,7 +264,6 @@ def plot_memory_budget(budget, title: str | None = None) -> Figure:
     return fig
 
 
-# --- Serving under load ---
 def plot_load_test(records: Sequence[dict], title: str | None = None) -> Figure:
     """Throughput (tokens/s, dashed: requests/s) and p99 latency (end-to-end, first token) against concurrent
     clients, one colour per ``label``, from ``LoadResult.record()`` rows; runs with errors are ringed in red."""
@@ -312,7 +307,6 @@ def plot_load_test(records: Sequence[dict], title: str | None = None) -> Figure:
     return fig
 
 
-# --- Synchronous vs asynchronous steps ---
 _PHASE_COLORS = {"generate": "#4c78a8", "generate (weights pushed meanwhile)": "#4c78a8", "update": "#e07a1f",
                  "wait for completions": "#d9d9d9", "idle": "#f2f2f2", "weight sync": "#d1495b",
                  "paused for the weight sync": "#f4a3ad", "rewards, batching, logging": "#9aa0a6",

@@ -39,7 +39,6 @@ GRACE_S = 5.0
 PR_SET_PDEATHSIG = 1  # Linux prctl(2): the signal a process gets when its parent dies
 
 
-# --- Ports ---
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now (the OS picks it)."""
     with socket.socket() as s:
@@ -65,7 +64,6 @@ def require_free_port(port: int | None, host: str = "127.0.0.1", name: str = "po
                           f"it, pick another port, or leave {name}=None to take a free one.")
 
 
-# --- Process groups ---
 def _processes() -> list[tuple[int, str, int, int]]:
     """``(pid, state, parent pid, process group)`` of every process, read from Linux's ``/proc``."""
     found = []
@@ -275,7 +273,6 @@ def guard_processes(pids: Sequence[int]) -> subprocess.Popen:
                              ",".join(map(str, pids))], start_new_session=True)
 
 
-# --- A server ---
 class ServerProcess:
     """One HTTP server as a child process group: started, waited for, watched and stopped the same way everywhere
     (``name``: what messages call it; ``error``: the error type raised when it does not start)."""
@@ -348,7 +345,6 @@ class ServerProcess:
             stop_process_group(self.process, timeout_s)
 
 
-# --- The watchdog (the group's leader) ---
 def _end_others(pgid: int, grace_s: float) -> None:
     """SIGTERM the group, then SIGKILL the members other than this process that are left after ``grace_s``."""
     _signal_group(pgid, signal.SIGTERM)

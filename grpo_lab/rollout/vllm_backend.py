@@ -225,7 +225,6 @@ class BorrowedVLLMEngine(VLLMEngine):
             self._release()
 
 
-# ---- child processes ------------------------------------------------------------------------------------
 def _is_resource_tracker(pid: int) -> bool:
     """Python's multiprocessing resource tracker: one per interpreter, shared, ends with it. Not the engine's."""
     try:

@@ -14,8 +14,7 @@ SERVER_LOG = "rollout_server.log"
 TRAINER_LOG = "trainer.log"
 RESULT_FILE = "server_mode.json"
 WEIGHT_SYNC_MODES = ("nccl", "file")
-# Variables a parent process (a notebook that ran colocate, a test) may hold; the launched trainer must not inherit
-# them, because accelerate sets its own.
+# Variables a parent (a notebook that ran colocate, a test) may hold, which accelerate sets for the launched trainer.
 DISTRIBUTED_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                     "VLLM_ENABLE_V1_MULTIPROCESSING")
 
