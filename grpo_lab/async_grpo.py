@@ -133,8 +133,7 @@ def completions_per_step(config: TrainConfig, num_processes: int = 1) -> int:
 
 
 def fold_reward_weights(reward_set: RewardSet) -> list[Callable]:
-    """The rewards with their weights folded in: ``AsyncGRPOTrainer`` sums its rewards unweighted in a spawned
-    process, so a weighted one becomes a picklable :class:`~grpo_lab.rewards.WeightedReward` under the same name."""
+    """The rewards, weights folded in (a picklable ``WeightedReward``): ``AsyncGRPOTrainer`` sums them unweighted."""
     return [fn if weight == 1.0 else WeightedReward([fn], [weight], name=reward_name(fn))
             for fn, weight in zip(reward_set.funcs, reward_set.weights)]
 

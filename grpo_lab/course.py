@@ -235,16 +235,11 @@ def run_course(out_dir: Path, notebooks: list[Path] | None = None, keep_going: b
         print(f"running {path.name} ...", flush=True)
         results.append(run_notebook(path, out_dir, cell_timeout_s))
         print(f"  {results[-1].status} in {results[-1].seconds:.0f} s", flush=True)
-    summary = {row["notebook"]: row for row in read_summary(out_dir)}
+    path = out_dir / "summary.json"  # keeps the rows of notebooks not run this time
+    summary = {row["notebook"]: row for row in (json.loads(path.read_text()) if path.is_file() else [])}
     summary.update({r.notebook: asdict(r) for r in results})
-    (out_dir / "summary.json").write_text(json.dumps([summary[name] for name in sorted(summary)], indent=2))
+    path.write_text(json.dumps([summary[name] for name in sorted(summary)], indent=2))
     return results
-
-
-def read_summary(out_dir: Path) -> list[dict]:
-    """The rows of a run folder's ``summary.json`` (none when it has none)."""
-    path = out_dir / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else []
 
 
 def format_summary(results: list[NotebookResult]) -> str:

@@ -68,14 +68,11 @@ def _processes() -> list[tuple[int, str, int, int]]:
     """``(pid, state, parent pid, process group)`` of every process, read from Linux's ``/proc``."""
     found = []
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:  # ended while we looked
-            continue
-        state, ppid, group = stat[stat.rindex(")") + 2:].split()[:3]
-        found.append((int(entry.name), state, int(ppid), int(group)))
+        with contextlib.suppress(OSError):  # a process that ended while we looked
+            if entry.name.isdigit():
+                stat = Path(entry.path, "stat").read_text()
+                state, ppid, group = stat[stat.rindex(")") + 2:].split()[:3]
+                found.append((int(entry.name), state, int(ppid), int(group)))
     return found
 
 

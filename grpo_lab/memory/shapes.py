@@ -103,8 +103,7 @@ class ModelShape:
             num_key_value_heads=values.get("num_key_value_heads") or heads, head_dim=head_dim,
             vocab_size=values["vocab_size"], tie_word_embeddings=bool(values.get("tie_word_embeddings", False)),
             attention_bias=bool(values.get("attention_bias", values.get("model_type") == "qwen2")),
-            name=name or default_name, max_position_embeddings=values.get("max_position_embeddings"),
-        )
+            name=name or default_name, max_position_embeddings=values.get("max_position_embeddings"))
 
     @property
     def q_dim(self) -> int:

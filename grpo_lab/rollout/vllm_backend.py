@@ -68,8 +68,7 @@ def engine_arguments(config: RolloutConfig, model_path: str) -> dict:
 
 
 def engine_environment(kind: str) -> dict[str, str]:
-    """Variables the engine's processes need (existing values kept): ``VLLM_CACHE_ROOT`` in a folder we own, quiet
-    logs (``VLLM_LOGGING_LEVEL``), and the device's own (``grpo_lab.device.VLLM_ENV``)."""
+    """What the engine's processes need (existing values kept): a cache root we own, quiet logs, the device's own."""
     env = {"VLLM_CACHE_ROOT": str(CACHE_DIR / "vllm"), "VLLM_LOGGING_LEVEL": QUIET_LOG_LEVEL, **device.VLLM_ENV[kind]}
     return {name: os.environ.get(name, value) for name, value in env.items()}
 

@@ -48,8 +48,7 @@ def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: De
 
 
 def server_environment(plan: DevicePlan) -> dict[str, str]:
-    """This process's environment plus the server's devices, TRL's dev-mode switch (the weight-sync endpoints
-    live behind it, as in ``trl vllm-serve``), the allocator setting and INFO logs for the log file."""
+    """This environment plus the server's devices, TRL's dev mode (its weight-sync endpoints), allocator, INFO logs."""
     return {**os.environ, **engine_environment(plan.kind), **device_module.allocator_env(plan.kind),
             **plan.rollout_env(), "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1",
             "VLLM_LOGGING_LEVEL": log_file_level(os.environ.get("VLLM_LOGGING_LEVEL"))}
