@@ -1,8 +1,8 @@
 """Group-relative advantages, computed the way TRL's ``GRPOTrainer`` computes them.
 
-GRPO samples ``num_generations`` completions per prompt (a *group*), scores each, and compares each completion with
-its own group: ``advantage = (reward - group mean) / (std + 1e-4)``. A group where every completion scores the same
-teaches nothing. TRL (``GRPOTrainer._generate_and_score_completions``) works in float32 and:
+GRPO samples ``num_generations`` completions per prompt (a *group*) and compares each with its own group:
+``advantage = (reward - group mean) / (std + 1e-4)``; a group whose completions all score the same teaches nothing.
+TRL (``GRPOTrainer._generate_and_score_completions``) works in float32 and:
 
 * combines reward functions per completion as ``nansum(reward_i * weight_i)`` (None counts as NaN); a completion where
   *every* function returned None is left out of the group statistics and gets advantage 0;
@@ -12,11 +12,9 @@ teaches nothing. TRL (``GRPOTrainer._generate_and_score_completions``) works in 
 * with ``multi_objective_aggregation="normalize_then_sum"`` (GDPO) normalizes each reward within its group first,
   sums with the weights, then normalizes the sum over the batch.
 
-verl's GRPO (``compute_grpo_outcome_advantage``) differs in three ways: its epsilon is ``1e-6`` (:data:`VERL_EPSILON`);
-a group of one keeps its raw score (TRL gives 0; unreachable with ``num_generations >= 2``); and verl has no "not
-applicable": the export's ``compute_score`` turns it into 0.0, which counts in its group's statistics.
-``norm_adv_by_std_in_grpo=False`` is ``scale_rewards="none"``. The lab's verl parity check compares a verl run's
-logged batches with this module.
+verl's GRPO (``compute_grpo_outcome_advantage``) differs: its epsilon is ``1e-6`` (:data:`VERL_EPSILON`), a group of
+one keeps its raw score (TRL gives 0), and "not applicable" becomes 0.0 in the export's ``compute_score``, which counts
+in its group's statistics; ``norm_adv_by_std_in_grpo=False`` is ``scale_rewards="none"``.
 
 >>> result = group_advantages([0.6, 0.5, 0.5, 0.2], num_generations=4)
 >>> round(result.group_mean[0], 4), [round(a, 4) for a in result.advantages]
@@ -104,9 +102,7 @@ class Advantages:
 
 def _as_tensor(values: Sequence[Any]) -> torch.Tensor:
     """Rewards (None allowed) as a float32 tensor with None → NaN, as TRL converts them."""
-    if isinstance(values, torch.Tensor):
-        return values.to(torch.float32)
-    return torch.tensor(_none_to_nan(values), dtype=torch.float32)
+    return torch.as_tensor(values if isinstance(values, torch.Tensor) else _none_to_nan(values), dtype=torch.float32)
 
 
 def _none_to_nan(values: Any) -> Any:
@@ -211,10 +207,9 @@ def explain_group(rewards: Sequence[float] = SEED_EXAMPLE_REWARDS, epsilon: floa
 
 
 def all_right_share(mean_reward: float, frac_reward_zero_std: float, group_size: int) -> tuple[float, float]:
-    """Bounds on the share of groups whose completions were *all* right, for a 1/0 reward, from ``frac_reward_zero_std``
-    = z and the mean reward r: the other groups hold 1 to G − 1 right answers of G, so r = a + (1 − z)·m with m in
-    [1/G, (G − 1)/G], and a lies in [r − (1 − z)(G − 1)/G, r − (1 − z)/G] within [0, z] (linear: means over steps keep
-    the bounds).
+    """Bounds on the share ``a`` of all-right groups for a 1/0 reward, from ``frac_reward_zero_std`` = z and the mean
+    reward r: r = a + (1 − z)·m with m in [1/G, (G − 1)/G], so a lies in [r − (1 − z)(G − 1)/G, r − (1 − z)/G]
+    within [0, z] (linear: means over steps keep the bounds).
 
     >>> [round(x, 3) for x in all_right_share(0.8, 0.63, 8)]
     [0.476, 0.63]
@@ -228,9 +223,8 @@ def all_right_share(mean_reward: float, frac_reward_zero_std: float, group_size:
 
 
 def describe_zero_std(mean_reward: float, frac_reward_zero_std: float, group_size: int, binary: bool) -> str:
-    """One sentence on what ``frac_reward_zero_std`` means for a stretch of training: for a right/wrong reward
-    (``binary``), how many of the silent groups were all right (solved every time) and how many all wrong
-    (:func:`all_right_share`); otherwise only that they scored the same."""
+    """``frac_reward_zero_std`` in one sentence: for a right/wrong reward (``binary``) how many silent groups were all
+    right and how many all wrong (:func:`all_right_share`), otherwise only that they scored the same."""
     z = frac_reward_zero_std
     if not binary:
         return (f"{z:.0%} of groups gave every completion the same total reward (no signal); with several rewards "

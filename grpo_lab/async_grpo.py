@@ -1,26 +1,18 @@
-"""Asynchronous GRPO: generation overlapped with training, with TRL's ``AsyncGRPOTrainer``.
+"""Asynchronous GRPO with TRL's ``AsyncGRPOTrainer``: a worker streams completions from a vLLM server into a queue
+while the trainer trains on what is queued and pushes its weights every ``weight_sync_steps`` steps, so a step costs
+about the longer of generate and update, not their sum. The price is **staleness**: a completion may come from an
+older policy than the one it trains. The experiment is a :class:`~grpo_lab.experiment.TrainConfig`, the knobs an
+:class:`AsyncConfig`, the server and devices :mod:`grpo_lab.scale`'s; the run folder adds ``trained_samples.jsonl``.
 
-In every synchronous layout (colocate, server mode in :mod:`grpo_lab.scale`) a step is *generate, then update*, so it
-costs the sum of the two. ``trl.experimental.async_grpo.AsyncGRPOTrainer`` overlaps them: a worker streams completions
-from a vLLM server into a queue, the trainer trains on what is queued and pushes its weights every
-``weight_sync_steps`` optimizer steps, and a step costs about the longer of the two. The price is **staleness**: a
-completion may have been sampled by a policy a few versions older than the one it trains. The experiment is a
-:class:`~grpo_lab.experiment.TrainConfig`, the asynchronous knobs an :class:`AsyncConfig` under ``AsyncGRPOConfig``'s
-names, the server and the device plan :mod:`grpo_lab.scale`'s; the run folder adds ``trained_samples.jsonl``.
-
-**The staleness promise.** Version 1 is the policy before the first update; every weight sync adds one. Each group is
+**The staleness promise.** Version 1 is the policy before the first update; every weight sync adds one; a group is
 tagged with the version live when its first request went out. *Every completion trained on lags the trainer's version
-by at most* ``max_staleness``. TRL checks the lag when a sample leaves the queue, but accelerate's dataloader takes one
-micro-batch ahead, before the weight sync that ends the step, so the lag can reach ``max_staleness + 1``.
-:class:`~grpo_lab.upstream.async_trainer.StalenessGate` checks each completion against the version of the step that
-*will* train it, and each micro-batch records the lag it had (``staleness/*`` in ``metrics.jsonl``). Because of that
-look-ahead, ``max_staleness=1`` serialises generation and update again; 2 (the default) is the smallest that overlaps.
+by at most* ``max_staleness``. TRL checks the lag when a sample leaves the queue, but the dataloader takes one
+micro-batch ahead of the step's weight sync, so :class:`~grpo_lab.upstream.async_trainer.StalenessGate` checks against
+the version of the step that *will* train it (``staleness/*`` in ``metrics.jsonl``). Because of that look-ahead,
+``max_staleness=1`` serialises generation and update again; 2 (the default) is the smallest that overlaps.
 
-**Importance sampling.** ``AsyncGRPOTrainer``'s loss is PPO's clipped ratio against the server's log-probabilities,
-bounded only by the ε-clip; the synchronous ``GRPOTrainer`` corrects with ``vllm_importance_sampling_correction``.
-
-**Weight transfer.** TRL's NCCL transfer on CUDA; elsewhere :class:`~grpo_lab.upstream.trl.FileWeightTransfer` (the
-safetensors-plus-reload path of server mode). TRL is subclassed, never edited (:mod:`grpo_lab.upstream.async_trainer`).
+The loss is PPO's clipped ratio against the server's log-probabilities (no importance-sampling correction). Weights
+go by TRL's NCCL transfer on CUDA, elsewhere by :class:`~grpo_lab.upstream.trl.FileWeightTransfer`.
 
     >>> from grpo_lab.async_grpo import AsyncConfig, run_async
     >>> from grpo_lab.experiment import TrainConfig
@@ -89,12 +81,10 @@ class AsyncConfig:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ConfigError(f"{name}={value!r} must be an integer.")
         if self.max_staleness < 1:
-            raise ConfigError(
-                f"max_staleness={self.max_staleness}: must be at least 1. The trainer's dataloader takes one "
-                f"micro-batch ahead, before the weight sync that ends the current step, so that micro-batch trains "
-                f"on a policy no completion could have been sampled with yet: a lag of 0 cannot be met there and "
-                f"training would stall. Use 1 (generation waits for each new policy) or 2 (generation overlaps the "
-                f"update).")
+            raise ConfigError(f"max_staleness={self.max_staleness}: must be at least 1. The dataloader takes one "
+                              f"micro-batch ahead of the step's weight sync, so a lag of 0 cannot be met and training "
+                              f"would stall. Use 1 (generation waits for each new policy) or 2 (it overlaps the "
+                              f"update).")
         if self.max_inflight_tasks != -1 and self.max_inflight_tasks < 1:
             raise ConfigError(f"max_inflight_tasks={self.max_inflight_tasks}: give a positive number of concurrent "
                               f"requests, or -1 for TRL's rule (max(max_staleness, 1) x completions per step).")
@@ -130,8 +120,7 @@ SUPPORTED_ONLY = {
 
 
 def check_experiment(config: TrainConfig) -> None:
-    """Raise :class:`ConfigError` naming every setting of a resolved ``config`` that ``AsyncGRPOTrainer`` cannot run as
-    described."""
+    """Raise :class:`ConfigError` naming every setting ``AsyncGRPOTrainer`` cannot run as described."""
     problems = [f"{name}={getattr(config, name)!r}: {why}" for name, (allowed, why) in SUPPORTED_ONLY.items()
                 if getattr(config, name) not in allowed]
     if problems:
@@ -144,8 +133,7 @@ def completions_per_step(config: TrainConfig, num_processes: int = 1) -> int:
 
 
 def fold_reward_weights(reward_set: RewardSet) -> list[Callable]:
-    """The rewards with their weights folded in: ``AsyncGRPOTrainer`` sums its rewards unweighted in a spawned
-    process, so a weighted one becomes a picklable :class:`~grpo_lab.rewards.WeightedReward` under the same name."""
+    """The rewards, weights folded in (a picklable ``WeightedReward``): ``AsyncGRPOTrainer`` sums them unweighted."""
     return [fn if weight == 1.0 else WeightedReward([fn], [weight], name=reward_name(fn))
             for fn, weight in zip(reward_set.funcs, reward_set.weights)]
 
@@ -171,8 +159,7 @@ def with_response_template(tokenizer: Any) -> Any:
 
 
 class StepEndClock(TrainerCallback):
-    """Wall time between step ends (the first from train begin), so that it includes the wait for completions
-    (``StepClock`` starts after the batch arrived)."""
+    """Wall time between step ends (the first from train begin), the wait for completions included."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
@@ -188,10 +175,8 @@ class StepEndClock(TrainerCallback):
 
 
 def async_grpo_args(config: TrainConfig, knobs: AsyncConfig, base_url: str):
-    """TRL's ``AsyncGRPOConfig``: the fields it shares with ``GRPOConfig`` from the one translation
-    (:meth:`grpo_lab.experiment.Plan.trl_kwargs`), then its own. ``token_budget=0``: micro-batches of
-    ``per_device_train_batch_size`` completions (as the staleness gate counts); fp32 weights with bf16 autocast where
-    ``bf16``, as :mod:`grpo_lab.train`; Liger off (its asynchronous path has not run here)."""
+    """TRL's ``AsyncGRPOConfig``: the ``GRPOConfig`` fields of :meth:`grpo_lab.experiment.Plan.trl_kwargs`,
+    micro-batches of ``per_device_train_batch_size`` completions (``token_budget=0``), fp32 weights, Liger off."""
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     own = {item.name for item in dataclasses.fields(AsyncGRPOConfig)} - {"use_liger_kernel", "vllm_server_base_url"}
@@ -204,9 +189,8 @@ def async_grpo_args(config: TrainConfig, knobs: AsyncConfig, base_url: str):
 
 def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_dir: str | None = None,
                   callbacks: Sequence[Any] = (), reward_funcs: Sequence[Callable] | None = None):
-    """A ready ``AsyncGRPOTrainer`` (our subclass) for a resolved experiment against the server at ``base_url``, every
-    input checked first; ``sync_dir``: push weights through files there, else TRL's NCCL transfer. Build and train
-    inside :func:`grpo_lab.upstream.async_trainer.trl_workarounds`."""
+    """A checked ``AsyncGRPOTrainer`` (our subclass) against the server at ``base_url``; ``sync_dir``: weights go
+    through files there, else TRL's NCCL transfer. Build and train inside ``trl_workarounds``."""
     from grpo_lab.upstream.async_trainer import GrpoLabAsyncTrainer  # imports TRL's experimental trainer
 
     check_experiment(config)
@@ -220,8 +204,7 @@ def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_d
     columns = sorted({key for row in rows for key in row} & {"prompt", "answer", "unit", "type", "lang"})
     # the worker walks the rows in order (TRL's synchronous sampler shuffles): shuffle once, with the run's seed
     dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows]).shuffle(seed=config.seed)
-    transfer = (FileWeightTransfer(base_url, sync_dir, server_timeout=config.vllm_server_timeout)
-                if sync_dir else None)
+    transfer = FileWeightTransfer(base_url, sync_dir, server_timeout=config.vllm_server_timeout) if sync_dir else None
     return GrpoLabAsyncTrainer(model=config.model, reward_funcs=fold_reward_weights(reward_set),
                                args=async_grpo_args(config, knobs, base_url), train_dataset=dataset,
                                processing_class=tokenizer, callbacks=list(callbacks), weight_transfer=transfer,
@@ -229,8 +212,7 @@ def build_trainer(config: TrainConfig, knobs: AsyncConfig, base_url: str, sync_d
 
 
 def run_trainer(spec_path: str | Path) -> int:
-    """The ``accelerate launch`` entry: train against the server named in the spec; write the run folder and the
-    outcome."""
+    """The ``accelerate launch`` entry: train against the server named in the spec; write the run and the outcome."""
     from grpo_lab.upstream.async_trainer import trl_workarounds  # imports TRL's experimental trainer: only to train
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
@@ -294,9 +276,8 @@ class AsyncResult(scale.ServerModeResult):
 
 
 def completion_accounting(result: AsyncResult, num_generations: int) -> dict[str, int]:
-    """Where the server's completions went: ``generated`` (its finished requests, one completion each) = ``trained`` +
-    ``dropped`` (too stale) + ``left`` (in the pipeline when training stopped); ``queue``, ``scoring`` and
-    ``inflight``: the most each stage holds."""
+    """Where the server's completions went: ``generated`` = ``trained`` + ``dropped`` (too stale) + ``left`` (in the
+    pipeline at the end); ``queue``, ``scoring`` and ``inflight``: the most each stage holds."""
     generated = round(result.server_stats.get("requests", 0))
     trained = result.global_step * result.completions_per_step
     return {"generated": generated, "trained": trained, "dropped": result.dropped_stale,
@@ -317,8 +298,7 @@ def describe_accounting(counts: dict[str, int]) -> str:
 
 
 def async_train_config(train_config: TrainConfig, machine: Any = None) -> TrainConfig:
-    """The experiment resolved as server mode resolves it (:func:`grpo_lab.scale.server_train_config`), checked for
-    what ``AsyncGRPOTrainer`` supports."""
+    """:func:`grpo_lab.scale.server_train_config`, checked for what ``AsyncGRPOTrainer`` supports."""
     config = scale.server_train_config(train_config, machine)
     check_experiment(config)
     return config
@@ -326,8 +306,7 @@ def async_train_config(train_config: TrainConfig, machine: Any = None) -> TrainC
 
 def train_async(server: scale.RolloutServer, config: scale.ServerModeConfig, train_config: TrainConfig,
                 knobs: AsyncConfig | None = None, base_url: str | None = None) -> AsyncResult:
-    """Train a resolved ``train_config`` (:func:`async_train_config`) asynchronously against a running ``server``
-    (``base_url`` replaces its address, e.g. a proxy) under ``accelerate launch``; return the run's facts."""
+    """Train a resolved ``train_config`` asynchronously against a running ``server`` (``base_url``: e.g. a proxy)."""
     check_experiment(train_config)
     if not train_config.is_resolved or train_config.output_dir is None:
         raise ConfigError("train_config must be resolved with a run folder: use async_train_config(train_config).")
@@ -344,8 +323,7 @@ def train_async(server: scale.RolloutServer, config: scale.ServerModeConfig, tra
 
 def run_async(knobs: AsyncConfig | None = None, config: scale.ServerModeConfig | None = None,
               train_config: TrainConfig | None = None) -> AsyncResult:
-    """Asynchronous GRPO end to end (:func:`grpo_lab.scale.runner.serve_and_train`); a
-    :class:`~grpo_lab.scale.ScaleOutError` names the log file when the server or the trainer fails."""
+    """Asynchronous GRPO end to end (:func:`grpo_lab.scale.runner.serve_and_train`); errors name the log file."""
     knobs = knobs or AsyncConfig()
     return serve_and_train(
         config, train_config, async_train_config, lambda *args: train_async(*args, knobs), "Asynchronous GRPO",
@@ -369,11 +347,8 @@ ROLLOUT, TRAINER = "rollout server", "trainer"
 def step_timeline(sync_records: Sequence[dict], async_records: Sequence[dict], steps: int = 3, skip: int = 1,
                   names: tuple[str, str] = ("synchronous (TRL server mode)", "asynchronous (AsyncGRPOTrainer)")
                   ) -> list[Span]:
-    """``steps`` steps after the warm-up ``skip`` of a synchronous and an asynchronous run, from their
-    ``metrics.jsonl``, as :class:`Span` bars for :func:`grpo_lab.plots.plot_timeline`. Synchronous: the server
-    generates while the trainer waits, then the trainer updates while the server idles. Asynchronous (TRL's ``perf/*``):
-    the trainer waits, updates, batches and logs, and syncs the weights, while the server generates throughout, paused
-    for the sync (and waiting when the queue is full); the parts are measured, their order is the loop's."""
+    """``steps`` steps after ``skip`` warm-up steps of a synchronous and an asynchronous run (their ``metrics.jsonl``)
+    as :class:`Span` bars for :func:`grpo_lab.plots.plot_timeline`: measured parts, in the loop's order."""
     spans: list[Span] = []
     start = 0.0
     for r in [r for r in sync_records if r["step"] > skip and "step_time" in r][:steps]:
@@ -407,8 +382,7 @@ def step_timeline(sync_records: Sequence[dict], async_records: Sequence[dict], s
 
 def tradeoff_entry(records: Sequence[dict], completions_per_step: int, completions_per_second: float,
                    lag_counts: dict | None = None) -> dict[str, Any]:
-    """One run for :func:`grpo_lab.plots.plot_async_tradeoff`: its throughput, and its reward against the completions
-    trained so far."""
+    """One run for :func:`grpo_lab.plots.plot_async_tradeoff`: throughput, reward against completions trained."""
     steps = [r for r in records if "reward" in r]
     return {"completions_per_second": completions_per_second, "reward": [r["reward"] for r in steps],
             "completions": [r["step"] * completions_per_step for r in steps], "lag_counts": lag_counts or {}}
@@ -435,9 +409,8 @@ def build_parser():
 def main(argv: list[str] | None = None) -> int:
     """``grpo-lab async-grpo [--max-staleness 2] [grpo-lab scale / train options]``."""
     def run(args: Any, config: scale.ServerModeConfig, train_config: TrainConfig) -> AsyncResult:
-        return run_async(AsyncConfig(max_staleness=args.max_staleness, max_inflight_tasks=args.max_inflight_tasks,
-                                     weight_sync_steps=args.weight_sync_steps, queue_maxsize=args.queue_maxsize),
-                         config, train_config)
+        knobs = AsyncConfig(**{item.name: getattr(args, item.name) for item in dataclasses.fields(AsyncConfig)})
+        return run_async(knobs, config, train_config)
 
     return run_command(argv, build_parser(), run_trainer, run, RESULT_FILE,
                        (GrpoLabError, ValueError, FileNotFoundError, FileExistsError))

@@ -1,7 +1,6 @@
 """Run the course headless (``make course``): every notebook in order, each in its own kernel with
-``GRPO_LAB_RUN_DIR`` at the run folder, executed copies and ``summary.json`` kept there. A failure stops the rest
-(``--keep-going`` runs them anyway); a run folder keeps the rows of notebooks not run this time, so a course runs in
-parts. Also: where to go next, with the models the memory planner fits on a learner's device.
+``GRPO_LAB_RUN_DIR`` at the run folder, which keeps the executed copies and ``summary.json`` (rows of earlier parts
+too). A failure stops the rest unless ``--keep-going``. Also: where to go next, with the models that fit a device.
 """
 
 from __future__ import annotations
@@ -116,9 +115,8 @@ def _device_commands(profile: str, memory_gib: float, where: str) -> list[tuple[
 
 
 def next_commands(machine: Machine) -> list[tuple[str, str]]:
-    """``(command, why)`` to run after the course, in order. On an accelerator: for this device, with models anyone
-    can download that the memory planner fits on its memory (``machine.memory_gib``). On a CPU: the same for the
-    ``gpu`` and ``npu`` profiles on devices of the sizes in :data:`TYPICAL_DEVICE_GIB`."""
+    """``(command, why)`` to run after the course, with the models the memory planner fits on this device, or on a
+    CPU for the ``gpu`` and ``npu`` profiles on devices of the sizes in :data:`TYPICAL_DEVICE_GIB`."""
     kind = machine.kind
     here = not device.is_cpu(kind)
     own_size = machine.memory_gib if here else None
@@ -186,7 +184,7 @@ class MeasuredClient(NotebookClient):
 
 def course_notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
     """The course notebooks in order (their names start with a two-digit number)."""
-    return sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
+    return sorted(directory.glob("[0-9][0-9]_*.ipynb"))
 
 
 def cell_error(exc: CellExecutionError) -> str:
@@ -194,8 +192,7 @@ def cell_error(exc: CellExecutionError) -> str:
     message = (exc.evalue or "").strip().splitlines()
     if exc.ename:
         return f"{exc.ename}: {message[0]}" if message else exc.ename
-    text = str(exc).strip()
-    return text.splitlines()[-1] if text else repr(exc)
+    return (str(exc).strip().splitlines() or [repr(exc)])[-1]
 
 
 CELL_TIMEOUT_S = 1800
@@ -238,16 +235,11 @@ def run_course(out_dir: Path, notebooks: list[Path] | None = None, keep_going: b
         print(f"running {path.name} ...", flush=True)
         results.append(run_notebook(path, out_dir, cell_timeout_s))
         print(f"  {results[-1].status} in {results[-1].seconds:.0f} s", flush=True)
-    summary = {row["notebook"]: row for row in read_summary(out_dir)}
+    path = out_dir / "summary.json"  # keeps the rows of notebooks not run this time
+    summary = {row["notebook"]: row for row in (json.loads(path.read_text()) if path.is_file() else [])}
     summary.update({r.notebook: asdict(r) for r in results})
-    (out_dir / "summary.json").write_text(json.dumps([summary[name] for name in sorted(summary)], indent=2))
+    path.write_text(json.dumps([summary[name] for name in sorted(summary)], indent=2))
     return results
-
-
-def read_summary(out_dir: Path) -> list[dict]:
-    """The rows of a run folder's ``summary.json`` (none when it has none)."""
-    path = out_dir / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else []
 
 
 def format_summary(results: list[NotebookResult]) -> str:
@@ -268,11 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"seconds one cell may run (default {CELL_TIMEOUT_S})")
     parser.add_argument("notebooks", nargs="*", type=Path, help="only these notebooks (default: all)")
     args = parser.parse_args(argv)
-    results = run_course(args.out, args.notebooks or None, keep_going=args.keep_going,
-                         cell_timeout_s=args.cell_timeout)
-    print()
-    print(format_summary(results))
-    print(f"\nExecuted copies and results: {args.out}/")
+    results = run_course(args.out, args.notebooks or None, keep_going=args.keep_going, cell_timeout_s=args.cell_timeout)
+    print(f"\n{format_summary(results)}\n\nExecuted copies and results: {args.out}/")
     return 0 if all(r.status == "ok" for r in results) else 1
 
 

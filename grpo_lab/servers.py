@@ -1,11 +1,7 @@
-"""Child processes that die with their owner: start one in its own process group, wait for ``/health``, read its
-log, always stop it.
-
-Every long-lived child the package starts goes through :func:`start_process_group`: it runs in a session of its own,
-led by a watchdog (``python -m grpo_lab.servers --owner PID -- CMD``) that ends the whole group when the owner stops it
-(also from ``atexit`` and a SIGTERM handler), when the owner is gone however it ended, when the command exits by
-itself, and (Linux's parent-death signal) when the watchdog itself is killed. Children that vLLM starts itself get a
-watchdog of their own (:func:`guard_processes`).
+"""Child processes that die with their owner. Every long-lived child runs through :func:`start_process_group` in a
+session of its own, led by a watchdog (``python -m grpo_lab.servers --owner PID -- CMD``) that ends the whole group
+when the owner stops it (also at exit and on SIGTERM), when the owner is gone, when the command exits, and (Linux's
+parent-death signal) when the watchdog is killed. Children vLLM starts itself get :func:`guard_processes`.
 
 >>> from grpo_lab.servers import free_port, port_is_free
 >>> port_is_free(free_port())
@@ -43,7 +39,6 @@ GRACE_S = 5.0
 PR_SET_PDEATHSIG = 1  # Linux prctl(2): the signal a process gets when its parent dies
 
 
-# --- Ports ---
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now (the OS picks it)."""
     with socket.socket() as s:
@@ -52,8 +47,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True when nothing listens on ``host:port``. ``SO_REUSEADDR`` lets a port whose last connection is still in
-    TIME_WAIT count as free, as it is for a server that sets the same option (vLLM's does)."""
+    """True when nothing listens on ``host:port`` (a port in TIME_WAIT counts as free, as to vLLM's server)."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -70,19 +64,15 @@ def require_free_port(port: int | None, host: str = "127.0.0.1", name: str = "po
                           f"it, pick another port, or leave {name}=None to take a free one.")
 
 
-# --- Process groups ---
 def _processes() -> list[tuple[int, str, int, int]]:
     """``(pid, state, parent pid, process group)`` of every process, read from Linux's ``/proc``."""
     found = []
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:  # ended while we looked
-            continue
-        state, ppid, group = stat[stat.rindex(")") + 2:].split()[:3]
-        found.append((int(entry.name), state, int(ppid), int(group)))
+        with contextlib.suppress(OSError):  # a process that ended while we looked
+            if entry.name.isdigit():
+                stat = Path(entry.path, "stat").read_text()
+                state, ppid, group = stat[stat.rindex(")") + 2:].split()[:3]
+                found.append((int(entry.name), state, int(ppid), int(group)))
     return found
 
 
@@ -107,8 +97,18 @@ def _with_descendants(pids: Sequence[int]) -> list[int]:
     return found
 
 
+def end_with_descendants(pids: Sequence[int], grace_s: float = GRACE_S) -> None:
+    """SIGTERM ``pids`` and their descendants, SIGKILL what is left after ``grace_s``, wait up to ``grace_s`` more."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _with_descendants(pids):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _with_descendants(pids):
+            time.sleep(0.05)
+
+
 def group_alive(pgid: int) -> bool:
-    """True while any (not zombie) process of the process group ``pgid`` exists."""
     return bool(group_members(pgid))
 
 
@@ -147,7 +147,7 @@ def stop_process_group(process: subprocess.Popen, timeout_s: float = 30.0) -> No
 
 
 def _forget_ended() -> None:
-    """Drop the groups that ended by themselves (their watchdog exited after ending the rest) from :data:`_LIVE`."""
+    """Drop the groups that ended by themselves from :data:`_LIVE`."""
     for pgid, process in list(_LIVE.items()):
         if process.poll() is not None and not group_alive(pgid):
             del _LIVE[pgid]
@@ -168,8 +168,7 @@ def _stop_children_then_terminate(signum: int, frame: object) -> None:
 
 
 def _install_sigterm_handler() -> None:
-    """Stop the children on SIGTERM, unless this is not the main thread or SIGTERM already has a handler (the user's,
-    or ``grpo-lab scale``'s, which stop them through ``finally``)."""
+    """Stop the children on SIGTERM, from the main thread and where SIGTERM has no handler yet."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _stop_children_then_terminate)
 
@@ -184,16 +183,14 @@ def start_process_group(command: Sequence[str], env: Mapping[str, str], stdout: 
     _install_sigterm_handler()
     _forget_ended()
     watched = [sys.executable, "-m", "grpo_lab.servers", "--owner", str(os.getpid()), "--", *map(str, command)]
-    process = subprocess.Popen(watched, stdout=stdout, stderr=stderr, env=dict(env), text=text,
-                               start_new_session=True)
+    process = subprocess.Popen(watched, stdout=stdout, stderr=stderr, env=dict(env), text=text, start_new_session=True)
     _LIVE[process.pid] = process
     return process
 
 
 def run_process_group(command: Sequence[str], env: Mapping[str, str], timeout_s: float
                       ) -> subprocess.CompletedProcess:
-    """Run ``command`` to its end like ``subprocess.run(capture_output=True, text=True)``, as a watched group
-    (:func:`start_process_group`): an error, a timeout or an interrupt here stops all of it."""
+    """``subprocess.run(capture_output=True, text=True)`` as a watched group: a failure here stops all of it."""
     process = start_process_group(command, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
@@ -214,8 +211,7 @@ NOT_AN_ERROR = re.compile(r"\b(DEBUG|INFO|WARNING)\b")  # e.g. an optional impor
 
 
 def first_error(path: str | Path | None) -> str | None:
-    """The first ``SomeError: message`` line of a log, not logged at DEBUG, INFO or WARNING (a crashed vLLM server
-    logs its root cause first), or None."""
+    """The first ``SomeError: message`` line of a log not at DEBUG/INFO/WARNING (a vLLM crash's cause), or None."""
     if path is None or not Path(path).is_file():
         return None
     for line in Path(path).read_text(errors="replace").splitlines():
@@ -229,8 +225,7 @@ PROMETHEUS_SAMPLE = re.compile(r"^([\w:]+)(?:\{[^}]*\})?\s+([-+\deE.naif]+)$")
 
 
 def metric_totals(base_url: str, names: Sequence[str], timeout_s: float = 5.0) -> dict[str, float]:
-    """The totals of ``names`` (each summed over its labels) in a server's Prometheus ``/metrics``; a name the server
-    does not report is left out. :class:`OSError` when the server does not answer."""
+    """Totals of ``names`` in a server's Prometheus ``/metrics`` (summed over labels); OSError if it is down."""
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as response:
         text = response.read().decode()
     totals: dict[str, float] = {}
@@ -241,14 +236,10 @@ def metric_totals(base_url: str, names: Sequence[str], timeout_s: float = 5.0) -
     return totals
 
 
-LOG_FILE_LEVELS = ("DEBUG", "INFO")
-
-
 def log_file_level(asked: str | None) -> str:
-    """vLLM's log level for a server whose output goes to a log file: at least INFO (its start, the KV cache it
-    sized, why it stopped), DEBUG when asked for, whatever ``quiet_notebook()`` asks for a notebook's engines."""
+    """vLLM's log level for a server logging to a file: DEBUG when asked for, else INFO (quiet notebooks included)."""
     level = (asked or "INFO").upper()
-    return level if level in LOG_FILE_LEVELS else "INFO"
+    return level if level in ("DEBUG", "INFO") else "INFO"
 
 
 def ranked_prompt_tokens(prompt_logprobs: Sequence[Mapping[str, Mapping[str, float]] | None]
@@ -260,8 +251,7 @@ def ranked_prompt_tokens(prompt_logprobs: Sequence[Mapping[str, Mapping[str, flo
 
 
 def wait_until_healthy(process: subprocess.Popen, base_url: str, timeout_s: float) -> int | None:
-    """Poll ``base_url/health`` until it answers 200: None when ready, the exit code if the process ended first;
-    :class:`TimeoutError` when neither happens within ``timeout_s``."""
+    """Poll ``base_url/health``: None once it answers 200, the exit code if the process ended; else TimeoutError."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -280,7 +270,6 @@ def guard_processes(pids: Sequence[int]) -> subprocess.Popen:
                              ",".join(map(str, pids))], start_new_session=True)
 
 
-# --- A server ---
 class ServerProcess:
     """One HTTP server as a child process group: started, waited for, watched and stopped the same way everywhere
     (``name``: what messages call it; ``error``: the error type raised when it does not start)."""
@@ -294,7 +283,6 @@ class ServerProcess:
 
     @property
     def pgid(self) -> int:
-        """The process group of the server (its leader's pid)."""
         if self.process is None:
             raise self.error(f"{self.name} was never started")
         return self.process.pid
@@ -315,8 +303,7 @@ class ServerProcess:
         return not math.isnan(self.start_seconds)
 
     def wait_ready(self, startup_timeout_s: float) -> ServerProcess:
-        """Wait for ``/health``, at most ``startup_timeout_s`` after the start; on a failure stop it and raise with the
-        log's tail."""
+        """Wait for ``/health`` until ``startup_timeout_s`` from the start; else stop it, raise with its log."""
         if self.process is None:
             raise self.error(f"{self.name} was never started")
         if self.ready:
@@ -341,7 +328,6 @@ class ServerProcess:
         return self
 
     def alive(self) -> bool:
-        """True while the server's leader process runs."""
         return self.process is not None and self.process.poll() is None
 
     def exit_code(self) -> int | None:
@@ -351,12 +337,11 @@ class ServerProcess:
         return log_tail(self.log_path, lines)
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """End the whole process group (SIGTERM, then SIGKILL after ``timeout_s``). Safe to call twice."""
+        """End the whole process group (SIGTERM, SIGKILL after ``timeout_s``); safe twice."""
         if self.process is not None:
             stop_process_group(self.process, timeout_s)
 
 
-# --- The watchdog (the group's leader) ---
 def _end_others(pgid: int, grace_s: float) -> None:
     """SIGTERM the group, then SIGKILL the members other than this process that are left after ``grace_s``."""
     _signal_group(pgid, signal.SIGTERM)
@@ -369,13 +354,11 @@ def _end_others(pgid: int, grace_s: float) -> None:
 
 
 def _ignore(signum: int, frame: object) -> None:
-    """The watchdog's SIGTERM/SIGINT handler: a signal to the group reaches the command too; the watchdog waits for it
-    (a handler, not SIG_IGN, so the command does not inherit the ignoring)."""
+    """The watchdog waits for its command (a handler, not SIG_IGN, which the command would inherit)."""
 
 
 def _terminate_with(parent: int) -> Callable[[], None]:
-    """A ``preexec_fn`` for the command: SIGTERM when the watchdog (``parent``, single-threaded) dies, so that killing
-    the group's leader ends the server too."""
+    """A ``preexec_fn``: SIGTERM the command when the watchdog ``parent`` dies (killing the leader ends the server)."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl
 
     def preexec() -> None:
@@ -409,17 +392,10 @@ def watch(owner: int, command: Sequence[str], poll_s: float = WATCH_POLL_S, grac
 
 
 def guard(owner: int, pids: Sequence[int], poll_s: float = WATCH_POLL_S, grace_s: float = GRACE_S) -> int:
-    """Wait while any of ``pids`` lives; when ``owner`` is no longer this process's parent, end them and their
-    children (SIGTERM, SIGKILL after ``grace_s``)."""
+    """Wait while any of ``pids`` lives; once ``owner`` is no longer the parent, :func:`end_with_descendants` them."""
     while _with_descendants(pids):
         if os.getppid() != owner:
-            for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
-                for pid in _with_descendants(pids):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, sig)
-                deadline = time.monotonic() + wait_s
-                while time.monotonic() < deadline and _with_descendants(pids):
-                    time.sleep(0.1)
+            end_with_descendants(pids, grace_s)
             return 0
         time.sleep(poll_s)
     return 0

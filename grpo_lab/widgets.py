@@ -1,6 +1,5 @@
-"""A memory calculator (pick a model, precision, device, batch and lengths; the budget redraws), and small HTML
-helpers for notebooks (:func:`html_table`, :func:`folded_source`). Every control calls :meth:`MemoryCalculator.update`
-(re-plan, redraw); call it once yourself to draw the first state, as a headless run does.
+"""A memory calculator (every control re-plans and redraws through :meth:`MemoryCalculator.update`; call it once
+yourself to draw the first state) and small HTML helpers for notebooks (:func:`html_table`, :func:`folded_source`).
 
 >>> from grpo_lab.widgets import MemoryCalculator
 >>> calc = MemoryCalculator()          # doctest: +SKIP
@@ -34,8 +33,7 @@ def html_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None 
 
 
 def folded_text(text: str, summary: str) -> str:
-    """``text`` (code, a file) as HTML, folded under a one-line ``summary`` (a ``<details>`` element): the learner
-    reads the summary, and the text is one click away. ``summary`` may hold HTML."""
+    """``text`` (code, a file) as HTML folded under a one-line ``summary`` (may hold HTML), one click away."""
     return f"<details><summary>{summary}</summary><pre>{html.escape(text)}</pre></details>"
 
 
@@ -74,20 +72,16 @@ class MemoryCalculator:
             raise ConfigError(f"Unknown model {model!r}: choose one of {', '.join(self.configs)}.")
         self.devices = {d.name: d for d in devices}
         first = self.devices[device] if device else devices[0]
-        style = {"description_width": "190px"}
-        layout = w.Layout(width="460px")
+        common = {"style": {"description_width": "190px"}, "layout": w.Layout(width="460px")}
 
         def slider(cls, description, css, **kwargs):
-            control = cls(description=description, style=style, layout=layout, continuous_update=False, **kwargs)
+            control = cls(description=description, continuous_update=False, **common, **kwargs)
             control.add_class(css)
             return control
 
-        self.model = w.Dropdown(options=list(self.configs), value=model, description="model", style=style,
-                                layout=layout)
-        self.precision = w.Dropdown(options=list(PRECISIONS), value="bf16", description="precision", style=style,
-                                    layout=layout)
-        self.device = w.Dropdown(options=list(self.devices), value=first.name, description="device", style=style,
-                                 layout=layout)
+        self.model = w.Dropdown(options=list(self.configs), value=model, description="model", **common)
+        self.precision = w.Dropdown(options=list(PRECISIONS), value="bf16", description="precision", **common)
+        self.device = w.Dropdown(options=list(self.devices), value=first.name, description="device", **common)
         self.memory = slider(w.FloatSlider, "device memory (GiB)", "grpo-memory-gib", min=4, max=192, step=1,
                              value=first.memory_gib)
         self.batch = slider(w.IntSlider, "micro-batch", "grpo-batch", min=1, max=64, value=8)
@@ -95,6 +89,7 @@ class MemoryCalculator:
         self.prompt_length = slider(w.IntSlider, "prompt tokens", "grpo-prompt", min=16, max=4096, step=16, value=256)
         self.completion_length = slider(w.IntSlider, "completion tokens", "grpo-completion", min=16, max=8192,
                                         step=16, value=512)
+
         def checkbox(description, value):
             return w.Checkbox(value=value, description=description, indent=False, layout=w.Layout(width="460px",
                                                                                                   margin="0 0 0 200px"))

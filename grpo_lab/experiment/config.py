@@ -172,8 +172,7 @@ class TrainConfig:
                 raise ConfigError(f"{name}={value!r} must be {'>= 0' if zero_ok else 'greater than 0'}.")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p={self.top_p}: must be in (0, 1] (1 keeps the whole distribution).")
-        if (self.rewards is not None and self.reward_weights is not None
-                and len(self.reward_weights) != len(self.rewards)):
+        if None not in (self.rewards, self.reward_weights) and len(self.reward_weights) != len(self.rewards):
             raise ConfigError(f"reward_weights={self.reward_weights} has {len(self.reward_weights)} weight(s) for "
                               f"{len(self.rewards)} reward(s) {self.rewards}: give one weight per reward.")
         if self.reward_errors not in REWARD_ERROR_MODES:
@@ -182,8 +181,7 @@ class TrainConfig:
         if self.vllm_mode not in VLLM_MODES:
             raise ConfigError(f"vllm_mode={self.vllm_mode!r}: use 'colocate' (vLLM inside the trainer) or 'server' "
                               f"(a vLLM server on other devices, grpo_lab.scale).")
-        if self.rewards is not None and (not self.rewards or not all(isinstance(name, str) and name
-                                                                     for name in self.rewards)):
+        if self.rewards is not None and not (self.rewards and all(isinstance(n, str) and n for n in self.rewards)):
             raise ConfigError(f"rewards={self.rewards!r}: name at least one reward of grpo_lab.rewards.list_rewards() "
                               f"(pass your own functions to train(..., reward_funcs=[...]) instead).")
         if not 0 <= self.lora_dropout < 1:
@@ -243,14 +241,10 @@ class TrainConfig:
             raise ConfigError(f"vllm_enable_sleep_mode=True on {kind}: {missing}. Leave it off and give the update "
                               f"room another way: {'; or '.join(SMALLER_STEP_LEVERS)} (the memory planner sizes each).")
 
-    # ---- filling in -------------------------------------------------------------------------------------
     def with_profile(self, machine: Machine | None = None) -> TrainConfig:
         """A copy with the profile's values in every field left ``None`` (``machine`` picks the default profile)."""
         name = profile_name(self.profile, machine)
-        values = {"profile": name}
-        for key, value in PROFILES[name].items():
-            if getattr(self, key) is None:
-                values[key] = value
+        values = {"profile": name, **{k: v for k, v in PROFILES[name].items() if getattr(self, k) is None}}
         if self.learning_rate is None and self.use_peft:
             values["learning_rate"] = PROFILES[name]["learning_rate"] * LORA_LEARNING_RATE_SCALE
         if self.rewards is not None and self.reward_weights is None:  # the profile's weights are for its rewards
@@ -322,7 +316,6 @@ class TrainConfig:
         if not self.is_resolved:
             raise ConfigError(f"{what} needs a resolved config: call config.resolve(Machine.detect()) first.")
 
-    # ---- derived ----------------------------------------------------------------------------------------
     @property
     def generation_batch_size(self) -> int:
         """Completions generated at once per device: micro-batch × accumulation steps (TRL's generation batch)."""

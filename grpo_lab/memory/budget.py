@@ -83,12 +83,9 @@ class MemoryBudget:
 
     def table(self) -> list[dict[str, Any]]:
         """The budget as rows of plain values (component, side, GiB, share of the device, note)."""
-        rows = [{"component": r.component, "side": r.side, "GiB": round(r.gib, 3),
-                 "share": round(r.bytes / self.device_bytes, 3), "note": r.note} for r in self.rows]
-        rows.append({"component": "free" if self.free_bytes >= 0 else "OVER BUDGET", "side": "",
-                     "GiB": round(self.free_bytes / GIB, 3), "share": round(self.free_bytes / self.device_bytes, 3),
-                     "note": ""})
-        return rows
+        free = BudgetRow("free" if self.free_bytes >= 0 else "OVER BUDGET", "", self.free_bytes)
+        return [{"component": r.component, "side": r.side, "GiB": round(r.gib, 3),
+                 "share": round(r.bytes / self.device_bytes, 3), "note": r.note} for r in [*self.rows, free]]
 
     def check(self) -> MemoryBudget:
         """Return self when the plan fits; raise :class:`DoesNotFitError` with the advice otherwise."""

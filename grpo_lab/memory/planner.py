@@ -56,9 +56,9 @@ def plan_memory(model: Any, *, precision: str | Precision = "bf16", optimizer: s
                 shape: TrainingShape | None = None, device_memory_gib: float | None = None,
                 device_kind: str | None = None, vllm_gpu_memory_utilization: float | None = None,
                 vllm_dtype: str = "bf16", margin_gib: float | None = None, **shape_fields: Any) -> MemoryBudget:
-    """Budget one GRPO step with colocated vLLM; recommend settings, or say which knob to turn. ``model``: a
-    config.json path, model folder, dict or transformers config; the step as a :class:`TrainingShape` or its fields;
-    the device detected unless given; ``vllm_gpu_memory_utilization`` unset for the recommended one."""
+    """Budget one GRPO step with colocated vLLM and recommend settings, or say which knob to turn. ``model``: a
+    config.json path, model folder, dict or transformers config; the step: a :class:`TrainingShape` or its fields; the
+    device detected and vLLM's share recommended unless given."""
     shape_obj = _shape(shape, shape_fields)
     model_shape = ModelShape.from_config(model)
     prec = get_precision(precision)
@@ -75,8 +75,7 @@ def plan_memory(model: Any, *, precision: str | Precision = "bf16", optimizer: s
 
 def largest_fitting_batch(model: Any, *, candidates: tuple[int, ...] = (64, 32, 16, 8, 4, 2, 1),
                           **plan_kwargs: Any) -> MemoryBudget:
-    """The plan with the largest micro-batch (from ``candidates``) that fits and whose KV cache holds a whole
-    generation batch; the smallest candidate's plan (with its advice) when none does."""
+    """The plan with the largest of ``candidates`` that fits a generation batch in its KV cache, else the smallest's."""
     plan_kwargs.pop("per_device_train_batch_size", None)
     plan_kwargs.pop("steps_per_generation", None)
     budget = None
@@ -89,7 +88,7 @@ def largest_fitting_batch(model: Any, *, candidates: tuple[int, ...] = (64, 32, 
 
 def _shape(shape: TrainingShape | None, shape_fields: dict[str, Any]) -> TrainingShape:
     known = {f.name for f in fields(TrainingShape)}
-    unknown = set(shape_fields) - known - {"prompt_length"}  # the old name: TrainingShape maps it, with a warning
+    unknown = set(shape_fields) - known
     if unknown:
         raise MemoryPlanError(f"Unknown training field(s) {sorted(unknown)}; known: {sorted(known)}.")
     return replace(shape, **shape_fields) if shape else TrainingShape(**shape_fields)
@@ -135,7 +134,7 @@ class _Setting:
 
     def held_beside_vllm(self, shape: TrainingShape) -> int:
         """What the trainer holds beside vLLM's whole share: its peak; with sleep mode its weights and states."""
-        peak_phase, peak, phases = self.training_peak(shape)
+        _, peak, phases = self.training_peak(shape)
         if not shape.vllm_enable_sleep_mode:
             return peak
         return sum(size for name, size in phases["optimizer step"].items() if name != "gradients")
@@ -192,8 +191,7 @@ def _budget(setting: _Setting, shape: TrainingShape, utilization: float | None) 
     else:
         rows += [BudgetRow(name, "vllm", size, _VLLM_NOTES[name]) for name, size in vllm_fixed.items()]
         rows.append(BudgetRow("vLLM KV cache", "vllm", kv_bytes, f"{kv_per_token / 1024:.1f} KiB/token; holds "
-                                                                 f"{sequences} sequences of {shape.sequence_length} "
-                                                                 f"tokens"))
+                              f"{sequences} sequences of {shape.sequence_length} tokens"))
     rows.append(BudgetRow("runtime margin", "runtime", setting.margin,
                           "device context, fragmentation, collective buffers"))
     totals = {name: sum(parts.values()) for name, parts in phases.items()}

@@ -33,8 +33,7 @@ FOUR_BIT_BLOCK = 64
 """Weights per block of bitsandbytes' 4-bit quantization (its default blocksize), each block with one fp32 scale."""
 FOUR_BIT_BYTES_PER_PARAMETER = 0.5 + 4 / FOUR_BIT_BLOCK
 """A 4-bit NF4 weight: half a byte, plus its block's fp32 scale (no nested quantization of the scales)."""
-REQUIRED_CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                          "vocab_size")
+REQUIRED_CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
 class MemoryPlanError(ConfigError):
@@ -75,8 +74,7 @@ class ModelShape:
     """The model's context length, when its config states one."""
 
     def __post_init__(self) -> None:
-        for f in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                  "num_key_value_heads", "head_dim", "vocab_size"):
+        for f in (*REQUIRED_CONFIG_FIELDS, "num_key_value_heads", "head_dim"):
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise MemoryPlanError(f"{self.name}: {f} must be a positive integer, got {value!r}.")
@@ -105,8 +103,7 @@ class ModelShape:
             num_key_value_heads=values.get("num_key_value_heads") or heads, head_dim=head_dim,
             vocab_size=values["vocab_size"], tie_word_embeddings=bool(values.get("tie_word_embeddings", False)),
             attention_bias=bool(values.get("attention_bias", values.get("model_type") == "qwen2")),
-            name=name or default_name, max_position_embeddings=values.get("max_position_embeddings"),
-        )
+            name=name or default_name, max_position_embeddings=values.get("max_position_embeddings"))
 
     @property
     def q_dim(self) -> int:
@@ -147,9 +144,7 @@ class ModelShape:
 
     def weight_bytes(self, dtype_bytes: int, load_in_4bit: bool = False) -> int:
         """Bytes of the weights in ``dtype_bytes`` per parameter (``load_in_4bit``: the quantized ones in NF4)."""
-        if not load_in_4bit:
-            return self.num_parameters * dtype_bytes
-        quantized = self.quantized_parameters
+        quantized = self.quantized_parameters if load_in_4bit else 0
         return math.ceil(quantized * FOUR_BIT_BYTES_PER_PARAMETER) + (self.num_parameters - quantized) * dtype_bytes
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
@@ -322,8 +317,7 @@ class TrainingShape:
     steps_per_generation: int | None = None
     lora_r: int = 0
     """LoRA rank (TRL's ``lora_r`` with ``use_peft``); 0: full fine-tuning."""
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                            "down_proj")
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     lora_dropout: float = 0.0
     vllm_enable_sleep_mode: bool = False
     """vLLM releases its weights and KV cache during the update (TRL's sleep level 2) and wakes for the rollout."""

@@ -11,11 +11,8 @@ import itertools
 import logging
 import multiprocessing
 import os
-import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -25,7 +22,7 @@ from grpo_lab.paths import CACHE_DIR
 from grpo_lab.rollout.config import RolloutConfig, Sampling
 from grpo_lab.rollout.engine import PromptRollout, RolloutEngine, decode_completion
 from grpo_lab.rollout.prompts import EncodedPrompt, check_tokenizers
-from grpo_lab.servers import guard_processes, stop_process_group
+from grpo_lab.servers import end_with_descendants, guard_processes, stop_process_group
 from grpo_lab.upstream.vllm import SHUTDOWN_TIMEOUT_S, shutdown_engine
 
 QUIET_LOG_LEVEL = "ERROR"
@@ -71,8 +68,7 @@ def engine_arguments(config: RolloutConfig, model_path: str) -> dict:
 
 
 def engine_environment(kind: str) -> dict[str, str]:
-    """Variables the engine's processes need (existing values kept): ``VLLM_CACHE_ROOT`` in a folder we own, quiet
-    logs (``VLLM_LOGGING_LEVEL``), and the device's own (``grpo_lab.device.VLLM_ENV``)."""
+    """What the engine's processes need (existing values kept): a cache root we own, quiet logs, the device's own."""
     env = {"VLLM_CACHE_ROOT": str(CACHE_DIR / "vllm"), "VLLM_LOGGING_LEVEL": QUIET_LOG_LEVEL, **device.VLLM_ENV[kind]}
     return {name: os.environ.get(name, value) for name, value in env.items()}
 
@@ -168,8 +164,7 @@ class VLLMEngine(RolloutEngine):
 
     @contextlib.contextmanager
     def isolated_prefixes(self) -> Iterator[None]:
-        """Inside the block no prompt block is reused (the cache emptied, each sample its own salted request): vLLM
-        without prefix caching on an engine that has it on."""
+        """Inside the block no prompt block is reused (cache emptied, each sample salted): prefix caching off."""
         self.reset_prefix_cache()
         self._isolated = True
         try:
@@ -183,9 +178,8 @@ class VLLMEngine(RolloutEngine):
 
     def _no_sleep_reason(self) -> str:
         missing = device.vllm_sleep_mode_missing(self.config.device_kind)
-        if missing:
-            return f"{missing}; stop() the engine to free its memory"
-        return "open the engine with enable_sleep_mode=True to use sleep()/wake_up()"
+        return (f"{missing}; stop() the engine to free its memory" if missing
+                else "open the engine with enable_sleep_mode=True to use sleep()/wake_up()")
 
     def _sleep(self, level: int) -> None:
         self.llm.sleep(level=level)
@@ -230,7 +224,6 @@ class BorrowedVLLMEngine(VLLMEngine):
             self._release()
 
 
-# ---- child processes ------------------------------------------------------------------------------------
 def _is_resource_tracker(pid: int) -> bool:
     """Python's multiprocessing resource tracker: one per interpreter, shared, ends with it. Not the engine's."""
     try:
@@ -249,46 +242,10 @@ def child_processes(pid: int | None = None) -> list[int]:
     return found
 
 
-def _proc_descendants(root: int) -> list[int]:
-    """Live descendants of ``root`` read from ``/proc`` (a cross-check of :func:`child_processes`)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (name) ": state, ppid, ...
-        if fields[0] != "Z":
-            parents.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, stack = [], [root]
-    while stack:
-        for child in parents.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
 def end_processes(pids: list[int], grace_s: float = 5.0) -> None:
-    """SIGTERM, wait up to ``grace_s``, SIGKILL what is left; then reap our own zombie children."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [p for p in pids if _alive(p)]
-        for pid in alive:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + grace_s
-        while any(_alive(p) for p in alive) and time.monotonic() < deadline:
-            time.sleep(0.05)
+    """:func:`grpo_lab.servers.end_with_descendants`, then reap our own zombie children."""
+    end_with_descendants(pids, grace_s)
     multiprocessing.active_children()  # joins finished multiprocessing children (vLLM's engine core)
     for pid in pids:  # anything else that was our direct child
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"

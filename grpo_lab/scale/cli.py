@@ -55,8 +55,7 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]
                        ) -> tuple[argparse.Namespace, ServerModeConfig, TrainConfig]:
     """The layout options, their :class:`ServerModeConfig` and the ``TrainConfig`` of the remaining options."""
     args, rest = parser.parse_known_args(argv)
-    overrides = {k: v for k, v in vars(train.build_parser().parse_args(rest)).items()
-                 if v is not dataclasses.MISSING}
+    overrides = {k: v for k, v in vars(train.build_parser().parse_args(rest)).items() if v is not dataclasses.MISSING}
     overrides.setdefault("live_plot", False)
     config = ServerModeConfig(rollout_devices=args.rollout_devices, train_devices=args.train_devices, port=args.port,
                               weight_sync=args.weight_sync, startup_timeout_s=args.startup_timeout,

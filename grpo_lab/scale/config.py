@@ -14,8 +14,7 @@ SERVER_LOG = "rollout_server.log"
 TRAINER_LOG = "trainer.log"
 RESULT_FILE = "server_mode.json"
 WEIGHT_SYNC_MODES = ("nccl", "file")
-# Variables a parent process (a notebook that ran colocate, a test) may hold; the launched trainer must not inherit
-# them, because accelerate sets its own.
+# Variables a parent (a notebook that ran colocate, a test) may hold, which accelerate sets for the launched trainer.
 DISTRIBUTED_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                     "VLLM_ENABLE_V1_MULTIPROCESSING")
 
@@ -26,8 +25,7 @@ class ScaleOutError(GrpoLabError, RuntimeError):
 
 @dataclass
 class ServerModeConfig:
-    """Where and how the rollout server and the trainer run (the GRPO run itself, vLLM's memory share included, is
-    a ``TrainConfig``)."""
+    """Where and how the rollout server and the trainer run (the GRPO run itself is a ``TrainConfig``)."""
 
     rollout_devices: tuple[int, ...] | None = None
     """Device indices for vLLM (tensor parallel over all of them); None: :func:`plan_devices` decides."""

@@ -72,10 +72,8 @@ def plan_devices(kind: str | None = None, num_devices: int | None = None,
     if count < 2 and not (rollout_devices and train_devices):
         raise ConfigError(f"server mode needs at least 2 {kind} devices (one for vLLM, one for training); "
                           f"{count} visible. On one device use colocate mode: `grpo-lab train --use-vllm true`.")
-    if rollout_devices is None and train_devices is None:
-        rollout_devices = range(default_rollout_count(count))
-    rollout = tuple(int(i) for i in (rollout_devices if rollout_devices is not None else ()))
-    train = tuple(int(i) for i in (train_devices if train_devices is not None else ()))
+    rollout = tuple(int(i) for i in rollout_devices or ())
+    train = tuple(int(i) for i in train_devices or ())
     if not rollout:
         rollout = tuple(i for i in range(count) if i not in train)[:default_rollout_count(count)]
     if not train:

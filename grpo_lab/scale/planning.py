@@ -57,7 +57,7 @@ def plan_resources(num_devices: int = 8, layout: str = "server", kind: str = "cu
     train) or ``verl`` (its hybrid engine on Ray). ``beta=0`` drops the reference.
 
     >>> print(plan_resources(8, "server").roles[1].devices)
-    0–1
+    0,1
     """
     if layout not in LAYOUTS:
         raise ConfigError(f"layout={layout!r}: use one of {', '.join(LAYOUTS)}")

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -57,11 +58,8 @@ class ServerModeResult:
 
     def median_step_seconds(self, skip: int = 1) -> float:
         """Median step time after ``skip`` warm-up steps (all steps when there are no more)."""
-        steps = sorted(self.step_seconds[skip:] or self.step_seconds)
-        if not steps:
-            return math.nan
-        mid = len(steps) // 2
-        return steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
+        steps = self.step_seconds[skip:] or self.step_seconds
+        return statistics.median(steps) if steps else math.nan
 
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
@@ -93,10 +91,7 @@ def trainer_command(plan: DevicePlan, spec_path: Path, bf16: bool, module: str =
 
 def trainer_environment(plan: DevicePlan) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
-    env.update(device_module.allocator_env(plan.kind))
-    env.update(plan.train_env())
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return {**env, **device_module.allocator_env(plan.kind), **plan.train_env(), "PYTHONUNBUFFERED": "1"}
 
 
 def _watch(trainer: subprocess.Popen, server: RolloutServer, log_path: Path, timeout_s: float | None) -> None:
@@ -180,8 +175,7 @@ def train_against(server: RolloutServer, config: ServerModeConfig, train_config:
 
 
 def train_with_server(server: RolloutServer, config: ServerModeConfig, train_config: TrainConfig) -> ServerModeResult:
-    """Run :func:`grpo_lab.train.train` (a resolved ``train_config`` with ``vllm_mode="server"``) under ``accelerate
-    launch`` against a running ``server``; return the run folder, step times and the server's counts."""
+    """Run :func:`grpo_lab.train.train` under ``accelerate launch`` against a running ``server``; return its facts."""
     if train_config.vllm_mode != "server" or not train_config.use_vllm:
         raise ConfigError("train_config must have use_vllm=True and vllm_mode='server' (use run_server_mode, or "
                          "server_train_config(train_config)).")
@@ -190,8 +184,7 @@ def train_with_server(server: RolloutServer, config: ServerModeConfig, train_con
 
 
 def server_train_config(train_config: TrainConfig, machine: Machine | None = None) -> TrainConfig:
-    """The ``TrainConfig`` with vLLM rollouts from the server (``use_vllm=True, vllm_mode="server"``), resolved for
-    ``machine`` (default: this one), with a new run folder unless it names one."""
+    """``train_config`` with rollouts from the server, resolved for ``machine`` (default: this one), with a run dir."""
     config = dataclasses.replace(train_config, use_vllm=True, vllm_mode="server").resolve(machine or Machine.detect())
     if config.output_dir is None:
         config = dataclasses.replace(config, output_dir=str(runs.new_run_dir(config.profile, datetime.now())))
@@ -223,8 +216,7 @@ def serve_and_train(config: ServerModeConfig | None, train_config: TrainConfig |
 
 def run_server_mode(config: ServerModeConfig | None = None, train_config: TrainConfig | None = None
                     ) -> ServerModeResult:
-    """Server mode end to end (:func:`serve_and_train`); :class:`ScaleOutError` names the log file when the server or
-    the trainer fails."""
+    """Server mode end to end (:func:`serve_and_train`); a :class:`ScaleOutError` names the log of what failed."""
     return serve_and_train(config, train_config, server_train_config, train_with_server, "Server mode",
                            "grpo_lab.train writes its run folder from one process")
 

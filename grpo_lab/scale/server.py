@@ -48,14 +48,10 @@ def server_command(config: ServerModeConfig, train_config: TrainConfig, plan: De
 
 
 def server_environment(plan: DevicePlan) -> dict[str, str]:
-    """This process's environment plus the server's devices, TRL's dev-mode switch (the weight-sync endpoints
-    live behind it, as in ``trl vllm-serve``), the allocator setting and INFO logs for the log file."""
-    env = {**os.environ, **engine_environment(plan.kind), **device_module.allocator_env(plan.kind)}
-    env.update(plan.rollout_env())
-    env["VLLM_SERVER_DEV_MODE"] = "1"
-    env["VLLM_LOGGING_LEVEL"] = log_file_level(os.environ.get("VLLM_LOGGING_LEVEL"))
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    """This environment plus the server's devices, TRL's dev mode (its weight-sync endpoints), allocator, INFO logs."""
+    return {**os.environ, **engine_environment(plan.kind), **device_module.allocator_env(plan.kind),
+            **plan.rollout_env(), "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1",
+            "VLLM_LOGGING_LEVEL": log_file_level(os.environ.get("VLLM_LOGGING_LEVEL"))}
 
 
 def _http_json(url: str, payload: dict | None = None, timeout: float = 60.0) -> Any:
@@ -66,8 +62,7 @@ def _http_json(url: str, payload: dict | None = None, timeout: float = 60.0) -> 
 
 
 class RolloutServer(ServerProcess):
-    """TRL's vLLM server on the rollout devices (a :class:`grpo_lab.servers.ServerProcess`) and a few queries used
-    to check it."""
+    """TRL's vLLM server on the rollout devices (a :class:`grpo_lab.servers.ServerProcess`), and queries to check it."""
 
     def __init__(self, command: Sequence[str], env: dict[str, str], log_path: Path, host: str, port: int,
                  plan: DevicePlan, weight_sync: str):

@@ -98,9 +98,8 @@ def export_verl(out_dir: str | Path, config: TrainConfig | None = None, target: 
     script.chmod(0o755)
 
     export = VerlExport(folder, config, target, overrides, weights, len(train_rows), len(test_rows))
-    check = (validate_overrides(export.absolute_overrides(), deep=deep) if validate
-             else SchemaCheck(ok=None, skipped="validation not asked for"))
-    export.schema_check = check
+    export.schema_check = check = (validate_overrides(export.absolute_overrides(), deep=deep) if validate
+                                   else SchemaCheck(ok=None, skipped="validation not asked for"))
     (folder / README_FILE).write_text(_readme(export, settings, check), encoding="utf-8")
     export.files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
     manifest = {"experiment": config.to_dict(), "target": asdict(target), "reward_weights": list(weights),

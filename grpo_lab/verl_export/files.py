@@ -80,8 +80,7 @@ def launch_script(overrides: dict[str, Any], target: VerlTarget) -> str:
         lines.append(f"# Ray must not rewrite {visible_var} for each worker: verl places its workers itself"
                      " (verl's Ascend quick start and FAQ).")
         lines += [f'export {var}="${{{var}:-{value}}}"' for var, value in ray_env.items()]
-    lines += [f'export {visible_var}="${{{visible_var}:-{devices}}}"', "",
-              "python3 -m verl.trainer.main_ppo \\"]
+    lines += [f'export {visible_var}="${{{visible_var}:-{devices}}}"', "", "python3 -m verl.trainer.main_ppo \\"]
     for key, value in overrides.items():
         if key in PATH_KEYS:
             lines.append(f"    \"{key}='${{HERE}}/{value}'\" \\")
@@ -96,9 +95,4 @@ def launch_script(overrides: dict[str, Any], target: VerlTarget) -> str:
 def parse_launch_overrides(script: str) -> dict[str, str]:
     """The ``key=value`` overrides of a ``run_verl.sh`` (values as Hydra text; shell variables left unexpanded)."""
     body = script.split("python3 -m verl.trainer.main_ppo", 1)[1]
-    found = {}
-    for word in shlex.split(body.replace("\\\n", " ")):
-        if "=" in word:
-            key, value = word.split("=", 1)
-            found[key] = value
-    return found
+    return dict(word.split("=", 1) for word in shlex.split(body.replace("\\\n", " ")) if "=" in word)

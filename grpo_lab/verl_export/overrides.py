@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -52,8 +53,7 @@ def resolve_experiment(config: TrainConfig | None, device: str = "cuda") -> Trai
 
 
 def grpo_settings(config: TrainConfig, target: VerlTarget, num_train_rows: int) -> list[Setting]:
-    """verl's overrides for a resolved experiment and target, from its TRL fields
-    (:func:`grpo_lab.experiment.trl_kwargs`); raises early on what verl would reject."""
+    """verl's overrides from a resolved experiment's TRL fields and the target; raises early on what verl rejects."""
     trl = trl_kwargs(config, use_vllm=True, vllm_share=config.vllm_gpu_memory_utilization)
     tp, devices, gpus = target.rollout_tensor_parallel_size, target.total_devices, target.n_gpus_per_node
     if gpus < 1 or target.nnodes < 1 or tp < 1:
@@ -168,11 +168,9 @@ def hydra_value(value: Any) -> str:
     text = str(value)
     plain = text and all(c.isalnum() or c in "_-./~@:+" for c in text) and text.lower() not in (
         "true", "false", "null", "none", "nan", "inf")
-    try:
+    with contextlib.suppress(ValueError):
         float(text)
-        plain = False
-    except ValueError:
-        pass
+        plain = False  # a number must be quoted to stay a string
     return text if plain else "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 

@@ -25,9 +25,8 @@ def to_verl_row(row: dict[str, Any], split: str, index: int) -> dict[str, Any]:
     prompt = row["prompt"]
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [
         {"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
-    extra = {"split": split, "index": index, "question": messages[-1]["content"]}
-    extra.update({key: str(row.get(key, "")) for key in ("id", "type", "lang", "unit")})
-    extra["answer"] = str(row["answer"])
+    extra = {"split": split, "index": index, "question": messages[-1]["content"],
+             **{key: str(row.get(key, "")) for key in ("id", "type", "lang", "unit")}, "answer": str(row["answer"])}
     return {"data_source": DATA_SOURCE, "prompt": messages, "ability": ABILITY,
             "reward_model": {"style": "rule", "ground_truth": str(row["answer"])}, "extra_info": extra}
 
@@ -40,9 +39,8 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = Path(path)
     pq.write_table(pa.Table.from_pylist(list(rows)), path)
-    return path
+    return Path(path)
 
 
 def read_parquet(path: str | Path) -> list[dict[str, Any]]:

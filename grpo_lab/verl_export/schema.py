@@ -61,14 +61,13 @@ def find_verl_config(source: str | Path | None = None) -> VerlConfigSource | Non
     try:
         spec = importlib.util.find_spec("verl")
     except (ImportError, ValueError):
-        spec = None
+        return None
     if spec is None or spec.origin is None:  # None: absent, or a folder named verl (a namespace), not the package
         return None
     package = Path(list(spec.submodule_search_locations)[0])
-    config_dir = package / "trainer" / "config"
-    if not (config_dir / "ppo_trainer.yaml").is_file():
-        return None
-    return VerlConfigSource(config_dir, _verl_version(package), f"installed verl at {package}")
+    if (package / "trainer" / "config" / "ppo_trainer.yaml").is_file():
+        return VerlConfigSource(package / "trainer" / "config", _verl_version(package), f"installed verl at {package}")
+    return None
 
 
 @lru_cache(maxsize=None)
@@ -76,8 +75,7 @@ def _unpacked_wheel(wheel: str) -> Path:
     """The config files and version of a verl wheel, unpacked once per process into a temporary folder."""
     target = Path(tempfile.mkdtemp(prefix="grpo_lab_verl_"))
     with zipfile.ZipFile(wheel) as archive:
-        members = [n for n in archive.namelist()
-                   if n.startswith("verl/trainer/config/") or n == "verl/version/version"]
+        members = [n for n in archive.namelist() if n.startswith("verl/trainer/config/") or n == "verl/version/version"]
         archive.extractall(target, members)
     return target / "verl"
 
