@@ -162,6 +162,10 @@ class Recipe:
     def config(self) -> TrainConfig:
         return self.plan.config
 
+    def grpo_config_call(self) -> str:
+        """The ``GRPOConfig(...)`` call the script makes on the card the run was planned for, one field per line."""
+        return "GRPOConfig(" + "".join(f"\n    {key}={value!r}," for key, value in self.grpo_config.items()) + "\n)"
+
 
 def build_recipe(source: Plan | TrainConfig, run_name: str | None = None, backend: str | None = None,
                  reward_funcs: Sequence[Callable] | None = None) -> Recipe:

@@ -158,6 +158,7 @@ def test_the_script_s_grpo_config_is_the_one_grpo_lab_trains_with(tmp_path):
     built = recipe.build_recipe(experiment.plan(config, CPU))
     trained = experiment.plan(config, CPU).grpo_config(use_vllm=False)
     assert GRPOConfig(**built.grpo_config).to_dict() == trained.to_dict()
+    assert built.grpo_config_call().startswith("GRPOConfig(\n    output_dir=")  # notebook 03 prints it
     assert built.grpo_config["report_to"] == ["tensorboard"] and "tensorboard" in built.packages
 
 
