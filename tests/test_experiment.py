@@ -99,16 +99,22 @@ def test_a_plan_is_computed_once_and_translates_to_trl():
     assert given.share_chosen_by == "given" and any("will not fit" in caveat for caveat in given.caveats)
 
 
-def test_the_model_manifest_names_the_languages_it_trains_on(tmp_path):
-    (tmp_path / "config.json").write_text((models.TINY_MODEL_DIR / "config.json").read_text())
-    (tmp_path / "manifest.json").write_text('{"languages": ["en"], "files": {}}')
-    config = TrainConfig(profile="tiny", model=str(tmp_path)).resolve(CPU)
-    assert config.train_languages == ("en",)
-    rows = experiment.load_train_rows(config)
-    assert rows and {row["lang"] for row in rows} == {"en"}
+def test_the_profile_names_the_languages_it_trains_on_and_your_data_keeps_its_own(tmp_path):
+    """The language is the profile's choice, not a manifest's (a hub copy of a model has none); the shipped data's
+    defaults (the profile's language, the tiny model's slip types) never filter a dataset of your own."""
+    assert TrainConfig(profile="gpu").with_profile().train_languages == ("en",)
     assert {row["lang"] for row in experiment.load_train_rows(TrainConfig(profile="tiny").resolve(CPU))} == {"en", "zh"}
+    english = TrainConfig(profile="tiny", train_languages=("en",)).resolve(CPU)
+    assert {row["lang"] for row in experiment.load_train_rows(english)} == {"en"}
     with pytest.raises(ConfigError, match="train_languages.*do not occur"):
-        experiment.load_train_rows(dataclasses.replace(config, train_languages=("fr",)))
+        experiment.load_train_rows(dataclasses.replace(english, train_languages=("fr",)))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1 + 1 = ?", "answer": "2"}\n' * 8)
+    own = TrainConfig(profile="gpu", dataset=str(rows), model=str(models.TINY_MODEL_DIR)).resolve(
+        Machine("cuda", bf16=True, memory_gib=24))
+    assert (own.train_types, own.train_languages) == ((), ()) and len(experiment.load_train_rows(own)) == 8
+    tiny_own = TrainConfig(profile="tiny", dataset=str(rows)).resolve(CPU)  # the tiny model's slip types: not here
+    assert tiny_own.train_types == () and len(experiment.load_train_rows(tiny_own)) == 8
 
 
 def test_profiles_only_fill_fields_left_open():

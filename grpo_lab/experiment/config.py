@@ -27,7 +27,7 @@ from grpo_lab.experiment.profiles import (
     ProfileError,
     profile_name,
 )
-from grpo_lab.experiment.rows import default_train_types, model_languages
+from grpo_lab.experiment.rows import default_train_types
 from grpo_lab.rewards import REWARD_ERROR_MODES
 from grpo_lab.rollout import RolloutConfig
 from grpo_lab.tracking import TRACKERS
@@ -50,9 +50,10 @@ class TrainConfig:
     answer_column: str | None = None
     """The ``dataset`` column the course's rewards read as ``answer`` (None: ``answer``)."""
     train_types: tuple[str, ...] | None = None
-    """Problem types to train on; default the model manifest's slip types (pass@k far above greedy), else all."""
+    """Problem types to train on; on the shipped data the model manifest's slip types (pass@k far above greedy), else
+    all. Your own ``dataset``: all unless you name them."""
     train_languages: tuple[str, ...] | None = None
-    """Languages (the rows' ``lang``) to train on; default the model manifest's, else all."""
+    """Languages (the rows' ``lang``) to train on; on the shipped data the profile's, on your own ``dataset`` all."""
     train_size: int | None = None
     """Use at most this many training rows (after the filters)."""
     rewards: tuple[str, ...] | None = None
@@ -245,6 +246,8 @@ class TrainConfig:
         """A copy with the profile's values in every field left ``None`` (``machine`` picks the default profile)."""
         name = profile_name(self.profile, machine)
         values = {"profile": name, **{k: v for k, v in PROFILES[name].items() if getattr(self, k) is None}}
+        if self.dataset is not None and self.train_languages is None:  # the profile's filter is for its own data
+            values["train_languages"] = ()
         if self.learning_rate is None and self.use_peft:
             values["learning_rate"] = PROFILES[name]["learning_rate"] * LORA_LEARNING_RATE_SCALE
         if self.rewards is not None and self.reward_weights is None:  # the profile's weights are for its rewards
@@ -286,10 +289,8 @@ class TrainConfig:
         facts: dict[str, Any] = {"device": machine.kind}
         if config.bf16 is None:
             facts["bf16"] = machine.trains_in_bf16
-        if config.train_types is None:
-            facts["train_types"] = default_train_types(config.model) or ()
-        if config.train_languages is None:
-            facts["train_languages"] = model_languages(config.model) or ()
+        if config.train_types is None:  # the manifest's slip types describe the shipped data
+            facts["train_types"] = (default_train_types(config.model) if config.dataset is None else None) or ()
         if config.vllm_lora_sync is None:
             follows = (config.use_peft and config.load_in_4bit and config.use_vllm is not False
                        and config.vllm_mode == "colocate" and not config.vllm_enable_sleep_mode)

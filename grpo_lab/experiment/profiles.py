@@ -28,17 +28,18 @@ SMALLER_STEP_LEVERS = ("lower vllm_gpu_memory_utilization to the planner's share
 
 # `tiny` learns fast on a CPU. `gpu`/`npu`: a small real instruct model, 16 prompts x 8 completions per step, a format
 # reward (a small model first has to learn the `#### N` line) and a reference model; a smaller step rarely gives such
-# a model a group with a signal. The planner fits the micro-batch to the device.
+# a model a group with a signal. The planner fits the micro-batch to the device. The language is the profile's choice:
+# the course's small real models read English best (a hub copy carries no manifest to say so); the tiny model reads both.
 _ACCELERATOR_RECIPE: dict[str, Any] = dict(
     model=QWEN_SMALL, **STEP_DEFAULTS,
     per_device_train_batch_size=128, learning_rate=2e-5, max_steps=300, lr_scheduler_type="constant_with_warmup",
     warmup_steps=10.0, beta=0.04, use_vllm=True, save_steps=100, eval_size=400, temperature=0.7,
-    rewards=("correctness", "format"), reward_weights=(1.0, 0.2))
+    rewards=("correctness", "format"), reward_weights=(1.0, 0.2), train_languages=("en",))
 PROFILES: dict[str, dict[str, Any]] = {
     "tiny": dict(model=str(TINY_MODEL_DIR), max_prompt_length=96, max_completion_length=32, num_generations=8,
                  per_device_train_batch_size=32, learning_rate=5e-5, max_steps=250, lr_scheduler_type="constant",
                  warmup_steps=0.0, beta=0.0, use_vllm=False, save_steps=100, eval_size=200, temperature=1.0,
-                 rewards=("correctness",), reward_weights=(1.0,)),
+                 rewards=("correctness",), reward_weights=(1.0,), train_languages=()),
     "gpu": dict(_ACCELERATOR_RECIPE),
     "npu": dict(_ACCELERATOR_RECIPE),
 }
