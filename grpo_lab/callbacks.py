@@ -122,21 +122,3 @@ class StepClock(TrainerCallback):
         if not self.keep_checkpoints:
             control.should_save = False
         return control
-
-
-def quiet_progress(trainer) -> None:
-    """In a terminal: keep the step progress bar but drop its per-step dict printout (metrics.jsonl and the plot have
-    them). In a notebook: no progress bar and no 'Training Loss' table at all; the live plot shows the run."""
-    from transformers.trainer_callback import ProgressCallback
-
-    class QuietProgressCallback(ProgressCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if state.is_world_process_zero and self.training_bar is not None and logs and "train_runtime" in logs:
-                self.training_bar.write(f"trained {state.global_step} steps in {logs['train_runtime']:.0f} s")
-
-    # transformers' notebook table (its module needs IPython, so it is found by name, never imported here)
-    table = next((c for c in trainer.callback_handler.callbacks if type(c).__name__ == "NotebookProgressCallback"),
-                 None)
-    removed = [trainer.pop_callback(table) if table else None, trainer.pop_callback(ProgressCallback)]
-    if any(callback is not None for callback in removed) and env.show_progress():
-        trainer.add_callback(QuietProgressCallback)

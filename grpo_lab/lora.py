@@ -105,21 +105,27 @@ def model_init_kwargs(config: Any) -> dict[str, str] | None:
     return {"dtype": compute_dtype(config)} if config.load_in_4bit else None
 
 
-def policy(config: Any) -> tuple[Any, Any, Any]:
-    """``(model, tokenizer, model config)`` for the trainer: the model in fp32 on the CPU (lr-sized updates vanish in
-    bf16 weights), or with ``load_in_4bit`` its checked name, for TRL to load in 4 bits."""
+def trainer_inputs(config: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """``(model, tokenizer, model config, LoraConfig or None, BitsAndBytesConfig or None)`` for the trainer: the model in
+    fp32 on the CPU (lr-sized updates vanish in bf16 weights), or with ``load_in_4bit`` its checked name, for TRL to
+    load in 4 bits; the tokenizer pads with its end token where it has no pad token."""
+    adapter, quantization = lora_config(config), quantization_config(config)
     if not config.load_in_4bit:
         model, tokenizer = load_model_and_tokenizer(config.model, device="cpu", dtype="float32")
-        return model, tokenizer, model.config
-    from transformers import AutoConfig, AutoTokenizer
+        model_config = model.config
+    else:
+        from transformers import AutoConfig, AutoTokenizer
 
-    name = resolve_model(config.model)
-    if (Path(name) / MANIFEST_NAME).is_file():
-        verify_model_dir(name)
-    if Path(name).is_dir():
-        require_safetensors(name)
-    return (name, AutoTokenizer.from_pretrained(name, trust_remote_code=False),
-            AutoConfig.from_pretrained(name, trust_remote_code=False))
+        model = resolve_model(config.model)
+        if (Path(model) / MANIFEST_NAME).is_file():
+            verify_model_dir(model)
+        if Path(model).is_dir():
+            require_safetensors(model)
+        tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
+        model_config = AutoConfig.from_pretrained(model, trust_remote_code=False)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer, model_config, adapter, quantization
 
 
 def peft_name_to_base(name: str) -> str:

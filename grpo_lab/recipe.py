@@ -32,7 +32,6 @@ from grpo_lab.device import Machine
 from grpo_lab.errors import ExistingFileError, GrpoLabError
 from grpo_lab.experiment import Plan, TrainConfig
 from grpo_lab.rewards import prepare as prepare_rewards
-from grpo_lab.train import choose_backend
 
 BASE_PACKAGES = ("datasets", "transformers", "trl", "torch")  # and peft for a LoRA run
 SCRIPT_PACKAGES = (*BASE_PACKAGES, "peft")
@@ -176,8 +175,8 @@ def build_recipe(source: Plan | TrainConfig, run_name: str | None = None, backen
     if config.output_dir is None:
         step = dataclasses.replace(step, config=dataclasses.replace(config, output_dir=run_name))
         config = step.config
-    use_vllm, why = choose_backend(config)
-    if use_vllm:  # choose_backend's words would describe this machine's vLLM, not the one the run is for
+    use_vllm, why = step.use_vllm, step.backend
+    if use_vllm:  # the plan's words would describe this machine's vLLM, not the one the run is for
         why = "vLLM colocated with the trainer" if config.vllm_mode == "colocate" else "a vLLM server (TRL server mode)"
     reward_set = prepare_rewards(list(reward_funcs or config.rewards), config.reward_weights, config.reward_errors)
     rows = experiment.load_train_rows(config)

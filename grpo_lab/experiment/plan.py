@@ -11,6 +11,7 @@ step's budget, vLLM's share, the cap to enforce, caveats); :func:`trl_kwargs` is
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +21,10 @@ from grpo_lab import device, lora, memory
 from grpo_lab.device import Machine, MemoryCap
 from grpo_lab.experiment.config import TrainConfig
 from grpo_lab.experiment.planning import choose_vllm_memory, planned_share, step_budget
-from grpo_lab.experiment.profiles import AUTO
+from grpo_lab.experiment.profiles import AUTO, CPU_BACKEND_REASON
 from grpo_lab.runs import CHECKPOINTS
 from grpo_lab.tracking import TRACKIO_PROJECT
+from grpo_lab.upstream.vllm import vllm_runs_on_cpu
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,10 @@ class Plan:
     """The planner's one-line verdict on the step (or why it was not planned)."""
     caveats: tuple[str, ...] = ()
     """What to tell the user before training."""
+    use_vllm: bool = False
+    """Whether the run samples with vLLM (asked for and importable here), else HF ``generate``."""
+    backend: str = ""
+    """How the run samples, in words (:func:`choose_backend`)."""
 
     @property
     def cap(self) -> MemoryCap | None:
@@ -55,11 +61,13 @@ class Plan:
         """vLLM's share in the units of the device it runs on (under a cap, of the real device)."""
         return self.machine.device_share(self.vllm_share)
 
-    def trl_kwargs(self, use_vllm: bool, device_units: bool = True) -> dict[str, Any]:
-        """:func:`trl_kwargs`, vLLM's share in device units, or (False) of the planned card (the exported recipe)."""
+    def trl_kwargs(self, use_vllm: bool | None = None, device_units: bool = True) -> dict[str, Any]:
+        """:func:`trl_kwargs` (``use_vllm``: the plan's unless given), vLLM's share in device units, or (False) of the
+        planned card (the exported recipe)."""
+        use_vllm = self.use_vllm if use_vllm is None else use_vllm
         return trl_kwargs(self.config, use_vllm, self.vllm_device_share if device_units else self.vllm_share)
 
-    def grpo_config(self, use_vllm: bool) -> Any:
+    def grpo_config(self, use_vllm: bool | None = None) -> Any:
         """TRL's ``GRPOConfig`` built from :meth:`trl_kwargs` (imports TRL)."""
         from trl import GRPOConfig
 
@@ -106,24 +114,43 @@ def trl_kwargs(config: TrainConfig, use_vllm: bool, vllm_share: float) -> dict[s
         model_init_kwargs=lora.model_init_kwargs(config), dataloader_num_workers=0)
 
 
+def choose_backend(config: TrainConfig) -> tuple[bool, str]:
+    """``(use_vllm, why)``: vLLM colocate when asked for and importable, HF generate otherwise, with the reason."""
+    if config.use_vllm and importlib.util.find_spec("vllm") is None:
+        return False, "HF generate: vLLM is not installed here (install the stack's vLLM build to use colocate)"
+    if config.use_vllm and config.vllm_mode == "server":
+        return True, f"vLLM server at {config.vllm_server_base_url} (TRL server mode, grpo_lab.scale)"
+    if config.use_vllm:
+        cpu = vllm_runs_on_cpu()
+        sync = ("the LoRA adapter handed to the engine" if config.use_peft and config.vllm_lora_sync == "adapter"
+                else "weight sync through reload_weights" if cpu else "")
+        where = ", ".join(part for part in ("vLLM-CPU" if cpu else "vLLM", sync) if part)
+        return True, f"vLLM colocate ({where}), vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization}"
+    if device.is_cpu(config.device):
+        return False, CPU_BACKEND_REASON
+    return False, "HF generate (use_vllm=False)"
+
+
 def plan(config: TrainConfig, machine: Machine, reward_funcs: Sequence[Callable | str] | None = None) -> Plan:
-    """Plan ``config`` for ``machine`` once: its rewards named, every field resolved, the step's budget, caveats."""
+    """Plan ``config`` for ``machine`` once: its rewards named, every field resolved, how it samples, the step's
+    budget, caveats."""
     asked = config.with_rewards(reward_funcs)
     resolved = asked.resolve(machine)
+    rollouts = choose_backend(resolved)
     chosen_by = "planner" if asked.vllm_gpu_memory_utilization == AUTO else "given"
     caveats = [*device.cap_caveats(machine.cap, resolved.use_vllm and resolved.vllm_enable_sleep_mode),
                *lora.rollout_caveats(resolved)]
     try:
         budget = step_budget(resolved, machine, resolved.vllm_gpu_memory_utilization)
     except memory.MemoryPlanError as error:
-        return Plan(resolved, machine, None, chosen_by, f"not planned: {error}", tuple(caveats))
+        return Plan(resolved, machine, None, chosen_by, f"not planned: {error}", tuple(caveats), *rollouts)
     verdict = budget.summary(resolved.rollout_backend).splitlines()[0]
     if chosen_by == "planner" and device.is_cpu(machine.kind) and resolved.use_vllm:
         verdict = choose_vllm_memory(resolved, machine)[1]
     if chosen_by == "given" and resolved.use_vllm and not budget.fits:
         caveats.append(f"vllm_gpu_memory_utilization={resolved.vllm_gpu_memory_utilization} will not fit by the "
                        f"memory planner's count: {budget.advice} (leave it 'auto' for the planner's choice)")
-    return Plan(resolved, machine, budget, chosen_by, verdict, tuple(caveats))
+    return Plan(resolved, machine, budget, chosen_by, verdict, tuple(caveats), *rollouts)
 
 
 def memory_budget(config: TrainConfig, machine: Machine) -> memory.MemoryBudget:

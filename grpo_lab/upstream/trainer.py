@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -21,7 +22,9 @@ from trl.generation import vllm_generation
 
 from grpo_lab import device, env, runs
 from grpo_lab.errors import NAN_ADVICE, TrainingDivergedError
+from grpo_lab.memory import CPU_KV_CACHE_GIB
 from grpo_lab.rewards import RewardValidationError, ValidatedReward
+from grpo_lab.upstream.transformers import quiet_progress, trackio_without_dashboard
 from grpo_lab.upstream.vllm import AdapterSync, Engine, engine_lora_arguments, reload_weights, vllm_runs_on_cpu
 
 __all__ = ["GRPOLabTrainer", "reads_sampling_logprobs"]
@@ -104,7 +107,13 @@ class GRPOLabTrainer(GRPOTrainer):
     where nothing reads them. ``adapter_sync``: (folder, rank) to hand the engine the LoRA adapter at each sync."""
 
     def __init__(self, model: Any, reward_funcs: Any, *args: Any, adapter_sync: tuple[Path, int] | None = None,
-                 **kwargs: Any):
+                 machine: device.Machine | None = None, **kwargs: Any):
+        if machine is not None:  # this process holds to the card the run was planned for (an enforced cap)
+            device.enforce_cap(machine)
+        arguments = kwargs.get("args", args[0] if args else None)
+        if arguments is not None and arguments.use_vllm:  # TRL's colocated engine takes no KV-cache size on the CPU
+            for name, value in device.vllm_kv_cache_env(CPU_KV_CACHE_GIB, arguments.device.type).items():
+                os.environ.setdefault(name, value)
         with _colocated_engine(adapter_sync[1] if adapter_sync else None) as started:
             super().__init__(model, reward_funcs, *args, **kwargs)
         self._timers: dict[str, float] = {}
@@ -123,6 +132,10 @@ class GRPOLabTrainer(GRPOTrainer):
             engine.adapter = self.adapter_sync
             engine.timer = functools.partial(self._add_time, "timing/vllm_generate_s")
             self.vllm_generation = _ColocatedGeneration(self.vllm_generation, self, engine)
+        quiet_progress(self)
+        trackio_without_dashboard(self)
+        self.rng_at_start = device.rng_state(self.args.device.type)
+        """Every random generator's state once built: training starts from it, whatever sampled in between."""
 
     # ---- the colocated engine lent to evaluation ----------------------------------------------------
     def lend_engine(self) -> Engine | None:

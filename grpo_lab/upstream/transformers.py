@@ -7,9 +7,10 @@ from typing import Any
 
 from transformers.integrations import TrackioCallback
 
+from grpo_lab import env
 from grpo_lab.upstream import UpstreamName
 
-__all__ = ["TRANSFORMERS_INTERNALS", "trackio_without_dashboard"]
+__all__ = ["TRANSFORMERS_INTERNALS", "quiet_progress", "trackio_without_dashboard"]
 
 CHECKED = "transformers 5.17.0"
 _STAGED = "transformers' Trainer writes a checkpoint under a temporary name and renames it into place once complete"
@@ -52,3 +53,21 @@ def trackio_without_dashboard(trainer: Any) -> None:
     for index, callback in enumerate(callbacks):
         if type(callback) is TrackioCallback:
             callbacks[index] = TrackioWithoutDashboard()
+
+
+def quiet_progress(trainer) -> None:
+    """In a terminal: keep the step progress bar but drop its per-step dict printout (metrics.jsonl and the plot have
+    them). In a notebook: no progress bar and no 'Training Loss' table at all; the live plot shows the run."""
+    from transformers.trainer_callback import ProgressCallback
+
+    class QuietProgressCallback(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero and self.training_bar is not None and logs and "train_runtime" in logs:
+                self.training_bar.write(f"trained {state.global_step} steps in {logs['train_runtime']:.0f} s")
+
+    # transformers' notebook table (its module needs IPython, so it is found by name, never imported here)
+    table = next((c for c in trainer.callback_handler.callbacks if type(c).__name__ == "NotebookProgressCallback"),
+                 None)
+    removed = [trainer.pop_callback(table) if table else None, trainer.pop_callback(ProgressCallback)]
+    if any(callback is not None for callback in removed) and env.show_progress():
+        trainer.add_callback(QuietProgressCallback)
