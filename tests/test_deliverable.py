@@ -65,3 +65,34 @@ def test_a_qlora_final_is_its_adapter_on_its_four_bit_base(tmp_path):
     assert deploy.served_quantization(run) == "bitsandbytes"
     with pytest.raises(Exception, match="HF generate"):
         open_engine(final, backend="vllm")
+
+
+def test_a_final_folder_is_saved_in_the_dtype_it_is_served_in(tmp_path):
+    """A run that trained with bf16 autocast keeps fp32 master weights; its ``final/`` is cast to bf16, the dtype vLLM
+    serves and HF generate evaluates it in, every floating tensor and the config alike."""
+    from safetensors.torch import load_file
+
+    model, tokenizer = models.load_model_and_tokenizer(models.TINY_MODEL_DIR, dtype="float32")
+    model.save_pretrained(tmp_path)
+    assert models.saved_dtype(tmp_path) == "float32"
+    models.cast_weights(tmp_path, "bfloat16")
+    assert models.saved_dtype(tmp_path) == "bfloat16"
+    tensors = load_file(str(next(tmp_path.glob("*.safetensors"))))
+    assert {str(t.dtype) for t in tensors.values() if t.is_floating_point()} == {"torch.bfloat16"}
+    reloaded, _ = models.load_model_and_tokenizer(tmp_path, verify=False)
+    assert next(reloaded.parameters()).dtype == torch.bfloat16
+
+
+def test_trl_s_own_reward_functions_of_any_number_train(tmp_path):
+    """TRL's ``trl.rewards`` beside one of your own, with no names or weights in the config: each is named after
+    its function, weighted 1.0, and the run trains."""
+    from trl.rewards import get_soft_overlong_punishment, think_format_reward
+
+    def my_reward(prompts, completions, answer, **kwargs):
+        return [float(str(a) in str(c)) for c, a in zip(completions, answer)]
+
+    funcs = [my_reward, think_format_reward, get_soft_overlong_punishment(32, 8), "format"]
+    result = train(TrainConfig(**{**STEPS, "max_steps": 1}, output_dir=str(tmp_path / "run")), reward_funcs=funcs,
+                   machine=CPU)
+    assert result.global_step == 1 and len(result.config.rewards) == 4 and result.config.reward_weights == (1.0,) * 4
+    assert result.config.rewards[0] == "my_reward" and "rewards/my_reward/mean" in result.metrics[0]
