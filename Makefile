@@ -62,16 +62,15 @@ course: install
 # tests/test_notebook_outputs.py reads those outputs (no warnings, no progress bars, a check at the end, ...). That runs
 # in one pytest process, in order (04, 05 and 09 use the run 03 trained), while a second process runs the other tests:
 # the two fill a 2-core machine (each process is single-threaded, OMP_NUM_THREADS=1; the CPU was 99 % busy throughout).
-# BESIDE_NOTEBOOKS evens them out (measured on 2 cores in a fresh clone on 2026-12-03 at c1c7a8d, make test 889 s: the
-# notebooks with test_tools.py, test_recipe.py and test_tracking.py 880 s, the tests 846 s; with the last two back with
-# the tests, at d2ad2df, 862 s and 896 s, make test 906 s; so the server-mode and asynchronous tests now share one
-# vLLM server, tests/conftest.py). Their logs are printed when both are done. The notebooks get their own MASTER_PORT
+# BESIDE_NOTEBOOKS evens them out (measured on 2 cores in a fresh clone on 2026-12-07 at b5b8076, make test 897 s: the
+# notebooks with test_notebook_outputs.py and test_tools.py 840 s, the tests 886 s; so test_deliverable.py, about 25 s
+# of small training runs, went beside the notebooks). Their logs are printed when both are done. The notebooks get their own MASTER_PORT
 # so that a colocated trainer in each process never races for TRL's default port. --reruns 1: a headless kernel has
 # been seen (once in CI, in a widget cell) to stop answering nbclient, which then waits out the per-cell timeout; the
 # notebook then runs once more in a fresh kernel. A real failure fails twice.
 EXECUTED_DIR ?= runs/executed
 PYTEST_ARGS := -q -p no:cacheprovider --reruns 1 --durations=10
-BESIDE_NOTEBOOKS := tests/test_notebook_outputs.py tests/test_tools.py
+BESIDE_NOTEBOOKS := tests/test_notebook_outputs.py tests/test_tools.py tests/test_deliverable.py
 test: install browser $(VERL_WHEEL)
 	rm -rf $(EXECUTED_DIR) && mkdir -p $(EXECUTED_DIR) && cp notebooks/[0-9][0-9]_*.ipynb $(EXECUTED_DIR)/
 	@export GRPO_LAB_VERL_SOURCE=$$(test -f $(VERL_WHEEL) && echo $(abspath $(VERL_WHEEL))) \
