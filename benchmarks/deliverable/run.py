@@ -12,8 +12,7 @@ script run in a process that cannot import grpo_lab, for a few steps: its first 
     GRPO_LAB_DEVICE_MEMORY_GIB=16 python3 benchmarks/deliverable/run.py --out $OUT   # one GPU, SmolLM2, a 16 GiB card
     python benchmarks/deliverable/run.py --smoke --out /tmp/deliverable               # the code path on a CPU
 
-Writes ``$OUT/results.json`` (``lab.results.deliverable_run`` reads it) and each run's ``config.json`` and
-``metrics.jsonl``.
+Writes ``$OUT/results.json`` and each run's ``config.json`` and ``metrics.jsonl``.
 """
 
 from __future__ import annotations
