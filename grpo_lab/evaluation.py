@@ -9,7 +9,8 @@ from __future__ import annotations
 
 __all__ = [
     "GREEDY_MEASURES", "Evaluation", "Gain", "compare", "describe_change", "describe_reward_gap", "evaluate",
-    "greedy_followed", "greedy_gain", "side_by_side", "subset", "trained_conclusions", "verdict_counts",
+    "greedy_followed", "greedy_gain", "interval_text", "side_by_side", "subset", "trained_conclusions",
+    "verdict_counts",
 ]
 
 import dataclasses
@@ -265,6 +266,16 @@ def wilson_interval(share: float, count: int, z: float = 1.96) -> tuple[float, f
     spread = z * math.sqrt(share * (1 - share) / count + z * z / (4 * count * count))
     scale = 1 + z * z / count
     return max(0.0, (centre - spread) / scale), min(1.0, (centre + spread) / scale)
+
+
+def interval_text(share: float, count: int) -> str:
+    """``"(95 %: 2.1..9.8 %)"``: the :func:`wilson_interval` of a share of ``count``, as a page prints it.
+
+    >>> interval_text(0.0, 200)
+    '(95 %: 0.0..1.9 %)'
+    """
+    low, high = wilson_interval(share, count)
+    return f"(95 %: {100 * low:.1f}..{100 * high:.1f} %)"
 
 
 @dataclass(frozen=True)

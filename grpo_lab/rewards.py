@@ -388,6 +388,26 @@ class RepetitionPenalty(_Named):
         return self.max_penalty * (1 - len(set(ngrams)) / len(ngrams)) + 0.0 if ngrams else 0.0  # + 0.0: -0.0 -> 0.0
 
 
+@dataclass
+class ToolCallCost(_Named):
+    """``-cost`` for each tool call the answer's assistant turns made (0.0 for a text answer): beside correctness, a
+    call pays only where it makes the answer right."""
+
+    cost: float = 0.1
+    name: str = "tool_call_cost"
+
+    def __post_init__(self) -> None:
+        if self.cost < 0:
+            raise ConfigError(f"cost must be >= 0 (it is taken off per call), got {self.cost}.")
+
+    def score(self, completion: Any) -> float:
+        if isinstance(completion, str):
+            return 0.0
+        calls = sum(len(message.get("tool_calls") or []) for message in completion
+                    if isinstance(message, dict) and message.get("role") == "assistant")
+        return -self.cost * calls + 0.0  # + 0.0: -0.0 -> 0.0
+
+
 def reward_name(fn: Callable) -> str:
     """The name TRL logs a reward under (``rewards/<name>/mean``): ``__name__``, else the class name."""
     while isinstance(fn, functools.partial):  # as trl.trainer.utils.get_callable_name does
@@ -473,7 +493,8 @@ class WeightedReward(_Named):
 
 _REGISTRY: dict[str, Callable[..., RewardFunc]] = {
     "correctness": CorrectnessReward, "format": FormatReward, "length_window": LengthWindowReward,
-    "keyword": KeywordReward, "contains_answer": ContainsAnswerReward, "repetition_penalty": RepetitionPenalty}
+    "keyword": KeywordReward, "contains_answer": ContainsAnswerReward, "repetition_penalty": RepetitionPenalty,
+    "tool_call_cost": ToolCallCost}
 
 
 def register_reward(name: str, factory: Callable[..., RewardFunc], *, overwrite: bool = False) -> None:

@@ -381,3 +381,14 @@ def test_validate_accepts_numpy_like_numbers_and_none():
 
     safe = R.validate_reward(lambda prompts, completions, **kw: [Scalar(), None, True])
     assert safe(prompts=[""] * 3, completions=["a", "b", "c"]) == [0.25, None, 1.0]
+
+
+def test_a_tool_call_costs_and_a_text_answer_does_not():
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "6 × 7"}}}
+    conversation = [{"role": "assistant", "content": "", "tool_calls": [call, call]},
+                    {"role": "tool", "name": "calculator", "content": "42"}, {"role": "assistant", "content": "#### 42"}]
+    cost = R.get_reward("tool_call_cost")
+    assert cost(prompts=["q"] * 3, completions=[conversation, [{"role": "assistant", "content": "#### 42"}], "42"]) == \
+        [pytest.approx(-0.2), 0.0, 0.0]
+    with pytest.raises(R.ConfigError, match="cost must be >= 0"):
+        R.get_reward("tool_call_cost", cost=-1)

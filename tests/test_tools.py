@@ -397,8 +397,73 @@ def test_every_profiles_lesson_resolves(monkeypatch, tmp_path):
     assert tiny.max_model_len <= 512 and tiny.max_prompt_length + 2 * tiny.max_completion_length <= 512  # HF's turn
     assert Path(tiny.output_dir).parent == tmp_path / "tools"
     gpu = tool_use.LESSONS["gpu"].config("Qwen/Qwen2.5-0.5B-Instruct", profile="gpu").resolve(Machine("cuda", True, 140))
-    assert gpu.use_vllm and gpu.tools == ("calculator",) and gpu.rewards == ("correctness",)
-    assert len(tool_use.model_rows(TINY_MODEL_DIR, "eval", 10)) == 10
+    assert gpu.use_vllm and gpu.tools == ("calculator",) and gpu.rewards == ("correctness", "tool_call_cost")
+    problems = tool_use.LESSONS["tiny"].problems(())
+    assert len(problems.unseen) == 64 and {row["lang"] for row in problems.unseen} == {"en", "zh"}
+
+
+@pytest.mark.parametrize("profile", sorted(tool_use.LESSONS))
+def test_the_lesson_never_trains_on_what_it_evaluates(profile):
+    lesson = tool_use.LESSONS[profile]
+    languages = experiment.PROFILES[profile]["train_languages"]
+    problems = lesson.problems(languages)
+    assert not problems.unseen_forms_in_training()
+    trained_forms = {tool_use.expression_form(row) for row in problems.train if row["type"] != tool_use.STATED_TYPE}
+    unseen_forms = {tool_use.expression_form(row) for row in problems.unseen}
+    assert unseen_forms and not trained_forms & unseen_forms, (trained_forms, unseen_forms)
+    assert {row["type"] for row in problems.unseen} <= set(tool_use.UNSEEN_TYPES)
+    asked = [row["prompt"][0]["content"] for row in problems.evaluation]
+    assert len(set(asked)) == len(asked) and not set(asked) & {row["prompt"][0]["content"] for row in problems.train}
+    assert len(problems.unseen) == lesson.eval_size
+    assert len(problems.stated) == round(lesson.stated_share * lesson.eval_size)
+    assert all(row["lang"] in (languages or ("en", "zh")) for row in problems.train + problems.evaluation)
+    stated = problems.stated[0]
+    assert stated["answer"] in stated["prompt"][0]["content"] and tool_use.trace(stated, call_tool=True)[
+        "completion"][1]["content"] == stated["answer"]  # a stated problem's call: the number the question gives
+    with pytest.raises(ConfigError, match="unseen types"):
+        lesson_problems = tool_use.lesson_problems(("en",), 10_000)
+        del lesson_problems
+
+
+def lesson_reports(stages: dict[str, tuple[list[int], list[int]]], stated: int = 0) -> dict:
+    """Reports whose problems are unseen ones (``(called, correct)`` per problem), then ``stated`` stated ones."""
+    def conversations(called, correct):
+        return [tool_use.Conversation(calls=a, ran=a, correct=bool(b),
+                                      kind=tool_use.STATED_TYPE if i >= len(called) - stated else "average")
+                for i, (a, b) in enumerate(zip(called, correct))]
+
+    return {stage: tool_use.ToolUseReport(stage, tool_use.STAGES[stage][1], conversations(*values), 1.0)
+            for stage, values in stages.items()}
+
+
+def shares(count, called, correct):  # 0/1 per problem: the first ``called`` call, the last ``correct`` are right
+    return [1] * called + [0] * (count - called), [0] * (count - correct) + [1] * correct
+
+
+def test_the_check_fails_where_grpo_did_not_beat_priming():
+    # the CPU run the check once passed: primed 19 of 80 called and 2 right, after GRPO 16 called and 3 right
+    worse = lesson_reports({"primed": shares(80, 19, 2), "trained": shares(80, 16, 3)})
+    assert not tool_use.grpo_learned(tool_use.lesson_gains(worse))
+    primed_only = lesson_reports({"primed": shares(80, 40, 30), "trained": shares(80, 40, 30)})  # GRPO changed nothing
+    assert not tool_use.grpo_learned(tool_use.lesson_gains(primed_only))
+    learned = lesson_reports({"primed": shares(80, 40, 20), "trained": shares(80, 70, 40)})
+    gains = tool_use.lesson_gains(learned)
+    assert tool_use.grpo_learned(gains) and gains[tool_use.CHECKED].up == 20
+    all_right = lesson_reports({"primed": shares(20, 20, 0), "trained": shares(20, 20, 20)})  # 0 % -> 100 %
+    assert tool_use.grpo_learned(tool_use.lesson_gains(all_right))
+
+
+def test_each_part_of_an_evaluation_is_reported_apart():
+    reports = lesson_reports({"primed": shares(10, 10, 0), "trained": ([1] * 6 + [0] * 4, [1] * 6 + [1] * 4)},
+                             stated=4)
+    gains = tool_use.lesson_gains(reports)
+    stated = gains["tool-call share where no call is needed (primed → after GRPO)"]
+    assert (stated.count, stated.before, stated.after, stated.down) == (4, 1.0, 0.0, 4)
+    assert gains[tool_use.CHECKED].count == 6 and gains[tool_use.CHECKED].after == 1.0
+    assert tool_use.part(reports["trained"], "stated").count == 4
+    no_stated = tool_use.lesson_gains(lesson_reports({"primed": shares(4, 1, 1), "trained": shares(4, 1, 1)}))
+    assert "tool-call share where no call is needed (primed → after GRPO)" not in no_stated
+    assert "95 %: 0.0..49.0 %" in tool_use.part(reports["trained"], "stated").summary()  # no zero-width interval
 
 
 def test_the_benchmark_writes_what_its_reader_reads(tmp_path, monkeypatch):
@@ -414,7 +479,7 @@ def test_the_benchmark_writes_what_its_reader_reads(tmp_path, monkeypatch):
         return tool_use.ToolUseReport(label, True, [tool_use.Conversation(calls=a, ran=a, correct=bool(b))
                                                     for a, b in zip(called, correct)], 1.0)
 
-    reports = {stage: report(label, [0, 1, 1, 0], [1, 0, 0, 1]) for stage, (label, _) in tool_use.STAGES.items()}
+    reports = lesson_reports({stage: ([0, 1, 1, 0], [1, 0, 0, 1]) for stage in tool_use.STAGES}, stated=1)
     result = SimpleNamespace(metrics=[{"tools/ok": 2.0, "reward": 0.5}], global_step=1, backend="vLLM colocate",
                              config=TrainConfig(model="/m/model", tools=("calculator",)),
                              mean=lambda key, first=None, last=None: 0.5)
@@ -423,8 +488,8 @@ def test_the_benchmark_writes_what_its_reader_reads(tmp_path, monkeypatch):
     (tmp_path / "results.json").write_text(json.dumps(record))
     run = tool_lesson.committed_tool_run(tmp_path / "results.json")
     assert run.model == "model" and run.provenance.device == "H200" and set(run.reports) == set(tool_use.STAGES)
-    assert run.gains["tool-call share (base model → after GRPO)"].gain.standard_errors == 0.0
-    assert record["train"]["calls_by_kind"]["ok"] == 2.0
+    assert run.gains[tool_use.CHECKED].gain.standard_errors == 0.0 and run.unseen and run.learned is False
+    assert record["parts"]["trained"]["stated"]["problems"] == 1 and record["train"]["calls_by_kind"]["ok"] == 2.0
 
 
 def test_the_committed_gpu_record_is_what_the_course_run_printed():
@@ -440,7 +505,7 @@ def test_the_committed_gpu_record_is_what_the_course_run_printed():
     assert json.loads(json.dumps(body)) == json.loads(tool_lesson.TOOLS_SMOLLM2_FILE.read_text(encoding="utf-8"))
     printed = {line for _, line in from_course.printed_lines(json.loads((course / from_course.NOTEBOOK).read_text()))}
     run = tool_lesson.committed_tool_run()
-    assert set(run.gains) == set(tool_use.GAINS)
+    assert not run.unseen and run.learned is None  # a run of the lesson before it held problem types out
     for gain in run.gains.values():  # a record of before the paired counts: each share as that copy printed it
         assert gain.gain is None and any(line.startswith(gain.what) for line in printed), gain.what
         assert "standard errors" not in gain.describe() and "interval" in gain.describe()

@@ -21,6 +21,10 @@ case ${1:-} in
         GRPO_LAB_PROFILE=gpu GRPO_LAB_MODEL=/tmp/grpo-smollm2/model GRPO_LAB_DEVICE_MEMORY_GIB=$CAP
       python3 benchmarks/deliverable/run.py --out $WORK/rows ${DELIVERABLE_ARGS:-} > $WORK/rows.log 2>&1
       echo \$? > $WORK/rows.exit
+      if [ \"${DELIVERABLE_TOOLS:-1}\" = 1 ]; then  # the tool lesson (notebook 10's) under the same cap
+        python3 benchmarks/tools_smollm2/run.py --out $WORK/tools --work /tmp/tools-smollm2 > $WORK/tools.log 2>&1
+        echo \$? > $WORK/tools.exit
+      fi
       if [ \"${DELIVERABLE_COURSE:-1}\" = 0 ]; then echo done > $WORK/done; exit 0; fi
       COURSE=$WORK/course COURSE_CAP_GIB=$CAP COURSE_NOTEBOOKS='notebooks/03_grpo_training.ipynb notebooks/04_memory_budget.ipynb notebooks/05_deployment.ipynb' \
         bash benchmarks/course_gpu/run.sh foreground-no-pack

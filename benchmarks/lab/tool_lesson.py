@@ -13,17 +13,21 @@ from typing import Any
 from grpo_lab.device import Machine
 from grpo_lab.env import installed_versions
 from grpo_lab.evaluation import Gain, describe_change, wilson_interval
+from grpo_lab.data import write_jsonl
 from grpo_lab.tool_use import (
+    PARTS,
     STAGES,
     PrimedModel,
     ToolLesson,
     ToolUseReport,
     evaluate_tool_use,
+    grpo_learned,
     lesson_gains,
-    model_rows,
+    part,
     prime,
 )
 from grpo_lab.tools import CALL_KINDS, calculator
+from grpo_lab.experiment import TrainConfig
 from grpo_lab.train import VERSIONS, TrainResult, train
 from lab.committed import BENCHMARKS_DIR, Provenance, read_committed
 
@@ -85,7 +89,7 @@ class LessonRun:
 
     def record(self, command: str, device_name: str) -> dict[str, Any]:
         """The run as the JSON its benchmark commits (:func:`committed_tool_run` reads it)."""
-        metrics = self.result.metrics
+        metrics, gains = self.result.metrics, lesson_gains(self.reports)
         totals = {kind: sum(m.get(f"tools/{kind}", 0.0) for m in metrics) for kind in CALL_KINDS}
         return {"command": command, "date": datetime.now().isoformat(timespec="seconds"), "device": device_name,
                 "model": Path(self.result.config.model).name, "versions": installed_versions(list(VERSIONS)),
@@ -93,7 +97,10 @@ class LessonRun:
                                        if k in RECORDED_TRAIN_FIELDS},
                              "priming": self.primed.config},
                 "reports": {stage: report.to_dict() for stage, report in self.reports.items()},
-                "gains": {name: gain_record(gain) for name, gain in lesson_gains(self.reports).items()},
+                "parts": {stage: {name: part(report, name).to_dict() for name in PARTS}
+                          for stage, report in self.reports.items()},
+                "gains": {name: gain_record(gain) for name, gain in gains.items()},
+                "grpo_learned": grpo_learned(gains),
                 "train": {"steps": self.result.global_step, "backend": self.result.backend,
                           "call_frequency_first_5": self.result.mean("tools/call_frequency", first=5),
                           "call_frequency_last_5": self.result.mean("tools/call_frequency", last=5),
@@ -110,8 +117,13 @@ def run_lesson(base_model: str | Path, lesson: ToolLesson, machine: Machine, wor
     prime it, evaluate, train it with GRPO and the calculator, evaluate with and without (HF ``generate`` for every
     evaluation). ``train_overrides``: more TrainConfig fields for the GRPO run."""
     work_dir, seconds, started = Path(work_dir), {}, time.perf_counter()
-    config = lesson.config(base_model, output_dir=str(work_dir / "grpo"), **train_overrides).with_profile(machine)
-    rows = model_rows(base_model, "eval", lesson.eval_size)
+    languages = TrainConfig(model=str(base_model)).with_profile(machine).train_languages
+    problems = lesson.problems(languages)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    train_file = write_jsonl(problems.train, work_dir / "train.jsonl")
+    config = lesson.config(base_model, train_file, output_dir=str(work_dir / "grpo"),
+                           **train_overrides).with_profile(machine)
+    rows = problems.evaluation
     reports: dict[str, ToolUseReport] = {}
 
     def evaluate(stage: str, model: str | Path) -> None:
@@ -124,7 +136,7 @@ def run_lesson(base_model: str | Path, lesson: ToolLesson, machine: Machine, wor
 
     evaluate("base", base_model)
     evaluate("base_without_tool", base_model)
-    primed = prime(base_model, model_rows(base_model, "train"), work_dir / "primed", lesson.priming)
+    primed = prime(base_model, problems.train, work_dir / "primed", lesson.priming)
     seconds["priming"] = primed.seconds
     evaluate("primed", primed.path)
     result = train(dataclasses.replace(config, model=str(primed.path)), machine=machine)
@@ -150,6 +162,11 @@ class ToolRun:
     gains: dict[str, RecordedGain]
     """``{name: RecordedGain}``, each over the same problems (``describe()`` says it in words)."""
     seconds: dict[str, Any]
+    unseen: bool
+    """Whether its evaluations asked problem types the run never trained on (records of the lesson before it held
+    types out asked the types it trained on: their gains say nothing of problems it never saw)."""
+    learned: bool | None
+    """Whether GRPO beat priming on the unseen problems (``tool_use.grpo_learned``); None where not recorded."""
 
 
 def committed_tool_run(path: str | Path = TOOLS_SMOLLM2_FILE) -> ToolRun:
@@ -157,4 +174,4 @@ def committed_tool_run(path: str | Path = TOOLS_SMOLLM2_FILE) -> ToolRun:
     data = read_committed(path)
     gains = {name: RecordedGain.from_record(g) for name, g in data["gains"].items()}
     return ToolRun(Provenance(data["command"], data["date"], data["device"], Path(path), data.get("commit", "")),
-                   data["model"], data["reports"], gains, data["seconds"])
+                   data["model"], data["reports"], gains, data["seconds"], "parts" in data, data.get("grpo_learned"))

@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     record = run.record(command, device.device_name(kind=machine.kind))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / RESULTS).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    for name, gain in tool_use.lesson_gains(run.reports).items():
-        print(f"{name}: {gain.describe()}")
+    for gain in tool_use.lesson_gains(run.reports).values():
+        print(gain.describe())
     print(f"wrote {args.out / RESULTS} ({record['seconds']['total']:.0f} s)")
     return 0
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grpo_lab.errors import ConfigError
-from grpo_lab.evaluation import Gain
+from grpo_lab.evaluation import Gain, interval_text
 from grpo_lab.rewards import is_correct
 from grpo_lab.rollout import RolloutEngine, Sampling, open_engine
 from grpo_lab.rollout.backends import load_tokenizer
@@ -42,6 +42,8 @@ class Conversation:
     tokens: int = 0
     """Tokens of the whole answer (the model's and the tools'), as TRL counts them against max_completion_length."""
     correct: bool = False
+    kind: str = ""
+    """The problem's ``type``."""
 
 
 def mean_and_error(values: Sequence[float]) -> tuple[float, float]:
@@ -72,6 +74,10 @@ class ToolUseReport:
     @property
     def count(self) -> int:
         return len(self.conversations)
+
+    def where(self, keep: Callable[[Conversation], bool], label: str) -> ToolUseReport:
+        """The conversations ``keep`` accepts, as a report of their own."""
+        return ToolUseReport(label, self.offered, [c for c in self.conversations if keep(c)], self.seconds)
 
     def per_problem(self, measure: str) -> list[float]:
         """0/1 per problem for a measure of :data:`PER_PROBLEM`."""
@@ -105,13 +111,17 @@ class ToolUseReport:
                 "capped": int(sum(self.per_problem("capped"))), "accuracy": correct, "accuracy_se": correct_se}
 
     def summary(self) -> str:
-        """One line: the call share, the calls that ran, the errors by kind, accuracy; each share ± its error."""
+        """One line: the call share, the calls that ran, the errors by kind, accuracy; each share with its 95 %
+        interval (Wilson's, which holds at 0 % and 100 %)."""
         d = self.to_dict()
         errors = ", ".join(f"{kind} {n}" for kind, n in sorted(d["tool_errors"].items())) or "none"
+        ran = f"{d['calls_ran_share']:.1%} {interval_text(d['calls_ran_share'], d['calls'])}" if d["calls"] else "none"
         return (f"{self.label} ({'tool offered' if self.offered else 'no tool'}, {self.count} problems): calls the "
-                f"tool {d['tool_call_share']:.1%} ± {d['tool_call_share_se']:.1%}; {d['calls']} calls, "
-                f"{d['calls_ran_share']:.1%} ± {d['calls_ran_share_se']:.1%} parsed and ran; tool errors: {errors}; "
-                f"{d['capped']} capped; accuracy {d['accuracy']:.1%} ± {d['accuracy_se']:.1%}")
+                f"tool {d['tool_call_share']:.1%} {interval_text(d['tool_call_share'], self.count)}; {d['calls']} "
+                f"calls, "
+                f"{ran} parsed and ran; tool errors: {errors}; {d['capped']} capped; accuracy {d['accuracy']:.1%} "
+                f"{interval_text(d['accuracy'], self.count)}")
+
 
 
 def paired_gain(what: str, before: ToolUseReport, after: ToolUseReport, measure: str) -> Gain:
@@ -267,6 +277,6 @@ def evaluate_tool_use(model: str | Path, rows: Sequence[dict[str, Any]], tools: 
         if own:
             engine.stop()
     for conversation, row in zip(conversations, rows):
-        conversation.correct = is_correct(conversation.answer, row["answer"])
+        conversation.correct, conversation.kind = is_correct(conversation.answer, row["answer"]), row.get("type", "")
     return ToolUseReport(label or Path(str(model)).name, tool_set is not None, conversations,
                          time.perf_counter() - started)

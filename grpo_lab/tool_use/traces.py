@@ -15,10 +15,14 @@ from typing import Any
 from grpo_lab.data import ANSWER_MARKER
 from grpo_lab.errors import ConfigError, DataError
 from grpo_lab.tools import calculator
+from grpo_lab.tool_use.tasks import STATED_TYPE
 
 
 def expression_of(row: dict[str, Any]) -> str:
-    """The calculation of a row's reference working: ``"2 × (3 + 4) = 14 m"`` -> ``"2 × (3 + 4)"``."""
+    """The calculation of a row's reference working: ``"2 × (3 + 4) = 14 m"`` -> ``"2 × (3 + 4)"``; a problem whose
+    answer the question states (``tasks.STATED_TYPE``) calls with the answer itself."""
+    if row.get("type") == STATED_TYPE:
+        return str(row["answer"])
     working = str(row.get("completion", "")).split("\n", 1)[0]
     if "=" not in working:
         raise DataError(f"row {row.get('id', '?')}: its reference working {working!r} has no '=': a trace needs the "
