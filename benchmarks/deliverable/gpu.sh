@@ -21,10 +21,6 @@ case ${1:-} in
         GRPO_LAB_PROFILE=gpu GRPO_LAB_MODEL=/tmp/grpo-smollm2/model GRPO_LAB_DEVICE_MEMORY_GIB=$CAP
       python3 benchmarks/deliverable/run.py --out $WORK/rows ${DELIVERABLE_ARGS:-} > $WORK/rows.log 2>&1
       echo \$? > $WORK/rows.exit
-      if [ \"${DELIVERABLE_TOOLS:-1}\" = 1 ]; then  # the tool lesson (notebook 10's) under the same cap
-        python3 benchmarks/tools_smollm2/run.py --out $WORK/tools --work /tmp/tools-smollm2 > $WORK/tools.log 2>&1
-        echo \$? > $WORK/tools.exit
-      fi
       if [ \"${DELIVERABLE_COURSE:-1}\" = 0 ]; then echo done > $WORK/done; exit 0; fi
       COURSE=$WORK/course COURSE_CAP_GIB=$CAP COURSE_NOTEBOOKS='notebooks/03_grpo_training.ipynb notebooks/04_memory_budget.ipynb notebooks/05_deployment.ipynb' \
         bash benchmarks/course_gpu/run.sh foreground-no-pack
@@ -36,6 +32,12 @@ case ${1:-} in
            --max-steps 4 --output-dir $WORK/course-recipe-run >> $WORK/course-recipe.log 2>&1
          echo \"exit \$?\" >> $WORK/course-recipe.log; cp \"\$recipe\" $WORK/course-trl_recipe.py)
       fi
+      if [ \"${DELIVERABLE_EXTRA:-1}\" = 1 ]; then  # then, under the same cap: the tool lesson, GSM8K SFT then RL
+        python3 benchmarks/tools_smollm2/run.py --out $WORK/tools --work /tmp/tools-smollm2 > $WORK/tools.log 2>&1
+        echo \$? > $WORK/tools.exit
+        python3 benchmarks/gsm8k/run.py --sft-epochs 1 --out $WORK/gsm8k-sft > $WORK/gsm8k-sft.log 2>&1
+        echo \$? > $WORK/gsm8k-sft.exit
+      fi
       echo done > $WORK/done
     " > "$WORK/driver.log" 2>&1 < /dev/null &
     echo "started; follow $WORK/rows.log and $WORK/course/course.log" ;;
@@ -43,7 +45,7 @@ case ${1:-} in
     waited=0
     while [ ! -f "$WORK/done" ] && [ "$waited" -lt "${DELIVERABLE_WAIT_S:-540}" ]; do sleep 10; waited=$((waited + 10)); done
     [ -f "$WORK/done" ] && echo "finished" || echo "still running after ${waited} s: call wait again"
-    tail -5 "$WORK/rows.log" 2>/dev/null; tail -5 "$WORK/course/course.log" 2>/dev/null
+    tail -3 "$WORK/rows.log" 2>/dev/null; tail -3 "$WORK/course/course.log" 2>/dev/null; tail -2 "$WORK/tools.log" "$WORK/gsm8k-sft.log" 2>/dev/null
     tar -C "$WORK" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' --exclude='*.pth' \
       --exclude='checkpoints' --exclude='*.jsonl.xz' -czf "${OUT:-/tmp}/deliverable_gpu.tgz" . ;;
   *) echo "usage: gpu.sh start|wait"; exit 2 ;;

@@ -95,6 +95,41 @@ def training_summary(metrics: Sequence[dict[str, Any]], window: int = 5) -> dict
             "step_s_median": round(statistics.median(steps), 3) if steps else None, "window_steps": window}
 
 
+def supervised_fine_tune(model: str, rows: Sequence[dict[str, Any]], out_dir: Path, epochs: float,
+                         learning_rate: float, accelerator: bool) -> dict[str, Any]:
+    """TRL's ``SFTTrainer`` on the training problems' worked solutions (loss on the solution only), saved to
+    ``out_dir``: the seed write-up's first stage, before RL."""
+    from trl import SFTConfig, SFTTrainer
+
+    from grpo_lab.models import load_model_and_tokenizer
+
+    model_obj, tokenizer = load_model_and_tokenizer(model, device="cpu", dtype="float32")
+    args = SFTConfig(output_dir=str(out_dir / "work"), num_train_epochs=epochs, learning_rate=learning_rate,
+                     lr_scheduler_type="cosine", warmup_steps=0.05, per_device_train_batch_size=16, max_length=640,
+                     completion_only_loss=True, packing=False, seed=0, data_seed=0, use_cpu=not accelerator,
+                     bf16=accelerator, save_strategy="no", report_to="none", logging_steps=10,
+                     dataloader_num_workers=0, gradient_checkpointing=False, disable_tqdm=True)
+    dataset = data.to_dataset([{"prompt": row["prompt"], "completion": [{"role": "assistant",
+                                                                          "content": row["completion"]}]}
+                               for row in rows])
+    trainer = SFTTrainer(model=model_obj, args=args, train_dataset=dataset, processing_class=tokenizer)
+    result = trainer.train()
+    trainer.save_model(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return {"epochs": epochs, "learning_rate": learning_rate, "steps": result.global_step,
+            "train_loss": round(result.training_loss, 4), "rows": len(rows),
+            "loss_log": [{"step": e["step"], "loss": round(e["loss"], 4)} for e in trainer.state.log_history
+                         if "loss" in e]}
+
+
+def greedy_record(rows: Sequence[dict[str, Any]], before: Any, after: Any) -> dict[str, Any]:
+    """Every greedy measure's paired change (strict ``#### N``, lenient final number, format)."""
+    from grpo_lab import evaluation
+
+    return {measure: share(evaluation.greedy_gain(rows, before, after, measure))
+            for measure in evaluation.GREEDY_MEASURES}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where results.json and the run folder go")
@@ -105,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-size", type=int, default=data.GSM8K_EVAL_SIZE, help="held-out problems")
     parser.add_argument("--train-rows", type=int, default=TRAIN_ROWS)
     parser.add_argument("--use-peft", action="store_true", help="LoRA (r=16) instead of every weight")
+    parser.add_argument("--sft-epochs", type=float, default=0.0,
+                        help="first fine-tune on the training problems' worked solutions (TRL's SFTTrainer), then "
+                             "GRPO from there: SFT then RL (0: GRPO from the base model)")
+    parser.add_argument("--sft-learning-rate", type=float, default=5e-5)
     parser.add_argument("--smoke", action="store_true", help="the tiny profile on a CPU: the code path, no result")
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -129,12 +168,22 @@ def main(argv: list[str] | None = None) -> int:
     config = TrainConfig(**overrides, model=model, dataset=str(train_file)).resolve(machine)
     held = parts["held_out"]
     timings = {"load_s": time.perf_counter() - started}
+    engine_settings = dict(num_samples=1, max_tokens=config.max_completion_length, backend=config.rollout_backend)
+    sft: dict[str, Any] = {}
+    if args.sft_epochs:  # SFT then RL: the base model evaluated alone, fine-tuned, and GRPO starts from there
+        phase = time.perf_counter()
+        base = evaluation.evaluate(config.model, held, **engine_settings)
+        timings["base_s"] = time.perf_counter() - phase
+        phase = time.perf_counter()
+        sft = supervised_fine_tune(config.model, parts["train"], args.out / "sft", args.sft_epochs,
+                                   args.sft_learning_rate, device.is_accelerator(machine.kind))
+        timings["sft_s"] = time.perf_counter() - phase
+        config = dataclasses.replace(config, model=str(args.out / "sft"))
 
     phase = time.perf_counter()
     training = prepare(config, machine=machine)
     timings["prepare_s"] = time.perf_counter() - phase
     phase = time.perf_counter()
-    engine_settings = dict(num_samples=1, max_tokens=config.max_completion_length, backend=config.rollout_backend)
     before = evaluation.evaluate(config.model, held, engine=training.rollout_engine(), **engine_settings)
     timings["before_s"] = time.perf_counter() - phase
     phase = time.perf_counter()
@@ -164,13 +213,18 @@ def main(argv: list[str] | None = None) -> int:
         "training": training_summary(result.metrics),
         "accuracy": share(evaluation.greedy_gain(held, before, after, "accuracy")),
         "format": share(evaluation.greedy_gain(held, before, after, "format")),
+        "grpo": greedy_record(held, before, after),
         "greedy_examples_after": after.greedy_texts[:3],
     }
+    if sft:  # the changes of each stage: SFT (base -> SFT), GRPO (SFT -> GRPO), both (base -> GRPO)
+        record["sft"] = {**sft, "changes": greedy_record(held, base, before)}
+        record["base_to_grpo"] = greedy_record(held, base, after)
     (args.out / "results.json").write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
     print(f"{result.global_step} steps on {len(parts['train'])} GSM8K problems, {len(held)} held out, "
           f"{timings['total_s']:.0f} s in all")
-    print(record["accuracy"]["describe"])
-    print(record["format"]["describe"])
+    for stage, changes in (("SFT", record.get("sft", {}).get("changes", {})), ("GRPO", record["grpo"])):
+        for change in changes.values():
+            print(f"{stage}: {change['describe']}")
     print(f"wrote {args.out / 'results.json'}")
     return 0
 
