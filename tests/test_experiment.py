@@ -97,6 +97,8 @@ def test_a_plan_is_computed_once_and_translates_to_trl():
     given = experiment.plan(TrainConfig(profile="gpu", vllm_gpu_memory_utilization=0.95),
                             machine)
     assert given.share_chosen_by == "given" and any("will not fit" in caveat for caveat in given.caveats)
+    again = experiment.plan(step.config, machine)  # a config the planner resolved before: still the planner's share
+    assert again.share_chosen_by == "planner" and again.vllm_share == step.vllm_share
 
 
 def test_the_profile_names_the_languages_it_trains_on_and_your_data_keeps_its_own(tmp_path):

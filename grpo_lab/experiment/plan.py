@@ -36,7 +36,8 @@ class Plan:
     budget: memory.MemoryBudget | None
     """The planner's budget of one step at the config's vLLM share; None where the model's shape cannot be read."""
     share_chosen_by: str
-    """``"planner"`` when ``vllm_gpu_memory_utilization`` was ``"auto"``, else ``"given"``."""
+    """``"planner"`` when ``vllm_gpu_memory_utilization`` was ``"auto"`` or is the planner's own choice (a config
+    resolved before), else ``"given"``."""
     verdict: str
     """The planner's one-line verdict on the step (or why it was not planned)."""
     caveats: tuple[str, ...] = ()
@@ -131,13 +132,23 @@ def choose_backend(config: TrainConfig) -> tuple[bool, str]:
     return False, "HF generate (use_vllm=False)"
 
 
+def _planners_share(config: TrainConfig, machine: Machine) -> bool:
+    """Whether ``config``'s vLLM share is the one the planner chooses for it (a config resolved before)."""
+    if not config.use_vllm:
+        return False
+    try:
+        return config.vllm_gpu_memory_utilization == choose_vllm_memory(config, machine)[0]
+    except memory.MemoryPlanError:
+        return False
+
+
 def plan(config: TrainConfig, machine: Machine, reward_funcs: Sequence[Callable | str] | None = None) -> Plan:
     """Plan ``config`` for ``machine`` once: its rewards named, every field resolved, how it samples, the step's
     budget, caveats."""
     asked = config.with_rewards(reward_funcs)
     resolved = asked.resolve(machine)
     rollouts = choose_backend(resolved)
-    chosen_by = "planner" if asked.vllm_gpu_memory_utilization == AUTO else "given"
+    chosen_by = "planner" if asked.vllm_gpu_memory_utilization == AUTO or _planners_share(resolved, machine) else "given"
     caveats = [*device.cap_caveats(machine.cap, resolved.use_vllm and resolved.vllm_enable_sleep_mode),
                *lora.rollout_caveats(resolved)]
     try:
