@@ -139,11 +139,17 @@ class GSM8KRun:
     """The same for greedy answers that end with one ``#### N`` line."""
     training: dict[str, Any]
     """The training reward and the share of groups without a signal, first and last steps; the median step."""
+    lenient: dict[str, Any] | None = None
+    """The same for lenient accuracy (the final number, with or without the marker); None in a record that predates
+    it, where a rise of strict accuracy may be the format's."""
+    sft: dict[str, dict[str, Any]] | None = None
+    """Where the run fine-tuned first (``--sft-epochs``): what SFT changed, by measure (before GRPO)."""
 
     @property
     def learned_the_format_not_the_arithmetic(self) -> bool:
-        """The ``#### N`` line rose by more than its standard error allows by chance (2), accuracy did not."""
-        return self.format["standard_errors"] >= 2 > self.accuracy["standard_errors"]
+        """The ``#### N`` line rose by more than its standard error allows by chance (2), accuracy did not (lenient
+        accuracy where recorded: strict accuracy rises with the format alone)."""
+        return self.format["standard_errors"] >= 2 > (self.lenient or self.accuracy)["standard_errors"]
 
 
 def gsm8k_run(path: str | Path = GSM8K_FILE) -> GSM8KRun | None:
@@ -155,7 +161,8 @@ def gsm8k_run(path: str | Path = GSM8K_FILE) -> GSM8KRun | None:
                                           data.get("commit", "")),
                     model=data["model"], steps=data["steps"], train_rows=data["data"]["train_rows"],
                     held_out=data["data"]["held_out"], seconds=data["seconds"]["total_s"], accuracy=data["accuracy"],
-                    format=data["format"], training=data["training"])
+                    format=data["format"], training=data["training"], lenient=data.get("grpo", {}).get("lenient"),
+                    sft=data.get("sft", {}).get("changes"))
 
 
 @dataclass(frozen=True)
