@@ -480,11 +480,27 @@ def unused_engine_problems(nb, facts: RunFacts) -> list[str]:
     return problems
 
 
+SHOULD_SEE = re.compile(r"you should see\b.*", re.IGNORECASE)
+OPPOSITES = {"MATCHES": "DIFFERS FROM", "smoke test OK": "smoke test    FAILED", "weights RANDOM": "weights REAL",
+             "weights REAL": "weights RANDOM"}
+"""A word a "you should see" line promises, and the word of the page's own output that says the opposite."""
+
+
+def should_see_problems(nb, facts: RunFacts) -> list[str]:
+    """A "you should see" line the page printed promises nothing its own output contradicts."""
+    outputs = [(index, text) for index, where, text in _texts(nb) if where == "output"]
+    printed = "\n".join(text for _, text in outputs)
+    return [f"output cell {index} says {m.group(0)[:90]!r}, while the page printed {opposite!r}"
+            for index, text in outputs for m in SHOULD_SEE.finditer(text)
+            for promise, opposite in OPPOSITES.items() if promise in m.group(0) and opposite in printed]
+
+
 PAGE_CHECKS = {
     "CPU-only wording on another device": cpu_wording_problems,
     "a skipped run described as run": skipped_run_problems,
     "the trained rewards, types or languages named wrongly": trained_set_problems,
     "a plan for an engine the run does not use": unused_engine_problems,
+    "a 'you should see' its own output contradicts": should_see_problems,
 }
 
 
@@ -500,10 +516,24 @@ ARCHIVED_GPU_RUN = GPU_RUN_DIR.parent / "run_e9687cb"
 """The GPU course run committed as results/ until issue 43 (run.json: commit e9687cb), kept as the checks' evidence."""
 
 
+COMMITTED_RUN_DEFECTS = {
+    ("a 'you should see' its own output contradicts", "00_environment.ipynb"): "the stack verdict (MATCHES",
+}
+"""Defects of the committed GPU run's pages that a later check found, each fixed in the notebook since (notebook 00
+now prints the verdict its machine got): they stay on the committed copies until the GPU course runs again, and
+this list empties with that run (the test fails while an entry is no longer found)."""
+
+
 def test_the_committed_gpu_run_is_true_on_its_device():
-    """results/ has none of the page defects (the copies committed at e9687cb had them: the next test finds each)."""
+    """results/ has none of the page defects but those of COMMITTED_RUN_DEFECTS (the copies committed at e9687cb had
+    many: the next test finds each)."""
     assert run_facts({p.name: nbformat.read(p, as_version=4) for p in GPU_RUN_DIR.glob("00_*.ipynb")}).device == "cuda"
-    _report_pages(f"the committed GPU run ({GPU_RUN_DIR.name}/)", page_problems(GPU_RUN_DIR))
+    found = page_problems(GPU_RUN_DIR)
+    for (check, notebook), words in COMMITTED_RUN_DEFECTS.items():
+        known = [problem for problem in found[check][notebook] if words in problem]
+        assert known, f"{check} in {notebook} is no longer found: take it off COMMITTED_RUN_DEFECTS"
+        found[check][notebook] = [problem for problem in found[check][notebook] if problem not in known]
+    _report_pages(f"the committed GPU run ({GPU_RUN_DIR.name}/)", found)
 
 
 def _report_pages(what: str, found: dict[str, dict[str, list[str]]]) -> None:
@@ -631,6 +661,16 @@ def test_the_page_checks_pass_pages_that_are_true():
                            nbformat.v4.new_markdown_cell("On this CPU it is slow."))
     assert unused_engine_problems(false_page, facts) and cpu_wording_problems(false_page, facts)
     assert not cpu_wording_problems(false_page, dataclasses.replace(facts, device="cpu"))  # true on the CPU
+
+
+def test_a_you_should_see_line_its_own_page_contradicts_is_found():
+    facts = RunFacts("cuda", None, None, None)
+    report = _code("print(report)", _stream("stack         DIFFERS FROM 'cuda' (verified)\n"))
+    promised = _code("print(end)", _stream("You should see: the stack verdict (MATCHES on a verified stack)\n"))
+    said = _code("print(end)", _stream("You should see: the stack verdict DIFFERS FROM 'cuda' (1 difference)\n"))
+    assert should_see_problems(_notebook(report, promised), facts)
+    assert not should_see_problems(_notebook(report, said), facts)
+    assert not should_see_problems(_notebook(_code("x", _stream("stack         MATCHES 'cuda'\n")), promised), facts)
 
 
 def test_the_end_check_and_the_quiet_start_are_required():
