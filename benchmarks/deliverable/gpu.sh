@@ -19,8 +19,12 @@ case ${1:-} in
       export PYTHONPATH=/tmp/grpo-gpu-site:/tmp/repo-run:/tmp/grpo-lab-path PATH=/tmp/grpo-gpu-site/bin:\$PATH \
         VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 MPLBACKEND=Agg \
         GRPO_LAB_PROFILE=gpu GRPO_LAB_MODEL=/tmp/grpo-smollm2/model GRPO_LAB_DEVICE_MEMORY_GIB=$CAP
-      python3 benchmarks/deliverable/run.py --out $WORK/rows ${DELIVERABLE_ARGS:-} > $WORK/rows.log 2>&1
-      echo \$? > $WORK/rows.exit
+      recipe_steps=4
+      for kind in ${DELIVERABLE_KINDS:-qlora lora}; do  # each row in a process of its own: nothing of one run stays
+        python3 benchmarks/deliverable/run.py --out $WORK/rows --kinds \$kind --recipe-steps \$recipe_steps \
+          ${DELIVERABLE_ARGS:-} >> $WORK/rows.log 2>&1
+        echo \"\$kind \$?\" >> $WORK/rows.exit; recipe_steps=0
+      done
       if [ \"${DELIVERABLE_COURSE:-1}\" = 0 ]; then echo done > $WORK/done; exit 0; fi
       COURSE=$WORK/course COURSE_CAP_GIB=$CAP COURSE_NOTEBOOKS='notebooks/03_grpo_training.ipynb notebooks/04_memory_budget.ipynb notebooks/05_deployment.ipynb' \
         bash benchmarks/course_gpu/run.sh foreground-no-pack

@@ -176,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     problems = data.load_gsm8k("train", path=gsm8k.DATA_FILE)
     parts = gsm8k.split_rows(problems, fits=gsm8k.prompt_fits(model, gsm8k.MAX_PROMPT_LENGTH), **sizes)
     train_file = data.write_jsonl(parts["train"], args.out / "gsm8k_train.jsonl")
-    rows = {kind: run_kind(kind, args, machine, train_file, parts["held_out"]) for kind in kinds}
-    first = next(iter(rows.values()))
-    record = {
+    out_file = args.out / "results.json"  # rows of earlier processes kept: gpu.sh runs each kind in its own
+    record = json.loads(out_file.read_text(encoding="utf-8")) if out_file.is_file() else {"runs": {}}
+    record.update({
         "command": "python3 benchmarks/deliverable/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": os.environ.get("GRPO_LAB_COMMIT", "unknown"),
@@ -186,17 +186,25 @@ def main(argv: list[str] | None = None) -> int:
                     "memory_gib": round(machine.memory_gib, 2), "device_gib": machine.device_gib},
         "smoke": args.smoke, "model": model,
         "data": {"held_out": len(parts["held_out"]), "train_rows": len(parts["train"]),
-                 "hold_out_seed": data.GSM8K_SPLIT_SEED, "max_prompt_length": gsm8k.MAX_PROMPT_LENGTH},
-        "runs": rows,
-        "recipe": run_recipe_alone(first["run_dir"], args.out, args.recipe_steps) if args.recipe_steps else None,
-        "total_s": round(time.perf_counter() - started, 1)}
-    (args.out / "results.json").write_text(json.dumps(record, indent=2, ensure_ascii=False, default=str) + "\n")
+                 "hold_out_seed": data.GSM8K_SPLIT_SEED, "max_prompt_length": gsm8k.MAX_PROMPT_LENGTH}})
+
+    def write() -> None:  # after each row: a later one that fails keeps what came before
+        record["total_s"] = round(time.perf_counter() - started, 1)
+        out_file.write_text(json.dumps(record, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+
+    rows = {}
+    for kind in kinds:
+        rows[kind] = record["runs"][kind] = run_kind(kind, args, machine, train_file, parts["held_out"])
+        write()
+    if args.recipe_steps:
+        record["recipe"] = run_recipe_alone(rows[kinds[0]]["run_dir"], args.out, args.recipe_steps)
+        write()
     for kind, row in rows.items():
         print(f"{kind}: {row['steps']} steps; the deliverable: {row['deliverable']}")
         for measure in MEASURES:
             print(f"  engine     {row['engine'][measure]['describe']}")
             print(f"  final (HF) {row['deliverable_hf'][measure]['describe']}")
-    if record["recipe"]:
+    if args.recipe_steps:
         print(f"recipe alone: exit {record['recipe']['returncode']}, {record['recipe']['steps']} steps logged, "
               f"first step {record['recipe']['first_step']}")
     print(f"wrote {args.out / 'results.json'} in {record['total_s']:.0f} s")
