@@ -492,9 +492,10 @@ def test_the_benchmark_writes_what_its_reader_reads(tmp_path, monkeypatch):
     assert record["parts"]["trained"]["stated"]["problems"] == 1 and record["train"]["calls_by_kind"]["ok"] == 2.0
 
 
-def test_the_committed_gpu_record_is_what_the_course_run_printed():
-    """benchmarks/tools_smollm2/results.json is read from the GPU course's executed notebook 10: written again from
-    the committed copy it is the same record, and every change it holds is a line that copy printed."""
+def test_the_course_record_is_what_the_course_run_printed():
+    """benchmarks/tools_smollm2/course_record.json is read from the GPU course's executed notebook 10 (the lesson
+    before it held problem types out): written again from the committed copy it is the same record, and every change
+    it holds is a line that copy printed."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks" / "tools_smollm2"))
     try:
         import from_course
@@ -502,10 +503,20 @@ def test_the_committed_gpu_record_is_what_the_course_run_printed():
         sys.path.pop(0)
     course = REPO_ROOT / "benchmarks" / "course_gpu" / "results"
     body = from_course.record(course, REPO_ROOT / "benchmarks" / "tools_smollm2" / "course_run", "SmolLM2-135M-Instruct")
-    assert json.loads(json.dumps(body)) == json.loads(tool_lesson.TOOLS_SMOLLM2_FILE.read_text(encoding="utf-8"))
+    recorded = REPO_ROOT / "benchmarks" / "tools_smollm2" / "course_record.json"
+    assert json.loads(json.dumps(body)) == json.loads(recorded.read_text(encoding="utf-8"))
     printed = {line for _, line in from_course.printed_lines(json.loads((course / from_course.NOTEBOOK).read_text()))}
-    run = tool_lesson.committed_tool_run()
+    run = tool_lesson.committed_tool_run(recorded)
     assert not run.unseen and run.learned is None  # a run of the lesson before it held problem types out
     for gain in run.gains.values():  # a record of before the paired counts: each share as that copy printed it
         assert gain.gain is None and any(line.startswith(gain.what) for line in printed), gain.what
         assert "standard errors" not in gain.describe() and "interval" in gain.describe()
+
+
+def test_the_committed_gpu_run_is_of_the_lesson_as_it_is():
+    """results.json (run.py on a GPU) evaluated the unseen and the stated problems apart, with every change's counts."""
+    run = tool_lesson.committed_tool_run()
+    assert run.unseen and run.learned is not None and set(run.gains) == set(tool_use.GAINS)
+    assert all(gain.gain is not None for gain in run.gains.values())
+    checked = run.gains[tool_use.CHECKED].gain
+    assert run.learned == (checked.up > checked.down and checked.standard_errors >= 2)

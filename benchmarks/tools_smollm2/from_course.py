@@ -1,4 +1,5 @@
-"""The tool lesson's record (``results.json``, the file ``run.py`` writes) read from the GPU course's run of notebook 10.
+"""The tool lesson's record (``course_record.json``, in the form ``run.py`` writes) read from the GPU course's run of
+notebook 10.
 
 The whole course on the H200 runs notebook 10 with the ``gpu`` profile's lesson, the same code ``run.py`` calls; its
 executed copy (``benchmarks/course_gpu/results/10_tools.ipynb``) prints every evaluation's summary and every paired
@@ -9,7 +10,7 @@ lines as the lesson printed them before it held problem types out (shares ± sta
 is recorded by ``run.py``, whose record keeps each part of every evaluation.
 
     python benchmarks/tools_smollm2/from_course.py --course benchmarks/course_gpu/results \\
-        --run benchmarks/tools_smollm2/course_run --out benchmarks/tools_smollm2/results.json
+        --run benchmarks/tools_smollm2/course_run --out benchmarks/tools_smollm2/course_record.json
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--course", type=Path, required=True, help="the GPU course's folder of executed copies")
     parser.add_argument("--run", type=Path, required=True, help="notebook 10's GRPO run folder (config, metrics)")
-    parser.add_argument("--out", type=Path, required=True, help="the results.json to write")
+    parser.add_argument("--out", type=Path, required=True, help="the record to write (course_record.json)")
     parser.add_argument("--model-name", default="SmolLM2-135M-Instruct",
                         help="the base model's name (the converted model's manifest: benchmarks/grpo_smollm2)")
     args = parser.parse_args(argv)
