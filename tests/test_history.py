@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "grpo_lab"
-FILES = sorted(PACKAGE.rglob("*.py"))
+FILES = sorted([*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.txt")])  # code and the stack files shipped with it
 
 _MONTH = (r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sep(?:t(?:ember)?)?"
           r"|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)")
