@@ -227,6 +227,19 @@ def _sharing_equally(rng: random.Random, lang: str) -> Problem:
                    key=("sharing_equally", total, children))
 
 
+def stated_problem(rng: random.Random, lang: str) -> Problem:
+    """A problem whose answer the question states beside a second number (no calculation: its working is the number
+    itself, ``"7 pens"``); type ``"stated"``, not one of the shipped splits' :data:`PROBLEM_TYPES`."""
+    name = _pick(rng, _NAMES[lang])
+    (_, asked, asked_measure, asked_noun), (_, other, other_measure, other_noun) = rng.sample(_ITEMS, 2)
+    value, distractor = rng.randint(2, 40), rng.randint(2, 40)
+    question, unit = ((f"{name} has {value} {asked} and {distractor} {other}. How many {asked} does {name} have?",
+                       asked) if lang == "en" else
+                      (f"{name}有{value}{asked_measure}{asked_noun}和{distractor}{other_measure}{other_noun}。"
+                       f"{name}有多少{asked_measure}{asked_noun}？", asked_measure))
+    return Problem("stated", lang, question, value, unit, f"{value} {unit}", key=("stated", name, value, distractor))
+
+
 PROBLEM_MAKERS: dict[str, Callable[[random.Random, str], Problem]] = {
     maker.__name__.lstrip("_"): maker for maker in (
         _speed_distance, _rectangle_area, _rectangle_perimeter, _price_quantity, _change_money, _work_rate, _average,

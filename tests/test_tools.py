@@ -398,6 +398,8 @@ def test_every_profiles_lesson_resolves(monkeypatch, tmp_path):
     assert Path(tiny.output_dir).parent == tmp_path / "tools"
     gpu = tool_use.LESSONS["gpu"].config("Qwen/Qwen2.5-0.5B-Instruct", profile="gpu").resolve(Machine("cuda", True, 140))
     assert gpu.use_vllm and gpu.tools == ("calculator",) and gpu.rewards == ("correctness", "tool_call_cost")
+    with pytest.deprecated_call(match="LESSONS"):
+        assert len(tool_use.model_rows(TINY_MODEL_DIR, "eval", 10)) == 10  # the shim still returns what it did
     problems = tool_use.LESSONS["tiny"].problems(())
     assert len(problems.unseen) == 64 and {row["lang"] for row in problems.unseen} == {"en", "zh"}
 

@@ -24,7 +24,7 @@ Modules: :mod:`.tasks`, :mod:`.traces`, :mod:`.priming` (the SFT step), :mod:`.l
 from __future__ import annotations
 
 __all__ = ["CHECKED", "LESSONS", "PARTS", "STAGES", "evaluate_tool_use", "expression_form", "grpo_learned",
-           "lesson_gains", "part", "prime", "trace"]
+           "lesson_gains", "model_rows", "part", "prime", "trace"]
 
 # What user code may use is __all__ above; the other names imported here serve the package's own modules, its tests and
 # the lab, and may change without notice.
@@ -37,6 +37,7 @@ from grpo_lab.tool_use.lesson import (
     ToolLesson,
     grpo_learned,
     lesson_gains,
+    model_rows,
     part,
 )
 from grpo_lab.tool_use.loop import (

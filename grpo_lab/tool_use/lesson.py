@@ -3,14 +3,16 @@ the verdict on GRPO's own part."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from grpo_lab import runs
+from grpo_lab.data import load_split
 from grpo_lab.evaluation import Gain
-from grpo_lab.experiment import TrainConfig
+from grpo_lab.experiment import TrainConfig, model_languages
 from grpo_lab.tool_use.loop import ToolUseReport, paired_gain
 from grpo_lab.tool_use.priming import PrimingConfig
 from grpo_lab.tool_use.tasks import STATED_TYPE, LessonProblems, lesson_problems
@@ -98,8 +100,10 @@ def lesson_gains(reports: dict[str, ToolUseReport]) -> dict[str, Gain]:
     problems."""
     gains = {}
     for what, (old, new, measure, name) in GAINS.items():
-        if old in reports and new in reports and part(reports[old], name).count:
-            gains[what] = paired_gain(what, part(reports[old], name), part(reports[new], name), measure)
+        if old in reports and new in reports:
+            before, after = part(reports[old], name), part(reports[new], name)
+            if before.count:
+                gains[what] = paired_gain(what, before, after, measure)
     return gains
 
 
@@ -108,3 +112,13 @@ def grpo_learned(gains: dict[str, Gain], standard_errors: float = 2.0) -> bool:
     of its paired counts (a run that only primed, or one where GRPO made it worse, does not)."""
     checked = gains[CHECKED]
     return checked.up > checked.down and checked.standard_errors >= standard_errors
+
+
+def model_rows(model: str | Path, split: str, size: int | None = None) -> list[dict[str, Any]]:
+    """Deprecated: the lesson's problems are ``LESSONS[profile].problems(languages)``. The first ``size`` rows of a
+    shipped split in the languages the model's manifest names (all without one), as before."""
+    warnings.warn("tool_use.model_rows is deprecated: the lesson's problems are "
+                  "tool_use.LESSONS[profile].problems(languages); a split's rows are data.load_split(split)",
+                  DeprecationWarning, stacklevel=2)
+    languages = model_languages(str(model))
+    return [row for row in load_split(split) if not languages or row["lang"] in languages][:size]

@@ -118,10 +118,8 @@ class ToolUseReport:
         ran = f"{d['calls_ran_share']:.1%} {interval_text(d['calls_ran_share'], d['calls'])}" if d["calls"] else "none"
         return (f"{self.label} ({'tool offered' if self.offered else 'no tool'}, {self.count} problems): calls the "
                 f"tool {d['tool_call_share']:.1%} {interval_text(d['tool_call_share'], self.count)}; {d['calls']} "
-                f"calls, "
-                f"{ran} parsed and ran; tool errors: {errors}; {d['capped']} capped; accuracy {d['accuracy']:.1%} "
-                f"{interval_text(d['accuracy'], self.count)}")
-
+                f"calls, {ran} parsed and ran; tool errors: {errors}; {d['capped']} capped; accuracy "
+                f"{d['accuracy']:.1%} {interval_text(d['accuracy'], self.count)}")
 
 
 def paired_gain(what: str, before: ToolUseReport, after: ToolUseReport, measure: str) -> Gain:

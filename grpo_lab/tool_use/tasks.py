@@ -19,20 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_lab.data import ANSWER_MARKER, INSTRUCTION, LANGS, load_split
+from grpo_lab.data import LANGS, load_split, stated_problem
 from grpo_lab.errors import ConfigError
 
 UNSEEN_TYPES: tuple[str, ...] = ("work_rate", "average", "change_money", "age_difference")
 """Problem types the lesson never trains on: their calculation forms (``(N + N) × N``, ``(N + N + N) ÷ N``,
 ``N - N``) belong to no trained type."""
 STATED_TYPE = "stated"
-"""The ``type`` of a problem whose answer the question states."""
-
-_NAMES = {"en": ("Tom", "Anna", "Ben", "Lily", "Sam", "Mia"),
-          "zh": ("小明", "小红", "小华", "小丽", "小刚", "小芳")}
-# (english plural, chinese measure word, chinese noun)
-_THINGS = (("pens", "支", "笔"), ("books", "本", "书"), ("apples", "个", "苹果"), ("tickets", "张", "票"),
-           ("cups", "个", "杯子"))
+"""The ``type`` of a problem whose answer the question states (``data.stated_problem``)."""
 
 
 def expression_form(row: dict[str, Any]) -> str:
@@ -52,23 +46,8 @@ def stated_rows(count: int, seed: int, languages: Sequence[str] = LANGS, id_pref
     if unknown or count < 0:
         raise ConfigError(f"stated_rows: count must be >= 0 and languages from {list(LANGS)}, got {count}, {unknown}")
     rng = random.Random(seed)
-    rows = []
-    for index in range(count):
-        lang = languages[index % len(languages)]
-        name = rng.choice(_NAMES[lang])
-        (asked, asked_measure, asked_noun), (other, other_measure, other_noun) = rng.sample(_THINGS, 2)
-        value, distractor = rng.randint(2, 40), rng.randint(2, 40)
-        if lang == "en":
-            question = f"{name} has {value} {asked} and {distractor} {other}. How many {asked} does {name} have?"
-            unit = asked
-        else:
-            question = (f"{name}有{value}{asked_measure}{asked_noun}和{distractor}{other_measure}{other_noun}。"
-                        f"{name}有多少{asked_measure}{asked_noun}？")
-            unit = asked_measure
-        rows.append({"id": f"{id_prefix}-{index:05d}", "type": STATED_TYPE, "lang": lang,
-                     "prompt": [{"role": "user", "content": f"{question}\n{INSTRUCTION[lang]}"}],
-                     "answer": str(value), "unit": unit, "completion": f"{value} {unit}\n{ANSWER_MARKER}{value}"})
-    return rows
+    return [stated_problem(rng, languages[index % len(languages)]).to_row(f"{id_prefix}-{index:05d}")
+            for index in range(count)]
 
 
 @dataclass(frozen=True)
