@@ -160,16 +160,22 @@ def check_dtype(config: DoctorConfig) -> Check:
     return Check("dtype", "pass", f"{dtype} on {kind}")
 
 
-def check_allocator() -> Check:
+def check_allocator(config: DoctorConfig) -> Check:
     wanted = device.allocator_env(device.detect())
     if not wanted:
         return Check("allocator", "pass", "CPU: no device allocator to tune")
     (var, value), = wanted.items()
-    current = os.environ.get(var)
-    if current and "expandable_segments:True" in current:
-        return Check("allocator", "pass", f"{var}={current}")
-    return Check("allocator", "warn", f"{var} is {current or 'unset'}: colocated vLLM and training fragment memory",
-                 f"export {var}={value} before starting Python (device.apply_allocator_env() does it)")
+    expandable = "expandable_segments:True" in os.environ.get(var, "")
+    if config.experiment.vllm_enable_sleep_mode:  # vLLM's memory pool refuses expandable segments (its assert)
+        if expandable:
+            return Check("allocator", "fail", f"{var} has expandable_segments:True, which vLLM's sleep mode refuses: "
+                                              "its engine stops as it starts", f"unset {var} before starting Python")
+        return Check("allocator", "pass", f"{var} without expandable segments, as vLLM's sleep mode needs")
+    if expandable:
+        return Check("allocator", "pass", f"{var}={os.environ[var]}")
+    return Check("allocator", "pass", f"{var} unset: PyTorch's default allocator (where a run fails with much memory "
+                                      f"reserved but unallocated, export {var}={value} before starting Python; never "
+                                      "with vLLM's sleep mode)")
 
 
 def check_prefix_caching(config: DoctorConfig) -> Check:
@@ -313,7 +319,7 @@ def run_checks(config: DoctorConfig | None = None) -> list[Check]:
               ("device memory", check_device_memory), ("vllm", check_vllm), ("python bytecode", check_bytecode),
               ("memory plan", lambda: check_memory(config)), ("tokenizer", lambda: check_tokenizer(config)),
               ("dtype", lambda: check_dtype(config)), ("prefix caching", lambda: check_prefix_caching(config)),
-              ("allocator", check_allocator), ("serving", lambda: check_serving(config)),
+              ("allocator", lambda: check_allocator(config)), ("serving", lambda: check_serving(config)),
               ("vllm processes", check_vllm_processes)]
     return [_guard(name, fn) for name, fn in checks]
 

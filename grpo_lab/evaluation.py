@@ -8,12 +8,13 @@ the row's answer): the rule the correctness reward trains with.
 from __future__ import annotations
 
 __all__ = [
-    "GREEDY_MEASURES", "Evaluation", "Gain", "compare", "describe_change", "describe_reward_gap", "evaluate",
-    "greedy_followed", "greedy_gain", "interval_text", "side_by_side", "subset", "trained_conclusions",
-    "verdict_counts",
+    "GREEDY_MEASURES", "Evaluation", "Gain", "SeedSpread", "compare", "describe_change", "describe_reward_gap",
+    "evaluate", "greedy_followed", "greedy_gain", "greedy_gains", "interval_text", "side_by_side", "subset",
+    "trained_conclusions", "verdict_counts",
 ]
 
 import dataclasses
+import json
 import math
 import time
 from collections import defaultdict
@@ -25,6 +26,7 @@ from typing import Any
 from grpo_lab.errors import ConfigError
 from grpo_lab.rewards import FormatReward, is_correct, is_correct_lenient
 from grpo_lab.rollout import RolloutEngine, Sampling, open_engine
+from grpo_lab.runs import EVALUATION_FILE
 
 METRICS = ("greedy", "sampled_pass_at_1", "pass_at_k")
 METRIC_LABELS = {"greedy": "greedy accuracy", "sampled_pass_at_1": "pass@1", "pass_at_k": "pass@k"}
@@ -92,6 +94,22 @@ class Evaluation:
         """``"vllm: engine start 41 s, sampling 12 s"``."""
         return (f"{self.backend}: engine start {self.engine_start_seconds:.0f} s, sampling "
                 f"{self.seconds - self.engine_start_seconds:.0f} s")
+
+    def save(self, path: str | Path) -> Path:
+        """Write the evaluation, completions included, as JSON (:meth:`load` reads it back)."""
+        path = Path(path)
+        path.write_text(json.dumps(asdict(self), ensure_ascii=False) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Evaluation:
+        """An evaluation :meth:`save` wrote; a run folder: its ``evaluation.json`` (``grpo-lab train --evaluate``)."""
+        path = Path(path) / EVALUATION_FILE if Path(path).is_dir() else Path(path)
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"no evaluation at {path}: grpo-lab train --evaluate N writes one") from None
+        return cls(**{**values, "report": AccuracyReport(**values["report"])})
 
 
 def evaluate(model: str | Path, rows: Sequence[dict[str, Any]], num_samples: int = 8, temperature: float = 1.0,
@@ -334,6 +352,51 @@ def greedy_gain(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evalu
     if not pairs:
         raise ConfigError(f"no evaluated problem is of the types {list(types or [])}")
     return Gain.from_pairs(GREEDY_LABELS[measure], pairs)
+
+
+def greedy_gains(rows: Sequence[dict[str, Any]], before: Evaluation, after: Evaluation,
+                 keep: Sequence[bool] | None = None) -> dict[str, Gain]:
+    """Every :data:`GREEDY_MEASURES` gain (strict, lenient, format) over the rows where ``keep`` is true (all if None):
+    the same problems before and after, so learning the format alone cannot pass for learning the arithmetic."""
+    keep = list(keep) if keep is not None else [True] * len(rows)
+    chosen = [row for row, kept in zip(rows, keep, strict=True) if kept]
+    pair = [subset(rows, evaluation, keep) for evaluation in (before, after)]
+    return {measure: greedy_gain(chosen, *pair, measure) for measure in GREEDY_MEASURES}
+
+
+@dataclass(frozen=True)
+class SeedSpread:
+    """One measure's paired gain in runs that differ only by their seed, each against the same "before": how far
+    chance alone moves a run's result, and whether the gain holds in every seed."""
+
+    gains: dict[int, Gain]
+    """Each seed's gain, by seed."""
+
+    def __post_init__(self) -> None:
+        if not self.gains:
+            raise ConfigError("SeedSpread needs the gain of at least one seed")
+
+    @property
+    def min_standard_errors(self) -> float:
+        """The smallest gain in standard errors of the paired counts: the one the seeds all reach."""
+        return min(gain.standard_errors for gain in self.gains.values())
+
+    def lines(self) -> list[str]:
+        """Each seed's gain, then the headline over them (one seed: no spread measured)."""
+        lines = [f"seed {seed}: {gain.describe()}" for seed, gain in sorted(self.gains.items())]
+        gains = list(self.gains.values())
+        if len(gains) == 1:
+            return [*lines, "one seed: how far another draw would land is not measured here (GRPO_LAB_SEEDS=2 trains "
+                            "a second)"]
+        points = [gain.points for gain in gains]
+        afters = [gain.after for gain in gains]
+        errors = [gain.standard_errors for gain in gains]
+        holds = sum(e >= 2 for e in errors)
+        return [*lines, f"over {len(gains)} seeds: {gains[0].what} {gains[0].before:.1%} → "
+                        f"{', '.join(f'{a:.1%}' for a in afters)}; gains {min(points):+.1f} to {max(points):+.1f} "
+                        f"points ({min(errors):+.1f} to {max(errors):+.1f} standard errors), up by two standard errors "
+                        f"in {holds} of {len(gains)}; the seeds land {100 * (max(afters) - min(afters)):.1f} points "
+                        f"apart"]
 
 
 def greedy_followed(before: AccuracyReport, after: AccuracyReport, trained_types: Sequence[str]) -> list[str]:

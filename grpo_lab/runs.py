@@ -41,6 +41,10 @@ CHECKPOINTS = "checkpoints"
 FINAL = "final"
 """The folder of a run that holds its final model."""
 ADAPTER = "adapter"
+EVALUATION_FILE = "evaluation.json"
+"""A run's final model evaluated on held-out problems (``grpo-lab train --evaluate N``; ``Evaluation.load``)."""
+SEEDS = "seeds"
+"""The folder of a run that holds the same run trained again with other seeds (``TrainResult.train_again``)."""
 PARTIAL = ".partial"  # folder of a run where checkpoints and ``final/`` are written before they are renamed into place
 CHECKPOINT_FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
 

@@ -14,7 +14,10 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -23,9 +26,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import device, env, experiment, lora, runs
+from grpo_lab import device, env, evaluation, experiment, lora, runs
 from grpo_lab.callbacks import MetricsLogger, StepClock, TimeBudget  # noqa: F401  (StepClock: callers')
-from grpo_lab.data import to_dataset
+from grpo_lab.data import load_split, to_dataset
 from grpo_lab.device import Machine
 from grpo_lab.errors import ConfigError, GrpoLabError
 from grpo_lab.experiment import Plan, TrainConfig, plan
@@ -101,6 +104,37 @@ class TrainResult:
         values = [r[key] for r in self.metrics if key in r]
         values = values[:first] if first else values[-last:] if last else values
         return sum(values) / len(values) if values else float("nan")
+
+    def release(self) -> None:
+        """Hand the device back: the trainer's models, optimizer and colocated engine go (the run folder stays);
+        :meth:`rollout_engine` has none to lend after this."""
+        if self.trainer is not None:
+            self.trainer.release()
+        self.trainer = None
+
+    def train_again(self, seed: int, evaluate: int | None = None) -> Path:
+        """This run again with another ``seed``, in a process of its own (``grpo-lab train --config RUN --seed S``:
+        nothing of this process's trainer or engine is shared, so :meth:`release` this one first on a small device),
+        into ``<run>/seeds/seed-S``; ``evaluate=N``: then its final model on the first N held-out problems (0: all),
+        as this run's evaluation did, saved there as ``evaluation.json`` (``Evaluation.load``). Its output goes to
+        ``seed-S.log`` beside it; the folder is returned."""
+        folder = self.run_dir / runs.SEEDS / f"seed-{seed}"
+        command = [sys.executable, "-m", "grpo_lab.cli", "train", "--config", str(self.run_dir), "--seed", str(seed),
+                   "--output-dir", str(folder), *(["--evaluate", str(evaluate)] if evaluate is not None else [])]
+        log = folder.with_name(f"{folder.name}.log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        print("$ grpo-lab " + " ".join(command[3:]) + f"   (its output: {log})", flush=True)
+        with log.open("w", encoding="utf-8") as output:
+            code = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, check=False,
+                                  env={**os.environ, "TQDM_DISABLE": "1"}).returncode
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        if code:
+            raise GrpoLabError(f"the run with seed {seed} failed (exit {code}); the end of {log}:\n"
+                               + "\n".join(lines[-30:]))
+        for line in lines:
+            if line.startswith(CLI_SUMMARY_PREFIXES):
+                print("  " + line)
+        return folder
 
 
 def build_trainer(plan: Plan, callbacks: Sequence[Any] = (), reward_funcs: Sequence[Callable] | None = None):
@@ -283,9 +317,20 @@ def _parse_value(annotation: str, text: str) -> Any:
     return text
 
 
+CLI_SUMMARY_PREFIXES = ("GRPO:", "Rollouts:", "LoRA:", "done:", "evaluated ")
+"""The lines of ``grpo-lab train``'s output that say what it did (:meth:`TrainResult.train_again` shows them)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """One ``--option`` per :class:`TrainConfig` field but ``device`` (the machine it runs on)."""
+    """One ``--option`` per :class:`TrainConfig` field but ``device`` (the machine it runs on), plus ``--config`` and
+    ``--evaluate``."""
     parser = argparse.ArgumentParser(prog="grpo-lab train", description="GRPO training with TRL (see grpo_lab.train).")
+    parser.add_argument("--config", dest="config_from", metavar="RUN_OR_JSON", default=None,
+                        help="start from a run folder's experiment (its config.json) or a JSON file of TrainConfig "
+                             "fields; the options given override it; a run folder's output_dir is not reused")
+    parser.add_argument("--evaluate", type=int, metavar="N", default=None,
+                        help="after training, evaluate final/ on the first N held-out problems (0: all) with the "
+                             "run's own engine; written to RUN/evaluation.json")
     for item in fields(TrainConfig):
         if item.name == "device":
             continue
@@ -299,15 +344,33 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``grpo-lab train [--profile tiny] [--max-steps N] …``: train, print where the run folder is."""
     args = build_parser().parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if v is not dataclasses.MISSING}
+    options = vars(args)
+    config_from, evaluate_size = options.pop("config_from"), options.pop("evaluate")
+    overrides = {k: v for k, v in options.items() if v is not dataclasses.MISSING}
     overrides.setdefault("live_plot", False)
     try:
-        result = train(TrainConfig(**overrides))
+        if evaluate_size is not None and evaluate_size < 0:
+            raise ConfigError(f"--evaluate {evaluate_size}: give a number of held-out problems (0: all of them)")
+        base = TrainConfig.from_file(config_from) if config_from else TrainConfig()
+        if config_from:  # the experiment again, in a new folder unless one is given
+            base = dataclasses.replace(base, output_dir=None, resume_from_checkpoint=None)
+        config = dataclasses.replace(base, **overrides)
+        if evaluate_size is not None and config.dataset is not None:
+            raise ConfigError("--evaluate scores the course's held-out split, not your dataset's: evaluate a run on "
+                              "your own data with grpo_lab.evaluation.evaluate")
+        result = train(config)
     except (GrpoLabError, ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"grpo-lab train: {error}")
         return 2
     print(f"done: {result.global_step} steps in {result.seconds:.0f} s; run folder {result.run_dir}, "
           f"final model {result.final_model_dir}")
+    if evaluate_size is not None:
+        rows = load_split("eval")[:evaluate_size or None]
+        after = evaluation.evaluate(result.final_model_dir, rows, max_tokens=result.config.max_completion_length,
+                                    backend=result.config.rollout_backend, engine=result.rollout_engine())
+        path = after.save(result.run_dir / runs.EVALUATION_FILE)
+        print(f"evaluated {len(rows)} held-out problems ({after.timing()}): greedy accuracy "
+              f"{after.report.greedy:.1%}; {path}")
     return 0
 
 

@@ -118,3 +118,23 @@ def test_the_symptom_table_covers_the_write_ups_rows_and_names_real_checks():
     oom = next(s for s in doctor.SYMPTOMS if s.symptom.startswith("out of memory"))
     positions = [oom.fix.index(knob) for knob in memory.KNOBS_IN_ORDER]  # the levers, in the planner's order
     assert positions == sorted(positions) and "LoRA (use_peft=True" in oom.fix
+
+
+@pytest.mark.parametrize("sleep, value, status", [
+    (False, None, "pass"),  # PyTorch's default: advice, not a warning (notebook 00 sets it only in its own kernel)
+    (False, "expandable_segments:True", "pass"),
+    (True, "expandable_segments:True", "fail"),  # vLLM's sleep mode refuses it as its engine starts
+    (True, None, "pass"),
+])
+def test_the_allocator_check_follows_vllms_sleep_mode(monkeypatch, sleep, value, status):
+    from grpo_lab import device
+
+    monkeypatch.setattr(device, "detect", lambda: "cuda")
+    if value is None:
+        monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    else:
+        monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", value)
+    experiment = TrainConfig(profile="gpu", vllm_enable_sleep_mode=sleep)
+    check = doctor.check_allocator(doctor.DoctorConfig(experiment))
+    assert check.status == status, check
+    assert ("sleep mode" in check.detail) == (sleep or value is None)

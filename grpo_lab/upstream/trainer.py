@@ -11,6 +11,7 @@ import functools
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ from grpo_lab.errors import NAN_ADVICE, TrainingDivergedError
 from grpo_lab.memory import CPU_KV_CACHE_GIB
 from grpo_lab.rewards import RewardValidationError, ValidatedReward
 from grpo_lab.upstream.transformers import quiet_progress, trackio_without_dashboard
-from grpo_lab.upstream.vllm import AdapterSync, Engine, engine_lora_arguments, reload_weights, vllm_runs_on_cpu
+from grpo_lab.upstream.vllm import (AdapterSync, Engine, engine_lora_arguments, reload_weights, shutdown_engine,
+                                   vllm_runs_on_cpu)
 
 __all__ = ["GRPOLabTrainer", "reads_sampling_logprobs"]
 
@@ -93,6 +95,10 @@ class _ColocatedGeneration:
                 self._generation.sync_weights()
         self.asleep = False
 
+    def drop_engine(self) -> None:
+        """Let go of the engine once it is shut down: TRL's reference to it and this wrapper's."""
+        self.engine.llm = self._generation.llm = None
+
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         if self.asleep:  # TRL thinks the weights are awake: push them as it would
             self.sync_weights()
@@ -153,6 +159,21 @@ class GRPOLabTrainer(GRPOTrainer):
         if self.args.vllm_enable_sleep_mode:
             self.vllm_generation.engine.sleep(level=2)
             self.vllm_generation.asleep = True
+
+    def release(self) -> None:
+        """Give the device back once done: the colocated engine shut down, the models and optimizer dropped."""
+        generation = self.vllm_generation if self.args.use_vllm else None
+        if isinstance(generation, _ColocatedGeneration) and generation.engine.llm is not None:
+            try:
+                shutdown_engine(generation.engine.llm)
+            except Exception as error:  # noqa: BLE001 - what it held is dropped below either way
+                warnings.warn(f"vLLM's engine did not shut down cleanly ({type(error).__name__}: {error}); its "
+                              f"memory goes when the process ends", stacklevel=2)
+            generation.drop_engine()
+        self.adapter_sync = None  # it holds the engine too
+        self.accelerator.free_memory()
+        self.model = self.model_wrapped = self.ref_model = self.optimizer = self.lr_scheduler = None
+        device.release_memory(self.args.device.type)
 
     # ---- timings ------------------------------------------------------------------------------------
     def _add_time(self, key: str, seconds: float) -> None:
