@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, after the bundle and the model are staged (benchmarks/course_gpu/README.md's calls): from a copy
-# of the project, detached, the deliverable rows under a 16 GiB card (run.py), then notebooks 03-05 under the same cap
-# (benchmarks/course_gpu/run.sh); `wait` collects both into $OUT.
+# of the project, detached, the deliverable rows under a 16 GiB card (run.py), then notebooks 03-05 (or every notebook:
+# DELIVERABLE_NOTEBOOKS=all) under the same cap (benchmarks/course_gpu/run.sh); `wait` collects both into $OUT.
 #
 #   GRPO_LAB_COMMIT=<sha> bash benchmarks/deliverable/gpu.sh start
 #   DELIVERABLE_COURSE=0 DELIVERABLE_ARGS="--eval-size 200" ... start   # the rows alone, 200 held-out problems
@@ -10,6 +10,9 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 WORK=/tmp/deliverable-gpu
 CAP=${DELIVERABLE_CAP_GIB:-16}
+# the course's notebooks after the rows: 03-05 (05 deploys what 03 trained), or DELIVERABLE_NOTEBOOKS=all: every one
+NOTEBOOKS=${DELIVERABLE_NOTEBOOKS:-notebooks/03_grpo_training.ipynb notebooks/04_memory_budget.ipynb notebooks/05_deployment.ipynb}
+[ "$NOTEBOOKS" = all ] && NOTEBOOKS=
 case ${1:-} in
   start)
     rm -rf /tmp/repo-run "$WORK" && mkdir -p /tmp/repo-run "$WORK" && cp -a . /tmp/repo-run/ && rm -rf /tmp/repo-run/.wheels
@@ -26,8 +29,7 @@ case ${1:-} in
         echo \"\$kind \$?\" >> $WORK/rows.exit; recipe_steps=0
       done
       if [ \"${DELIVERABLE_COURSE:-1}\" = 0 ]; then echo done > $WORK/done; exit 0; fi
-      COURSE=$WORK/course COURSE_CAP_GIB=$CAP COURSE_NOTEBOOKS='notebooks/03_grpo_training.ipynb notebooks/04_memory_budget.ipynb notebooks/05_deployment.ipynb' \
-        bash benchmarks/course_gpu/run.sh foreground-no-pack
+      COURSE=$WORK/course COURSE_CAP_GIB=$CAP COURSE_NOTEBOOKS='$NOTEBOOKS' bash benchmarks/course_gpu/run.sh foreground-no-pack
       recipe=\$(ls -t $WORK/course/grpo-*/trl_recipe.py 2>/dev/null | head -1)
       if [ -n \"\$recipe\" ]; then  # notebook 03's run as stock TRL, where grpo_lab cannot be imported
         (cd / && env -u GRPO_LAB_DEVICE_MEMORY_GIB PYTHONPATH=/tmp/grpo-gpu-site python3 -c 'import grpo_lab' \
