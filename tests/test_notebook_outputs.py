@@ -270,13 +270,22 @@ def _latest_partial_gpu_run() -> Path:
     return folders[-1].parent
 
 
+def _finished_notebooks(folder: Path) -> list[str]:
+    """The notebooks a course run finished, ok or failed: its summary's, or, for a course cut short before writing
+    one, those its runner's log gives an outcome ("running X ..." then "ok in" / "failed in")."""
+    if (folder / "summary.json").is_file():
+        return [row["notebook"] for row in json.loads((folder / "summary.json").read_text())]
+    log = (folder / "course.log").read_text(encoding="utf-8")
+    return re.findall(r"^running (\S+\.ipynb) \.\.\.\n\s+(?:ok|failed) in ", log, flags=re.MULTILINE)
+
+
 @pytest.mark.parametrize("rule", list(RULES))
 def test_the_latest_partial_gpu_run_follows_the_rule(rule):
     """The newest GPU run of some notebooks (the rules as they are now: older runs record what they showed then)."""
     folder = _latest_partial_gpu_run()
     names = json.loads((folder / "run.json").read_text())["notebooks"]
-    if names == ["all"]:  # a whole course of its day, superseded by results/: the notebooks its summary lists
-        names = [row["notebook"] for row in json.loads((folder / "summary.json").read_text())]
+    if names == ["all"]:  # a whole course, superseded by results/ or cut short: the notebooks its runner finished
+        names = _finished_notebooks(folder)
     notebooks = {path.name: nbformat.read(path, as_version=4) for path in sorted(folder.glob("[0-9][0-9]_*.ipynb"))}
     assert sorted(notebooks) == sorted(Path(name).name for name in names), "an executed copy is missing"
     assert all(_was_executed(nb) for nb in notebooks.values())
@@ -534,6 +543,12 @@ def test_the_committed_gpu_run_is_true_on_its_device():
         assert known, f"{check} in {notebook} is no longer found: take it off COMMITTED_RUN_DEFECTS"
         found[check][notebook] = [problem for problem in found[check][notebook] if problem not in known]
     _report_pages(f"the committed GPU run ({GPU_RUN_DIR.name}/)", found)
+
+
+def test_the_latest_partial_gpu_run_is_true_on_its_device():
+    """The newest GPU run of some notebooks has no page defect either (the checks as they are now)."""
+    folder = _latest_partial_gpu_run()
+    _report_pages(f"the latest partial GPU run ({folder.name}/)", page_problems(folder))
 
 
 def _report_pages(what: str, found: dict[str, dict[str, list[str]]]) -> None:
