@@ -224,21 +224,22 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = CELL_TIMEOUT_S) -> 
 
 def run_course(out_dir: Path, notebooks: list[Path] | None = None, keep_going: bool = False,
                cell_timeout_s: int = CELL_TIMEOUT_S) -> list[NotebookResult]:
-    """Run the notebooks in order, stopping after a failure unless ``keep_going``; write ``summary.json``."""
+    """Run the notebooks in order, stopping after a failure unless ``keep_going``; ``summary.json`` is written after
+    each notebook, so a course stopped half-way keeps the rows of those it finished."""
     out_dir.mkdir(parents=True, exist_ok=True)
     os.environ[runs.RUN_DIR_ENV] = str(out_dir.resolve())
-    results: list[NotebookResult] = []
-    for path in notebooks or course_notebooks():
-        if results and results[-1].status != "ok" and not keep_going:
-            results.append(NotebookResult(path.name, "not run", 0.0))
-            continue
-        print(f"running {path.name} ...", flush=True)
-        results.append(run_notebook(path, out_dir, cell_timeout_s))
-        print(f"  {results[-1].status} in {results[-1].seconds:.0f} s", flush=True)
     path = out_dir / "summary.json"  # keeps the rows of notebooks not run this time
     summary = {row["notebook"]: row for row in (json.loads(path.read_text()) if path.is_file() else [])}
-    summary.update({r.notebook: asdict(r) for r in results})
-    path.write_text(json.dumps([summary[name] for name in sorted(summary)], indent=2))
+    results: list[NotebookResult] = []
+    for notebook in notebooks or course_notebooks():
+        if results and results[-1].status != "ok" and not keep_going:
+            results.append(NotebookResult(notebook.name, "not run", 0.0))
+        else:
+            print(f"running {notebook.name} ...", flush=True)
+            results.append(run_notebook(notebook, out_dir, cell_timeout_s))
+            print(f"  {results[-1].status} in {results[-1].seconds:.0f} s", flush=True)
+        summary[results[-1].notebook] = asdict(results[-1])
+        path.write_text(json.dumps([summary[name] for name in sorted(summary)], indent=2))
     return results
 
 

@@ -50,6 +50,28 @@ def test_runs_in_order_and_stops_after_a_failure(tmp_path, monkeypatch):
         ("00_ok.ipynb", "ok"), ("01_fail.ipynb", "failed"), ("02_later.ipynb", "ok")]
 
 
+def test_a_course_stopped_half_way_keeps_the_rows_it_finished(tmp_path, monkeypatch):
+    """A GPU session that runs out of time ends the course during a notebook: the summary holds those before it."""
+    monkeypatch.delenv(runs.RUN_DIR_ENV, raising=False)
+    src = tmp_path / "nbs"
+    src.mkdir()
+    first = write_notebook(src / "00_ok.ipynb", "print('done')")
+    second = write_notebook(src / "01_long.ipynb", "print('never ends')")
+    finished = course.run_notebook
+
+    def stopped(path, *args, **kwargs):
+        if path == second:
+            raise KeyboardInterrupt("the machine went back")
+        return finished(path, *args, **kwargs)
+
+    monkeypatch.setattr(course, "run_notebook", stopped)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        course.run_course(out, [first, second])
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(s["notebook"], s["status"]) for s in summary] == [("00_ok.ipynb", "ok")]
+
+
 def test_every_course_notebook_is_committed_without_outputs():
     for path in course.course_notebooks():
         nb = nbformat.read(path, as_version=4)
