@@ -322,15 +322,9 @@ CLI_SUMMARY_PREFIXES = ("GRPO:", "Rollouts:", "LoRA:", "done:", "evaluated ")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One ``--option`` per :class:`TrainConfig` field but ``device`` (the machine it runs on), plus ``--config`` and
-    ``--evaluate``."""
+    """One ``--option`` per :class:`TrainConfig` field but ``device`` (the machine it runs on); the other commands
+    that take an experiment (scale, async-grpo, verl-export) share it."""
     parser = argparse.ArgumentParser(prog="grpo-lab train", description="GRPO training with TRL (see grpo_lab.train).")
-    parser.add_argument("--config", dest="config_from", metavar="RUN_OR_JSON", default=None,
-                        help="start from a run folder's experiment (its config.json) or a JSON file of TrainConfig "
-                             "fields; the options given override it; a run folder's output_dir is not reused")
-    parser.add_argument("--evaluate", type=int, metavar="N", default=None,
-                        help="after training, evaluate final/ on the first N held-out problems (0: all) with the "
-                             "run's own engine; written to RUN/evaluation.json")
     for item in fields(TrainConfig):
         if item.name == "device":
             continue
@@ -343,8 +337,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """``grpo-lab train [--profile tiny] [--max-steps N] …``: train, print where the run folder is."""
-    args = build_parser().parse_args(argv)
-    options = vars(args)
+    parser = build_parser()
+    parser.add_argument("--config", dest="config_from", metavar="RUN_OR_JSON", default=None,
+                        help="start from a run folder's experiment (its config.json) or a JSON file of TrainConfig "
+                             "fields; the options given override it; a run folder's output_dir is not reused")
+    parser.add_argument("--evaluate", type=int, metavar="N", default=None,
+                        help="after training, evaluate final/ on the first N held-out problems (0: all) with the "
+                             "run's own engine; written to RUN/evaluation.json")
+    options = vars(parser.parse_args(argv))
     config_from, evaluate_size = options.pop("config_from"), options.pop("evaluate")
     overrides = {k: v for k, v in options.items() if v is not dataclasses.MISSING}
     overrides.setdefault("live_plot", False)
