@@ -105,6 +105,13 @@ class TrainResult:
         values = values[:first] if first else values[-last:] if last else values
         return sum(values) / len(values) if values else float("nan")
 
+    def evaluate(self, rows: Sequence[dict[str, Any]]) -> evaluation.Evaluation:
+        """The final model on held-out ``rows``, sampled as training sampled (the trainer's own engine with the final
+        weights, else the run's backend) at the run's completion length; the course's training page and ``--evaluate``
+        both use it, so their evaluations pair with each other."""
+        return evaluation.evaluate(self.final_model_dir, rows, max_tokens=self.config.max_completion_length,
+                                   backend=self.config.rollout_backend, engine=self.rollout_engine())
+
     def release(self) -> None:
         """Hand the device back: the trainer's models, optimizer and colocated engine go (the run folder stays);
         :meth:`rollout_engine` has none to lend after this."""
@@ -366,8 +373,7 @@ def main(argv: list[str] | None = None) -> int:
           f"final model {result.final_model_dir}")
     if evaluate_size is not None:
         rows = load_split("eval")[:evaluate_size or None]
-        after = evaluation.evaluate(result.final_model_dir, rows, max_tokens=result.config.max_completion_length,
-                                    backend=result.config.rollout_backend, engine=result.rollout_engine())
+        after = result.evaluate(rows)
         path = after.save(result.run_dir / runs.EVALUATION_FILE)
         print(f"evaluated {len(rows)} held-out problems ({after.timing()}): greedy accuracy "
               f"{after.report.greedy:.1%}; {path}")
