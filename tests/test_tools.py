@@ -495,15 +495,15 @@ def test_the_benchmark_writes_what_its_reader_reads(tmp_path, monkeypatch):
 
 
 def test_the_course_record_is_what_the_course_run_printed():
-    """benchmarks/tools_smollm2/course_record.json is read from the GPU course's executed notebook 10 (the lesson
-    before it held problem types out): written again from the committed copy it is the same record, and every change
+    """benchmarks/tools_smollm2/course_record.json is read from the executed notebook 10 of the GPU course at
+    6cce9ba (the lesson before it held problem types out; kept beside the record): written again from the committed copy it is the same record, and every change
     it holds is a line that copy printed."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks" / "tools_smollm2"))
     try:
         import from_course
     finally:
         sys.path.pop(0)
-    course = REPO_ROOT / "benchmarks" / "course_gpu" / "results"
+    course = REPO_ROOT / "benchmarks" / "tools_smollm2" / "course_6cce9ba"  # that course's 10, run.json, summary
     body = from_course.record(course, REPO_ROOT / "benchmarks" / "tools_smollm2" / "course_run", "SmolLM2-135M-Instruct")
     recorded = REPO_ROOT / "benchmarks" / "tools_smollm2" / "course_record.json"
     assert json.loads(json.dumps(body)) == json.loads(recorded.read_text(encoding="utf-8"))

@@ -1,15 +1,16 @@
 """The tool lesson's record (``course_record.json``, in the form ``run.py`` writes) read from the GPU course's run of
 notebook 10.
 
-The whole course on the H200 runs notebook 10 with the ``gpu`` profile's lesson, the same code ``run.py`` calls; its
-executed copy (``benchmarks/course_gpu/results/10_tools.ipynb``) prints every evaluation's summary and every paired
-change. This script turns those printed lines, the GRPO run's ``metrics.jsonl`` and ``config.json`` (copied from the
-run folder the course packed) and the copy's cell timings into the record ``lab.tool_lesson.committed_tool_run``
-reads. What the printed lines round (shares to 0.1 %, a change's standard errors to 0.1) stays rounded. It reads the
+The whole course on a GPU runs notebook 10 with the ``gpu`` profile's lesson, the same code ``run.py`` calls; its
+executed copy (``course_6cce9ba/10_tools.ipynb`` beside this script, with that course's ``run.json`` and
+``summary.json``) prints every evaluation's summary and every paired change. This script turns those printed lines,
+the GRPO run's ``metrics.jsonl`` and ``config.json`` (copied from the run folder the course packed) and the copy's
+cell timings into the record ``lab.tool_lesson.committed_tool_run`` reads. What the
+printed lines round (shares to 0.1 %, a change's standard errors to 0.1) stays rounded. It reads the
 lines as the lesson printed them before it held problem types out (shares ± standard errors); a run of today's lesson
 is recorded by ``run.py``, whose record keeps each part of every evaluation.
 
-    python benchmarks/tools_smollm2/from_course.py --course benchmarks/course_gpu/results \\
+    python benchmarks/tools_smollm2/from_course.py --course benchmarks/tools_smollm2/course_6cce9ba \\
         --run benchmarks/tools_smollm2/course_run --out benchmarks/tools_smollm2/course_record.json
 """
 
