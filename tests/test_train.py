@@ -301,8 +301,14 @@ def test_a_run_trains_again_with_another_seed_in_a_process_of_its_own(tmp_path, 
     from grpo_lab import evaluation
 
     first = T.train(T.TrainConfig(**SMALL, output_dir=str(tmp_path / "run"), max_steps=2, train_size=16, seed=0))
-    first.release()
+    trainer = first.trainer
+    weight, optimizer, handler = next(trainer.model.parameters()), trainer.optimizer, trainer.callback_handler
+    assert weight.numel() > 0 and len(optimizer.state) > 0
+    first.release()  # the tensors go even where the module is still held (here by `weight`'s owner, elsewhere by
+    assert weight.numel() == 0 and weight.grad is None and len(optimizer.state) == 0  # a library's kept traceback)
+    assert handler.model is None and handler.optimizer is None and handler.lr_scheduler is None
     assert first.trainer is None and first.rollout_engine() is None
+    del trainer, weight, optimizer, handler
     folder = first.train_again(1, evaluate=4)
     assert folder == first.run_dir / runs.SEEDS / "seed-1" and runs.is_run(folder)
     again = json.loads((folder / runs.CONFIG_FILE).read_text())["config"]

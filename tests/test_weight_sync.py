@@ -200,7 +200,9 @@ def test_release_shuts_the_colocated_engine_down_and_drops_the_models(one_step):
     result, _, _, _ = one_step
     trainer = result.trainer
     engine = trainer.vllm_generation.engine
+    weight = next(trainer.model.parameters())
     result.release()
     assert engine.llm is None and trainer.vllm_generation._generation.llm is None
+    assert trainer.vllm_generation._generation.model is None and weight.numel() == 0
     assert trainer.model is None and trainer.optimizer is None and result.trainer is None
     assert result.rollout_engine() is None

@@ -64,6 +64,15 @@ def _colocated_engine(lora_rank: int | None) -> Iterator[list[Engine]]:
         vllm_generation.LLM = original
 
 
+def _empty_tensors(module: torch.nn.Module) -> None:
+    """Every parameter, gradient and buffer of ``module`` replaced by an empty tensor: its memory freed now, whoever
+    still holds the module."""
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            tensor.grad = None
+            tensor.data = tensor.data.new_empty(0)
+
+
 class _ColocatedGeneration:
     """TRL's ``VLLMGeneration`` around the colocated :class:`Engine`: ``sync_weights`` timed, through vLLM's reload on
     vLLM-CPU or as the adapter; ``generate`` without log-probs the trainer does not read; the rest is TRL's."""
@@ -161,7 +170,9 @@ class GRPOLabTrainer(GRPOTrainer):
             self.vllm_generation.asleep = True
 
     def release(self) -> None:
-        """Give the device back once done: the colocated engine shut down, the models and optimizer dropped."""
+        """Give the device back once done: the colocated engine shut down, the models' tensors and the optimizer's
+        state emptied (other holders of the modules, such as a library's kept traceback, then hold no device memory)
+        and the trainer's references to them dropped."""
         generation = self.vllm_generation if self.args.use_vllm else None
         if isinstance(generation, _ColocatedGeneration) and generation.engine.llm is not None:
             try:
@@ -170,8 +181,16 @@ class GRPOLabTrainer(GRPOTrainer):
                 warnings.warn(f"vLLM's engine did not shut down cleanly ({type(error).__name__}: {error}); its "
                               f"memory goes when the process ends", stacklevel=2)
             generation.drop_engine()
+        if self.args.use_vllm:  # TRL's VLLMGeneration keeps the policy model for its weight sync
+            getattr(self.vllm_generation, "_generation", self.vllm_generation).model = None
         self.adapter_sync = None  # it holds the engine too
+        for module in {id(m): m for m in (self.model, self.ref_model) if m is not None}.values():
+            _empty_tensors(module)
+        if self.optimizer is not None:
+            self.optimizer.state.clear()
         self.accelerator.free_memory()
+        handler = self.callback_handler  # transformers' CallbackHandler keeps the model, optimizer and scheduler
+        handler.model = handler.optimizer = handler.lr_scheduler = None
         self.model = self.model_wrapped = self.ref_model = self.optimizer = self.lr_scheduler = None
         device.release_memory(self.args.device.type)
 
