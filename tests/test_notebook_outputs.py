@@ -263,10 +263,11 @@ def test_the_committed_gpu_run_follows_the_rule(rule):
             {name: _not_fixed_since(rule, RULES[rule](nb), commit) for name, nb in notebooks.items()})
 
 
-def _latest_partial_gpu_run() -> Path:
-    """The newest ``run_<commit>`` folder beside ``results/`` (by its run.json: some notebooks, or a whole course that
-    ``results/`` replaced)."""
-    folders = sorted(GPU_RUN_DIR.parent.glob("run_*/run.json"), key=lambda p: json.loads(p.read_text())["started"])
+def _latest_gpu_run() -> Path:
+    """The newest GPU run by its run.json: ``results/`` or a ``run_<commit>`` folder beside it (some notebooks, or a
+    course cut short)."""
+    folders = sorted([*GPU_RUN_DIR.parent.glob("run_*/run.json"), GPU_RUN_DIR / "run.json"],
+                     key=lambda p: json.loads(p.read_text())["started"])
     return folders[-1].parent
 
 
@@ -280,9 +281,10 @@ def _finished_notebooks(folder: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("rule", list(RULES))
-def test_the_latest_partial_gpu_run_follows_the_rule(rule):
-    """The newest GPU run of some notebooks (the rules as they are now: older runs record what they showed then)."""
-    folder = _latest_partial_gpu_run()
+def test_the_latest_gpu_run_follows_the_rule(rule):
+    """The newest GPU run, whole or of some notebooks (the rules as they are now: older runs record what they showed
+    then)."""
+    folder = _latest_gpu_run()
     names = json.loads((folder / "run.json").read_text())["notebooks"]
     if names == ["all"]:  # a whole course, superseded by results/ or cut short: the notebooks its runner finished
         names = _finished_notebooks(folder)
@@ -525,30 +527,16 @@ ARCHIVED_GPU_RUN = GPU_RUN_DIR.parent / "run_e9687cb"
 """The GPU course run committed as results/ until issue 43 (run.json: commit e9687cb), kept as the checks' evidence."""
 
 
-COMMITTED_RUN_DEFECTS = {
-    ("a 'you should see' its own output contradicts", "00_environment.ipynb"): "the stack verdict (MATCHES",
-}
-"""Defects of the committed GPU run's pages that a later check found, each fixed in the notebook since (notebook 00
-now prints the verdict its machine got): they stay on the committed copies until the GPU course runs again, and
-this list empties with that run (the test fails while an entry is no longer found)."""
-
-
 def test_the_committed_gpu_run_is_true_on_its_device():
-    """results/ has none of the page defects but those of COMMITTED_RUN_DEFECTS (the copies committed at e9687cb had
-    many: the next test finds each)."""
+    """results/ has no page defect (the copies committed at e9687cb had many: the next test finds each)."""
     assert run_facts({p.name: nbformat.read(p, as_version=4) for p in GPU_RUN_DIR.glob("00_*.ipynb")}).device == "cuda"
-    found = page_problems(GPU_RUN_DIR)
-    for (check, notebook), words in COMMITTED_RUN_DEFECTS.items():
-        known = [problem for problem in found[check][notebook] if words in problem]
-        assert known, f"{check} in {notebook} is no longer found: take it off COMMITTED_RUN_DEFECTS"
-        found[check][notebook] = [problem for problem in found[check][notebook] if problem not in known]
-    _report_pages(f"the committed GPU run ({GPU_RUN_DIR.name}/)", found)
+    _report_pages(f"the committed GPU run ({GPU_RUN_DIR.name}/)", page_problems(GPU_RUN_DIR))
 
 
-def test_the_latest_partial_gpu_run_is_true_on_its_device():
-    """The newest GPU run of some notebooks has no page defect either (the checks as they are now)."""
-    folder = _latest_partial_gpu_run()
-    _report_pages(f"the latest partial GPU run ({folder.name}/)", page_problems(folder))
+def test_the_latest_gpu_run_is_true_on_its_device():
+    """The newest GPU run, whole or of some notebooks, has no page defect either (the checks as they are now)."""
+    folder = _latest_gpu_run()
+    _report_pages(f"the latest GPU run ({folder.name}/)", page_problems(folder))
 
 
 def _report_pages(what: str, found: dict[str, dict[str, list[str]]]) -> None:
