@@ -16,7 +16,6 @@ import datetime
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -47,17 +46,20 @@ def main() -> None:
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "device": subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
                                              capture_output=True, text=True).stdout.strip()}
+    def keep(key: str, value: object) -> None:  # written at each point: a call cut short keeps what it measured
+        record[key] = value
+        out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        print(key, json.dumps(value), flush=True)
+
     result = T.train(config)
     kind = result.config.device
-    record["after_training"] = snapshot(kind)
+    keep("after_training", snapshot(kind))
     result.release()
-    record["after_release"] = snapshot(kind)
+    keep("after_release", snapshot(kind))
     with DeviceMemorySampler(os.getpid(), kind, interval_s=0.5) as sampler:
         result.train_again(1)
-    record["seed_1_with_this_process_peak_gib"] = gib(sampler.peak_bytes)
-    record["after_seed_1"] = snapshot(kind)
-    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    json.dump(record, sys.stdout, indent=2)
+    keep("seed_1_with_this_process_peak_gib", gib(sampler.peak_bytes))
+    keep("after_seed_1", snapshot(kind))
 
 
 if __name__ == "__main__":
