@@ -104,9 +104,10 @@ class _ColocatedGeneration:
                 self._generation.sync_weights()
         self.asleep = False
 
-    def drop_engine(self) -> None:
-        """Let go of the engine once it is shut down: TRL's reference to it and this wrapper's."""
-        self.engine.llm = self._generation.llm = None
+    def let_go(self) -> None:
+        """Let go of the engine once it is shut down (TRL's reference to it and this wrapper's) and of the policy
+        model TRL keeps for its weight sync."""
+        self.engine.llm = self._generation.llm = self._generation.model = None
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         if self.asleep:  # TRL thinks the weights are awake: push them as it would
@@ -174,15 +175,16 @@ class GRPOLabTrainer(GRPOTrainer):
         state emptied (other holders of the modules, such as a library's kept traceback, then hold no device memory)
         and the trainer's references to them dropped."""
         generation = self.vllm_generation if self.args.use_vllm else None
-        if isinstance(generation, _ColocatedGeneration) and generation.engine.llm is not None:
-            try:
-                shutdown_engine(generation.engine.llm)
-            except Exception as error:  # noqa: BLE001 - what it held is dropped below either way
-                warnings.warn(f"vLLM's engine did not shut down cleanly ({type(error).__name__}: {error}); its "
-                              f"memory goes when the process ends", stacklevel=2)
-            generation.drop_engine()
-        if self.args.use_vllm:  # TRL's VLLMGeneration keeps the policy model for its weight sync
-            getattr(self.vllm_generation, "_generation", self.vllm_generation).model = None
+        if isinstance(generation, _ColocatedGeneration):
+            if generation.engine.llm is not None:
+                try:
+                    shutdown_engine(generation.engine.llm)
+                except Exception as error:  # noqa: BLE001 - what it held is dropped below either way
+                    warnings.warn(f"vLLM's engine did not shut down cleanly ({type(error).__name__}: {error}); its "
+                                  f"memory goes when the process ends", stacklevel=2)
+            generation.let_go()
+        elif generation is not None:  # TRL's VLLMGeneration (server mode) keeps the policy model for its weight sync
+            generation.model = None
         self.adapter_sync = None  # it holds the engine too
         for module in {id(m): m for m in (self.model, self.ref_model) if m is not None}.values():
             _empty_tensors(module)
