@@ -72,7 +72,10 @@ pack() {
 }
 
 case ${1:-foreground} in
-  start) mkdir -p "$COURSE"; setsid bash "$0" foreground-no-pack > "$COURSE/driver.log" 2>&1 < /dev/null &
+  start) mkdir -p "$COURSE"; rm -f "$COURSE/run.json" "$COURSE/exit_code"
+         setsid bash "$0" foreground-no-pack > "$COURSE/driver.log" 2>&1 < /dev/null &
+         # a `wait` chained right after must find the run it waits for (run.json is the driver's first file)
+         for _ in $(seq 60); do [ -f "$COURSE/run.json" ] && break; sleep 0.5; done
          echo "started in its own session; follow $COURSE/course.log" ;;
   wait)  if [ ! -f "$COURSE/run.json" ]; then  # nothing to wait for: say so now, not after WAIT_S of device time
            echo "no course was started in $COURSE (no run.json): start it first"; exit 1
