@@ -304,8 +304,9 @@ def test_a_run_trains_again_with_another_seed_in_a_process_of_its_own(tmp_path, 
     trainer = first.trainer
     weight, optimizer, handler = next(trainer.model.parameters()), trainer.optimizer, trainer.callback_handler
     assert weight.numel() > 0 and len(optimizer.state) > 0
-    first.release()  # the tensors go even where the module is still held (here by `weight`'s owner, elsewhere by
-    assert weight.numel() == 0 and weight.grad is None and len(optimizer.state) == 0  # a library's kept traceback)
+    # the tensors go even where something still holds the module (here this test; on vLLM 0.31, a kept traceback)
+    first.release()
+    assert weight.numel() == 0 and weight.grad is None and len(optimizer.state) == 0
     assert handler.model is None and handler.optimizer is None and handler.lr_scheduler is None
     assert first.trainer is None and first.rollout_engine() is None
     del trainer, weight, optimizer, handler
