@@ -496,8 +496,8 @@ def test_the_benchmark_writes_what_its_reader_reads(tmp_path, monkeypatch):
 
 def test_the_course_record_is_what_the_course_run_printed():
     """benchmarks/tools_smollm2/course_record.json is read from the executed notebook 10 of the GPU course at
-    6cce9ba (the lesson before it held problem types out; kept beside the record): written again from the committed copy it is the same record, and every change
-    it holds is a line that copy printed."""
+    6cce9ba (the lesson before it held problem types out; kept beside the record): written again from the committed
+    copy it is the same record, and every change it holds is a line that copy printed."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks" / "tools_smollm2"))
     try:
         import from_course

@@ -5,10 +5,10 @@ The whole course on a GPU runs notebook 10 with the ``gpu`` profile's lesson, th
 executed copy (``course_6cce9ba/10_tools.ipynb`` beside this script, with that course's ``run.json`` and
 ``summary.json``) prints every evaluation's summary and every paired change. This script turns those printed lines,
 the GRPO run's ``metrics.jsonl`` and ``config.json`` (copied from the run folder the course packed) and the copy's
-cell timings into the record ``lab.tool_lesson.committed_tool_run`` reads. What the
-printed lines round (shares to 0.1 %, a change's standard errors to 0.1) stays rounded. It reads the
-lines as the lesson printed them before it held problem types out (shares ± standard errors); a run of today's lesson
-is recorded by ``run.py``, whose record keeps each part of every evaluation.
+cell timings into the record ``lab.tool_lesson.committed_tool_run`` reads. What the printed lines round (shares to
+0.1 %, a change's standard errors to 0.1) stays rounded. It reads the lines as the lesson printed them before it held
+problem types out (shares ± standard errors); a run of today's lesson is recorded by ``run.py``, whose record keeps
+each part of every evaluation.
 
     python benchmarks/tools_smollm2/from_course.py --course benchmarks/tools_smollm2/course_6cce9ba \\
         --run benchmarks/tools_smollm2/course_run --out benchmarks/tools_smollm2/course_record.json
